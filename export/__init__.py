@@ -1,0 +1,1 @@
+"""ONNX export and the onnxruntime runtime (filled by the export issue)."""

@@ -1,0 +1,63 @@
+"""The built-in components, registered through the same hook as any third-party plugin."""
+
+from __future__ import annotations
+
+from transformer_kit import Component, hookimpl
+from transformer_kit.plugins.attention import EinsumAttention, MatmulAttention, SdpaAttention
+from transformer_kit.plugins.blocks import PostNormBlock, PreNormBlock
+from transformer_kit.plugins.feedforward import SwiGLU, gelu_feedforward, relu_feedforward
+from transformer_kit.plugins.masks import CausalMask, NoMask, SlidingWindowMask
+from transformer_kit.plugins.norms import layer_norm, rms_norm
+from transformer_kit.plugins.positional import (
+    ALiBiPositions,
+    LearnedPositions,
+    NoPositions,
+    RotaryPositions,
+    SinusoidalPositions,
+)
+
+__all__ = [
+    "ALiBiPositions", "CausalMask", "EinsumAttention", "LearnedPositions", "MatmulAttention",
+    "NoMask", "NoPositions", "PostNormBlock", "PreNormBlock", "RotaryPositions", "SdpaAttention",
+    "SinusoidalPositions", "SlidingWindowMask", "SwiGLU", "gelu_feedforward", "layer_norm",
+    "relu_feedforward", "rms_norm", "transformer_kit_components",
+]
+
+_BIAS = frozenset({"score_bias"})
+_CAUSAL = frozenset({"causal"})
+
+
+@hookimpl
+def transformer_kit_components() -> list[Component]:
+    return [
+        Component("attention", "matmul", MatmulAttention, provides=_BIAS,
+                  description="softmax(q k^T / sqrt(d)) v by matrix products (seeds 000/002)"),
+        Component("attention", "einsum", EinsumAttention, provides=_BIAS,
+                  description="the same by einsum strings (seed 001)"),
+        Component("attention", "sdpa", SdpaAttention, provides=_BIAS,
+                  description="torch scaled_dot_product_attention (fused; ONNX Attention op)"),
+        Component("positional", "sinusoidal", SinusoidalPositions,
+                  description="fixed sin/cos added to embeddings (the paper), any length"),
+        Component("positional", "learned", LearnedPositions,
+                  description="a trained table of max_len positions (seed 001)"),
+        Component("positional", "rotary", RotaryPositions,
+                  description="rotates q and k by position (RoFormer, Llama)"),
+        Component("positional", "alibi", ALiBiPositions, requires=_BIAS,
+                  description="linear distance bias on the scores (ALiBi)"),
+        Component("positional", "none", NoPositions, description="no position information"),
+        Component("mask", "causal", CausalMask, provides=_CAUSAL,
+                  description="look-ahead: each position sees itself and earlier ones"),
+        Component("mask", "sliding_window", SlidingWindowMask, provides=_CAUSAL,
+                  description="causal, limited to the last `window` positions"),
+        Component("mask", "none", NoMask, description="no restriction besides padding"),
+        Component("block", "post_norm", PostNormBlock,
+                  description="Add & Norm after each sub-layer (the paper)"),
+        Component("block", "pre_norm", PreNormBlock,
+                  description="norm before each sub-layer, final norm after the stack"),
+        Component("feedforward", "relu", relu_feedforward, description="Linear-ReLU-Linear (the paper)"),
+        Component("feedforward", "gelu", gelu_feedforward,
+                  description="Linear-GELU-Linear (approximate: none | tanh)"),
+        Component("feedforward", "swiglu", SwiGLU, description="SiLU-gated linear unit (Llama)"),
+        Component("norm", "layernorm", layer_norm, description="LayerNorm (the paper)"),
+        Component("norm", "rmsnorm", rms_norm, description="RMSNorm (Llama)"),
+    ]

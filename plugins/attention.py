@@ -1,0 +1,82 @@
+"""Attention kernels: matrix products (seeds 000/002), einsum (seed 001), PyTorch's fused SDPA.
+
+All three compute softmax(q k^T / sqrt(head_dim) + bias) v over the keys a boolean mask allows
+(True = may attend) and return zeros for a query with no visible key. float16/bfloat16 inputs
+are computed in float32 by the reference kernels and natively by ``sdpa``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from transformer_kit.interfaces import AttentionKernel
+from transformer_kit.masks import check_mask, masked_softmax
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _upcast(*tensors: Tensor) -> list[Tensor]:
+    return [t.float() if t.dtype in _HALF else t for t in tensors]
+
+
+class _ScaledKernel(AttentionKernel):
+    def __init__(self, scale: float | None = None) -> None:
+        super().__init__()
+        if scale is not None and not scale > 0:
+            raise ValueError(f"scale must be a positive number or null, got {scale!r}")
+        self.scale = scale
+
+    def _scale_for(self, q: Tensor) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])
+
+
+class MatmulAttention(_ScaledKernel):
+    """Attention by matrix products: ``softmax(matmul(q, k^T) / sqrt(d_k)) v`` (seeds 000/002)."""
+
+    def weights(self, q: Tensor, k: Tensor, mask: Tensor | None = None,
+                bias: Tensor | None = None) -> Tensor:
+        """Attention weights (batch, heads, q_len, k_len), in float32 for half inputs."""
+        q, k = _upcast(q, k)
+        scores = torch.matmul(q, k.transpose(-2, -1)) * self._scale_for(q)
+        return masked_softmax(scores, mask, bias)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                bias: Tensor | None = None) -> Tensor:
+        weights = self.weights(q, k, mask, bias)
+        return torch.matmul(weights, _upcast(v)[0]).to(v.dtype)
+
+
+class EinsumAttention(_ScaledKernel):
+    """Attention by einsum with seed 001's strings, on its (batch, len, heads, dim) layout."""
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                bias: Tensor | None = None) -> Tensor:
+        scale = self._scale_for(q)
+        queries, keys, values = (t.transpose(1, 2) for t in _upcast(q, k, v))  # (n, len, h, d)
+        energy = torch.einsum("nqhd,nkhd->nhqk", queries, keys) * scale
+        weights = masked_softmax(energy, mask, bias)
+        out = torch.einsum("nhql,nlhd->nqhd", weights, values)
+        return out.transpose(1, 2).to(v.dtype)
+
+
+class SdpaAttention(_ScaledKernel):
+    """PyTorch's fused ``scaled_dot_product_attention``; exports to ONNX ``Attention``."""
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                bias: Tensor | None = None) -> Tensor:
+        if mask is None:
+            attn_mask = None if bias is None else bias.to(q.dtype)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
+        check_mask(mask)
+        has_key = mask.any(dim=-1, keepdim=True)
+        visible = mask | ~has_key  # a row with no visible key attends to all, then gets zeroed
+        if bias is None:
+            attn_mask = visible
+        else:
+            attn_mask = bias.to(q.dtype).masked_fill(~visible, torch.finfo(q.dtype).min)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
+        return out.masked_fill(~has_key, 0.0)

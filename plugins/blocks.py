@@ -1,0 +1,48 @@
+"""Encoder/decoder layers: post-norm (the paper, seeds) and pre-norm (GPT-2, Llama)."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from transformer_kit.attention import AttentionInputs
+from transformer_kit.interfaces import Block, NormFactory
+
+
+class _Layer(Block):
+    def __init__(self, d_model: int, dropout: float, self_attention: nn.Module,
+                 cross_attention: nn.Module | None, feedforward: nn.Module,
+                 make_norm: NormFactory) -> None:
+        super().__init__()
+        self.self_attention = self_attention
+        self.cross_attention = cross_attention
+        self.feedforward = feedforward
+        self.self_norm = make_norm()
+        self.cross_norm = make_norm() if cross_attention is not None else None
+        self.ff_norm = make_norm()
+        self.self_dropout = nn.Dropout(dropout)
+        self.cross_dropout = nn.Dropout(dropout)
+        self.ff_dropout = nn.Dropout(dropout)
+
+
+class PostNormBlock(_Layer):
+    """x = norm(x + dropout(sublayer(x))) for each sub-layer ("Add & Norm", the paper)."""
+
+    def forward(self, x: Tensor, self_inputs: AttentionInputs,
+                cross_inputs: AttentionInputs | None = None) -> Tensor:
+        x = self.self_norm(x + self.self_dropout(self.self_attention(x, self_inputs)))
+        if self.cross_attention is not None:
+            x = self.cross_norm(x + self.cross_dropout(self.cross_attention(x, cross_inputs)))
+        return self.ff_norm(x + self.ff_dropout(self.feedforward(x)))
+
+
+class PreNormBlock(_Layer):
+    """x = x + dropout(sublayer(norm(x))); the stack ends with a final norm."""
+
+    needs_final_norm = True
+
+    def forward(self, x: Tensor, self_inputs: AttentionInputs,
+                cross_inputs: AttentionInputs | None = None) -> Tensor:
+        x = x + self.self_dropout(self.self_attention(self.self_norm(x), self_inputs))
+        if self.cross_attention is not None:
+            x = x + self.cross_dropout(self.cross_attention(self.cross_norm(x), cross_inputs))
+        return x + self.ff_dropout(self.feedforward(self.ff_norm(x)))

@@ -1,0 +1,48 @@
+"""Position-wise feed-forward networks: ReLU (the paper), GELU, SwiGLU."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class FeedForward(nn.Module):
+    """linear(d_model -> d_ff) -> activation -> dropout -> linear(d_ff -> d_model)."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float, activation: nn.Module,
+                 bias: bool = True) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.activation = activation
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (batch, len, d_model) -> (batch, len, d_model)."""
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)) (Shazeer 2020), as in Llama."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float, bias: bool = False) -> None:
+        super().__init__()
+        self.gate = nn.Linear(d_model, d_ff, bias=bias)
+        self.up = nn.Linear(d_model, d_ff, bias=bias)
+        self.down = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (batch, len, d_model) -> (batch, len, d_model)."""
+        return self.down(self.dropout(F.silu(self.gate(x)) * self.up(x)))
+
+
+def relu_feedforward(d_model: int, d_ff: int, dropout: float, bias: bool = True) -> FeedForward:
+    return FeedForward(d_model, d_ff, dropout, nn.ReLU(), bias=bias)
+
+
+def gelu_feedforward(d_model: int, d_ff: int, dropout: float, bias: bool = True,
+                     approximate: str = "none") -> FeedForward:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return FeedForward(d_model, d_ff, dropout, nn.GELU(approximate=approximate), bias=bias)

@@ -1,0 +1,117 @@
+"""Positional encodings: sinusoidal (the paper), learned (seed 001), rotary, ALiBi, none."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from transformer_kit.errors import InputError
+from transformer_kit.interfaces import PositionalEncoding
+
+
+class NoPositions(PositionalEncoding):
+    """No position information (a bag of tokens, or positions carried by the mask alone)."""
+
+
+class SinusoidalPositions(PositionalEncoding):
+    """PE(pos, 2i) = sin(pos / base^(2i/d_model)), PE(pos, 2i+1) = cos(...), for any length."""
+
+    def __init__(self, d_model: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if not base > 1:
+            raise ValueError(f"base must be greater than 1, got {base!r}")
+        i = torch.arange(d_model)
+        self.register_buffer(
+            "inv_freq", torch.pow(float(base), -(2 * (i // 2)).double() / d_model).float(),
+            persistent=False,
+        )
+        self.register_buffer("is_even", (i % 2 == 0), persistent=False)
+
+    def table(self, positions: Tensor) -> Tensor:
+        """positions (batch, len) -> encodings (batch, len, d_model), float32."""
+        angles = positions.unsqueeze(-1).float() * self.inv_freq
+        return torch.where(self.is_even, torch.sin(angles), torch.cos(angles))
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        return x + self.table(positions).to(x.dtype)
+
+
+class LearnedPositions(PositionalEncoding):
+    """A trained table ``nn.Embedding(max_len, d_model)`` indexed by position (seed 001)."""
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__()
+        self.max_positions = max_len
+        self.table = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.table.weight, std=0.02)
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        if not (torch.compiler.is_compiling() or torch.jit.is_tracing()):
+            longest = int(positions.max()) + 1 if positions.numel() else 0
+            if longest > self.max_positions:
+                raise InputError(
+                    f"Sequence reaches position {longest - 1}, but learned positions cover "
+                    f"0..{self.max_positions - 1} (max_len={self.max_positions}). Shorten the "
+                    "input or build the model with a larger max_len."
+                )
+        return x + self.table(positions).to(x.dtype)
+
+
+class RotaryPositions(PositionalEncoding):
+    """Rotary embeddings (RoFormer), rotating halves of q and k (the GPT-NeoX/Llama layout).
+
+    Args:
+        head_dim: per-head width; the rotated part must be even.
+        base: frequency base.
+        rotary_dim: how many leading features of each head rotate (default: all).
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0, rotary_dim: int | None = None) -> None:
+        super().__init__()
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+            raise ValueError(
+                f"rotary needs an even rotary_dim in 1..head_dim ({head_dim}); got {rotary_dim}. "
+                "Choose d_model / num_heads even, or set rotary_dim."
+            )
+        if not base > 1:
+            raise ValueError(f"base must be greater than 1, got {base!r}")
+        self.rotary_dim = rotary_dim
+        exponent = torch.arange(0, rotary_dim, 2).double() / rotary_dim
+        self.register_buffer("inv_freq", torch.pow(float(base), -exponent).float(), persistent=False)
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        freqs = positions[:, None, :, None].float() * self.inv_freq  # (batch, 1, len, rd/2)
+        angles = torch.cat([freqs, freqs], dim=-1)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        half = self.rotary_dim // 2
+        rotated_half = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+        return torch.cat([rot * cos + rotated_half * sin, rest], dim=-1)
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    """The ALiBi paper's head slopes: 2^(-8/n), 2^(-16/n), ... (interleaved when n is not 2^k)."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        return power_of_two(num_heads)
+    closest = 2 ** math.floor(math.log2(num_heads))
+    return power_of_two(closest) + power_of_two(2 * closest)[0::2][: num_heads - closest]
+
+
+class ALiBiPositions(PositionalEncoding):
+    """Attention with linear biases: score bias -slope_h * |q_pos - k_pos|, no embedding."""
+
+    def __init__(self, num_heads: int) -> None:
+        super().__init__()
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(num_heads)), persistent=False)
+
+    def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+        distance = (q_positions[:, :, None] - k_positions[:, None, :]).abs().float()
+        return -self.slopes[None, :, None, None] * distance[:, None]

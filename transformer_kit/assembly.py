@@ -1,0 +1,172 @@
+"""``build_model``: a config in, a ``torch.nn.Module`` out, every part from the registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from transformer_kit.attention import MultiHeadAttention
+from transformer_kit.component import KINDS
+from transformer_kit.config import ModelConfig, load_config
+from transformer_kit.errors import ComponentError, ConfigError, TransformerKitError
+from transformer_kit.interfaces import AttentionKernel, AttentionMask, Block, PositionalEncoding
+from transformer_kit.masks import NoMask
+from transformer_kit.model import (
+    DecoderTransformer,
+    Embedder,
+    EncoderDecoderTransformer,
+    EncoderTransformer,
+    Stack,
+    TransformerModel,
+)
+from transformer_kit.registry import Registry, get_registry
+
+#: The type each kind's factory must return.
+_EXPECTED: dict[str, type | tuple[type, ...]] = {
+    "attention": nn.Module,
+    "positional": PositionalEncoding,
+    "mask": AttentionMask,
+    "block": Block,
+    "feedforward": nn.Module,
+    "norm": nn.Module,
+}
+
+
+class _Parts:
+    """Creates the config's components from the registry, naming the slot when one fails."""
+
+    def __init__(self, config: ModelConfig, registry: Registry) -> None:
+        self.config = config
+        self.registry = registry
+        self.context: dict[str, Any] = {
+            "d_model": config.d_model,
+            "num_heads": config.num_heads,
+            "num_kv_heads": config.kv_heads,
+            "head_dim": config.head_dim,
+            "d_ff": config.d_ff,
+            "dropout": config.dropout,
+            "max_len": config.max_len,
+        }
+
+    def create(self, kind: str, slot: str, **extra: Any) -> Any:
+        spec = self.config.component(kind)
+        entry = self.registry.entry(kind, spec.name)
+        try:
+            obj = self.registry.create(kind, spec.name, context={**self.context, **extra},
+                                       **spec.params)
+        except TransformerKitError as exc:
+            raise type(exc)(f"{slot}: {exc}") from exc
+        expected = _EXPECTED[kind]
+        if not isinstance(obj, expected):
+            raise ComponentError(
+                f"{slot}: the factory of {kind} {spec.name!r} (plugin {entry.plugin!r}) returned "
+                f"{type(obj).__name__}; a {kind} component must return a "
+                f"{getattr(expected, '__name__', expected)}."
+            )
+        return obj
+
+    def attention(self, slot: str, *, is_cross: bool) -> MultiHeadAttention:
+        kernel: AttentionKernel = self.create("attention", f"{slot}.kernel")
+        return MultiHeadAttention(self.config.d_model, self.config.num_heads, self.config.kv_heads,
+                                  kernel, is_cross=is_cross, bias=self.config.attention_bias)
+
+    def stack(self, role: str, num_layers: int, *, cross: bool) -> Stack:
+        layers = []
+        for i in range(num_layers):
+            slot = f"{role} layer {i}"
+            norm_slot = f"{slot}.norm"
+            layers.append(self.create(
+                "block", slot, role=role,
+                self_attention=self.attention(f"{slot}.self_attention", is_cross=False),
+                cross_attention=self.attention(f"{slot}.cross_attention", is_cross=True)
+                if cross else None,
+                feedforward=self.create("feedforward", f"{slot}.feedforward"),
+                make_norm=self.norm_factory(norm_slot),
+            ))
+        final = self.create("norm", f"{role}.final_norm") if layers[0].needs_final_norm else None
+        return Stack(layers, final)
+
+    def norm_factory(self, slot: str) -> Callable[[], nn.Module]:
+        return lambda: self.create("norm", slot)
+
+    def embedder(self, token: nn.Embedding, slot: str) -> Embedder:
+        positional = self.create("positional", slot)
+        return Embedder(token, positional, self.config.dropout, self.config.scale_embeddings)
+
+    def token_embedding(self, vocab: int) -> nn.Embedding:
+        embedding = nn.Embedding(vocab, self.config.d_model)
+        nn.init.normal_(embedding.weight, std=self.config.d_model ** -0.5)
+        return embedding
+
+    def head(self, vocab: int, tied: nn.Embedding | None) -> nn.Linear:
+        head = nn.Linear(self.config.d_model, vocab, bias=False)
+        if tied is not None:
+            head.weight = tied.weight
+        return head
+
+
+def check_capabilities(config: ModelConfig, registry: Registry) -> None:
+    """Refuse a combination of components that cannot work together, with a sentence."""
+    chosen = {kind: registry.get(kind, config.component(kind).name) for kind in KINDS}
+    provided = set().union(*(c.provides for c in chosen.values()))
+    for kind, comp in chosen.items():
+        for need in sorted(comp.requires - provided):
+            offering = [f"{k} {c.name!r}" for k in KINDS for c in
+                        (registry.get(k, n) for n in registry.names(k)) if need in c.provides]
+            raise ConfigError(
+                f"{kind} {comp.name!r} needs {need!r}, which the chosen components do not "
+                f"provide. Components that provide it: {', '.join(offering) or '(none)'}."
+            )
+    if config.architecture != "encoder" and "causal" not in chosen["mask"].provides:
+        causal = [n for n in registry.names("mask") if "causal" in registry.get("mask", n).provides]
+        raise ConfigError(
+            f"mask {chosen['mask'].name!r} is not causal, but a {config.architecture} model's "
+            f"decoder must not see future tokens. Causal masks: {', '.join(causal)}."
+        )
+
+
+def build_model(config: ModelConfig | dict | str | Path,
+                registry: Registry | None = None) -> TransformerModel:
+    """Assemble a model from a config (a :class:`ModelConfig`, a dict, or a YAML/JSON path).
+
+    Raises :class:`ConfigError` (or :class:`UnknownComponentError`) naming the key or the
+    component when the config cannot be built.
+    """
+    config = load_config(config)
+    registry = registry or get_registry()
+    for kind in KINDS:
+        name = config.component(kind).name
+        try:
+            registry.entry(kind, name)
+        except ConfigError as exc:
+            raise type(exc)(f"config key {kind!r}: {exc}") from None
+    check_capabilities(config, registry)
+    parts = _Parts(config, registry)
+    mask: AttentionMask = parts.create("mask", "mask")
+    arch = config.architecture
+    if arch == "encoder_decoder":
+        src_token = parts.token_embedding(config.src_vocab)
+        share = config.tie_embeddings and config.shared_vocab
+        tgt_token = src_token if share else parts.token_embedding(config.tgt_vocab)
+        return EncoderDecoderTransformer(
+            config,
+            src_embed=parts.embedder(src_token, "encoder.positional"),
+            tgt_embed=parts.embedder(tgt_token, "decoder.positional"),
+            encoder=parts.stack("encoder", config.n_encoder_layers, cross=False),
+            decoder=parts.stack("decoder", config.n_decoder_layers, cross=True),
+            head=parts.head(config.tgt_vocab, tgt_token if config.tie_embeddings else None),
+            encoder_mask=NoMask(),
+            decoder_mask=mask,
+        )
+    token = parts.token_embedding(config.vocab_size)
+    embed = parts.embedder(token, "positional")
+    tied = token if config.tie_embeddings else None
+    if arch == "decoder":
+        decoder = parts.stack("decoder", config.num_layers, cross=False)
+        return DecoderTransformer(config, embed, decoder, parts.head(config.vocab_size, tied), mask)
+    encoder = parts.stack("encoder", config.num_layers, cross=False)
+    head = parts.head(config.vocab_size, tied) if config.lm_head else None
+    return EncoderTransformer(config, embed, encoder, head, mask)

@@ -1,0 +1,115 @@
+"""Multi-head attention: the projections W_Q, W_K, W_V, W_O, grouped KV heads and the KV cache.
+
+The kernel (a registered ``attention`` component) only combines q, k and v.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from transformer_kit.interfaces import PositionalEncoding
+
+
+@dataclass
+class LayerCache:
+    """One layer's cached keys and values, plain tensors (exportable as graph inputs/outputs).
+
+    key, value: (batch, kv_heads, past_len, head_dim); replaced by past + new after a call.
+    cross_key, cross_value: (batch, kv_heads, src_len, head_dim), computed once per input.
+    """
+
+    key: Tensor
+    value: Tensor
+    cross_key: Tensor | None = None
+    cross_value: Tensor | None = None
+
+
+@dataclass
+class AttentionInputs:
+    """What an attention call needs besides its input; built once per stack call.
+
+    mask: (batch, 1, q_len, k_len) bool, True = may attend, or None.
+    q_positions: (batch, q_len) int64; k_positions: (batch, k_len) int64 (self-attention).
+    bias: (batch, heads, q_len, k_len) additive score bias, or None.
+    positional: the encoding whose ``rotate`` applies to q and k (self-attention only).
+    memory: (batch, src_len, d_model) encoder output, for cross-attention.
+    cache: this layer's cache, or None for uncached calls.
+    """
+
+    mask: Tensor | None
+    q_positions: Tensor | None = None
+    k_positions: Tensor | None = None
+    bias: Tensor | None = None
+    positional: PositionalEncoding | None = None
+    memory: Tensor | None = None
+    cache: LayerCache | None = None
+
+
+class MultiHeadAttention(nn.Module):
+    """Self- or cross-attention with ``num_heads`` query heads and ``num_kv_heads`` KV heads.
+
+    Args:
+        d_model: model width; split into num_heads heads of d_model // num_heads.
+        num_heads: query heads.
+        num_kv_heads: key/value heads (grouped-query attention); divides num_heads.
+        kernel: the attention kernel combining q, k, v.
+        is_cross: True for encoder-decoder attention (keys and values from the memory).
+        bias: whether the projections have biases.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, kernel: nn.Module,
+                 *, is_cross: bool = False, bias: bool = True) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = d_model // num_heads
+        self.is_cross = is_cross
+        kv_width = num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, kv_width, bias=bias)
+        self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
+        self.o_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.kernel = kernel
+
+    def _split(self, x: Tensor, heads: int) -> Tensor:
+        """(batch, len, heads * head_dim) -> (batch, heads, len, head_dim)."""
+        batch, length, _ = x.shape
+        return x.view(batch, length, heads, self.head_dim).transpose(1, 2)
+
+    def _keys_values(self, source: Tensor) -> tuple[Tensor, Tensor]:
+        return (self._split(self.k_proj(source), self.num_kv_heads),
+                self._split(self.v_proj(source), self.num_kv_heads))
+
+    def forward(self, x: Tensor, inputs: AttentionInputs) -> Tensor:
+        """x (batch, q_len, d_model) -> (batch, q_len, d_model)."""
+        q = self._split(self.q_proj(x), self.num_heads)
+        cache = inputs.cache
+        if self.is_cross:
+            if cache is not None and cache.cross_key is not None:
+                k, v = cache.cross_key, cache.cross_value
+            else:
+                k, v = self._keys_values(inputs.memory)
+                if cache is not None:
+                    cache.cross_key, cache.cross_value = k, v
+        else:
+            k, v = self._keys_values(x)
+            if inputs.positional is not None:
+                q = inputs.positional.rotate(q, inputs.q_positions)
+                k = inputs.positional.rotate(k, inputs.q_positions)  # new keys sit at the queries
+            if cache is not None:
+                k = torch.cat([cache.key, k], dim=2)
+                v = torch.cat([cache.value, v], dim=2)
+                cache.key, cache.value = k, v
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        if inputs.bias is None:
+            out = self.kernel(q, k, v, mask=inputs.mask)
+        else:
+            out = self.kernel(q, k, v, mask=inputs.mask, bias=inputs.bias)
+        batch, _, q_len, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1))

@@ -1,0 +1,238 @@
+"""The model config: validated with pydantic, read from a dict, YAML or JSON.
+
+Every key is listed in :class:`ModelConfig`; unknown keys, out-of-range values and impossible
+combinations raise :class:`ConfigError` naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+
+from transformer_kit.component import KINDS
+from transformer_kit.errors import ConfigError, did_you_mean
+
+Architecture = Literal["encoder_decoder", "encoder", "decoder"]
+
+
+class ComponentSpec(BaseModel):
+    """A component named in a config: ``"rotary"`` or ``{name: rotary, base: 500000}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name_or_mapping(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"name": value}
+        if isinstance(value, dict) and "params" not in value:
+            rest = {k: v for k, v in value.items() if k != "name"}
+            return {"name": value.get("name"), "params": rest}
+        return value
+
+    @model_serializer
+    def _as_name_or_mapping(self) -> str | dict[str, Any]:
+        return {"name": self.name, **self.params} if self.params else self.name
+
+
+class ModelConfig(BaseModel):
+    """Everything needed to assemble a model. Defaults are the paper's (Vaswani et al., 2017).
+
+    Sizes: ``d_model`` split into ``num_heads`` heads; ``num_kv_heads`` < num_heads gives
+    grouped-query attention; ``num_layers`` per stack unless ``encoder_layers`` /
+    ``decoder_layers`` say otherwise. Vocabulary: ``vocab_size`` shared, or ``src_vocab_size``
+    and ``tgt_vocab_size`` (encoder_decoder only). Components: one entry per kind.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    architecture: Architecture = "encoder_decoder"
+    vocab_size: int | None = Field(None, gt=0)
+    src_vocab_size: int | None = Field(None, gt=0)
+    tgt_vocab_size: int | None = Field(None, gt=0)
+    d_model: int = Field(512, gt=0)
+    num_heads: int = Field(8, gt=0)
+    num_kv_heads: int | None = Field(None, gt=0)
+    num_layers: int = Field(6, gt=0)
+    encoder_layers: int | None = Field(None, gt=0)
+    decoder_layers: int | None = Field(None, gt=0)
+    d_ff: int = Field(2048, gt=0)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    max_len: int = Field(512, gt=0)
+    pad_id: int | None = Field(0, ge=0)
+    bos_id: int = Field(1, ge=0)
+    eos_id: int = Field(2, ge=0)
+    tie_embeddings: bool = True
+    scale_embeddings: bool = True
+    attention_bias: bool = True
+    lm_head: bool = False
+
+    attention: ComponentSpec = ComponentSpec(name="matmul")
+    positional: ComponentSpec = ComponentSpec(name="sinusoidal")
+    mask: ComponentSpec | None = None
+    block: ComponentSpec = ComponentSpec(name="post_norm")
+    feedforward: ComponentSpec = ComponentSpec(name="relu")
+    norm: ComponentSpec = ComponentSpec(name="layernorm")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _components_from_names(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            for kind in KINDS:
+                if kind in data and not isinstance(data[kind], (ComponentSpec, type(None))):
+                    data[kind] = ComponentSpec.model_validate(data[kind])
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelConfig:
+        problems: list[str] = []
+        arch = self.architecture
+        if arch == "encoder_decoder":
+            split = (self.src_vocab_size, self.tgt_vocab_size)
+            if self.vocab_size is None and None in split:
+                problems.append("give 'vocab_size', or both 'src_vocab_size' and 'tgt_vocab_size'")
+            if self.vocab_size is not None and split != (None, None):
+                problems.append("give either 'vocab_size' or 'src_vocab_size'/'tgt_vocab_size', not both")
+        else:
+            if self.vocab_size is None:
+                problems.append(f"'vocab_size' is required for architecture {arch!r}")
+            for key in ("src_vocab_size", "tgt_vocab_size", "encoder_layers", "decoder_layers"):
+                if getattr(self, key) is not None:
+                    problems.append(f"{key!r} applies to encoder_decoder only; use "
+                                    f"{'vocab_size' if 'vocab' in key else 'num_layers'}")
+        if self.lm_head and arch != "encoder":
+            problems.append("'lm_head' applies to encoder models (decoders always have one)")
+        if self.d_model % self.num_heads:
+            problems.append(f"'d_model' ({self.d_model}) must be divisible by 'num_heads' "
+                            f"({self.num_heads})")
+        kv = self.num_kv_heads
+        if kv is not None and (kv > self.num_heads or self.num_heads % kv):
+            problems.append(f"'num_kv_heads' ({kv}) must divide 'num_heads' ({self.num_heads})")
+        if not problems:
+            for key in ("pad_id", "bos_id", "eos_id"):
+                value = getattr(self, key)
+                vocab = self.src_vocab if key == "pad_id" else self.tgt_vocab
+                limit = min(vocab, self.tgt_vocab) if key == "pad_id" else vocab
+                if value is not None and value >= limit:
+                    problems.append(f"{key!r} ({value}) must be below the vocabulary size ({limit})")
+        if problems:
+            raise ValueError("; ".join(problems))
+        if self.mask is None:
+            default = "none" if arch == "encoder" else "causal"
+            object.__setattr__(self, "mask", ComponentSpec(name=default))
+        return self
+
+    # -- resolved values -------------------------------------------------------------------
+    @property
+    def src_vocab(self) -> int:
+        return self.src_vocab_size or self.vocab_size  # type: ignore[return-value]
+
+    @property
+    def tgt_vocab(self) -> int:
+        return self.tgt_vocab_size or self.vocab_size  # type: ignore[return-value]
+
+    @property
+    def shared_vocab(self) -> bool:
+        return self.vocab_size is not None
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @property
+    def n_encoder_layers(self) -> int:
+        return self.encoder_layers or self.num_layers
+
+    @property
+    def n_decoder_layers(self) -> int:
+        return self.decoder_layers or self.num_layers
+
+    def component(self, kind: str) -> ComponentSpec:
+        """The spec naming the component of ``kind``."""
+        return getattr(self, kind)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (JSON/YAML-ready) that validates back to an equal config."""
+        return self.model_dump(mode="json")
+
+
+def _format_validation_error(exc: ValidationError) -> str:
+    allowed = list(ModelConfig.model_fields)
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "config"
+        if err["type"] == "extra_forbidden":
+            key = str(err["loc"][-1])
+            fields = allowed if len(err["loc"]) == 1 else ["name", "params"]
+            lines.append(f"unknown key {loc!r}.{did_you_mean(key, fields)} "
+                         f"Allowed keys: {', '.join(fields)}")
+        elif err["type"] == "value_error":
+            lines.append(str(err["msg"]).removeprefix("Value error, "))
+        else:
+            given = err.get("input")
+            lines.append(f"key {loc!r}: {err['msg']} (given {given!r})")
+    return "Invalid model config: " + "; ".join(lines) + "."
+
+
+def config_from_dict(data: Any) -> ModelConfig:
+    """Validate a mapping into a :class:`ModelConfig`; raises :class:`ConfigError`."""
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"A model config is a mapping of keys to values; got {type(data).__name__}. "
+            "See README's config example."
+        )
+    try:
+        return ModelConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc)) from None
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a .yaml/.yml/.json file into a dict; raises :class:`ConfigError` on any problem."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".yaml", ".yml", ".json"):
+        raise ConfigError(f"Config file {str(path)!r} has suffix {suffix!r}; use .yaml, .yml or .json.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"Cannot read config file {str(path)!r}: {exc.strerror or exc}.") from None
+    if not text.strip():
+        raise ConfigError(f"Config file {str(path)!r} is empty; it must hold a mapping of keys.")
+    try:
+        data = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"Config file {str(path)!r} is not valid {suffix[1:].upper()}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"Config file {str(path)!r} holds a {type(data).__name__}; it must hold a mapping of keys."
+        )
+    return data
+
+
+def load_config(source: ModelConfig | dict[str, Any] | str | Path) -> ModelConfig:
+    """A :class:`ModelConfig` from a config, a dict, or a path to a YAML/JSON file."""
+    if isinstance(source, ModelConfig):
+        return source
+    if isinstance(source, (str, Path)):
+        return config_from_dict(read_config_file(source))
+    return config_from_dict(source)

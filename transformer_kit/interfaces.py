@@ -1,0 +1,95 @@
+"""The interfaces a component implements, one per kind, and what its factory receives.
+
+A factory is called with the keyword arguments it names from the model's context below plus
+the parameters the config gives it (``{name: rotary, base: 500000}``).
+
+=============  ==============================================================================
+kind           factory context (take the ones you need)            returns
+=============  ==============================================================================
+attention      head_dim, num_heads                                  :class:`AttentionKernel`
+positional     d_model, head_dim, num_heads, max_len                :class:`PositionalEncoding`
+mask           (none)                                               :class:`AttentionMask`
+feedforward    d_model, d_ff, dropout                               ``nn.Module`` (B,L,D)->(B,L,D)
+norm           d_model                                              ``nn.Module`` (B,L,D)->(B,L,D)
+block          role, d_model, dropout, self_attention,              :class:`Block`
+               cross_attention, feedforward, make_norm
+=============  ==============================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from transformer_kit.attention import AttentionInputs
+
+
+class AttentionKernel(nn.Module):
+    """Combines q, k and v; projections and grouped KV heads live in the core.
+
+    ``forward(q, k, v, mask=None, bias=None)``: q (batch, heads, q_len, head_dim), k and v
+    (batch, heads, k_len, head_dim | v_dim), mask broadcastable to (batch, heads, q_len, k_len)
+    bool with True = may attend, bias an additive score bias of the same shape. Returns
+    (batch, heads, q_len, v_dim). A row with no visible key returns zeros.
+    """
+
+    def forward(  # pragma: no cover - interface
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+        bias: Tensor | None = None,
+    ) -> Tensor:
+        raise NotImplementedError
+
+
+class PositionalEncoding(nn.Module):
+    """Position information, at up to three points; each method is optional.
+
+    Positions are (batch, len) int64 tensors, so left padding and cached decoding are exact.
+    """
+
+    #: Largest number of positions the encoding can represent, or None when unbounded.
+    max_positions: int | None = None
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x (batch, len, d_model) -> x with positions added (sinusoidal, learned)."""
+        return x
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x (batch, heads, len, head_dim) -> x rotated by position (rotary); q and k alike."""
+        return x
+
+    def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+        """Additive score bias (batch, heads, q_len, k_len) from positions (ALiBi), or None."""
+        return None
+
+
+class AttentionMask:
+    """Self-attention mask from positions: (batch, q_len), (batch, k_len) -> (batch, 1, q_len,
+    k_len) bool (True = may attend), or None for no restriction. Padding is added by the core."""
+
+    def __call__(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+        raise NotImplementedError  # pragma: no cover - interface
+
+
+class Block(nn.Module):
+    """One encoder or decoder layer: attention, feed-forward, norms and residuals arranged.
+
+    ``forward(x, self_inputs, cross_inputs=None)`` with x (batch, len, d_model); the block
+    passes ``self_inputs`` to ``self.self_attention`` and ``cross_inputs`` to
+    ``self.cross_attention`` (decoder layers of encoder-decoder models only).
+    """
+
+    #: True when the stack must end with a norm (pre-norm layers leave the residual unnormed).
+    needs_final_norm: bool = False
+    self_attention: nn.Module
+    cross_attention: nn.Module | None
+
+    def forward(  # pragma: no cover - interface
+        self, x: Tensor, self_inputs: AttentionInputs, cross_inputs: AttentionInputs | None = None
+    ) -> Tensor:
+        raise NotImplementedError
+
+
+NormFactory = Callable[[], nn.Module]

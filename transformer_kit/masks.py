@@ -1,0 +1,94 @@
+"""Masks, one convention everywhere: boolean, True = may attend.
+
+Padding comes from token ids and ``pad_id``; look-ahead and other self-attention masks are
+components (kind ``mask``) computed from positions; all are combined by logical and. Masked
+scores are filled with the dtype's most negative finite value, and a query row with no visible
+key yields zeros, never NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from transformer_kit.errors import MaskError
+from transformer_kit.interfaces import AttentionMask
+
+
+def padding_mask(ids: Tensor, pad_id: int | None) -> Tensor:
+    """Key mask of a batch of token ids.
+
+    Args:
+        ids: (batch, len) integer token ids.
+        pad_id: the padding id, or None when nothing is padding.
+    Returns:
+        (batch, 1, 1, len) bool, True where the key is a real token (may be attended).
+        Seed 002's ``create_padding_mask`` is its negation (1 = padding).
+    """
+    return keep_mask(ids, pad_id)[:, None, None, :]
+
+
+def keep_mask(ids: Tensor, pad_id: int | None) -> Tensor:
+    """(batch, len) bool, True where ``ids`` is a real token."""
+    if pad_id is None:
+        return torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+    return ids != pad_id
+
+
+def from_padding_convention(mask: Tensor) -> Tensor:
+    """Convert a 0/1 mask where 1 marks padding (seeds 000/002) to the kit's convention."""
+    return mask == 0
+
+
+def from_keep_convention(mask: Tensor) -> Tensor:
+    """Convert a 0/1 mask where 1 marks what may be attended (seed 001) to the kit's convention."""
+    return mask != 0
+
+
+def positions_from_keep(keep: Tensor) -> Tensor:
+    """Position of each token counting real tokens only.
+
+    Args:
+        keep: (batch, len) bool, True for real tokens.
+    Returns:
+        (batch, len) int64; left padding does not shift the positions of real tokens, and a
+        padding slot gets the position of the last real token before it (or 0).
+    """
+    return (keep.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def check_mask(mask: Tensor) -> None:
+    """Refuse a mask that is not boolean, with the way to convert it."""
+    if mask.dtype != torch.bool:
+        raise MaskError(
+            f"Attention masks are boolean with True = may attend; got dtype {mask.dtype}. "
+            "Convert a 0/1 mask with transformer_kit.masks.from_keep_convention (1 = attend, "
+            "as seed 001) or from_padding_convention (1 = padding, as seeds 000/002)."
+        )
+
+
+def masked_softmax(scores: Tensor, mask: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+    """Softmax over the key axis with an optional additive bias and boolean mask.
+
+    Args:
+        scores: (batch, heads, q_len, k_len) scaled dot products, float32 or float64.
+        mask: broadcastable to scores, bool, True = may attend.
+        bias: broadcastable to scores, added before masking (e.g. ALiBi).
+    Returns:
+        weights of the same shape; masked keys get exactly 0 and a row with no visible key
+        is all zeros.
+    """
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    check_mask(mask)
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)
+
+
+class NoMask(AttentionMask):
+    """Every key is visible (besides padding): the encoder side of an encoder-decoder."""
+
+    def __call__(self, q_positions: Tensor, k_positions: Tensor) -> None:
+        return None
