@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from transformer_kit import Component, hookimpl
 from transformer_kit.plugins.attention import EinsumAttention, MatmulAttention, SdpaAttention
 from transformer_kit.plugins.blocks import PostNormBlock, PreNormBlock
 from transformer_kit.plugins.feedforward import SwiGLU, gelu_feedforward, relu_feedforward
@@ -15,6 +14,8 @@ from transformer_kit.plugins.positional import (
     RotaryPositions,
     SinusoidalPositions,
 )
+
+from transformer_kit import Component, hookimpl
 
 __all__ = [
     "ALiBiPositions", "CausalMask", "EinsumAttention", "LearnedPositions", "MatmulAttention",

@@ -2,7 +2,8 @@
 
 All three compute softmax(q k^T / sqrt(head_dim) + bias) v over the keys a boolean mask allows
 (True = may attend) and return zeros for a query with no visible key. float16/bfloat16 inputs
-are computed in float32 by the reference kernels and natively by ``sdpa``.
+are computed in float32 and rounded once at the end by the reference kernels, and by ``sdpa``
+on the CPU (which has no fast half-precision attention); ``sdpa`` runs natively elsewhere.
 """
 
 from __future__ import annotations
@@ -68,10 +69,16 @@ class SdpaAttention(_ScaledKernel):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 bias: Tensor | None = None) -> Tensor:
+        if q.device.type == "cpu" and q.dtype in _HALF:
+            return self._attend(*_upcast(q, k, v), mask, bias).to(v.dtype)
+        return self._attend(q, k, v, mask, bias)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                bias: Tensor | None) -> Tensor:
         if mask is None:
             attn_mask = None if bias is None else bias.to(q.dtype)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
-        check_mask(mask)
+        check_mask(mask, (*q.shape[:-1], k.shape[-2]))
         has_key = mask.any(dim=-1, keepdim=True)
         visible = mask | ~has_key  # a row with no visible key attends to all, then gets zeroed
         if bias is None:

@@ -57,8 +57,17 @@ def positions_from_keep(keep: Tensor) -> Tensor:
     return (keep.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def check_mask(mask: Tensor) -> None:
-    """Refuse a mask that is not boolean, with the way to convert it."""
+def check_mask(mask: Tensor, scores_shape: tuple[int, ...] | None = None) -> None:
+    """Refuse a mask that is not boolean (batch|1, heads|1, q_len|1, k_len), saying how to fix it."""
+    if scores_shape is not None and (
+        mask.dim() != 4
+        or any(m not in (1, s) for m, s in zip(mask.shape, scores_shape, strict=True))
+    ):
+        raise MaskError(
+            f"Attention mask of shape {tuple(mask.shape)} does not broadcast to the scores "
+            f"{tuple(scores_shape)}; give 4 axes (batch|1, heads|1, q_len|1, k_len), e.g. "
+            "mask[:, None, None, :] for a (batch, k_len) key mask."
+        )
     if mask.dtype != torch.bool:
         raise MaskError(
             f"Attention masks are boolean with True = may attend; got dtype {mask.dtype}. "
@@ -82,7 +91,7 @@ def masked_softmax(scores: Tensor, mask: Tensor | None = None, bias: Tensor | No
         scores = scores + bias.to(scores.dtype)
     if mask is None:
         return torch.softmax(scores, dim=-1)
-    check_mask(mask)
+    check_mask(mask, tuple(scores.shape))
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     return torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)
 

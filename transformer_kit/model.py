@@ -100,6 +100,13 @@ class TransformerModel(nn.Module):
 
         return save_model(self, path)
 
+    def generate(self, ids: Tensor, max_new_tokens: int = 32, *, use_cache: bool = True) -> Tensor:
+        """Greedy decoding: (batch, len) prompts (decoder) or source ids (encoder_decoder, from
+        ``bos_id``) -> (batch, steps) new tokens; see :func:`transformer_kit.generation.generate`."""
+        from transformer_kit.generation import generate
+
+        return generate(self, ids, max_new_tokens, use_cache=use_cache)
+
     def _empty_cache(self, stack: Stack, batch: int, like: Tensor) -> list[LayerCache]:
         caches = []
         for layer in stack.layers:
@@ -165,13 +172,6 @@ class EncoderDecoderTransformer(TransformerModel):
         """Empty per-layer caches (zero-length past) for ``batch`` rows, dtype/device of ``like``."""
         return self._empty_cache(self.decoder, batch, like)
 
-    def generate(self, src_ids: Tensor, max_new_tokens: int = 32, *,
-                 use_cache: bool = True) -> Tensor:
-        """Greedy decoding from ``bos_id``; see :func:`transformer_kit.generation.generate`."""
-        from transformer_kit.generation import generate
-
-        return generate(self, src_ids, max_new_tokens, use_cache=use_cache)
-
 
 class DecoderTransformer(TransformerModel):
     """Decoder-only language model: ``model(input_ids) -> logits`` (batch, len, vocab)."""
@@ -209,13 +209,6 @@ class DecoderTransformer(TransformerModel):
     def new_cache(self, batch: int, like: Tensor) -> list[LayerCache]:
         """Empty per-layer caches (zero-length past) for ``batch`` rows, dtype/device of ``like``."""
         return self._empty_cache(self.decoder, batch, like)
-
-    def generate(self, input_ids: Tensor, max_new_tokens: int = 32, *,
-                 use_cache: bool = True) -> Tensor:
-        """Greedy continuation of the prompts; see :func:`transformer_kit.generation.generate`."""
-        from transformer_kit.generation import generate
-
-        return generate(self, input_ids, max_new_tokens, use_cache=use_cache)
 
 
 class EncoderTransformer(TransformerModel):

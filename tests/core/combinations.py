@@ -1,0 +1,36 @@
+"""Built-in component combinations shared by the core tests."""
+
+from __future__ import annotations
+
+import itertools
+
+ATTENTION = ["matmul", "einsum", "sdpa"]
+POSITIONAL = ["sinusoidal", "learned", "rotary", "alibi", "none"]
+CAUSAL_MASKS = ["causal", {"name": "sliding_window", "window": 3}]
+BLOCKS = ["post_norm", "pre_norm"]
+FEEDFORWARD = ["relu", "gelu", "swiglu"]
+NORMS = ["layernorm", "rmsnorm"]
+
+
+def tiny_config(architecture: str, **overrides) -> dict:
+    """A model small enough to build and run in milliseconds; grouped KV heads (4 -> 2)."""
+    config = {
+        "architecture": architecture, "vocab_size": 37, "d_model": 16, "num_heads": 4,
+        "num_kv_heads": 2, "num_layers": 2, "d_ff": 24, "dropout": 0.0, "max_len": 64,
+        "tie_embeddings": False,
+    }
+    config.update(overrides)
+    return config
+
+
+def all_generating_configs() -> list[tuple[str, dict]]:
+    """Every built-in combination for the two architectures that generate."""
+    cases = []
+    for arch, attention, positional, mask, block, ff, norm in itertools.product(
+        ["decoder", "encoder_decoder"], ATTENTION, POSITIONAL, CAUSAL_MASKS, BLOCKS, FEEDFORWARD, NORMS
+    ):
+        mask_name = mask if isinstance(mask, str) else mask["name"]
+        case_id = "-".join([arch, attention, positional, mask_name, block, ff, norm])
+        cases.append((case_id, tiny_config(arch, attention=attention, positional=positional,
+                                           mask=mask, block=block, feedforward=ff, norm=norm)))
+    return cases

@@ -1,0 +1,95 @@
+"""Greedy generation: cached equals uncached for every built-in combination; stopping at eos."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import transformer_kit as tk
+from tests.core.combinations import all_generating_configs, tiny_config
+
+CASES = all_generating_configs()
+
+
+def _prompts(architecture: str) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 37, (3, 6), generator=gen)
+    if architecture == "decoder":
+        ids[1, 4:] = 0  # right padding
+        ids[2, :3] = 0  # left padding
+    else:
+        ids[1, 3:] = 0
+    return ids
+
+
+@pytest.mark.parametrize("config", [c for _, c in CASES], ids=[i for i, _ in CASES])
+def test_cached_generation_equals_uncached(config):
+    torch.manual_seed(0)
+    model = tk.build_model(config)
+    ids = _prompts(config["architecture"])
+    cached = model.generate(ids, max_new_tokens=8)
+    uncached = model.generate(ids, max_new_tokens=8, use_cache=False)
+    assert cached.shape[0] == 3 and 1 <= cached.shape[1] <= 8
+    assert torch.equal(cached, uncached)
+
+
+def _model_with(config: dict, source: tk.build_model, **changes):
+    model = tk.build_model({**config, **changes})
+    model.load_state_dict(source.state_dict())
+    return model
+
+
+@pytest.mark.parametrize("architecture", ["decoder", "encoder_decoder"])
+def test_rows_stop_at_eos_and_are_filled(architecture):
+    torch.manual_seed(0)
+    config = tiny_config(architecture)
+    model = tk.build_model(config)
+    ids = _prompts(architecture)
+    free = model.generate(ids, max_new_tokens=10)
+    eos = int(free[0, 2])  # make the third token of row 0 the end of sequence
+    stopping = _model_with(config, model, eos_id=eos)
+    out = stopping.generate(ids, max_new_tokens=10)
+    for row in range(3):
+        hits = (free[row] == eos).nonzero().flatten()
+        end = int(hits[0]) + 1 if len(hits) else free.shape[1]
+        assert torch.equal(out[row, :end], free[row, :end])
+        assert (out[row, end:] == config.get("pad_id", 0)).all()
+    if all((free[r] == eos).any() for r in range(3)):
+        assert out.shape[1] < 10  # everyone stopped early
+
+
+def test_padding_side_and_batching_do_not_change_tokens():
+    torch.manual_seed(0)
+    model = tk.build_model(tiny_config("decoder", positional="rotary", attention="sdpa"))
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    alone = [model.generate(torch.tensor([p]), max_new_tokens=6)[0] for p in prompts]
+    right = torch.tensor([p + [0] * (5 - len(p)) for p in prompts])
+    left = torch.tensor([[0] * (5 - len(p)) + p for p in prompts])
+    for batch in (right, left):
+        out = model.generate(batch, max_new_tokens=6)
+        for row, expected in enumerate(alone):
+            assert torch.equal(out[row, : len(expected)], expected)
+            assert (out[row, len(expected):] == 0).all()
+
+
+def test_generate_restores_training_mode_and_uses_no_dropout():
+    torch.manual_seed(0)
+    model = tk.build_model(tiny_config("decoder", dropout=0.5)).train()
+    ids = torch.tensor([[4, 5, 6]])
+    first = model.generate(ids, max_new_tokens=5)
+    assert model.training
+    assert torch.equal(first, model.generate(ids, max_new_tokens=5))
+
+
+def test_generation_arguments_are_checked():
+    model = tk.build_model(tiny_config("decoder", positional="learned", max_len=8))
+    with pytest.raises(tk.InputError, match="max_new_tokens"):
+        model.generate(torch.tensor([[4, 5]]), max_new_tokens=-1)
+    with pytest.raises(tk.InputError, match="max_len"):
+        model.generate(torch.tensor([[4, 5, 6]]), max_new_tokens=6)
+    with pytest.raises(tk.InputError, match="only padding"):
+        model.generate(torch.tensor([[4, 5], [0, 0]]), max_new_tokens=2)
+    assert model.generate(torch.tensor([[4, 5]]), max_new_tokens=0).shape == (1, 0)
+    encoder = tk.build_model(tiny_config("encoder"))
+    with pytest.raises(tk.InputError, match="needs a decoder"):
+        encoder.generate(torch.tensor([[4, 5]]))
