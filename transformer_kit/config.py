@@ -88,16 +88,6 @@ class ModelConfig(BaseModel):
     feedforward: ComponentSpec = ComponentSpec(name="relu")
     norm: ComponentSpec = ComponentSpec(name="layernorm")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _components_from_names(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            data = dict(data)
-            for kind in KINDS:
-                if kind in data and not isinstance(data[kind], (ComponentSpec, type(None))):
-                    data[kind] = ComponentSpec.model_validate(data[kind])
-        return data
-
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
         problems: list[str] = []
@@ -185,6 +175,9 @@ def _format_validation_error(exc: ValidationError) -> str:
             fields = allowed if len(err["loc"]) == 1 else ["name", "params"]
             lines.append(f"unknown key {loc!r}.{did_you_mean(key, fields)} "
                          f"Allowed keys: {', '.join(fields)}")
+        elif err["loc"] and err["loc"][0] in KINDS and len(err["loc"]) == 1:
+            lines.append(f"key {loc!r}: give a component name or a mapping "
+                         f"{{name: ..., <params>}} (given {err.get('input')!r})")
         elif err["type"] == "value_error":
             lines.append(str(err["msg"]).removeprefix("Value error, "))
         else:

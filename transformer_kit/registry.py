@@ -314,6 +314,7 @@ def reset_registry() -> Registry:
     """Rebuild the process-wide registry (re-reads entry points and environment variables)."""
     global _registry
     _registry = None
+    importlib.invalidate_caches()  # see distributions installed since the last look
     return get_registry()
 
 

@@ -83,13 +83,13 @@ def test_generate_restores_training_mode_and_uses_no_dropout():
 
 def test_generation_arguments_are_checked():
     model = tk.build_model(tiny_config("decoder", positional="learned", max_len=8))
-    with pytest.raises(tk.InputError, match="max_new_tokens"):
+    with pytest.raises(tk.InputError, match=r"max_new_tokens"):
         model.generate(torch.tensor([[4, 5]]), max_new_tokens=-1)
-    with pytest.raises(tk.InputError, match="max_len"):
+    with pytest.raises(tk.InputError, match=r"max_len"):
         model.generate(torch.tensor([[4, 5, 6]]), max_new_tokens=6)
-    with pytest.raises(tk.InputError, match="only padding"):
+    with pytest.raises(tk.InputError, match=r"only padding"):
         model.generate(torch.tensor([[4, 5], [0, 0]]), max_new_tokens=2)
     assert model.generate(torch.tensor([[4, 5]]), max_new_tokens=0).shape == (1, 0)
     encoder = tk.build_model(tiny_config("encoder"))
-    with pytest.raises(tk.InputError, match="needs a decoder"):
+    with pytest.raises(tk.InputError, match=r"needs a decoder"):
         encoder.generate(torch.tensor([[4, 5]]))

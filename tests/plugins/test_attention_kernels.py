@@ -157,7 +157,7 @@ def test_unmasked_call(name):
 @pytest.mark.parametrize("name", KERNELS)
 def test_float_mask_is_refused_with_a_conversion_hint(name):
     q, k, v, mask = _random_case(5, torch.float32)
-    with pytest.raises(tk.MaskError, match="from_keep_convention"):
+    with pytest.raises(tk.MaskError, match=r"from_keep_convention"):
         _kernel(name)(q, k, v, mask=mask.float())
 
 
@@ -178,5 +178,5 @@ def test_float16_fully_masked_is_finite(name):
 
 
 def test_scale_parameter_is_validated():
-    with pytest.raises(tk.ConfigError, match="scale"):
+    with pytest.raises(tk.ConfigError, match=r"scale"):
         tk.get_registry().create("attention", "matmul", scale=-1.0)

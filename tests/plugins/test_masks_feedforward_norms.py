@@ -26,7 +26,7 @@ def test_sliding_window_mask():
     mask = _create("mask", "sliding_window", window=2)(positions, positions)[0, 0]
     expected = torch.ones(5, 5, dtype=torch.bool).tril() & ~torch.ones(5, 5, dtype=torch.bool).tril(-2)
     assert torch.equal(mask, expected)
-    with pytest.raises(tk.ConfigError, match="window"):
+    with pytest.raises(tk.ConfigError, match=r"window"):
         _create("mask", "sliding_window", window=0)
 
 
@@ -68,5 +68,5 @@ def test_layernorm_and_rmsnorm_formulas():
                                / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-5))
     rms = _create("norm", "rmsnorm", eps=1e-6)
     torch.testing.assert_close(rms(x), x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
-    with pytest.raises(tk.ConfigError, match="eps"):
+    with pytest.raises(tk.ConfigError, match=r"eps"):
         _create("norm", "rmsnorm", eps=0)

@@ -50,7 +50,7 @@ def test_learned_positions_are_bounded_by_max_len():
     enc = _create("learned", d_model=4, max_len=3)
     x = torch.zeros(1, 3, 4)
     torch.testing.assert_close(enc.embed(x, torch.arange(3)[None]), enc.table.weight[None])
-    with pytest.raises(tk.InputError, match="max_len=3"):
+    with pytest.raises(tk.InputError, match=r"max_len=3"):
         enc.embed(torch.zeros(1, 4, 4), torch.arange(4)[None])
 
 
@@ -88,7 +88,7 @@ def test_rotary_partial_and_invalid_dims():
     x = torch.randn(1, 1, 3, 8)
     out = enc.rotate(x, torch.tensor([[1, 2, 3]]))
     torch.testing.assert_close(out[..., 4:], x[..., 4:])
-    with pytest.raises(tk.ConfigError, match="even rotary_dim"):
+    with pytest.raises(tk.ConfigError, match=r"even rotary_dim"):
         _create("rotary", head_dim=5)
 
 

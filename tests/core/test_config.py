@@ -1,0 +1,127 @@
+"""Config validation: files, defaults, and refusals that name the key and what is allowed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+import transformer_kit as tk
+from transformer_kit.config import ModelConfig
+
+
+def test_defaults_are_the_paper():
+    cfg = tk.load_config({"vocab_size": 37000})
+    assert (cfg.d_model, cfg.num_heads, cfg.num_layers, cfg.d_ff, cfg.head_dim) == (512, 8, 6, 2048, 64)
+    assert [cfg.component(k).name for k in tk.KINDS] == [
+        "matmul", "sinusoidal", "causal", "post_norm", "relu", "layernorm"]
+    assert tk.load_config({"architecture": "encoder", "vocab_size": 9}).mask.name == "none"
+
+
+def test_yaml_json_and_dict_give_the_same_config(tmp_path):
+    data = {"architecture": "decoder", "vocab_size": 100, "d_model": 64, "num_heads": 4,
+            "num_kv_heads": 2, "positional": {"name": "rotary", "base": 500000.0},
+            "mask": {"name": "sliding_window", "window": 16}, "feedforward": "swiglu"}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
+    (tmp_path / "m.json").write_text(json.dumps(data))
+    from_dict = tk.load_config(data)
+    assert tk.load_config(tmp_path / "m.yaml") == from_dict
+    assert tk.load_config(str(tmp_path / "m.json")) == from_dict
+    assert from_dict.positional.params == {"base": 500000.0}
+    assert tk.load_config(from_dict.to_dict()) == from_dict
+    assert from_dict.to_dict()["positional"] == {"name": "rotary", "base": 500000.0}
+
+
+def test_build_model_reads_a_yaml_file(tmp_path):
+    path = tmp_path / "model.yml"
+    path.write_text("architecture: encoder\nvocab_size: 11\nd_model: 8\nnum_heads: 2\n"
+                    "num_layers: 1\nd_ff: 16\n")
+    assert tk.build_model(path).config.d_model == 8
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"d_modle": 8}, "unknown key 'd_modle'. Did you mean 'd_model'?"),
+        ({"d_model": 0}, "key 'd_model': Input should be greater than 0"),
+        ({"d_model": "512"}, "key 'd_model': Input should be a valid integer"),
+        ({"dropout": 1.0}, "key 'dropout': Input should be less than 1"),
+        ({"dropout": -0.1}, "key 'dropout': Input should be greater than or equal to 0"),
+        ({"num_heads": 3}, "'d_model' (512) must be divisible by 'num_heads' (3)"),
+        ({"num_kv_heads": 3}, "'num_kv_heads' (3) must divide 'num_heads' (8)"),
+        ({"num_kv_heads": 16}, "'num_kv_heads' (16) must divide"),
+        ({"eos_id": 10}, "'eos_id' (10) must be below the vocabulary size (10)"),
+        ({"architecture": "seq2seq"}, "key 'architecture': Input should be 'encoder_decoder'"),
+        ({"src_vocab_size": 5}, "give either 'vocab_size' or"),
+        ({"lm_head": True}, "'lm_head' applies to encoder models"),
+        ({"attention": {"nam": "sdpa"}}, "key 'attention.name'"),
+        ({"attention": 5}, "attention"),
+    ],
+)
+def test_bad_values_are_refused_with_the_key(overrides, message):
+    with pytest.raises(tk.ConfigError) as info:
+        tk.load_config({"vocab_size": 10, **overrides})
+    assert message in str(info.value)
+
+
+def test_architecture_specific_keys():
+    with pytest.raises(tk.ConfigError, match=r"'vocab_size' is required for architecture 'decoder'"):
+        tk.load_config({"architecture": "decoder"})
+    with pytest.raises(tk.ConfigError, match=r"'encoder_layers' applies to encoder_decoder only"):
+        tk.load_config({"architecture": "decoder", "vocab_size": 5, "encoder_layers": 2})
+    with pytest.raises(tk.ConfigError, match=r"both 'src_vocab_size' and 'tgt_vocab_size'"):
+        tk.load_config({"src_vocab_size": 5})
+
+
+def test_unknown_component_names_list_what_is_registered():
+    with pytest.raises(tk.UnknownComponentError) as info:
+        tk.build_model({"vocab_size": 10, "positional": "rotery"})
+    text = str(info.value)
+    assert "config key 'positional'" in text and "Did you mean 'rotary'?" in text
+    assert "alibi, learned, none, rotary, sinusoidal" in text
+
+
+def test_bad_component_params_name_the_component():
+    with pytest.raises(tk.ConfigError, match=r"mask 'sliding_window'.*unknown parameter 'size'"):
+        tk.build_model({"architecture": "decoder", "vocab_size": 10, "d_model": 8, "num_heads": 2,
+                        "mask": {"name": "sliding_window", "size": 3}})
+    with pytest.raises(tk.ConfigError, match=r"positional: positional 'rotary'.*even"):
+        tk.build_model({"architecture": "decoder", "vocab_size": 10, "d_model": 10, "num_heads": 2,
+                        "positional": "rotary"})
+
+
+def test_a_decoder_needs_a_causal_mask():
+    with pytest.raises(tk.ConfigError, match=r"mask 'none' is not causal.*causal, sliding_window"):
+        tk.build_model({"architecture": "decoder", "vocab_size": 10, "mask": "none"})
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("empty.yaml", "", "is empty"),
+        ("blank.json", "  \n", "is empty"),
+        ("bad.yaml", "vocab_size: [1, 2\n", "is not valid YAML"),
+        ("bad.json", "{\"vocab_size\": }", "is not valid JSON"),
+        ("list.yaml", "- 1\n- 2\n", "holds a list"),
+        ("model.toml", "vocab_size = 3", "use .yaml, .yml or .json"),
+    ],
+)
+def test_bad_files_are_refused(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(tk.ConfigError, match=message):
+        tk.load_config(path)
+
+
+def test_missing_file_and_non_mapping():
+    with pytest.raises(tk.ConfigError, match=r"Cannot read config file"):
+        tk.load_config("/no/such/config.yaml")
+    with pytest.raises(tk.ConfigError, match=r"mapping"):
+        tk.load_config(["vocab_size", 3])
+
+
+def test_config_is_immutable():
+    cfg = ModelConfig(vocab_size=10)
+    with pytest.raises(Exception, match=r"frozen"):
+        cfg.d_model = 3

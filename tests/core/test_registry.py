@@ -1,0 +1,230 @@
+"""The plugin system: built-ins, run-time plugins, entry-point packages, conflicts, failures."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+from transformer_kit.plugins.attention import MatmulAttention
+
+import transformer_kit as tk
+from tests.core.combinations import tiny_config
+
+
+class DoubledScoresAttention(MatmulAttention):
+    """A third-party kernel: matmul attention at twice the usual temperature scale."""
+
+    def __init__(self, head_dim: int) -> None:
+        super().__init__(scale=2.0 / head_dim**0.5)
+
+
+def _plugin(*components, name="my_plugin"):
+    module = types.ModuleType(name)
+
+    @tk.hookimpl
+    def transformer_kit_components():
+        return list(components)
+
+    module.transformer_kit_components = transformer_kit_components
+    return module
+
+
+def test_builtin_names_are_sorted_per_kind(fresh_registry):
+    assert fresh_registry.names("attention") == ["einsum", "matmul", "sdpa"]
+    assert fresh_registry.names("positional") == ["alibi", "learned", "none", "rotary", "sinusoidal"]
+    assert fresh_registry.names("mask") == ["causal", "none", "sliding_window"]
+    assert fresh_registry.names("block") == ["post_norm", "pre_norm"]
+    assert fresh_registry.names("feedforward") == ["gelu", "relu", "swiglu"]
+    assert fresh_registry.names("norm") == ["layernorm", "rmsnorm"]
+    assert fresh_registry.names("attention", pattern="*mul") == ["matmul"]
+    assert fresh_registry.entry("attention", "sdpa").plugin == "builtin"
+
+
+def test_unknown_names_list_the_registered_ones(fresh_registry):
+    with pytest.raises(tk.UnknownComponentError, match=r"Did you mean 'matmul'.*einsum, matmul, sdpa"):
+        fresh_registry.get("attention", "matmull")
+    with pytest.raises(tk.ConfigError, match=r"Kinds: attention"):
+        fresh_registry.names("attn")
+
+
+def test_create_passes_params_and_refuses_unknown_ones(fresh_registry):
+    kernel = fresh_registry.create("attention", "matmul", scale=0.5)
+    assert kernel.scale == 0.5
+    with pytest.raises(tk.ConfigError, match=r"unknown parameter 'scal'.*Did you mean 'scale'"):
+        fresh_registry.create("attention", "matmul", scal=0.5)
+    with pytest.raises(tk.ConfigError, match=r"top-level key 'd_model'"):
+        fresh_registry.create("norm", "layernorm", context={"d_model": 4}, d_model=8)
+
+
+def test_runtime_plugin_appears_and_builds(fresh_registry):
+    component = tk.Component("attention", "doubled", DoubledScoresAttention,
+                             provides={"score_bias"})
+    assert tk.register_plugin(_plugin(component), name="doubled_plugin") == "doubled_plugin"
+    assert "doubled" in tk.get_registry().names("attention")
+    torch.manual_seed(0)
+    model = tk.build_model(tiny_config("decoder", attention="doubled"))
+    kernel = model.decoder.layers[0].self_attention.kernel
+    assert isinstance(kernel, DoubledScoresAttention)
+    assert kernel.scale == pytest.approx(2.0 / 4**0.5)  # head_dim = 16 / 4
+    assert torch.isfinite(model(torch.tensor([[3, 4, 5]]))).all()
+    tk.unregister_plugin("doubled_plugin")
+    assert "doubled" not in tk.get_registry().names("attention")
+    with pytest.raises(tk.UnknownComponentError):
+        tk.build_model(tiny_config("decoder", attention="doubled"))
+
+
+def test_duplicate_component_names_the_two_plugins(fresh_registry):
+    clash = tk.Component("attention", "matmul", MatmulAttention)
+    with pytest.raises(tk.PluginError, match=r"plugin 'builtin' and plugin 'clashing'"):
+        tk.register_plugin(_plugin(clash), name="clashing")
+    assert "clashing" not in fresh_registry.plugins()
+    twice = _plugin(tk.Component("norm", "same", torch.nn.Identity),
+                    tk.Component("norm", "same", torch.nn.Identity))
+    with pytest.raises(tk.PluginError, match=r"'same' is provided by both plugin 'twice'"):
+        tk.register_plugin(twice, name="twice")
+
+
+def test_duplicate_plugin_name(fresh_registry):
+    tk.register_plugin(_plugin(), name="once")
+    with pytest.raises(tk.PluginError, match=r"'once'"):
+        tk.register_plugin(_plugin(), name="once")
+
+
+def test_a_raising_hook_is_named_and_the_kit_keeps_working(fresh_registry):
+    broken = types.ModuleType("broken")
+
+    @tk.hookimpl
+    def transformer_kit_components():
+        raise RuntimeError("boom")
+
+    broken.transformer_kit_components = transformer_kit_components
+    with pytest.raises(tk.PluginError, match=r"plugin 'broken' raised .*RuntimeError: boom"):
+        tk.register_plugin(broken, name="broken")
+    assert "broken" not in fresh_registry.plugins()
+    assert tk.build_model(tiny_config("decoder")) is not None
+
+
+def test_a_hook_returning_the_wrong_type_is_named(fresh_registry):
+    wrong = types.ModuleType("wrong")
+    wrong.transformer_kit_components = tk.hookimpl(lambda: ["matmul"])
+    with pytest.raises(tk.PluginError, match=r"plugin 'wrong'.*str; every item must be a tk.Component"):
+        tk.register_plugin(wrong, name="wrong")
+
+
+def test_factory_returning_the_wrong_type_names_plugin_and_slot(fresh_registry):
+    tk.register_plugin(_plugin(tk.Component("feedforward", "bogus", lambda: 42)), name="bogus_plugin")
+    with pytest.raises(tk.ComponentError, match=r"decoder layer 0.feedforward.*plugin 'bogus_plugin'"):
+        tk.build_model(tiny_config("decoder", feedforward="bogus"))
+
+
+def test_factory_that_raises_names_the_plugin(fresh_registry):
+    def explode(d_model):
+        raise RuntimeError("no GPU here")
+
+    tk.register_plugin(_plugin(tk.Component("norm", "explosive", explode)), name="explosive_plugin")
+    with pytest.raises(tk.ComponentError, match=r"plugin 'explosive_plugin'.*no GPU here"):
+        tk.build_model(tiny_config("decoder", norm="explosive"))
+
+
+def test_missing_capability_is_refused_with_a_sentence(fresh_registry):
+    no_bias = tk.Component("attention", "nobias", MatmulAttention)  # provides nothing
+    tk.register_plugin(_plugin(no_bias), name="nobias_plugin")
+    with pytest.raises(tk.ConfigError, match=r"positional 'alibi' needs 'score_bias'.*'matmul'"):
+        tk.build_model(tiny_config("decoder", attention="nobias", positional="alibi"))
+
+
+def test_invalid_components_are_refused():
+    with pytest.raises(ValueError, match=r"kind 'attn'"):
+        tk.Component("attn", "x", MatmulAttention)
+    with pytest.raises(ValueError, match=r"name '9x'"):
+        tk.Component("attention", "9x", MatmulAttention)
+    with pytest.raises(TypeError, match=r"callable"):
+        tk.Component("attention", "x", 3)
+
+
+@pytest.fixture
+def installed_package(tmp_path, monkeypatch):
+    """A distribution installed on sys.path with a ``transformer_kit`` entry point, as pip
+    lays one out: the package and its .dist-info with METADATA and entry_points.txt."""
+
+    def install(dist_name: str, module: str, source: str, entry_value: str | None = None) -> None:
+        (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
+        info = tmp_path / f"{dist_name.replace('-', '_')}-1.0.dist-info"  # escaped, as pip does
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 1.0\n")
+        value = entry_value or module
+        (info / "entry_points.txt").write_text(f"[transformer_kit]\n{module} = {value}\n")
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield install
+    for name in [m for m in sys.modules if m.startswith("tkplugin_")]:
+        del sys.modules[name]
+
+
+GOOD_PLUGIN = """
+    import transformer_kit as tk
+    from transformer_kit.plugins.feedforward import FeedForward
+    from torch import nn
+
+    def tanh_feedforward(d_model, d_ff, dropout):
+        return FeedForward(d_model, d_ff, dropout, nn.Tanh())
+
+    @tk.hookimpl
+    def transformer_kit_components():
+        return [tk.Component("feedforward", "tanh", tanh_feedforward)]
+"""
+
+
+def test_entry_point_package_appears_and_builds(installed_package, fresh_registry):
+    installed_package("tk-tanh", "tkplugin_tanh", GOOD_PLUGIN)
+    registry = tk.reset_registry()
+    assert "tanh" in registry.names("feedforward")
+    entry = registry.entry("feedforward", "tanh")
+    assert (entry.plugin, entry.distribution) == ("tkplugin_tanh", "tk-tanh")
+    torch.manual_seed(0)
+    model = tk.build_model(tiny_config("encoder", feedforward="tanh"))
+    ff = model.encoder.layers[0].feedforward
+    x = torch.randn(1, 2, 16)
+    torch.testing.assert_close(ff(x), ff.linear2(torch.tanh(ff.linear1(x))))
+
+
+def test_autoload_can_be_disabled(installed_package, fresh_registry, monkeypatch):
+    installed_package("tk-tanh", "tkplugin_tanh", GOOD_PLUGIN)
+    monkeypatch.setenv(tk.registry.DISABLE_AUTOLOAD_ENV, "1")
+    registry = tk.reset_registry()
+    assert "tanh" not in registry.names("feedforward")
+    assert registry.names("attention") == ["einsum", "matmul", "sdpa"]  # built-ins stay
+
+
+def test_plugins_can_be_blocked_by_name(installed_package, fresh_registry, monkeypatch):
+    installed_package("tk-tanh", "tkplugin_tanh", GOOD_PLUGIN)
+    monkeypatch.setenv(tk.registry.BLOCK_ENV, "tkplugin_tanh")
+    assert "tanh" not in tk.reset_registry().names("feedforward")
+    monkeypatch.setenv(tk.registry.BLOCK_ENV, "builtin")
+    registry = tk.reset_registry()
+    assert registry.names("attention") == []
+    assert "tanh" in registry.names("feedforward")
+
+
+def test_failing_entry_points_are_recorded_and_the_rest_loads(installed_package, fresh_registry):
+    installed_package("tk-broken-import", "tkplugin_broken", "import not_a_module_anywhere\n")
+    installed_package("tk-clash", "tkplugin_clash", """
+        import transformer_kit as tk
+        from torch import nn
+
+        @tk.hookimpl
+        def transformer_kit_components():
+            return [tk.Component("norm", "layernorm", nn.LayerNorm)]
+    """)
+    with pytest.warns(RuntimeWarning) as caught:
+        registry = tk.reset_registry()
+    failures = {f.plugin: f for f in registry.failures}
+    assert failures["tkplugin_broken"].distribution == "tk-broken-import"
+    assert "ModuleNotFoundError" in failures["tkplugin_broken"].error
+    assert "plugin 'builtin' and plugin 'tkplugin_clash'" in failures["tkplugin_clash"].error
+    assert any("tk-broken-import" in str(w.message) for w in caught)
+    assert registry.names("norm") == ["layernorm", "rmsnorm"]
+    assert registry.entry("norm", "layernorm").plugin == "builtin"
