@@ -144,6 +144,15 @@ def build_model(config: ModelConfig | dict | str | Path,
         except ConfigError as exc:
             raise type(exc)(f"config key {kind!r}: {exc}") from None
     check_capabilities(config, registry)
+    model = _assemble(config, registry)
+    model.uncacheable = [
+        f"{kind} {config.component(kind).name!r}" for kind in KINDS
+        if not registry.get(kind, config.component(kind).name).supports_cache
+    ]
+    return model
+
+
+def _assemble(config: ModelConfig, registry: Registry) -> TransformerModel:
     parts = _Parts(config, registry)
     mask: AttentionMask = parts.create("mask", "mask")
     arch = config.architecture

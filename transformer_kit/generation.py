@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from transformer_kit.errors import InputError
+from transformer_kit.errors import ConfigError, InputError
 from transformer_kit.inputs import check_length, check_token_ids
 from transformer_kit.masks import keep_mask
 
@@ -116,6 +116,11 @@ def generate(model, ids: Tensor, max_new_tokens: int = 32, *, use_cache: bool = 
     max_new_tokens = _check_budget(max_new_tokens)
     if model.architecture == "encoder":
         raise InputError("generate needs a decoder; this model's architecture is 'encoder'.")
+    if use_cache and model.uncacheable:
+        raise ConfigError(
+            f"{', '.join(model.uncacheable)} does not support the key/value cache, so cached "
+            "decoding would not match the model; call generate(..., use_cache=False)."
+        )
     is_decoder = model.architecture == "decoder"
     vocab = cfg.vocab_size if is_decoder else cfg.src_vocab
     ids = check_token_ids(ids, vocab, "input_ids" if is_decoder else "src_ids")

@@ -88,6 +88,8 @@ class TransformerModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
+        #: Components that declared ``supports_cache=False`` (set by build_model).
+        self.uncacheable: list[str] = []
 
     @property
     def max_positions(self) -> int | None:

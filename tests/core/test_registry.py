@@ -228,3 +228,16 @@ def test_failing_entry_points_are_recorded_and_the_rest_loads(installed_package,
     assert any("tk-broken-import" in str(w.message) for w in caught)
     assert registry.names("norm") == ["layernorm", "rmsnorm"]
     assert registry.entry("norm", "layernorm").plugin == "builtin"
+
+
+def test_a_component_without_cache_support_refuses_cached_generation(fresh_registry):
+    comp = tk.Component("attention", "nocache", MatmulAttention, provides={"score_bias"},
+                        supports_cache=False)
+    tk.register_plugin(_plugin(comp), name="nocache_plugin")
+    model = tk.build_model(tiny_config("decoder", attention="nocache"))
+    ids = torch.tensor([[3, 4, 5]])
+    with pytest.raises(tk.ConfigError, match=r"attention 'nocache' does not support the key/value cache"):
+        model.generate(ids, 3)
+    reference = tk.build_model(tiny_config("decoder"))
+    reference.load_state_dict(model.state_dict())
+    assert torch.equal(model.generate(ids, 3, use_cache=False), reference.generate(ids, 3))

@@ -21,6 +21,13 @@ def _copy_attention(ours, theirs: nn.MultiheadAttention) -> None:
     theirs.out_proj.bias.copy_(ours.o_proj.bias)
 
 
+def _copy_stack_norm(ours, theirs) -> None:
+    if ours.final_norm is None:
+        theirs.norm = None  # the paper's post-norm stack has no final norm
+    else:
+        theirs.norm.load_state_dict(ours.final_norm.state_dict())
+
+
 def _copy_layer(ours, theirs) -> None:
     _copy_attention(ours.self_attention, theirs.self_attn)
     for name in ("linear1", "linear2"):
@@ -41,18 +48,21 @@ def _sinusoidal(length: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kernel", ["matmul", "einsum", "sdpa"])
+@pytest.mark.parametrize("block", ["post_norm", "pre_norm"])
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
 @torch.no_grad()
-def test_encoder_decoder_matches_torch_transformer(kernel):
+def test_encoder_decoder_matches_torch_transformer(kernel, block):
     torch.manual_seed(0)
     model = tk.build_model({
         "architecture": "encoder_decoder", "vocab_size": 40, "d_model": D_MODEL, "num_heads": HEADS,
         "encoder_layers": 2, "decoder_layers": 3, "d_ff": D_FF, "dropout": 0.0,
-        "attention": kernel, "positional": "sinusoidal", "block": "post_norm",
+        "attention": kernel, "positional": "sinusoidal", "block": block,
         "feedforward": "relu", "norm": "layernorm",
     }).eval()
-    reference = nn.Transformer(D_MODEL, HEADS, 2, 3, D_FF, dropout=0.0, batch_first=True).eval()
-    reference.encoder.norm = None  # the paper's post-norm stack has no final norm
-    reference.decoder.norm = None
+    reference = nn.Transformer(D_MODEL, HEADS, 2, 3, D_FF, dropout=0.0, batch_first=True,
+                               norm_first=block == "pre_norm").eval()
+    _copy_stack_norm(model.encoder, reference.encoder)
+    _copy_stack_norm(model.decoder, reference.decoder)
     for ours, theirs in zip(model.encoder.layers, reference.encoder.layers, strict=True):
         _copy_layer(ours, theirs)
     for ours, theirs in zip(model.decoder.layers, reference.decoder.layers, strict=True):

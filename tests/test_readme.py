@@ -1,0 +1,47 @@
+"""README's examples run as written."""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+import torch
+
+import transformer_kit as tk
+
+README = (Path(__file__).parent.parent / "README.md").read_text()
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README, flags=re.S)
+
+
+def test_use_from_python_example(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    block = next(b for b in _python_blocks() if "model.save" in b)
+    namespace: dict = {}
+    exec(block, namespace)
+    assert namespace["logits"].shape == (2, 4, 8000)
+    assert namespace["new_tokens"].shape[0] == 2
+    same = namespace["same"]
+    assert torch.equal(same(namespace["prompts"]), namespace["model"](namespace["prompts"]))
+
+
+def test_plugin_example_registers_and_builds(fresh_registry):
+    block = next(b for b in _python_blocks() if b.startswith("# my_kernels.py"))
+    module = types.ModuleType("my_kernels")
+    exec(block, module.__dict__)
+    tk.register_plugin(module)
+    assert "cosine" in tk.get_registry().names("attention")
+    torch.manual_seed(0)
+    model = tk.build_model({"architecture": "decoder", "vocab_size": 20, "d_model": 16, "num_heads": 2,
+                            "num_layers": 1, "d_ff": 32, "dropout": 0.0, "attention": "cosine",
+                            "positional": "alibi"})
+    kernel = model.decoder.layers[0].self_attention.kernel
+    q, k, v = torch.randn(3, 1, 2, 4, 8).unbind(0)
+    qn, kn = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(k, dim=-1)
+    expected = torch.softmax(10.0 * qn @ kn.transpose(-2, -1), dim=-1) @ v
+    torch.testing.assert_close(kernel(q, k, v), expected)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    assert torch.equal(model.generate(ids, 5), model.generate(ids, 5, use_cache=False))
