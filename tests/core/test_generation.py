@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -93,3 +95,31 @@ def test_generation_arguments_are_checked():
     encoder = tk.build_model(tiny_config("encoder"))
     with pytest.raises(tk.InputError, match=r"needs a decoder"):
         encoder.generate(torch.tensor([[4, 5]]))
+
+
+def _step_flops(model, past_len: int, use_cache: bool) -> int:
+    """Counted floating-point operations of one decoding step after ``past_len`` tokens."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    ids = torch.randint(3, 37, (1, past_len + 1))
+    keep = torch.ones(1, past_len + 1, dtype=torch.bool)
+    caches = None
+    if use_cache:
+        caches = model.new_cache(1, model.head.weight)
+        model.step(ids[:, :-1], keep[:, :-1], caches)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model.step(ids[:, -1:] if use_cache else ids, keep, caches)
+    return counter.get_total_flops()
+
+
+def test_a_cached_step_costs_linear_work_in_the_length():
+    model = tk.build_model(tiny_config("decoder", max_len=1024)).eval()
+    cached = [_step_flops(model, n, True) for n in (128, 256, 512)]
+    uncached = [_step_flops(model, n, False) for n in (128, 256, 512)]
+    # cached: a constant plus attention over the past, a + b * n: doubling n doubles the increment
+    growth = [b - a for a, b in itertools.pairwise(cached)]
+    assert growth[0] > 0 and growth[1] == 2 * growth[0]
+    # uncached: every position again, a * n + b * n^2: the increment more than doubles
+    growth = [b - a for a, b in itertools.pairwise(uncached)]
+    assert growth[1] > 3 * growth[0]
+    assert cached[2] * 40 < uncached[0]
