@@ -1,1 +1,31 @@
-"""ONNX export and the onnxruntime runtime (filled by the export issue)."""
+"""ONNX export and the onnxruntime runtime.
+
+    from transformer_kit.export import export_onnx, OnnxModel
+    report = export_onnx(model, "out/")          # graphs + manifest, verified against PyTorch
+    om = OnnxModel("out/")                        # numpy + onnxruntime only
+    om.generate(ids, max_new_tokens=16)
+
+``OnnxModel`` is imported without torch; ``export_onnx`` needs torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ExportReport", "Manifest", "OnnxModel", "export_onnx"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("export_onnx", "ExportReport"):
+        from transformer_kit.export import exporter
+
+        return getattr(exporter, name)
+    if name == "OnnxModel":
+        from transformer_kit.export.runtime import OnnxModel
+
+        return OnnxModel
+    if name == "Manifest":
+        from transformer_kit.export.manifest import Manifest
+
+        return Manifest
+    raise AttributeError(f"module 'transformer_kit.export' has no attribute {name!r}")

@@ -85,5 +85,7 @@ class SdpaAttention(_ScaledKernel):
             attn_mask = visible
         else:
             attn_mask = bias.to(q.dtype).masked_fill(~visible, torch.finfo(q.dtype).min)
+        if attn_mask.shape[-2] != q.shape[-2]:  # ONNX Attention does not broadcast the query axis
+            attn_mask = attn_mask.expand(*attn_mask.shape[:-2], q.shape[-2], attn_mask.shape[-1])
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
         return out.masked_fill(~has_key, 0.0)

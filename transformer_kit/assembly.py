@@ -145,10 +145,11 @@ def build_model(config: ModelConfig | dict | str | Path,
             raise type(exc)(f"config key {kind!r}: {exc}") from None
     check_capabilities(config, registry)
     model = _assemble(config, registry)
-    model.uncacheable = [
-        f"{kind} {config.component(kind).name!r}" for kind in KINDS
-        if not registry.get(kind, config.component(kind).name).supports_cache
-    ]
+    chosen = [(kind, registry.entry(kind, config.component(kind).name)) for kind in KINDS]
+    model.uncacheable = [f"{kind} {e.component.name!r} (plugin {e.plugin!r})"
+                         for kind, e in chosen if not e.component.supports_cache]
+    model.unexportable = [f"{kind} {e.component.name!r} (plugin {e.plugin!r})"
+                          for kind, e in chosen if not e.component.exportable]
     return model
 
 

@@ -13,6 +13,14 @@ from torch import Tensor, nn
 from transformer_kit.interfaces import PositionalEncoding
 
 
+def _repeat_heads(x: Tensor, groups: int) -> Tensor:
+    """(batch, kv_heads, len, dim) -> (batch, kv_heads * groups, len, dim), each head repeated
+    ``groups`` times in place (a view and one copy; exports with static shapes)."""
+    batch, heads, length, dim = x.shape
+    return x[:, :, None].expand(batch, heads, groups, length, dim).reshape(
+        batch, heads * groups, length, dim)
+
+
 @dataclass
 class LayerCache:
     """One layer's cached keys and values, plain tensors (exportable as graph inputs/outputs).
@@ -79,7 +87,8 @@ class MultiHeadAttention(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, heads, self.head_dim).transpose(1, 2)
 
-    def _keys_values(self, source: Tensor) -> tuple[Tensor, Tensor]:
+    def keys_values(self, source: Tensor) -> tuple[Tensor, Tensor]:
+        """source (batch, len, d_model) -> keys, values (batch, kv_heads, len, head_dim)."""
         return (self._split(self.k_proj(source), self.num_kv_heads),
                 self._split(self.v_proj(source), self.num_kv_heads))
 
@@ -91,11 +100,11 @@ class MultiHeadAttention(nn.Module):
             if cache is not None and cache.cross_key is not None:
                 k, v = cache.cross_key, cache.cross_value
             else:
-                k, v = self._keys_values(inputs.memory)
+                k, v = self.keys_values(inputs.memory)
                 if cache is not None:
                     cache.cross_key, cache.cross_value = k, v
         else:
-            k, v = self._keys_values(x)
+            k, v = self.keys_values(x)
             if inputs.positional is not None:
                 q = inputs.positional.rotate(q, inputs.q_positions)
                 k = inputs.positional.rotate(k, inputs.q_positions)  # new keys sit at the queries
@@ -105,8 +114,7 @@ class MultiHeadAttention(nn.Module):
                 cache.key, cache.value = k, v
         groups = self.num_heads // self.num_kv_heads
         if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
+            k, v = _repeat_heads(k, groups), _repeat_heads(v, groups)
         if inputs.bias is None:
             out = self.kernel(q, k, v, mask=inputs.mask)
         else:

@@ -75,7 +75,7 @@ def _decoder_steps(model, ids: Tensor, use_cache: bool) -> Callable[[Tensor | No
             state["keep"] = torch.cat([state["keep"], state["keep"].new_ones(len(token), 1)], 1)
             state["ids"] = torch.cat([state["ids"], token[:, None]], 1)
         new = state["ids"] if token is None or not use_cache else token[:, None]
-        return model.step(new, state["keep"], caches)[:, -1]
+        return model.step(new, state["keep"], caches, last_only=True)[:, -1]
 
     return next_logits
 
@@ -91,7 +91,7 @@ def _encoder_decoder_steps(model, src_ids: Tensor, use_cache: bool
         if token is not None:
             state["tgt"] = torch.cat([state["tgt"], token[:, None]], 1)
         new = state["tgt"] if token is None or not use_cache else token[:, None]
-        return model.decode(new, memory, src_keep, caches)[:, -1]
+        return model.decode(new, memory, src_keep, caches, last_only=True)[:, -1]
 
     return next_logits
 

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from transformer_kit.errors import MaskError
+from transformer_kit.inputs import tracing
 from transformer_kit.interfaces import AttentionMask
 
 
@@ -59,7 +60,7 @@ def positions_from_keep(keep: Tensor) -> Tensor:
 
 def check_mask(mask: Tensor, scores_shape: tuple[int, ...] | None = None) -> None:
     """Refuse a mask that is not boolean (batch|1, heads|1, q_len|1, k_len), saying how to fix it."""
-    if scores_shape is not None and (
+    if scores_shape is not None and not tracing() and (
         mask.dim() != 4
         or any(m not in (1, s) for m, s in zip(mask.shape, scores_shape, strict=True))
     ):

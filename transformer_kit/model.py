@@ -88,8 +88,10 @@ class TransformerModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        #: Components that declared ``supports_cache=False`` (set by build_model).
+        #: Components that declared ``supports_cache=False`` / ``exportable=False`` (set by
+        #: build_model), named with their plugin.
         self.uncacheable: list[str] = []
+        self.unexportable: list[str] = []
 
     @property
     def max_positions(self) -> int | None:
@@ -145,15 +147,17 @@ class EncoderDecoderTransformer(TransformerModel):
         memory = self.encoder(self.src_embed(src_ids, inputs.q_positions), inputs)
         return memory, keep
 
-    def decode(self, tgt_ids: Tensor, memory: Tensor, src_keep: Tensor,
-               caches: list[LayerCache] | None = None) -> Tensor:
+    def decode(self, tgt_ids: Tensor, memory: Tensor | None, src_keep: Tensor,
+               caches: list[LayerCache] | None = None, *, last_only: bool = False) -> Tensor:
         """Logits (batch, new_len, tgt_vocab) for target tokens after the cached ones.
 
         Args:
             tgt_ids: (batch, new_len) the target tokens not yet in ``caches``.
-            memory: (batch, src_len, d_model) from :meth:`encode`.
+            memory: (batch, src_len, d_model) from :meth:`encode`; may be None when every
+                cache already holds its cross-attention keys and values.
             src_keep: (batch, src_len) bool, True for real source tokens.
             caches: per-layer caches, extended in place; None for an uncached call.
+            last_only: return the logits of the last position only, (batch, 1, tgt_vocab).
         """
         tgt_ids = check_token_ids(tgt_ids, self.config.tgt_vocab, "tgt_ids")
         past = caches[0].key.shape[2] if caches else 0
@@ -162,8 +166,9 @@ class EncoderDecoderTransformer(TransformerModel):
         self_inputs = self_attention_inputs(keep, new_len, self.tgt_embed.positional,
                                             self.decoder_mask)
         cross_inputs = AttentionInputs(mask=src_keep[:, None, None, :], memory=memory)
-        x = self.tgt_embed(tgt_ids, self_inputs.q_positions)
-        return self.head(self.decoder(x, self_inputs, cross_inputs, caches))
+        x = self.decoder(self.tgt_embed(tgt_ids, self_inputs.q_positions), self_inputs,
+                         cross_inputs, caches)
+        return self.head(x[:, -1:] if last_only else x)
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
         """src_ids (batch, src_len), tgt_ids (batch, tgt_len) -> logits (batch, tgt_len, V)."""
@@ -189,19 +194,20 @@ class DecoderTransformer(TransformerModel):
     def max_positions(self) -> int | None:
         return self.embed.positional.max_positions
 
-    def step(self, input_ids: Tensor, keep: Tensor, caches: list[LayerCache] | None = None
-             ) -> Tensor:
+    def step(self, input_ids: Tensor, keep: Tensor, caches: list[LayerCache] | None = None,
+             *, last_only: bool = False) -> Tensor:
         """Logits (batch, new_len, vocab) for tokens after the cached ones.
 
         Args:
             input_ids: (batch, new_len) tokens not yet in ``caches``.
             keep: (batch, past_len + new_len) bool, True for real tokens (False for padding).
             caches: per-layer caches, extended in place; None for an uncached call.
+            last_only: return the logits of the last position only, (batch, 1, vocab).
         """
         input_ids = check_token_ids(input_ids, self.config.vocab_size, "input_ids")
         inputs = self_attention_inputs(keep, input_ids.shape[1], self.embed.positional, self.mask)
-        x = self.embed(input_ids, inputs.q_positions)
-        return self.head(self.decoder(x, inputs, None, caches))
+        x = self.decoder(self.embed(input_ids, inputs.q_positions), inputs, None, caches)
+        return self.head(x[:, -1:] if last_only else x)
 
     def forward(self, input_ids: Tensor) -> Tensor:
         """input_ids (batch, len), ``pad_id`` marking padding -> logits (batch, len, vocab)."""

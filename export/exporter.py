@@ -1,0 +1,290 @@
+"""``export_onnx``: any assembled model to a self-describing folder of ONNX graphs, verified."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import shutil
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+from transformer_kit.export.graphs import GraphSpec, graph_specs
+from transformer_kit.export.manifest import MANIFEST_FILE, GraphInfo, Manifest
+
+from transformer_kit.errors import ExportError, TransformerKitError
+from transformer_kit.model import TransformerModel
+from transformer_kit.registry import get_registry
+
+DEFAULT_OPSET = 23  # scaled_dot_product_attention becomes the single ONNX Attention op
+MIN_OPSET = 18  # the oldest opset torch's dynamo exporter writes
+MAX_IR_VERSION = 13  # the newest ONNX IR onnxruntime 1.31 reads
+TOLERANCES = {"float32": 1e-4, "float16": 2e-2}
+DTYPES = ("float32", "float16")
+QUANTIZATIONS = (None, "int8")
+_EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf files stop at 2 GB
+
+
+@dataclass
+class ExportReport:
+    """What an export produced and how well it matches PyTorch."""
+
+    path: Path
+    architecture: str
+    opset: int
+    dtype: str
+    quantization: str | None
+    graph_bytes: dict[str, int]
+    errors: dict[str, float] = field(default_factory=dict)
+    tolerance: float | None = None
+    tokens_match: bool | None = None
+    export_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    optimization: dict[str, Any] | None = None
+
+    @property
+    def max_error(self) -> float | None:
+        return max(self.errors.values()) if self.errors else None
+
+    def __str__(self) -> str:
+        lines = [f"exported {self.architecture} to {self.path} (opset {self.opset}, {self.dtype}"
+                 + (f", {self.quantization}" if self.quantization else "") + ")"]
+        for name, size in self.graph_bytes.items():
+            lines.append(f"  {name:14s} {size / 1e6:9.2f} MB")
+        for name, error in self.errors.items():
+            lines.append(f"  error {name:20s} {error:.3g}")
+        if self.tolerance is not None:
+            lines.append(f"  tolerance {self.tolerance:g}: passed")
+        if self.tokens_match is not None:
+            lines.append(f"  generated tokens equal PyTorch's: {self.tokens_match}")
+        if self.optimization:
+            lines.append(f"  optimization: {self.optimization}")
+        lines.append(f"  export {self.export_seconds:.1f} s, verify {self.verify_seconds:.1f} s")
+        return "\n".join(lines)
+
+
+def _versions() -> dict[str, str]:
+    names = ["transformer-kit", "torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu"]
+    found = {}
+    for name in names:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            found[name] = metadata.version(name)
+    return found
+
+
+def collect_translations() -> dict:
+    """ONNX translations for custom torch ops, from every plugin's hook."""
+    table: dict = {}
+    owner: dict = {}
+    hook = get_registry().plugin_manager.hook.transformer_kit_onnx_translations
+    for impl in hook.get_hookimpls():
+        try:
+            result = impl.function() or {}
+            items = dict(result).items()
+        except Exception as exc:
+            raise ExportError(f"plugin {impl.plugin_name!r} raised in transformer_kit_onnx_translations: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        for op, translation in items:
+            if op in table:
+                raise ExportError(f"Both plugin {owner[op]!r} and plugin {impl.plugin_name!r} translate "
+                                  f"{op}; block one of them.")
+            table[op], owner[op] = translation, impl.plugin_name
+    return table
+
+
+@contextlib.contextmanager
+def _quiet_exporter():
+    """The dynamo exporter prints progress and logs warnings; keep them for error messages."""
+    captured = io.StringIO()
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export",
+                                              "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(captured):
+            warnings.simplefilter("ignore")
+            yield captured
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _export_graph(name: str, spec: GraphSpec, path: Path, opset: int, translations: dict,
+                  external: bool) -> None:
+    with _quiet_exporter() as captured:
+        try:
+            torch.onnx.export(
+                spec.module, spec.args, str(path), dynamo=True, opset_version=opset,
+                dynamic_shapes=spec.dynamic_shapes, input_names=spec.inputs,
+                output_names=spec.outputs, external_data=external,
+                custom_translation_table=translations or None, verbose=False,
+            )
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ExportError(
+                f"torch.onnx.export failed for graph {name!r}: {type(exc).__name__}: {first}. "
+                "If a component calls a custom op, its plugin can map the op to ONNX through the "
+                "transformer_kit_onnx_translations hook."
+            ) from exc
+    proto = onnx.load(str(path), load_external_data=False)
+    if proto.ir_version > MAX_IR_VERSION:
+        proto.ir_version = MAX_IR_VERSION
+        onnx.save(proto, str(path))
+
+
+def _quantize_int8(path: Path, external: bool) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantized = path.with_suffix(".int8.onnx")
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantizer logs advice on the root logger
+    try:
+        # Weights of MatMul/Gemm only: the quantizer would misread ONNX's Attention op as
+        # onnxruntime's contrib op of the same name.
+        quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8,
+                         op_types_to_quantize=["MatMul", "Gemm"], use_external_data_format=external)
+    finally:
+        root.setLevel(level)
+    quantized.replace(path)
+    data = path.with_name(path.name + ".data")
+    if data.exists() and not external:
+        data.unlink()
+
+
+def _graph_bytes(folder: Path, file: str) -> int:
+    return sum(p.stat().st_size for p in folder.glob(file + "*"))
+
+
+def _check_arguments(model: Any, opset: int, dtype: str, quantize: str | None) -> None:
+    if not isinstance(model, TransformerModel):
+        raise ExportError(f"export_onnx takes a model from transformer_kit.build_model, got "
+                          f"{type(model).__name__}.")
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
+    if quantize not in QUANTIZATIONS:
+        raise ExportError(f"quantize={quantize!r} is not supported; choose None or 'int8'.")
+    if quantize and dtype != "float32":
+        raise ExportError("int8 quantization starts from a float32 export; use dtype='float32'.")
+    if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= DEFAULT_OPSET:
+        raise ExportError(f"opset={opset!r} is not supported; choose {MIN_OPSET}..{DEFAULT_OPSET} "
+                          f"(default {DEFAULT_OPSET}).")
+    if model.unexportable:
+        raise ExportError(f"This model cannot be exported to ONNX: {', '.join(model.unexportable)} "
+                          "declares itself not exportable. Build the model with another component.")
+
+
+def _prepare_folder(out_dir: Path) -> Path:
+    if out_dir.exists() and (not out_dir.is_dir() or (
+            any(out_dir.iterdir()) and not (out_dir / MANIFEST_FILE).exists())):
+        raise ExportError(
+            f"{str(out_dir)!r} exists and is not an earlier export (no {MANIFEST_FILE}); "
+            "choose an empty or new folder so nothing of yours is overwritten."
+        )
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+
+
+def _publish(staging: Path, out_dir: Path) -> None:
+    """Replace ``out_dir`` by the finished export; the old one is removed only afterwards."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{time.time_ns()}")
+        out_dir.rename(old)
+    staging.rename(out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | None = None,
+                dtype: str = "float32", verify: bool = True, quantize: str | None = None,
+                optimize: bool = False, tolerance: float | None = None) -> ExportReport:
+    """Export ``model`` to ONNX in ``out_dir`` and (by default) verify it against PyTorch.
+
+    Args:
+        model: from :func:`transformer_kit.build_model` (or ``load_model``), any architecture.
+        out_dir: a new or empty folder, or an earlier export to replace. Written to a temporary
+            folder first and moved into place only when complete.
+        opset: ONNX opset, 18..23 (default 23).
+        dtype: ``"float32"`` or ``"float16"`` (weights and activations in half precision).
+        verify: run onnxruntime against PyTorch on fresh inputs with padding and raise
+            :class:`ExportError` above ``tolerance`` (default 1e-4 relative in float32, 2e-2
+            in float16; int8 errors are reported, not enforced).
+        quantize: ``"int8"`` for dynamic int8 quantization of the weights (CPU serving).
+        optimize: also apply onnxruntime's offline graph optimizations; the report gives the
+            measured latency with and without, and the optimized graphs are kept only when they
+            verify and are faster.
+    Returns:
+        an :class:`ExportReport` with the measured errors, the sizes and the times.
+    """
+    from transformer_kit.export.runtime import OnnxModel
+    from transformer_kit.export.verify import verify_export
+
+    opset = DEFAULT_OPSET if opset is None else opset
+    _check_arguments(model, opset, dtype, quantize)
+    out_dir = Path(out_dir)
+    cfg = model.config
+    start = time.perf_counter()
+    staging = _prepare_folder(out_dir)
+    was_training = model.training
+    try:
+        exported = copy.deepcopy(model).half() if dtype == "float16" else model
+        exported.eval()
+        translations = collect_translations()
+        param_bytes = sum(p.numel() * p.element_size() for p in exported.parameters())
+        external = param_bytes > _EXTERNAL_DATA_BYTES
+        graphs = {}
+        for name, spec in graph_specs(exported).items():
+            file = f"{name}.onnx"
+            _export_graph(name, spec, staging / file, opset, translations, external)
+            if quantize == "int8":
+                _quantize_int8(staging / file, external)
+            graphs[name] = GraphInfo(file, spec.inputs, spec.outputs)
+        manifest = Manifest(
+            architecture=model.architecture, config=cfg.to_dict(), dtype=dtype, opset=opset,
+            graphs=graphs,
+            num_decoder_layers=len(model.decoder.layers) if hasattr(model, "decoder") else 0,
+            kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, src_vocab=cfg.src_vocab,
+            tgt_vocab=cfg.tgt_vocab, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
+            max_positions=model.max_positions, quantization=quantize, versions=_versions(),
+        )
+        manifest.write(staging)
+        export_seconds = time.perf_counter() - start
+        report = ExportReport(out_dir, model.architecture, opset, dtype, quantize,
+                              {n: _graph_bytes(staging, g.file) for n, g in graphs.items()},
+                              export_seconds=export_seconds)
+        model.eval()
+        if verify:
+            report.tolerance = tolerance if tolerance is not None else (
+                None if quantize else TOLERANCES[dtype])
+            verify_start = time.perf_counter()
+            result = verify_export(model, OnnxModel(staging, providers="auto"), report.tolerance)
+            report.errors, report.tokens_match = result["errors"], result["tokens_match"]
+            report.verify_seconds = time.perf_counter() - verify_start
+            manifest.verification = {"errors": report.errors, "tolerance": report.tolerance,
+                                     "tokens_match": report.tokens_match}
+        if optimize:
+            from transformer_kit.export.optimize import optimize_graphs
+
+            report.optimization = optimize_graphs(model, staging, manifest, report.tolerance)
+            report.graph_bytes = {n: _graph_bytes(staging, g.file) for n, g in graphs.items()}
+        manifest.write(staging)
+        _publish(staging, out_dir)
+    except TransformerKitError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    except Exception as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ExportError(f"Export failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        model.train(was_training)
+    return report

@@ -1,0 +1,152 @@
+"""The graphs an export writes, as small ``nn.Module`` wrappers with named inputs and outputs.
+
+- ``model``: the full forward, as ``model.forward`` (padding from ``pad_id`` inside the graph).
+- ``decoder_step``: one decoding step with the key/value cache as plain tensors
+  (``past_key_values.{i}.key/value`` in, ``present.{i}.key/value`` out); a zero-length past
+  makes the same graph serve the prompt and every later token. Returns the last position's
+  logits only.
+- ``encoder`` (encoder_decoder only): the source mask and every decoder layer's cross-attention
+  keys and values (``cross.{i}.key/value``), computed once per input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.export import Dim
+
+from transformer_kit.attention import LayerCache
+from transformer_kit.model import TransformerModel
+
+#: Example sizes for tracing: all at least 2 and all different, so none freezes into the graph.
+EXAMPLE_BATCH, EXAMPLE_LEN, EXAMPLE_TGT_LEN, EXAMPLE_PAST = 2, 5, 3, 4
+
+
+def kv_names(prefix: str, num_layers: int) -> list[str]:
+    return [f"{prefix}.{i}.{part}" for i in range(num_layers) for part in ("key", "value")]
+
+
+def _pairs(flat: list[Tensor]) -> list[tuple[Tensor, Tensor]]:
+    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+class DecoderStep(nn.Module):
+    """input_ids (batch, new), attention_mask (batch, past + new) int64 (1 = real token),
+    past_key_values 2 x layers of (batch, kv_heads, past, head_dim)
+    -> logits (batch, vocab) of the last position, present 2 x layers (batch, kv_heads, past + new, head_dim)."""
+
+    def __init__(self, model: TransformerModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, past_key_values: list[Tensor]):
+        caches = [LayerCache(k, v) for k, v in _pairs(past_key_values)]
+        logits = self.model.step(input_ids, attention_mask != 0, caches, last_only=True)[:, -1]
+        return (logits, *[t for c in caches for t in (c.key, c.value)])
+
+
+class EncoderForDecoding(nn.Module):
+    """src_ids (batch, src_len) -> encoder_attention_mask (batch, src_len) int64 and
+    cross.{i}.key/value (batch, kv_heads, src_len, head_dim) for each decoder layer."""
+
+    def __init__(self, model: TransformerModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, src_ids: Tensor):
+        memory, keep = self.model.encode(src_ids)
+        cross = []
+        for layer in self.model.decoder.layers:
+            cross.extend(layer.cross_attention.keys_values(memory))
+        return (keep.long(), *cross)
+
+
+class Seq2SeqDecoderStep(nn.Module):
+    """input_ids (batch, new), encoder_attention_mask (batch, src_len), cross keys/values,
+    past_key_values -> logits (batch, vocab) of the last position and present keys/values."""
+
+    def __init__(self, model: TransformerModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor,
+                cross_key_values: list[Tensor], past_key_values: list[Tensor]):
+        caches = [LayerCache(k, v, ck, cv) for (k, v), (ck, cv)
+                  in zip(_pairs(past_key_values), _pairs(cross_key_values), strict=True)]
+        logits = self.model.decode(input_ids, None, encoder_attention_mask != 0, caches,
+                                   last_only=True)[:, -1]
+        return (logits, *[t for c in caches for t in (c.key, c.value)])
+
+
+@dataclass
+class GraphSpec:
+    """What ``torch.onnx.export`` needs for one graph."""
+
+    module: nn.Module
+    args: tuple[Any, ...]
+    dynamic_shapes: dict[str, Any]
+    inputs: list[str]
+    outputs: list[str]
+
+
+def _ids(batch: int, length: int, vocab: int, pad_id: int | None) -> Tensor:
+    gen = torch.Generator().manual_seed(batch * 100 + length)
+    ids = torch.randint(0, vocab, (batch, length), generator=gen)
+    if pad_id is not None:
+        ids[ids == pad_id] = (pad_id + 1) % vocab
+        ids[-1, -1] = pad_id  # trace with padding present
+    return ids
+
+
+def graph_specs(model: TransformerModel) -> dict[str, GraphSpec]:
+    """The graphs to export for ``model`` with example inputs and dynamic axes."""
+    cfg = model.config
+    batch, length, new, past = Dim("batch"), Dim("length"), Dim("new"), Dim("past")
+    src_len, total = Dim("src_len"), Dim("total")
+    b, n, t, p = EXAMPLE_BATCH, EXAMPLE_LEN, EXAMPLE_TGT_LEN, EXAMPLE_PAST
+    param = next(model.parameters())
+    specs: dict[str, GraphSpec] = {}
+    if model.architecture == "encoder":
+        output = "logits" if model.head is not None else "last_hidden_state"
+        specs["model"] = GraphSpec(model, (_ids(b, n, cfg.vocab_size, cfg.pad_id),),
+                                   {"input_ids": {0: batch, 1: length}}, ["input_ids"], [output])
+        return specs
+    layers = len(model.decoder.layers)
+    heads, head_dim = cfg.kv_heads, cfg.head_dim
+    past_kv = [param.new_zeros(b, heads, p, head_dim).normal_() for _ in range(2 * layers)]
+    past_shapes = [{0: batch, 2: past}] * (2 * layers)
+    if model.architecture == "decoder":
+        specs["model"] = GraphSpec(model, (_ids(b, n, cfg.vocab_size, cfg.pad_id),),
+                                   {"input_ids": {0: batch, 1: length}}, ["input_ids"], ["logits"])
+        mask = torch.ones(b, p + t, dtype=torch.long)
+        mask[-1, 0] = 0  # a left-padded row
+        specs["decoder_step"] = GraphSpec(
+            DecoderStep(model), (_ids(b, t, cfg.vocab_size, None), mask, past_kv),
+            {"input_ids": {0: batch, 1: new}, "attention_mask": {0: batch, 1: total},
+             "past_key_values": past_shapes},
+            ["input_ids", "attention_mask", *kv_names("past_key_values", layers)],
+            ["logits", *kv_names("present", layers)],
+        )
+        return specs
+    src = _ids(b, n, cfg.src_vocab, cfg.pad_id)
+    specs["model"] = GraphSpec(
+        model, (src, _ids(b, t, cfg.tgt_vocab, None)),
+        {"src_ids": {0: batch, 1: src_len}, "tgt_ids": {0: batch, 1: length}},
+        ["src_ids", "tgt_ids"], ["logits"])
+    specs["encoder"] = GraphSpec(
+        EncoderForDecoding(model), (src,), {"src_ids": {0: batch, 1: src_len}},
+        ["src_ids"], ["encoder_attention_mask", *kv_names("cross", layers)])
+    cross = [param.new_zeros(b, heads, n, head_dim).normal_() for _ in range(2 * layers)]
+    src_mask = (src != cfg.pad_id).long() if cfg.pad_id is not None else torch.ones_like(src)
+    specs["decoder_step"] = GraphSpec(
+        Seq2SeqDecoderStep(model), (_ids(b, t, cfg.tgt_vocab, None), src_mask, cross, past_kv),
+        {"input_ids": {0: batch, 1: new}, "encoder_attention_mask": {0: batch, 1: src_len},
+         "cross_key_values": [{0: batch, 2: src_len}] * (2 * layers), "past_key_values": past_shapes},
+        ["input_ids", "encoder_attention_mask", *kv_names("cross", layers),
+         *kv_names("past_key_values", layers)],
+        ["logits", *kv_names("present", layers)],
+    )
+    return specs

@@ -1,0 +1,93 @@
+"""The manifest of an exported model: what each graph is, its inputs/outputs, the config, versions.
+
+Read by :class:`transformer_kit.export.OnnxModel`; needs neither torch nor the plugins.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transformer_kit.errors import ExportError
+
+MANIFEST_FILE = "manifest.json"
+FORMAT = "transformer_kit.onnx"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class GraphInfo:
+    """One ONNX graph of the artifact."""
+
+    file: str
+    inputs: list[str]
+    outputs: list[str]
+
+
+@dataclass
+class Manifest:
+    """Everything :class:`OnnxModel` needs to run the graphs.
+
+    graphs: ``model`` (the full forward) always; ``decoder_step`` for generating
+    architectures; ``encoder`` for encoder_decoder (memory and cross-attention keys/values,
+    computed once per input).
+    """
+
+    architecture: str
+    config: dict[str, Any]
+    dtype: str
+    opset: int
+    graphs: dict[str, GraphInfo]
+    num_decoder_layers: int
+    kv_heads: int
+    head_dim: int
+    src_vocab: int
+    tgt_vocab: int
+    pad_id: int | None
+    bos_id: int
+    eos_id: int
+    max_positions: int | None
+    quantization: str | None = None
+    optimized_for: str | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    verification: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, folder: Path) -> None:
+        data = {"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(self)}
+        (folder / MANIFEST_FILE).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def read(cls, folder: str | Path) -> Manifest:
+        """Read and check ``manifest.json`` in ``folder``; raises :class:`ExportError`."""
+        folder = Path(folder)
+        path = folder / MANIFEST_FILE
+        if not path.is_file():
+            raise ExportError(
+                f"{str(folder)!r} is not an exported transformer_kit model: {MANIFEST_FILE} is "
+                "missing. Create one with transformer_kit.export.export_onnx(model, folder)."
+            )
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ExportError(f"{str(path)!r} is not valid JSON ({exc}); export the model again.") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ExportError(f"{str(path)!r} was not written by transformer_kit's export_onnx.")
+        if data.get("format_version") != FORMAT_VERSION:
+            raise ExportError(
+                f"{str(path)!r} has format version {data.get('format_version')!r}; this "
+                f"transformer_kit reads version {FORMAT_VERSION}. Export the model again."
+            )
+        data = {k: v for k, v in data.items() if k not in ("format", "format_version")}
+        try:
+            data["graphs"] = {name: GraphInfo(**g) for name, g in data["graphs"].items()}
+            manifest = cls(**data)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ExportError(f"{str(path)!r} is incomplete or malformed ({exc}); export again.") from None
+        for name, graph in manifest.graphs.items():
+            if not (folder / graph.file).is_file():
+                raise ExportError(
+                    f"Graph {name!r} of {str(folder)!r} is missing: {graph.file} does not exist."
+                )
+        return manifest

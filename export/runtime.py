@@ -1,0 +1,233 @@
+"""``OnnxModel``: run an exported model in onnxruntime (forward and greedy generation).
+
+Needs numpy and onnxruntime only: not torch, not the plugin that built the model. One
+instance may be used from many threads at once (sessions are thread-safe; every call keeps its
+own state). On CUDA the key/value cache stays on the device between steps (IO binding); the
+same code path runs on the CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+from transformer_kit.export.manifest import Manifest
+from transformer_kit.export.providers import CUDA, resolve_providers
+
+from transformer_kit.errors import ExportError, InputError
+
+_NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+def _as_numpy(x: Any, name: str) -> np.ndarray:
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, without importing torch
+        x = x.detach().cpu().numpy()
+    elif isinstance(x, (list, tuple)):
+        x = np.asarray(x)
+    if not isinstance(x, np.ndarray):
+        raise InputError(f"{name} must be a numpy array or torch tensor of token ids, got "
+                         f"{type(x).__name__}.")
+    return x
+
+
+def check_ids(x: Any, vocab: int, name: str, max_positions: int | None = None) -> np.ndarray:
+    """(batch, len) integer ids within [0, vocab) and, where bounded, len <= max_positions."""
+    ids = _as_numpy(x, name)
+    if ids.dtype.kind not in "iu":
+        raise InputError(f"{name} must hold integer token ids, got dtype {ids.dtype}; use int64.")
+    if ids.ndim != 2:
+        raise InputError(f"{name} must have shape (batch, len), got shape {ids.shape}; add a "
+                         "batch axis with ids[None].")
+    if ids.size == 0:
+        raise InputError(f"{name} is empty (shape {ids.shape}); give at least one token in at "
+                         "least one row.")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab:
+        bad = low if low < 0 else high
+        raise InputError(f"{name} holds token id {bad}, outside the vocabulary 0..{vocab - 1}.")
+    if max_positions is not None and ids.shape[1] > max_positions:
+        raise InputError(f"{name} has {ids.shape[1]} tokens, but the model's positions cover "
+                         f"{max_positions} (max_len). Shorten the input.")
+    return np.ascontiguousarray(ids, dtype=np.int64)
+
+
+def left_align(ids: np.ndarray, pad_id: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Move each row's padding to the left (token order kept); drop all-padding columns.
+
+    Returns ids (batch, len') int64 and attention_mask (batch, len') int64, 1 for real tokens.
+    """
+    keep = np.ones(ids.shape, dtype=bool) if pad_id is None else ids != pad_id
+    order = np.argsort(keep.astype(np.int8), axis=1, kind="stable")
+    ids, keep = np.take_along_axis(ids, order, 1), np.take_along_axis(keep, order, 1)
+    first = int(keep.any(axis=0).argmax())
+    return np.ascontiguousarray(ids[:, first:]), keep[:, first:].astype(np.int64)
+
+
+def greedy(next_logits: Callable[[np.ndarray | None], np.ndarray], batch: int, max_new_tokens: int,
+           eos_id: int, fill_id: int) -> np.ndarray:
+    """Greedy decoding as :func:`transformer_kit.generation.greedy_loop`, on numpy arrays."""
+    if max_new_tokens == 0:
+        return np.zeros((batch, 0), dtype=np.int64)
+    finished = np.zeros(batch, dtype=bool)
+    chosen = []
+    logits = next_logits(None)
+    for step in range(max_new_tokens):
+        token = np.where(finished, fill_id, logits.argmax(axis=-1)).astype(np.int64)
+        chosen.append(token)
+        finished |= token == eos_id
+        if step + 1 == max_new_tokens or finished.all():
+            break
+        logits = next_logits(token)
+    return np.stack(chosen, axis=1)
+
+
+class OnnxModel:
+    """An exported model in onnxruntime; mirrors the PyTorch model's forward and generate.
+
+    Args:
+        path: the folder ``export_onnx`` wrote.
+        providers: ``"auto"`` (CUDA where a CUDA session really works, else CPU), ``"cpu"``,
+            ``"cuda"``, or a list of onnxruntime providers (names or (name, options) pairs).
+        session_options: an ``onnxruntime.SessionOptions`` used for every graph.
+    """
+
+    def __init__(self, path: str | Path, providers: str | Sequence = "auto", *,
+                 session_options: ort.SessionOptions | None = None) -> None:
+        self.path = Path(path)
+        self.manifest = Manifest.read(self.path)
+        self._providers = resolve_providers(providers)
+        self._options = session_options
+        self._sessions = {name: self._load(name) for name in self.manifest.graphs}
+        #: The execution provider the sessions really run on.
+        self.provider: str = self._sessions["model"].get_providers()[0]
+        self._device = "cuda" if self.provider == CUDA else "cpu"
+        self._kv_dtype = _NUMPY_DTYPES[self.manifest.dtype]
+
+    def _load(self, name: str) -> ort.InferenceSession:
+        graph = self.manifest.graphs[name]
+        file = self.path / graph.file
+        try:
+            session = ort.InferenceSession(str(file), self._options, providers=self._providers)
+        except Exception as exc:  # onnxruntime raises its own exception types
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ExportError(f"onnxruntime cannot load {str(file)!r}: {first}. The file may be "
+                              "truncated or corrupt; export the model again.") from None
+        inputs = [i.name for i in session.get_inputs()]
+        outputs = [o.name for o in session.get_outputs()]
+        if inputs != graph.inputs or outputs != graph.outputs:
+            raise ExportError(
+                f"{graph.file} does not match the manifest: the graph has inputs {inputs} and "
+                f"outputs {outputs}, the manifest lists {graph.inputs} and {graph.outputs}. "
+                "Export the model again."
+            )
+        return session
+
+    # -- forward ---------------------------------------------------------------------------
+    def __call__(self, *ids: Any) -> np.ndarray:
+        """encoder_decoder: (src_ids, tgt_ids) -> logits; decoder: (input_ids) -> logits;
+        encoder: (input_ids) -> hidden states (or logits). Arrays of (batch, len) ids."""
+        m = self.manifest
+        graph = m.graphs["model"]
+        if len(ids) != len(graph.inputs):
+            raise InputError(f"This {m.architecture} model takes {len(graph.inputs)} input(s) "
+                             f"({', '.join(graph.inputs)}), got {len(ids)}.")
+        vocabs = [m.src_vocab, m.tgt_vocab] if m.architecture == "encoder_decoder" else [m.src_vocab]
+        feeds = {name: check_ids(x, vocab, name, m.max_positions)
+                 for name, x, vocab in zip(graph.inputs, ids, vocabs, strict=True)}
+        if m.architecture == "encoder_decoder" and len(feeds["src_ids"]) != len(feeds["tgt_ids"]):
+            raise InputError(f"src_ids has {len(feeds['src_ids'])} rows but tgt_ids has "
+                             f"{len(feeds['tgt_ids'])}; give one target row per source row.")
+        return self._sessions["model"].run(None, feeds)[0]
+
+    # -- generation ------------------------------------------------------------------------
+    def generate(self, ids: Any, max_new_tokens: int = 32) -> np.ndarray:
+        """Greedy decoding, token for token as ``model.generate``: (batch, len) prompts
+        (decoder, padded with pad_id on either side) or source ids (encoder_decoder, decoded
+        from bos_id) -> (batch, steps) int64 new tokens; rows stop at eos_id and are filled
+        with pad_id (or eos_id) after it."""
+        m = self.manifest
+        if "decoder_step" not in m.graphs:
+            raise InputError(f"generate needs a decoder; this model's architecture is {m.architecture!r}.")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
+                or max_new_tokens < 0:
+            raise InputError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}.")
+        max_new_tokens = int(max_new_tokens)
+        name = "input_ids" if m.architecture == "decoder" else "src_ids"
+        ids = check_ids(ids, m.src_vocab, name, None if m.architecture == "decoder" else m.max_positions)
+        if m.architecture == "decoder":
+            ids, mask = left_align(ids, m.pad_id)
+            empty = np.flatnonzero(mask.sum(axis=1) == 0).tolist()
+            if empty:
+                raise InputError(f"Prompt rows {empty} hold only padding (pad_id={m.pad_id}); give "
+                                 "every row at least one token.")
+            needed = int(mask.sum(axis=1).max()) + max_new_tokens
+            start = 0
+            stepper = _Stepper(self, ids.shape[0], {}, ids, mask)
+        else:
+            needed = 1 + max_new_tokens
+            encoded = self._encode(ids)
+            start = m.bos_id
+            stepper = _Stepper(self, ids.shape[0], encoded, np.full((len(ids), 1), start, np.int64), None)
+        if m.max_positions is not None and needed > m.max_positions:
+            raise InputError(f"prompt + max_new_tokens needs {needed} positions, but the model's "
+                             f"positions cover {m.max_positions} (max_len).")
+        fill = m.pad_id if m.pad_id is not None else m.eos_id
+        return greedy(stepper, ids.shape[0], max_new_tokens, m.eos_id, fill)
+
+    def _encode(self, src_ids: np.ndarray) -> dict[str, Any]:
+        """Run the encoder once: encoder_attention_mask and every layer's cross keys/values."""
+        session = self._sessions["encoder"]
+        io = session.io_binding()
+        io.bind_cpu_input("src_ids", src_ids)
+        outputs = self.manifest.graphs["encoder"].outputs
+        for name in outputs:
+            io.bind_output(name, self._device)
+        session.run_with_iobinding(io)
+        return dict(zip(outputs, io.get_outputs(), strict=True))
+
+    def _empty_cache(self, batch: int) -> ort.OrtValue:
+        m = self.manifest
+        shape = [batch, m.kv_heads, 0, m.head_dim]
+        return ort.OrtValue.ortvalue_from_shape_and_type(shape, self._kv_dtype, self._device, 0)
+
+
+class _Stepper:
+    """Feeds the decoder step graph: the prompt first (zero-length past), then one token at a
+    time, handing each step's ``present.*`` to the next as ``past_key_values.*`` without a copy."""
+
+    def __init__(self, model: OnnxModel, batch: int, fixed: dict[str, Any], first_ids: np.ndarray,
+                 attention_mask: np.ndarray | None) -> None:
+        self.model = model
+        self.session = model._sessions["decoder_step"]
+        graph = model.manifest.graphs["decoder_step"]
+        self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
+        self.present_names = [n for n in graph.outputs if n.startswith("present.")]
+        self.fixed = {k: v for k, v in fixed.items() if k in graph.inputs}
+        empty = model._empty_cache(batch)
+        self.past = dict.fromkeys(self.past_names, empty)
+        self.first_ids = first_ids
+        self.mask = attention_mask
+
+    def __call__(self, token: np.ndarray | None) -> np.ndarray:
+        if token is None:
+            ids = self.first_ids
+        else:
+            ids = token[:, None]
+            if self.mask is not None:
+                self.mask = np.concatenate([self.mask, np.ones_like(self.mask[:, :1])], axis=1)
+        io = self.session.io_binding()
+        io.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
+        if self.mask is not None:
+            io.bind_cpu_input("attention_mask", self.mask)
+        for name, value in (*self.fixed.items(), *self.past.items()):
+            io.bind_ortvalue_input(name, value)
+        io.bind_output("logits", "cpu")
+        for name in self.present_names:
+            io.bind_output(name, self.model._device)
+        self.session.run_with_iobinding(io)
+        logits, *presents = io.get_outputs()
+        self.past = dict(zip(self.past_names, presents, strict=True))
+        return logits.numpy()

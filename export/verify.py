@@ -1,0 +1,130 @@
+"""Verification of an export: onnxruntime against PyTorch on fresh inputs with padding."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformer_kit.export.graphs import EXAMPLE_LEN
+from transformer_kit.export.runtime import OnnxModel, left_align
+
+from transformer_kit.attention import LayerCache
+from transformer_kit.errors import ExportError
+from transformer_kit.model import TransformerModel
+
+#: Shapes (batch, length) checked after every export; none equals the export example.
+VERIFY_SHAPES = ((3, 7), (1, 4))
+
+
+def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    """max |actual - expected| / max |expected|: the error relative to the output's scale."""
+    expected = np.asarray(expected, dtype=np.float64)
+    actual = np.asarray(actual, dtype=np.float64)
+    if not np.isfinite(actual).all():
+        return float("inf")
+    scale = max(float(np.abs(expected).max()), 1e-12)
+    return float(np.abs(actual - expected).max()) / scale
+
+
+def random_ids(batch: int, length: int, vocab: int, pad_id: int | None, seed: int,
+               pad_rows: bool = True) -> torch.Tensor:
+    """Token ids avoiding pad_id, with right padding in every other row when pad_rows."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, length), generator=gen)
+    if pad_id is not None:
+        ids[ids == pad_id] = (pad_id + 1) % vocab
+        if pad_rows:
+            for row in range(1, batch, 2):
+                ids[row, max(1, length - 1 - row):] = pad_id
+    return ids
+
+
+def _forward_inputs(model: TransformerModel, batch: int, length: int, seed: int):
+    cfg = model.config
+    if model.architecture == "encoder_decoder":
+        return (random_ids(batch, length, cfg.src_vocab, cfg.pad_id, seed),
+                random_ids(batch, max(1, length - 2), cfg.tgt_vocab, cfg.pad_id, seed + 1, False))
+    return (random_ids(batch, length, cfg.vocab_size, cfg.pad_id, seed),)
+
+
+@torch.no_grad()
+def check_forward(model: TransformerModel, om: OnnxModel, batch: int, length: int,
+                  seed: int = 0) -> float:
+    """Relative error of ``om(...)`` against ``model(...)`` at one shape."""
+    inputs = _forward_inputs(model, batch, length, seed)
+    expected = model(*inputs).float().numpy()
+    return relative_error(om(*[x.numpy() for x in inputs]), expected)
+
+
+@torch.no_grad()
+def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) -> float:
+    """Relative error of the step graph (prompt, then one more token) against PyTorch."""
+    cfg = model.config
+    session = om._sessions["decoder_step"]
+    graph = om.manifest.graphs["decoder_step"]
+    kv_dtype = np.float16 if om.manifest.dtype == "float16" else np.float32
+    layers = om.manifest.num_decoder_layers
+    batch = 3
+    empty = [np.zeros((batch, cfg.kv_heads, 0, cfg.head_dim), kv_dtype)] * (2 * layers)
+    caches = [LayerCache(torch.zeros(batch, cfg.kv_heads, 0, cfg.head_dim),
+                         torch.zeros(batch, cfg.kv_heads, 0, cfg.head_dim)) for _ in range(layers)]
+    errors = []
+    if model.architecture == "decoder":
+        prompts = random_ids(batch, EXAMPLE_LEN + 2, cfg.vocab_size, cfg.pad_id, seed).numpy()
+        ids, mask = left_align(prompts, cfg.pad_id)
+        fixed: dict[str, np.ndarray] = {}
+
+        def reference(new_ids: np.ndarray, mask: np.ndarray) -> torch.Tensor:
+            return model.step(torch.from_numpy(new_ids), torch.from_numpy(mask) != 0, caches,
+                              last_only=True)[:, -1]
+    else:
+        src = random_ids(batch, EXAMPLE_LEN + 2, cfg.src_vocab, cfg.pad_id, seed)
+        encoded = om._sessions["encoder"].run(None, {"src_ids": src.numpy()})
+        fixed = dict(zip(om.manifest.graphs["encoder"].outputs, encoded, strict=True))
+        memory, src_keep = model.encode(src)
+        ids, mask = np.full((batch, 1), cfg.bos_id, np.int64), None
+
+        def reference(new_ids: np.ndarray, mask: None) -> torch.Tensor:
+            return model.decode(torch.from_numpy(new_ids), memory, src_keep, caches,
+                                last_only=True)[:, -1]
+    past = empty
+    for _ in range(2):
+        feeds = {"input_ids": ids, **fixed, **dict(zip(
+            [n for n in graph.inputs if n.startswith("past_key_values.")], past, strict=True))}
+        if mask is not None:
+            feeds["attention_mask"] = mask
+        feeds = {k: v for k, v in feeds.items() if k in graph.inputs}
+        logits, *past = session.run(None, feeds)
+        expected = reference(ids, mask)
+        errors.append(relative_error(logits, expected.float().numpy()))
+        present = [t for c in caches for t in (c.key, c.value)]
+        errors.extend(relative_error(a, e.float().numpy()) for a, e in zip(past, present, strict=True))
+        ids = expected.argmax(-1, keepdim=True).numpy()
+        if mask is not None:
+            mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+    return max(errors)
+
+
+def verify_export(model: TransformerModel, om: OnnxModel, tolerance: float | None) -> dict:
+    """Check every graph against PyTorch; raise :class:`ExportError` above ``tolerance``.
+
+    Returns ``{"errors": {graph or shape: relative error}, "tokens_match": bool | None}``.
+    """
+    errors = {f"model {b}x{n}": check_forward(model, om, b, n, seed=i)
+              for i, (b, n) in enumerate(VERIFY_SHAPES)}
+    tokens_match = None
+    if "decoder_step" in om.manifest.graphs:
+        errors["decoder_step"] = check_decoder_step(model, om)
+        cfg = model.config
+        vocab = cfg.src_vocab if model.architecture == "encoder_decoder" else cfg.vocab_size
+        prompts = random_ids(3, EXAMPLE_LEN + 1, vocab, cfg.pad_id, seed=7)
+        tokens_match = bool(np.array_equal(om.generate(prompts.numpy(), 4),
+                                           model.generate(prompts, 4).numpy()))
+    worst = max(errors.values())
+    if tolerance is not None and not worst <= tolerance:
+        detail = ", ".join(f"{k}: {v:.3g}" for k, v in errors.items())
+        raise ExportError(
+            f"The exported graphs do not match PyTorch: relative error {worst:.3g} is above the "
+            f"tolerance {tolerance:g} ({detail}). A component's ONNX translation is likely wrong; "
+            "check plugins that supply transformer_kit_onnx_translations."
+        )
+    return {"errors": errors, "tokens_match": tokens_match}

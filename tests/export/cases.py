@@ -1,0 +1,31 @@
+"""Built-in combinations sampled for export tests: every value of every kind appears with every
+architecture that uses it, with grouped, multi-query and full KV heads."""
+
+from __future__ import annotations
+
+from tests.core.combinations import ATTENTION, BLOCKS, FEEDFORWARD, NORMS, POSITIONAL, tiny_config
+
+KV_HEADS = [2, 1, 4]  # of 4 query heads: grouped, multi-query, one KV head per query head
+
+
+def sampled_cases(architecture: str, count: int) -> list[tuple[str, dict]]:
+    masks = ["causal", {"name": "sliding_window", "window": 3}]
+    if architecture == "encoder":
+        masks = ["none", "causal", {"name": "sliding_window", "window": 3}]
+    cases = []
+    for i in range(count):
+        parts = {
+            "attention": ATTENTION[i % 3], "positional": POSITIONAL[i % 5],
+            "mask": masks[i % len(masks)], "block": BLOCKS[(i // 2) % 2],
+            "feedforward": FEEDFORWARD[(i + 1) % 3], "norm": NORMS[(i // 3) % 2],
+            "num_kv_heads": KV_HEADS[i % 3],
+        }
+        mask = parts["mask"] if isinstance(parts["mask"], str) else parts["mask"]["name"]
+        case_id = "-".join([architecture, parts["attention"], parts["positional"], mask,
+                            parts["block"], parts["feedforward"], parts["norm"],
+                            f"kv{parts['num_kv_heads']}"])
+        cases.append((case_id, tiny_config(architecture, **parts)))
+    return cases
+
+
+CASES = sampled_cases("decoder", 6) + sampled_cases("encoder_decoder", 6) + sampled_cases("encoder", 5)

@@ -1,0 +1,72 @@
+"""Every sampled combination exports, verifies, matches PyTorch and generates the same tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export.graphs import EXAMPLE_BATCH, EXAMPLE_LEN
+from transformer_kit.export.verify import random_ids, relative_error
+
+import transformer_kit as tk
+from tests.export.cases import CASES
+
+SHAPES = [(1, 9), (4, 6), (3, 13)]  # none is the export example (2 x 5)
+
+
+@pytest.fixture(scope="module", params=[c for _, c in CASES], ids=[i for i, _ in CASES])
+def exported(request, tmp_path_factory):
+    torch.manual_seed(0)
+    model = tk.build_model(request.param).eval()
+    folder = tmp_path_factory.mktemp("onnx")
+    report = export_onnx(model, folder)
+    return model, OnnxModel(folder, providers="cpu"), report
+
+
+def test_export_verifies(exported):
+    model, om, report = exported
+    assert report.tolerance == 1e-4
+    assert report.max_error <= 1e-4
+    assert set(report.graph_bytes) == set(om.manifest.graphs)
+    assert om.provider == "CPUExecutionProvider"
+    assert (EXAMPLE_BATCH, EXAMPLE_LEN) not in SHAPES
+
+
+@pytest.mark.parametrize(("batch", "length"), SHAPES)
+@torch.no_grad()
+def test_forward_matches_pytorch(exported, batch, length):
+    model, om, _ = exported
+    cfg = model.config
+    if model.architecture == "encoder_decoder":
+        src = random_ids(batch, length, cfg.src_vocab, cfg.pad_id, seed=length)
+        tgt = random_ids(batch, length - 3, cfg.tgt_vocab, cfg.pad_id, seed=batch, pad_rows=False)
+        inputs = (src, tgt)
+    else:
+        inputs = (random_ids(batch, length, cfg.vocab_size, cfg.pad_id, seed=length),)
+    expected = model(*inputs).numpy()
+    actual = om(*[x.numpy() for x in inputs])
+    assert actual.shape == expected.shape
+    assert relative_error(actual, expected) <= 1e-4
+
+
+@torch.no_grad()
+def test_generation_matches_pytorch_token_for_token(exported):
+    model, om, _ = exported
+    cfg = model.config
+    if model.architecture == "encoder":  # nothing to generate with: both refuse alike
+        with pytest.raises(tk.InputError, match="needs a decoder"):
+            om.generate(np.ones((1, 3), np.int64))
+        with pytest.raises(tk.InputError, match="needs a decoder"):
+            model.generate(torch.ones(1, 3, dtype=torch.long))
+        return
+    ids = random_ids(4, 7, cfg.src_vocab, cfg.pad_id, seed=3)
+    if model.architecture == "decoder":
+        ids[2, :3] = ids[2, 4:].clone()  # a left-padded row beside right-padded ones
+        ids[2, 3:] = cfg.pad_id
+        ids[2] = torch.roll(ids[2], 4)
+    expected = model.generate(ids, max_new_tokens=10).numpy()
+    actual = om.generate(ids.numpy(), max_new_tokens=10)
+    assert actual.dtype == np.int64
+    np.testing.assert_array_equal(actual, expected)
+    np.testing.assert_array_equal(om.generate(ids, max_new_tokens=10), expected)  # torch in
