@@ -102,17 +102,16 @@ def collect_translations() -> dict:
 
 @contextlib.contextmanager
 def _quiet_exporter():
-    """The dynamo exporter prints progress and logs warnings; keep them for error messages."""
-    captured = io.StringIO()
+    """The dynamo exporter prints progress and logs warnings for every graph; silence both."""
     loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export",
                                               "onnxscript")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(captured):
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
-            yield captured
+            yield
     finally:
         for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
@@ -120,7 +119,7 @@ def _quiet_exporter():
 
 def _export_graph(name: str, spec: GraphSpec, path: Path, opset: int, translations: dict,
                   external: bool) -> None:
-    with _quiet_exporter() as captured:
+    with _quiet_exporter():
         try:
             torch.onnx.export(
                 spec.module, spec.args, str(path), dynamo=True, opset_version=opset,

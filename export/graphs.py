@@ -36,7 +36,8 @@ def _pairs(flat: list[Tensor]) -> list[tuple[Tensor, Tensor]]:
 class DecoderStep(nn.Module):
     """input_ids (batch, new), attention_mask (batch, past + new) int64 (1 = real token),
     past_key_values 2 x layers of (batch, kv_heads, past, head_dim)
-    -> logits (batch, vocab) of the last position, present 2 x layers (batch, kv_heads, past + new, head_dim)."""
+    -> logits (batch, vocab) of the last position,
+       present 2 x layers of (batch, kv_heads, past + new, head_dim)."""
 
     def __init__(self, model: TransformerModel) -> None:
         super().__init__()

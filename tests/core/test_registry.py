@@ -236,7 +236,8 @@ def test_a_component_without_cache_support_refuses_cached_generation(fresh_regis
     tk.register_plugin(_plugin(comp), name="nocache_plugin")
     model = tk.build_model(tiny_config("decoder", attention="nocache"))
     ids = torch.tensor([[3, 4, 5]])
-    with pytest.raises(tk.ConfigError, match=r"attention 'nocache' \(plugin 'nocache_plugin'\) does not support the key/value cache"):
+    expected = r"attention 'nocache' \(plugin 'nocache_plugin'\) does not support the key/value cache"
+    with pytest.raises(tk.ConfigError, match=expected):
         model.generate(ids, 3)
     reference = tk.build_model(tiny_config("decoder"))
     reference.load_state_dict(model.state_dict())

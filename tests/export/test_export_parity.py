@@ -25,7 +25,7 @@ def exported(request, tmp_path_factory):
 
 
 def test_export_verifies(exported):
-    model, om, report = exported
+    _, om, report = exported
     assert report.tolerance == 1e-4
     assert report.max_error <= 1e-4
     assert set(report.graph_bytes) == set(om.manifest.graphs)
