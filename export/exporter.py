@@ -6,6 +6,7 @@ import contextlib
 import copy
 import io
 import logging
+import re
 import shutil
 import tempfile
 import time
@@ -17,10 +18,10 @@ from typing import Any
 
 import onnx
 import torch
-from transformer_kit.export.graphs import GraphSpec, graph_specs
-from transformer_kit.export.manifest import MANIFEST_FILE, GraphInfo, Manifest
 
 from transformer_kit.errors import ExportError, TransformerKitError
+from transformer_kit.export.graphs import GraphSpec, graph_specs
+from transformer_kit.export.manifest import MANIFEST_FILE, GraphInfo, Manifest
 from transformer_kit.model import TransformerModel
 from transformer_kit.registry import get_registry
 
@@ -128,7 +129,8 @@ def _export_graph(name: str, spec: GraphSpec, path: Path, opset: int, translatio
                 custom_translation_table=translations or None, verbose=False,
             )
         except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # the exporter colours its text
+            first = text.splitlines()[0] if text else type(exc).__name__
             raise ExportError(
                 f"torch.onnx.export failed for graph {name!r}: {type(exc).__name__}: {first}. "
                 "If a component calls a custom op, its plugin can map the op to ONNX through the "

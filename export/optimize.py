@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+
 from transformer_kit.export.manifest import Manifest
 from transformer_kit.export.providers import CPU
 from transformer_kit.export.runtime import OnnxModel

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from transformer_kit.export.manifest import Manifest
-from transformer_kit.export.providers import CUDA, resolve_providers
 
 from transformer_kit.errors import ExportError, InputError
+from transformer_kit.export.manifest import Manifest
+from transformer_kit.export.providers import CUDA, resolve_providers
 
 _NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
 

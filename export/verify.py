@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from transformer_kit.export.graphs import EXAMPLE_LEN
-from transformer_kit.export.runtime import OnnxModel, left_align
 
 from transformer_kit.attention import LayerCache
 from transformer_kit.errors import ExportError
+from transformer_kit.export.graphs import EXAMPLE_LEN
+from transformer_kit.export.runtime import OnnxModel, left_align
 from transformer_kit.model import TransformerModel
 
 #: Shapes (batch, length) checked after every export; none equals the export example.

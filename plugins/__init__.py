@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from transformer_kit import Component, hookimpl
 from transformer_kit.plugins.attention import EinsumAttention, MatmulAttention, SdpaAttention
 from transformer_kit.plugins.blocks import PostNormBlock, PreNormBlock
 from transformer_kit.plugins.feedforward import SwiGLU, gelu_feedforward, relu_feedforward
@@ -14,8 +15,6 @@ from transformer_kit.plugins.positional import (
     RotaryPositions,
     SinusoidalPositions,
 )
-
-from transformer_kit import Component, hookimpl
 
 __all__ = [
     "ALiBiPositions", "CausalMask", "EinsumAttention", "LearnedPositions", "MatmulAttention",

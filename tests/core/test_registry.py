@@ -8,10 +8,10 @@ import types
 
 import pytest
 import torch
-from transformer_kit.plugins.attention import MatmulAttention
 
 import transformer_kit as tk
 from tests.core.combinations import tiny_config
+from transformer_kit.plugins.attention import MatmulAttention
 
 
 class DoubledScoresAttention(MatmulAttention):

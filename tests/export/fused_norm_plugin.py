@@ -1,7 +1,7 @@
 """A plugin whose norm calls a custom torch op, with ONNX translations supplied by plugins.
 
 ``components`` contributes the norm; ``translation`` maps the op to ONNX's RMSNormalization;
-``wrong_translation`` maps it to LayerNormalization, which verification must catch.
+``wrong_translation`` gets its epsilon wrong, which verification must catch.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def rms_norm_onnx(x, weight, eps: float):
 
 
 def wrong_rms_norm_onnx(x, weight, eps: float):
-    return op.LayerNormalization(x, weight, axis=-1, epsilon=eps)
+    return op.RMSNormalization(x, weight, axis=-1, epsilon=1.0)  # ignores eps: a plausible bug
 
 
 def _plugin(name: str, **hooks) -> types.SimpleNamespace:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformer_kit.export import OnnxModel, export_onnx
-from transformer_kit.export.graphs import EXAMPLE_BATCH, EXAMPLE_LEN
-from transformer_kit.export.verify import random_ids, relative_error
 
 import transformer_kit as tk
 from tests.export.cases import CASES
+from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export.graphs import EXAMPLE_BATCH, EXAMPLE_LEN
+from transformer_kit.export.verify import random_ids, relative_error
 
 SHAPES = [(1, 9), (4, 6), (3, 13)]  # none is the export example (2 x 5)
 
@@ -55,9 +55,9 @@ def test_generation_matches_pytorch_token_for_token(exported):
     model, om, _ = exported
     cfg = model.config
     if model.architecture == "encoder":  # nothing to generate with: both refuse alike
-        with pytest.raises(tk.InputError, match="needs a decoder"):
+        with pytest.raises(tk.InputError, match=r"needs a decoder"):
             om.generate(np.ones((1, 3), np.int64))
-        with pytest.raises(tk.InputError, match="needs a decoder"):
+        with pytest.raises(tk.InputError, match=r"needs a decoder"):
             model.generate(torch.ones(1, 3, dtype=torch.long))
         return
     ids = random_ids(4, 7, cfg.src_vocab, cfg.pad_id, seed=3)
