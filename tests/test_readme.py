@@ -28,6 +28,17 @@ def test_use_from_python_example(tmp_path, monkeypatch):
     assert torch.equal(same(namespace["prompts"]), namespace["model"](namespace["prompts"]))
 
 
+def test_export_example_runs_after_the_python_example(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(next(b for b in _python_blocks() if "model.save" in b), namespace)
+    exec(next(b for b in _python_blocks() if "export_onnx(model" in b), namespace)
+    assert namespace["report"].max_error <= 1e-4
+    assert namespace["logits"].shape == (2, 4, 8000)
+    expected = namespace["model"].generate(namespace["prompts"], max_new_tokens=16).numpy()
+    assert (namespace["tokens"] == expected).all()
+
+
 def test_plugin_example_registers_and_builds(fresh_registry):
     block = next(b for b in _python_blocks() if b.startswith("# my_kernels.py"))
     module = types.ModuleType("my_kernels")

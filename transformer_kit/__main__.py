@@ -1,8 +1,10 @@
-"""``python -m transformer_kit [CONFIG]``: assemble a model from a config and decode with it.
+"""``python -m transformer_kit [CONFIG]``: assemble a model, decode, export to ONNX, decode again.
 
 With no CONFIG it uses the built-in paper config (``transformer_kit/configs/paper.yaml``).
-It prints the components, the parameter count, then greedy-decodes a random batch with and
-without the key/value cache and checks that both give the same tokens.
+It prints the components and the parameter count, greedy-decodes a random batch in PyTorch
+with and without the key/value cache, exports the model to ONNX (``--out``, default
+``./transformer-kit-out``; ``--no-export`` skips it), decodes the same batch in onnxruntime and
+checks that all three give the same tokens.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompt-len", type=int, default=12, help="tokens per row (default 12)")
     parser.add_argument("--max-new-tokens", type=int, default=24, help="default 24")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="transformer-kit-out", help="ONNX export folder")
+    parser.add_argument("--no-export", action="store_true", help="skip the ONNX export")
     return parser.parse_args(argv)
 
 
@@ -64,17 +68,30 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         cached, t_cached = _timed_generate(model, ids, args.max_new_tokens, True)
         uncached, t_uncached = _timed_generate(model, ids, args.max_new_tokens, False)
+        steps = cached.shape[1]
+        print(f"input      {ids.tolist()}")
+        print(f"generated  {cached.tolist()}  (random weights: the tokens mean nothing)")
+        print(f"PyTorch cached   {args.batch * steps / t_cached:8.1f} tokens/s")
+        print(f"PyTorch uncached {args.batch * steps / t_uncached:8.1f} tokens/s")
+        same = torch.equal(cached, uncached)
+        print(f"cached == uncached: {same}")
+        if args.no_export:
+            return 0 if same else 1
+        from transformer_kit.export import OnnxModel, export_onnx
+
+        print(f"exporting to {args.out} ...", flush=True)
+        print(export_onnx(model, args.out))
+        om = OnnxModel(args.out)
+        start = time.perf_counter()
+        onnx_tokens = om.generate(ids.numpy(), max_new_tokens=args.max_new_tokens)
+        elapsed = time.perf_counter() - start
     except tk.TransformerKitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    steps = cached.shape[1]
-    print(f"input      {ids.tolist()}")
-    print(f"generated  {cached.tolist()}  (random weights: the tokens mean nothing)")
-    print(f"cached     {args.batch * steps / t_cached:8.1f} tokens/s")
-    print(f"uncached   {args.batch * steps / t_uncached:8.1f} tokens/s")
-    same = torch.equal(cached, uncached)
-    print(f"cached == uncached: {same}")
-    return 0 if same else 1
+    print(f"onnxruntime ({om.provider}) {onnx_tokens.size / elapsed:8.1f} tokens/s")
+    same_onnx = bool((onnx_tokens == cached.numpy()).all()) and onnx_tokens.shape == tuple(cached.shape)
+    print(f"onnxruntime == PyTorch: {same_onnx}")
+    return 0 if same and same_onnx else 1
 
 
 if __name__ == "__main__":
