@@ -18,6 +18,7 @@ import onnxruntime as ort
 from transformer_kit.errors import ExportError, InputError
 from transformer_kit.export.manifest import Manifest
 from transformer_kit.export.providers import CUDA, resolve_providers
+from transformer_kit.id_checks import check_id_array, check_positions
 
 _NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -36,21 +37,9 @@ def _as_numpy(x: Any, name: str) -> np.ndarray:
 def check_ids(x: Any, vocab: int, name: str, max_positions: int | None = None) -> np.ndarray:
     """(batch, len) integer ids within [0, vocab) and, where bounded, len <= max_positions."""
     ids = _as_numpy(x, name)
-    if ids.dtype.kind not in "iu":
-        raise InputError(f"{name} must hold integer token ids, got dtype {ids.dtype}; use int64.")
-    if ids.ndim != 2:
-        raise InputError(f"{name} must have shape (batch, len), got shape {ids.shape}; add a "
-                         "batch axis with ids[None].")
-    if ids.size == 0:
-        raise InputError(f"{name} is empty (shape {ids.shape}); give at least one token in at "
-                         "least one row.")
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab:
-        bad = low if low < 0 else high
-        raise InputError(f"{name} holds token id {bad}, outside the vocabulary 0..{vocab - 1}.")
-    if max_positions is not None and ids.shape[1] > max_positions:
-        raise InputError(f"{name} has {ids.shape[1]} tokens, but the model's positions cover "
-                         f"{max_positions} (max_len). Shorten the input.")
+    check_id_array(name, ids.dtype.kind in "iu", ids.dtype, ids.shape,
+                   lambda: (int(ids.min()), int(ids.max())), vocab)
+    check_positions(ids.shape[1], max_positions, name)
     return np.ascontiguousarray(ids, dtype=np.int64)
 
 
@@ -171,9 +160,7 @@ class OnnxModel:
             encoded = self._encode(ids)
             start = m.bos_id
             stepper = _Stepper(self, ids.shape[0], encoded, np.full((len(ids), 1), start, np.int64), None)
-        if m.max_positions is not None and needed > m.max_positions:
-            raise InputError(f"prompt + max_new_tokens needs {needed} positions, but the model's "
-                             f"positions cover {m.max_positions} (max_len).")
+        check_positions(needed, m.max_positions, "prompt + max_new_tokens")
         fill = m.pad_id if m.pad_id is not None else m.eos_id
         return greedy(stepper, ids.shape[0], max_new_tokens, m.eos_id, fill)
 

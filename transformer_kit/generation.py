@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from transformer_kit.errors import ConfigError, InputError
-from transformer_kit.inputs import check_length, check_token_ids
+from transformer_kit.inputs import check_positions, check_token_ids
 from transformer_kit.masks import keep_mask
 
 
@@ -126,9 +126,9 @@ def generate(model, ids: Tensor, max_new_tokens: int = 32, *, use_cache: bool = 
     ids = check_token_ids(ids, vocab, "input_ids" if is_decoder else "src_ids")
     if is_decoder:
         longest = int(keep_mask(ids, cfg.pad_id).sum(dim=1).max())
-        check_length(longest + max_new_tokens, model.max_positions, "prompt + max_new_tokens")
+        check_positions(longest + max_new_tokens, model.max_positions, "prompt + max_new_tokens")
     else:
-        check_length(1 + max_new_tokens, model.max_positions, "bos + max_new_tokens")
+        check_positions(1 + max_new_tokens, model.max_positions, "bos + max_new_tokens")
     fill = cfg.pad_id if cfg.pad_id is not None else cfg.eos_id
     was_training = model.training
     model.eval()

@@ -6,6 +6,9 @@ import torch
 from torch import Tensor
 
 from transformer_kit.errors import InputError
+from transformer_kit.id_checks import check_id_array, check_positions
+
+__all__ = ["check_positions", "check_token_ids", "tracing"]
 
 
 def tracing() -> bool:
@@ -22,26 +25,7 @@ def check_token_ids(ids: object, vocab_size: int, name: str = "input_ids") -> Te
         )
     if tracing():
         return ids
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise InputError(f"{name} must hold integer token ids, got dtype {ids.dtype}; "
-                         "use .long().")
-    if ids.dim() != 2:
-        raise InputError(f"{name} must have shape (batch, len), got shape {tuple(ids.shape)}; "
-                         "add a batch axis with ids.unsqueeze(0).")
-    if ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise InputError(f"{name} is empty (shape {tuple(ids.shape)}); give at least one token "
-                         "in at least one row.")
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab_size:
-        bad = low if low < 0 else high
-        raise InputError(f"{name} holds token id {bad}, outside the vocabulary 0..{vocab_size - 1}.")
+    is_integer = not (ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool)
+    check_id_array(name, is_integer, ids.dtype, ids.shape,
+                   lambda: (int(ids.min()), int(ids.max())), vocab_size)
     return ids
-
-
-def check_length(length: int, max_positions: int | None, name: str) -> None:
-    """Refuse sequences longer than bounded positions allow."""
-    if max_positions is not None and length > max_positions:
-        raise InputError(
-            f"{name} needs {length} positions, but the model's positions cover {max_positions} "
-            "(max_len). Shorten the input or build the model with a larger max_len."
-        )

@@ -46,7 +46,7 @@ def seq2seq_export(tmp_path_factory):
         (np.zeros((1, 0), np.int64), "empty"),
         (np.array([[3, 37]]), "token id 37, outside the vocabulary 0..36"),
         (np.array([[3, -2]]), "token id -2"),
-        (np.ones((1, 17), np.int64), "17 tokens.*cover 16"),
+        (np.ones((1, 17), np.int64), "needs 17 positions.*cover 16"),
         ("3 4 5", "numpy array or torch tensor"),
     ],
 )
