@@ -152,15 +152,13 @@ class OnnxModel:
             if empty:
                 raise InputError(f"Prompt rows {empty} hold only padding (pad_id={m.pad_id}); give "
                                  "every row at least one token.")
-            needed = int(mask.sum(axis=1).max()) + max_new_tokens
-            start = 0
+            check_positions(int(mask.sum(axis=1).max()) + max_new_tokens, m.max_positions,
+                            "prompt + max_new_tokens")
             stepper = _Stepper(self, ids.shape[0], {}, ids, mask)
         else:
-            needed = 1 + max_new_tokens
-            encoded = self._encode(ids)
-            start = m.bos_id
-            stepper = _Stepper(self, ids.shape[0], encoded, np.full((len(ids), 1), start, np.int64), None)
-        check_positions(needed, m.max_positions, "prompt + max_new_tokens")
+            check_positions(1 + max_new_tokens, m.max_positions, "bos + max_new_tokens")
+            first = np.full((len(ids), 1), m.bos_id, np.int64)
+            stepper = _Stepper(self, ids.shape[0], self._encode(ids), first, None)
         fill = m.pad_id if m.pad_id is not None else m.eos_id
         return greedy(stepper, ids.shape[0], max_new_tokens, m.eos_id, fill)
 
