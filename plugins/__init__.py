@@ -5,7 +5,12 @@ from __future__ import annotations
 from transformer_kit import Component, hookimpl
 from transformer_kit.plugins.attention import EinsumAttention, MatmulAttention, SdpaAttention
 from transformer_kit.plugins.blocks import PostNormBlock, PreNormBlock
-from transformer_kit.plugins.feedforward import SwiGLU, gelu_feedforward, relu_feedforward
+from transformer_kit.plugins.feedforward import (
+    SwiGLU,
+    gelu_feedforward,
+    relu_feedforward,
+    silu_feedforward,
+)
 from transformer_kit.plugins.masks import CausalMask, NoMask, SlidingWindowMask
 from transformer_kit.plugins.norms import layer_norm, rms_norm
 from transformer_kit.plugins.positional import (
@@ -20,7 +25,7 @@ __all__ = [
     "ALiBiPositions", "CausalMask", "EinsumAttention", "LearnedPositions", "MatmulAttention",
     "NoMask", "NoPositions", "PostNormBlock", "PreNormBlock", "RotaryPositions", "SdpaAttention",
     "SinusoidalPositions", "SlidingWindowMask", "SwiGLU", "gelu_feedforward", "layer_norm",
-    "relu_feedforward", "rms_norm", "transformer_kit_components",
+    "relu_feedforward", "rms_norm", "silu_feedforward", "transformer_kit_components",
 ]
 
 _BIAS = frozenset({"score_bias"})
@@ -57,6 +62,8 @@ def transformer_kit_components() -> list[Component]:
         Component("feedforward", "relu", relu_feedforward, description="Linear-ReLU-Linear (the paper)"),
         Component("feedforward", "gelu", gelu_feedforward,
                   description="Linear-GELU-Linear (approximate: none | tanh)"),
+        Component("feedforward", "silu", silu_feedforward,
+                  description="Linear-SiLU-Linear (swish; Marian)"),
         Component("feedforward", "swiglu", SwiGLU, description="SiLU-gated linear unit (Llama)"),
         Component("norm", "layernorm", layer_norm, description="LayerNorm (the paper)"),
         Component("norm", "rmsnorm", rms_norm, description="RMSNorm (Llama)"),

@@ -46,3 +46,7 @@ def gelu_feedforward(d_model: int, d_ff: int, dropout: float, bias: bool = True,
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
     return FeedForward(d_model, d_ff, dropout, nn.GELU(approximate=approximate), bias=bias)
+
+
+def silu_feedforward(d_model: int, d_ff: int, dropout: float, bias: bool = True) -> FeedForward:
+    return FeedForward(d_model, d_ff, dropout, nn.SiLU(), bias=bias)

@@ -16,18 +16,30 @@ class NoPositions(PositionalEncoding):
 
 
 class SinusoidalPositions(PositionalEncoding):
-    """PE(pos, 2i) = sin(pos / base^(2i/d_model)), PE(pos, 2i+1) = cos(...), for any length."""
+    """PE(pos, 2i) = sin(pos / base^(2i/d_model)), PE(pos, 2i+1) = cos(...), for any length.
 
-    def __init__(self, d_model: int, base: float = 10000.0) -> None:
+    ``layout="split"`` puts the sines in the first half and the cosines in the second (Marian).
+    """
+
+    def __init__(self, d_model: int, base: float = 10000.0, layout: str = "interleaved") -> None:
         super().__init__()
         if not base > 1:
             raise ValueError(f"base must be greater than 1, got {base!r}")
+        if layout not in ("interleaved", "split"):
+            raise ValueError(f"layout must be 'interleaved' (the paper) or 'split' (sines then "
+                             f"cosines, as Marian), got {layout!r}")
         i = torch.arange(d_model)
+        if layout == "split":  # feature j < d/2 is sin of frequency j, feature d/2 + j its cos
+            half = (d_model + 1) // 2
+            pair = torch.where(i < half, i, i - half)
+            is_sin = i < half
+        else:
+            pair, is_sin = i // 2, i % 2 == 0
         self.register_buffer(
-            "inv_freq", torch.pow(float(base), -(2 * (i // 2)).double() / d_model).float(),
+            "inv_freq", torch.pow(float(base), -(2 * pair).double() / d_model).float(),
             persistent=False,
         )
-        self.register_buffer("is_even", (i % 2 == 0), persistent=False)
+        self.register_buffer("is_even", is_sin, persistent=False)
 
     def table(self, positions: Tensor) -> Tensor:
         """positions (batch, len) -> encodings (batch, len, d_model), float32."""
@@ -39,13 +51,23 @@ class SinusoidalPositions(PositionalEncoding):
 
 
 class LearnedPositions(PositionalEncoding):
-    """A trained table ``nn.Embedding(max_len, d_model)`` indexed by position (seed 001)."""
+    """A trained table ``nn.Embedding(max_len, d_model)`` indexed by position (seed 001).
 
-    def __init__(self, d_model: int, max_len: int) -> None:
+    ``token_types > 0`` adds BERT's token-type table, of which row 0 (the type of every token
+    when no types are given) is added to each position.
+    """
+
+    def __init__(self, d_model: int, max_len: int, token_types: int = 0) -> None:
         super().__init__()
+        if isinstance(token_types, bool) or not isinstance(token_types, int) or token_types < 0:
+            raise ValueError(f"token_types must be a non-negative integer, got {token_types!r}")
         self.max_positions = max_len
         self.table = nn.Embedding(max_len, d_model)
         nn.init.normal_(self.table.weight, std=0.02)
+        # BERT's segment embedding; every token is of type 0, so row 0 is added everywhere.
+        self.token_type = nn.Embedding(token_types, d_model) if token_types else None
+        if self.token_type is not None:
+            nn.init.normal_(self.token_type.weight, std=0.02)
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         if not (torch.compiler.is_compiling() or torch.jit.is_tracing()):
@@ -56,7 +78,10 @@ class LearnedPositions(PositionalEncoding):
                     f"0..{self.max_positions - 1} (max_len={self.max_positions}). Shorten the "
                     "input or build the model with a larger max_len."
                 )
-        return x + self.table(positions).to(x.dtype)
+        x = x + self.table(positions).to(x.dtype)
+        if self.token_type is not None:
+            x = x + self.token_type.weight[0].to(x.dtype)
+        return x
 
 
 class RotaryPositions(PositionalEncoding):

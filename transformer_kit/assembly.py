@@ -94,7 +94,9 @@ class _Parts:
 
     def embedder(self, token: nn.Embedding, slot: str) -> Embedder:
         positional = self.create("positional", slot)
-        return Embedder(token, positional, self.config.dropout, self.config.scale_embeddings)
+        side = slot.rpartition(".")[0] or "embedding"
+        norm = self.create("norm", f"{side}.embedding_norm") if self.config.embedding_norm else None
+        return Embedder(token, positional, self.config.dropout, self.config.scale_embeddings, norm)
 
     def token_embedding(self, vocab: int) -> nn.Embedding:
         embedding = nn.Embedding(vocab, self.config.d_model)
@@ -102,7 +104,9 @@ class _Parts:
         return embedding
 
     def head(self, vocab: int, tied: nn.Embedding | None) -> nn.Linear:
-        head = nn.Linear(self.config.d_model, vocab, bias=False)
+        head = nn.Linear(self.config.d_model, vocab, bias=self.config.head_bias)
+        if head.bias is not None:
+            nn.init.zeros_(head.bias)
         if tied is not None:
             head.weight = tied.weight
         return head

@@ -79,6 +79,8 @@ class ModelConfig(BaseModel):
     tie_embeddings: bool = True
     scale_embeddings: bool = True
     attention_bias: bool = True
+    embedding_norm: bool = False
+    head_bias: bool = False
     lm_head: bool = False
 
     attention: ComponentSpec = ComponentSpec(name="matmul")

@@ -23,14 +23,16 @@ from transformer_kit.masks import keep_mask, positions_from_keep
 
 
 class Embedder(nn.Module):
-    """Token embedding (scaled by sqrt(d_model) as in the paper, if configured) + positions."""
+    """Token embedding (scaled by sqrt(d_model) as in the paper, if configured) + positions,
+    then a norm when configured (``embedding_norm``, as BERT)."""
 
     def __init__(self, token: nn.Embedding, positional: PositionalEncoding, dropout: float,
-                 scale: bool) -> None:
+                 scale: bool, norm: nn.Module | None = None) -> None:
         super().__init__()
         self.token = token
         self.positional = positional
         self.scale = math.sqrt(token.embedding_dim) if scale else 1.0
+        self.norm = norm
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
@@ -38,7 +40,8 @@ class Embedder(nn.Module):
         x = self.token(ids)
         if self.scale != 1.0:
             x = x * self.scale
-        return self.dropout(self.positional.embed(x, positions))
+        x = self.positional.embed(x, positions)
+        return self.dropout(self.norm(x) if self.norm is not None else x)
 
 
 class Stack(nn.Module):

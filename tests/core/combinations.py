@@ -8,7 +8,7 @@ ATTENTION = ["matmul", "einsum", "sdpa"]
 POSITIONAL = ["sinusoidal", "learned", "rotary", "alibi", "none"]
 CAUSAL_MASKS = ["causal", {"name": "sliding_window", "window": 3}]
 BLOCKS = ["post_norm", "pre_norm"]
-FEEDFORWARD = ["relu", "gelu", "swiglu"]
+FEEDFORWARD = ["relu", "gelu", "silu", "swiglu"]
 NORMS = ["layernorm", "rmsnorm"]
 
 

@@ -37,7 +37,7 @@ def test_builtin_names_are_sorted_per_kind(fresh_registry):
     assert fresh_registry.names("positional") == ["alibi", "learned", "none", "rotary", "sinusoidal"]
     assert fresh_registry.names("mask") == ["causal", "none", "sliding_window"]
     assert fresh_registry.names("block") == ["post_norm", "pre_norm"]
-    assert fresh_registry.names("feedforward") == ["gelu", "relu", "swiglu"]
+    assert fresh_registry.names("feedforward") == ["gelu", "relu", "silu", "swiglu"]
     assert fresh_registry.names("norm") == ["layernorm", "rmsnorm"]
     assert fresh_registry.names("attention", pattern="*mul") == ["matmul"]
     assert fresh_registry.entry("attention", "sdpa").plugin == "builtin"

@@ -35,7 +35,7 @@ def test_no_mask():
 
 
 @pytest.mark.parametrize(("name", "activation"), [
-    ("relu", F.relu), ("gelu", F.gelu),
+    ("relu", F.relu), ("gelu", F.gelu), ("silu", F.silu),
 ])
 def test_two_layer_feedforward(name, activation):
     ff = _create("feedforward", name)

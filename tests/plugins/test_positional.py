@@ -46,6 +46,25 @@ def test_sinusoidal_has_no_length_limit_and_adds_to_embeddings():
     assert enc.max_positions is None
 
 
+def test_sinusoidal_split_layout_is_marians():
+    """Marian: features j < d/2 hold sin(pos / 10000^(2j/d)), features d/2 + j the cosines."""
+    enc = _create("sinusoidal", d_model=6, layout="split")
+    table = enc.table(torch.arange(7)[None])[0].double().numpy()
+    position_enc = np.array([[pos / np.power(10000, 2 * (j // 2) / 6) for j in range(6)]
+                             for pos in range(7)])
+    expected = np.concatenate([np.sin(position_enc[:, 0::2]), np.cos(position_enc[:, 1::2])], 1)
+    np.testing.assert_allclose(table, expected, rtol=0, atol=1e-6)
+    with pytest.raises(tk.ConfigError, match="layout"):
+        _create("sinusoidal", d_model=6, layout="zigzag")
+
+
+def test_learned_token_type_row_zero_is_added():
+    enc = _create("learned", d_model=4, max_len=5, token_types=2)
+    x = torch.zeros(1, 3, 4)
+    expected = enc.table.weight[:3] + enc.token_type.weight[0]
+    torch.testing.assert_close(enc.embed(x, torch.arange(3)[None])[0], expected)
+
+
 def test_learned_positions_are_bounded_by_max_len():
     enc = _create("learned", d_model=4, max_len=3)
     x = torch.zeros(1, 3, 4)
