@@ -35,6 +35,13 @@ def build_model(config, registry=None):
     return _build(config, registry)
 
 
+def from_hf(path, **overrides):
+    """Load a local Hugging Face checkpoint folder; see :func:`transformer_kit.checkpoints.from_hf`."""
+    from transformer_kit.checkpoints import from_hf as _from_hf
+
+    return _from_hf(path, **overrides)
+
+
 def load_model(path):
     """Load a model saved with ``model.save(path)``."""
     from transformer_kit.serialization import load_model as _load
@@ -43,8 +50,28 @@ def load_model(path):
 
 
 __all__ = [
-    "KINDS", "Component", "ComponentError", "ComponentSpec", "ConfigError", "ExportError",
-    "InputError", "MaskError", "ModelConfig", "PluginError", "Registry", "TransformerKitError",
-    "UnknownComponentError", "__version__", "build_model", "get_registry", "hookimpl", "hookspec",
-    "load_config", "load_model", "register_plugin", "reset_registry", "unregister_plugin",
+    "KINDS",
+    "Component",
+    "ComponentError",
+    "ComponentSpec",
+    "ConfigError",
+    "ExportError",
+    "InputError",
+    "MaskError",
+    "ModelConfig",
+    "PluginError",
+    "Registry",
+    "TransformerKitError",
+    "UnknownComponentError",
+    "__version__",
+    "build_model",
+    "from_hf",
+    "get_registry",
+    "hookimpl",
+    "hookspec",
+    "load_config",
+    "load_model",
+    "register_plugin",
+    "reset_registry",
+    "unregister_plugin",
 ]

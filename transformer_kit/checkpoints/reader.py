@@ -1,0 +1,100 @@
+"""Reading a local Hugging Face checkpoint folder: ``config.json`` and its weights, safely.
+
+Weights come from ``model.safetensors``, a sharded ``model.safetensors.index.json``, or
+``pytorch_model.bin`` (``torch.load`` with ``weights_only=True``, never pickle's full power).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import Tensor
+
+from transformer_kit.errors import TransformerKitError
+
+
+class CheckpointError(TransformerKitError):
+    """A checkpoint folder that cannot be read or converted."""
+
+
+def read_hf_config(folder: str | Path) -> dict[str, Any]:
+    """The checkpoint's ``config.json`` as a dict."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{str(folder)!r} is not a Hugging Face checkpoint folder: config.json "
+                              "is missing.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{str(path)!r} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{str(path)!r} does not hold a JSON object.")
+    return data
+
+
+def _shards(folder: Path, index_name: str) -> list[Path]:
+    index = json.loads((folder / index_name).read_text(encoding="utf-8"))
+    return [folder / name for name in sorted(set(index["weight_map"].values()))]
+
+
+def read_hf_weights(folder: str | Path) -> dict[str, Tensor]:
+    """Every tensor of the checkpoint, by its Hugging Face name, floats as float32."""
+    folder = Path(folder)
+    tensors: dict[str, Tensor] = {}
+    try:
+        if (folder / "model.safetensors").is_file():
+            tensors = load_file(str(folder / "model.safetensors"))
+        elif (folder / "model.safetensors.index.json").is_file():
+            for shard in _shards(folder, "model.safetensors.index.json"):
+                tensors.update(load_file(str(shard)))
+        elif (folder / "pytorch_model.bin").is_file():
+            tensors = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        elif (folder / "pytorch_model.bin.index.json").is_file():
+            for shard in _shards(folder, "pytorch_model.bin.index.json"):
+                tensors.update(torch.load(shard, map_location="cpu", weights_only=True))
+        else:
+            raise CheckpointError(
+                f"{str(folder)!r} has no weights: expected model.safetensors, "
+                "model.safetensors.index.json, pytorch_model.bin or pytorch_model.bin.index.json."
+            )
+    except CheckpointError:
+        raise
+    except (SafetensorError, OSError, RuntimeError, KeyError, ValueError, EOFError,
+            json.JSONDecodeError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"Cannot read the weights in {str(folder)!r}: {message}") from None
+    if not isinstance(tensors, dict):
+        raise CheckpointError(f"The weights in {str(folder)!r} are not a mapping of names to tensors.")
+    return {k: (v.float() if v.is_floating_point() else v) for k, v in tensors.items()}
+
+
+class Weights:
+    """The checkpoint's tensors, looked up by name with the model's optional prefix."""
+
+    def __init__(self, tensors: dict[str, Tensor], folder: str | Path, prefixes: tuple[str, ...],
+                 probe: str) -> None:
+        self.tensors = tensors
+        self.folder = str(folder)
+        found = [p for p in prefixes if p + probe in tensors]
+        if not found:
+            raise CheckpointError(
+                f"The weights in {self.folder!r} do not look like this model type: no tensor named "
+                f"{' or '.join(repr(p + probe) for p in prefixes)}."
+            )
+        self.prefix = found[0]
+
+    def has(self, name: str) -> bool:
+        return self.prefix + name in self.tensors or name in self.tensors
+
+    def get(self, *names: str) -> Tensor:
+        """The first of ``names`` present (with the model's prefix, or as written)."""
+        for name in names:
+            for key in (self.prefix + name, name):
+                if key in self.tensors:
+                    return self.tensors[key]
+        raise CheckpointError(f"The weights in {self.folder!r} lack {self.prefix + names[0]!r}.")
