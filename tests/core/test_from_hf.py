@@ -186,15 +186,16 @@ def test_pytorch_bin_checkpoints_load_with_weights_only(tmp_path):
 def test_unsupported_and_broken_checkpoints(tmp_path):
     t5 = tmp_path / "t5"
     hf.T5Config(vocab_size=10, d_model=8, num_layers=1, num_heads=2, d_ff=8, d_kv=4).save_pretrained(t5)
-    with pytest.raises(tk.TransformerKitError, match="model_type 't5'.*Supported model types: bert, gpt2, llama, marian"):
+    supported = r"model_type 't5'.*Supported model types: bert, gpt2, llama, marian"
+    with pytest.raises(tk.TransformerKitError, match=supported):
         tk.from_hf(t5)
-    with pytest.raises(tk.TransformerKitError, match="config.json is missing"):
+    with pytest.raises(tk.TransformerKitError, match=r"config.json is missing"):
         tk.from_hf(tmp_path / "nothing")
     gpt2 = tmp_path / "gpt2"
     _gpt2(12, 3, 1).save_pretrained(gpt2)
     (gpt2 / "model.safetensors").write_bytes(b"not a safetensors file")
-    with pytest.raises(tk.TransformerKitError, match="Cannot read the weights"):
+    with pytest.raises(tk.TransformerKitError, match=r"Cannot read the weights"):
         tk.from_hf(gpt2)
     (gpt2 / "model.safetensors").unlink()
-    with pytest.raises(tk.TransformerKitError, match="has no weights"):
+    with pytest.raises(tk.TransformerKitError, match=r"has no weights"):
         tk.from_hf(gpt2)
