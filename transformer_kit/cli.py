@@ -203,12 +203,14 @@ def run(
     provider: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
 ) -> None:
     """Run the exported forward graph; print the output shape and the top token per position."""
+    rows = _parse_ids(ids)
+    tgt_rows = _parse_ids(tgt_ids) if tgt_ids else None
     try:
         om = _onnx_model(folder, provider)
         pad = om.manifest.pad_id
-        inputs = [_pad(_parse_ids(ids), pad)]
+        inputs = [_pad(rows, pad)]
         if om.manifest.architecture == "encoder_decoder":
-            inputs.append(_pad(_parse_ids(tgt_ids or str(om.manifest.bos_id)), pad))
+            inputs.append(_pad(tgt_rows or [[om.manifest.bos_id]] * len(rows), pad))
         out = om(*inputs)
     except TransformerKitError as exc:
         _fail(exc)
@@ -227,9 +229,10 @@ def generate(
     provider: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
 ) -> None:
     """Greedy generation in onnxruntime from the exported decoder step."""
+    rows = _parse_ids(ids)
     try:
         om = _onnx_model(folder, provider)
-        prompts = _pad(_parse_ids(ids), om.manifest.pad_id)
+        prompts = _pad(rows, om.manifest.pad_id)
         start = time.perf_counter()
         tokens = om.generate(prompts, max_new_tokens=max_new_tokens)
         elapsed = time.perf_counter() - start
