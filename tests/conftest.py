@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import textwrap
+
 import pytest
 
 import transformer_kit as tk
@@ -16,3 +19,22 @@ def fresh_registry(monkeypatch):
     yield registry
     monkeypatch.undo()
     tk.reset_registry()
+
+
+@pytest.fixture
+def installed_package(tmp_path, monkeypatch):
+    """A distribution installed on sys.path with a ``transformer_kit`` entry point, as pip
+    lays one out: the package and its .dist-info with METADATA and entry_points.txt."""
+
+    def install(dist_name: str, module: str, source: str, entry_value: str | None = None) -> None:
+        (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
+        info = tmp_path / f"{dist_name.replace('-', '_')}-1.0.dist-info"  # escaped, as pip does
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 1.0\n")
+        value = entry_value or module
+        (info / "entry_points.txt").write_text(f"[transformer_kit]\n{module} = {value}\n")
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield install
+    for name in [m for m in sys.modules if m.startswith("tkplugin_")]:
+        del sys.modules[name]

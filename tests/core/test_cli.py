@@ -57,6 +57,16 @@ def test_components_table_lists_every_component():
     assert bad.exit_code == 1 and "Unknown component kind 'attn'" in bad.output
 
 
+def test_components_lists_plugins_that_failed(installed_package, fresh_registry):
+    installed_package("tk-broken", "tkplugin_broken_cli", "raise RuntimeError('no luck')\n")
+    with pytest.warns(RuntimeWarning):
+        tk.reset_registry()
+    result = invoke("components", "--kind", "norm")
+    assert result.exit_code == 0
+    assert "not loaded" in result.output and "tkplugin_broken_cli" in result.output
+    assert "tk-broken" in result.output and "no luck" in result.output
+
+
 def test_config_show_validate_schema(tmp_path):
     path = _config_file(tmp_path)
     shown = invoke("config", "show", str(path))
