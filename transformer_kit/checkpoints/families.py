@@ -44,15 +44,15 @@ def _linear(out: StateDict, ours: str, weight: Tensor, bias: Tensor | None = Non
         out[f"{ours}.bias"] = bias
 
 
-def _norm(out: StateDict, ours: str, w: Weights, theirs: str, bias: bool = True) -> None:
+def _copy(out: StateDict, ours: str, w: Weights, theirs: str, bias: bool = True) -> None:
+    """Copy a layer's weight (and bias) whose layout already matches ours."""
     _linear(out, ours, w.get(f"{theirs}.weight"), w.get(f"{theirs}.bias") if bias else None)
 
 
 def _attention(out: StateDict, ours: str, w: Weights, theirs: str, names: tuple[str, str, str, str],
                bias: bool) -> None:
     for our_name, their_name in zip(("q_proj", "k_proj", "v_proj", "o_proj"), names, strict=True):
-        _linear(out, f"{ours}.{our_name}", w.get(f"{theirs}.{their_name}.weight"),
-                w.get(f"{theirs}.{their_name}.bias") if bias else None)
+        _copy(out, f"{ours}.{our_name}", w, f"{theirs}.{their_name}", bias)
 
 
 # -- GPT-2 -----------------------------------------------------------------------------------
@@ -80,7 +80,7 @@ def gpt2_weights(hf: dict, w: Weights, cfg) -> StateDict:
     d = cfg.d_model
     for i in range(cfg.num_layers):
         ours, theirs = f"decoder.layers.{i}", f"h.{i}"
-        _norm(out, f"{ours}.self_norm", w, f"{theirs}.ln_1")
+        _copy(out, f"{ours}.self_norm", w, f"{theirs}.ln_1")
         qkv_weight = w.get(f"{theirs}.attn.c_attn.weight").T  # Conv1D stores (in, out)
         qkv_bias = w.get(f"{theirs}.attn.c_attn.bias")
         for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
@@ -88,12 +88,12 @@ def gpt2_weights(hf: dict, w: Weights, cfg) -> StateDict:
                     qkv_bias[j * d:(j + 1) * d])
         _linear(out, f"{ours}.self_attention.o_proj", w.get(f"{theirs}.attn.c_proj.weight").T,
                 w.get(f"{theirs}.attn.c_proj.bias"))
-        _norm(out, f"{ours}.ff_norm", w, f"{theirs}.ln_2")
+        _copy(out, f"{ours}.ff_norm", w, f"{theirs}.ln_2")
         _linear(out, f"{ours}.feedforward.linear1", w.get(f"{theirs}.mlp.c_fc.weight").T,
                 w.get(f"{theirs}.mlp.c_fc.bias"))
         _linear(out, f"{ours}.feedforward.linear2", w.get(f"{theirs}.mlp.c_proj.weight").T,
                 w.get(f"{theirs}.mlp.c_proj.bias"))
-    _norm(out, "decoder.final_norm", w, "ln_f")
+    _copy(out, "decoder.final_norm", w, "ln_f")
     out["head.weight"] = out["embed.token.weight"] if cfg.tie_embeddings else w.get("lm_head.weight")
     return out
 
@@ -125,20 +125,15 @@ def bert_weights(hf: dict, w: Weights, cfg) -> StateDict:
         "embed.positional.table.weight": w.get("embeddings.position_embeddings.weight"),
         "embed.positional.token_type.weight": w.get("embeddings.token_type_embeddings.weight"),
     }
-    _norm(out, "embed.norm", w, "embeddings.LayerNorm")
+    _copy(out, "embed.norm", w, "embeddings.LayerNorm")
     for i in range(cfg.num_layers):
         ours, theirs = f"encoder.layers.{i}", f"encoder.layer.{i}"
-        for our_name, their_name in (("q_proj", "self.query"), ("k_proj", "self.key"),
-                                     ("v_proj", "self.value"), ("o_proj", "output.dense")):
-            _linear(out, f"{ours}.self_attention.{our_name}",
-                    w.get(f"{theirs}.attention.{their_name}.weight"),
-                    w.get(f"{theirs}.attention.{their_name}.bias"))
-        _norm(out, f"{ours}.self_norm", w, f"{theirs}.attention.output.LayerNorm")
-        _linear(out, f"{ours}.feedforward.linear1", w.get(f"{theirs}.intermediate.dense.weight"),
-                w.get(f"{theirs}.intermediate.dense.bias"))
-        _linear(out, f"{ours}.feedforward.linear2", w.get(f"{theirs}.output.dense.weight"),
-                w.get(f"{theirs}.output.dense.bias"))
-        _norm(out, f"{ours}.ff_norm", w, f"{theirs}.output.LayerNorm")
+        _attention(out, f"{ours}.self_attention", w, f"{theirs}.attention",
+                   ("self.query", "self.key", "self.value", "output.dense"), True)
+        _copy(out, f"{ours}.self_norm", w, f"{theirs}.attention.output.LayerNorm")
+        _copy(out, f"{ours}.feedforward.linear1", w, f"{theirs}.intermediate.dense")
+        _copy(out, f"{ours}.feedforward.linear2", w, f"{theirs}.output.dense")
+        _copy(out, f"{ours}.ff_norm", w, f"{theirs}.output.LayerNorm")
     return out
 
 
@@ -184,8 +179,7 @@ def llama_weights(hf: dict, w: Weights, cfg) -> StateDict:
         out[f"{ours}.ff_norm.weight"] = w.get(f"{theirs}.post_attention_layernorm.weight")
         mlp_bias = cfg.feedforward.params.get("bias", False)
         for name in ("gate", "up", "down"):
-            _linear(out, f"{ours}.feedforward.{name}", w.get(f"{theirs}.mlp.{name}_proj.weight"),
-                    w.get(f"{theirs}.mlp.{name}_proj.bias") if mlp_bias else None)
+            _copy(out, f"{ours}.feedforward.{name}", w, f"{theirs}.mlp.{name}_proj", mlp_bias)
     out["decoder.final_norm.weight"] = w.get("norm.weight")
     out["head.weight"] = out["embed.token.weight"] if cfg.tie_embeddings else w.get("lm_head.weight")
     return out
@@ -227,15 +221,13 @@ def marian_weights(hf: dict, w: Weights, cfg) -> StateDict:
         for i in range(count):
             ours, theirs = f"{side}.layers.{i}", f"{side}.layers.{i}"
             _attention(out, f"{ours}.self_attention", w, f"{theirs}.self_attn", names, True)
-            _norm(out, f"{ours}.self_norm", w, f"{theirs}.self_attn_layer_norm")
+            _copy(out, f"{ours}.self_norm", w, f"{theirs}.self_attn_layer_norm")
             if side == "decoder":
                 _attention(out, f"{ours}.cross_attention", w, f"{theirs}.encoder_attn", names, True)
-                _norm(out, f"{ours}.cross_norm", w, f"{theirs}.encoder_attn_layer_norm")
-            _linear(out, f"{ours}.feedforward.linear1", w.get(f"{theirs}.fc1.weight"),
-                    w.get(f"{theirs}.fc1.bias"))
-            _linear(out, f"{ours}.feedforward.linear2", w.get(f"{theirs}.fc2.weight"),
-                    w.get(f"{theirs}.fc2.bias"))
-            _norm(out, f"{ours}.ff_norm", w, f"{theirs}.final_layer_norm")
+                _copy(out, f"{ours}.cross_norm", w, f"{theirs}.encoder_attn_layer_norm")
+            _copy(out, f"{ours}.feedforward.linear1", w, f"{theirs}.fc1")
+            _copy(out, f"{ours}.feedforward.linear2", w, f"{theirs}.fc2")
+            _copy(out, f"{ours}.ff_norm", w, f"{theirs}.final_layer_norm")
     out["head.weight"] = out["tgt_embed.token.weight"] if cfg.tie_embeddings else w.get("lm_head.weight")
     out["head.bias"] = w.get("final_logits_bias").reshape(-1)
     return out
