@@ -17,7 +17,8 @@ from torch import Tensor, nn
 
 from transformer_kit.attention import AttentionInputs, LayerCache
 from transformer_kit.config import ModelConfig
-from transformer_kit.inputs import check_token_ids
+from transformer_kit.errors import InputError
+from transformer_kit.inputs import check_token_ids, tracing
 from transformer_kit.interfaces import AttentionMask, PositionalEncoding
 from transformer_kit.masks import keep_mask, positions_from_keep
 
@@ -175,6 +176,10 @@ class EncoderDecoderTransformer(TransformerModel):
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
         """src_ids (batch, src_len), tgt_ids (batch, tgt_len) -> logits (batch, tgt_len, V)."""
+        if (isinstance(src_ids, Tensor) and isinstance(tgt_ids, Tensor) and not tracing()
+                and src_ids.dim() >= 1 and tgt_ids.dim() >= 1 and len(src_ids) != len(tgt_ids)):
+            raise InputError(f"src_ids has {len(src_ids)} rows but tgt_ids has {len(tgt_ids)}; "
+                             "give one target row per source row.")
         memory, src_keep = self.encode(src_ids)
         return self.decode(tgt_ids, memory, src_keep)
 

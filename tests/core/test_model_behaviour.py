@@ -122,3 +122,9 @@ def test_learned_positions_refuse_long_inputs():
     model = tk.build_model(tiny_config("decoder", positional="learned", max_len=4))
     with pytest.raises(tk.InputError, match=r"max_len=4"):
         model(torch.ones(1, 5, dtype=torch.long))
+
+
+def test_encoder_decoder_refuses_mismatched_batches():
+    model = tk.build_model(tiny_config("encoder_decoder"))
+    with pytest.raises(tk.InputError, match="src_ids has 2 rows but tgt_ids has 3"):
+        model(torch.ones(2, 4, dtype=torch.long), torch.ones(3, 2, dtype=torch.long))
