@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from transformer_kit.attention import LayerCache
 from transformer_kit.errors import ExportError
 from transformer_kit.export.graphs import EXAMPLE_LEN
 from transformer_kit.export.runtime import OnnxModel, left_align
@@ -61,12 +60,10 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
     cfg = model.config
     session = om._sessions["decoder_step"]
     graph = om.manifest.graphs["decoder_step"]
-    kv_dtype = np.float16 if om.manifest.dtype == "float16" else np.float32
     layers = om.manifest.num_decoder_layers
     batch = 3
-    empty = [np.zeros((batch, cfg.kv_heads, 0, cfg.head_dim), kv_dtype)] * (2 * layers)
-    caches = [LayerCache(torch.zeros(batch, cfg.kv_heads, 0, cfg.head_dim),
-                         torch.zeros(batch, cfg.kv_heads, 0, cfg.head_dim)) for _ in range(layers)]
+    empty = [np.zeros((batch, cfg.kv_heads, 0, cfg.head_dim), om._kv_dtype)] * (2 * layers)
+    caches = model.new_cache(batch, next(model.parameters()))
     errors = []
     if model.architecture == "decoder":
         prompts = random_ids(batch, EXAMPLE_LEN + 2, cfg.vocab_size, cfg.pad_id, seed).numpy()
