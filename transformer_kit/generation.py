@@ -71,10 +71,13 @@ def _decoder_steps(model, ids: Tensor, use_cache: bool) -> Callable[[Tensor | No
     state = {"ids": ids, "keep": keep}
 
     def next_logits(token: Tensor | None) -> Tensor:
-        if token is not None:
+        if token is None:
+            new = state["ids"]  # the whole prompt
+        else:
             state["keep"] = torch.cat([state["keep"], state["keep"].new_ones(len(token), 1)], 1)
-            state["ids"] = torch.cat([state["ids"], token[:, None]], 1)
-        new = state["ids"] if token is None or not use_cache else token[:, None]
+            new = token[:, None]
+            if not use_cache:  # the reference recomputes the whole sequence
+                new = state["ids"] = torch.cat([state["ids"], new], 1)
         return model.step(new, state["keep"], caches, last_only=True)[:, -1]
 
     return next_logits
@@ -88,9 +91,12 @@ def _encoder_decoder_steps(model, src_ids: Tensor, use_cache: bool
     state = {"tgt": torch.full((batch, 1), model.config.bos_id, device=src_ids.device)}
 
     def next_logits(token: Tensor | None) -> Tensor:
-        if token is not None:
-            state["tgt"] = torch.cat([state["tgt"], token[:, None]], 1)
-        new = state["tgt"] if token is None or not use_cache else token[:, None]
+        if token is None:
+            new = state["tgt"]  # bos
+        else:
+            new = token[:, None]
+            if not use_cache:  # the reference recomputes the whole sequence
+                new = state["tgt"] = torch.cat([state["tgt"], new], 1)
         return model.decode(new, memory, src_keep, caches, last_only=True)[:, -1]
 
     return next_logits
