@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_kit.errors import ExportError
+from transformer_kit.jsonfile import read_json_object
 
 MANIFEST_FILE = "manifest.json"
 FORMAT = "transformer_kit.onnx"
@@ -68,11 +69,8 @@ class Manifest:
                 f"{str(folder)!r} is not an exported transformer_kit model: {MANIFEST_FILE} is "
                 "missing. Create one with transformer_kit.export.export_onnx(model, folder)."
             )
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ExportError(f"{str(path)!r} is not valid JSON ({exc}); export the model again.") from None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
+        data = read_json_object(path, ExportError, "Export the model again.")
+        if data.get("format") != FORMAT:
             raise ExportError(f"{str(path)!r} was not written by transformer_kit's export_onnx.")
         if data.get("format_version") != FORMAT_VERSION:
             raise ExportError(

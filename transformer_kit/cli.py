@@ -111,10 +111,14 @@ def components(kind: Annotated[str | None, typer.Option(help="Only this kind.")]
 def _resolve_config(source: Path):
     from transformer_kit.checkpoints import config_from_hf
     from transformer_kit.config import load_config
+    from transformer_kit.errors import ConfigError
+    from transformer_kit.jsonfile import read_json_object
     from transformer_kit.serialization import CONFIG_FILE
 
     if source.is_dir():
-        saved = json.loads((source / CONFIG_FILE).read_text()) if (source / CONFIG_FILE).exists() else {}
+        path = source / CONFIG_FILE
+        saved = read_json_object(path, ConfigError, "Give a config file, a folder saved with "
+                                 "model.save or a checkpoint folder.") if path.exists() else {}
         if saved.get("format") == "transformer_kit":
             return load_config(saved["config"])
         return config_from_hf(source)

@@ -11,6 +11,7 @@ from safetensors.torch import save_model as save_weights
 
 from transformer_kit.config import config_from_dict
 from transformer_kit.errors import TransformerKitError
+from transformer_kit.jsonfile import read_json_object
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -38,11 +39,8 @@ def load_model(path: str | Path):
                 f"{str(folder)!r} is not a saved transformer_kit model: {needed.name} is missing. "
                 "Save one with model.save(path)."
             )
-    try:
-        saved = json.loads(config_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise TransformerKitError(f"{str(config_path)!r} is not valid JSON: {exc}") from None
-    if not isinstance(saved, dict) or saved.get("format") != "transformer_kit":
+    saved = read_json_object(config_path, TransformerKitError, "Save the model again.")
+    if saved.get("format") != "transformer_kit":
         raise TransformerKitError(f"{str(config_path)!r} was not written by model.save.")
     model = build_model(config_from_dict(saved.get("config")))
     try:

@@ -229,3 +229,10 @@ def test_demo_solves_the_task(tmp_path):
     assert accuracies[1] >= 99.0 and accuracies[2] >= 99.0
     assert (tmp_path / "demo" / "onnx" / "manifest.json").exists()
     assert (tmp_path / "demo" / "model" / "model.safetensors").exists()
+
+
+def test_config_show_of_a_folder_with_a_damaged_config(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    result = invoke("config", "show", str(tmp_path))
+    assert result.exit_code == 1 and "is not valid JSON" in result.output
+    assert "Traceback" not in result.output

@@ -47,3 +47,13 @@ def test_missing_or_mismatched_weights(tmp_path):
         tk.load_model(tmp_path / "m")
     with pytest.raises(tk.TransformerKitError, match=r"config.json is missing"):
         tk.load_model(tmp_path / "nothing-here")
+
+
+def test_a_damaged_config_file_is_a_typed_error(tmp_path):
+    tk.build_model(tiny_config("decoder")).save(tmp_path)
+    (tmp_path / "config.json").write_bytes(b"\xff\xfe not text")
+    with pytest.raises(tk.TransformerKitError, match=r"is not valid JSON.*Save the model again"):
+        tk.load_model(tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(tk.TransformerKitError, match="does not hold a JSON object"):
+        tk.load_model(tmp_path)

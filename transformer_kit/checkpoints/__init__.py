@@ -39,7 +39,10 @@ def config_from_hf(folder: str | Path, **overrides: Any) -> ModelConfig:
     ``overrides`` replace keys of the result, e.g. ``pad_id=0`` for a GPT-2 without a pad
     token, or ``attention="matmul"``.
     """
-    hf = read_hf_config(folder)
+    return _config(read_hf_config(folder), folder, overrides)
+
+
+def _config(hf: dict, folder: str | Path, overrides: dict[str, Any]) -> ModelConfig:
     family = _family(hf, folder)
     try:
         data = family.to_config(hf)
@@ -58,8 +61,8 @@ def from_hf(folder: str | Path, **overrides: Any):
     """
     from transformer_kit.assembly import build_model
 
-    config = config_from_hf(folder, **overrides)
     hf = read_hf_config(folder)
+    config = _config(hf, folder, overrides)
     family = _family(hf, folder)
     weights = Weights(read_hf_weights(folder), folder, family.prefixes, family.probe)
     state = family.to_state_dict(hf, weights, config)

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from transformer_kit.errors import TransformerKitError
+from transformer_kit.jsonfile import read_json_object
 
 
 class CheckpointError(TransformerKitError):
@@ -28,13 +29,7 @@ def read_hf_config(folder: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{str(folder)!r} is not a Hugging Face checkpoint folder: config.json "
                               "is missing.")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{str(path)!r} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{str(path)!r} does not hold a JSON object.")
-    return data
+    return read_json_object(path, CheckpointError, "Give a Hugging Face checkpoint folder.")
 
 
 def _shards(folder: Path, index_name: str) -> list[Path]:
