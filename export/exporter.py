@@ -20,8 +20,10 @@ import onnx
 import torch
 
 from transformer_kit.errors import ExportError, TransformerKitError
+from transformer_kit.export.fused_ops_onnx import PACKED_ATTENTION_OPSET, builtin_translations
 from transformer_kit.export.graphs import GraphSpec, graph_specs
 from transformer_kit.export.manifest import MANIFEST_FILE, GraphInfo, Manifest
+from transformer_kit.fused_ops import packed_attention_export
 from transformer_kit.model import TransformerModel
 from transformer_kit.registry import get_registry
 
@@ -241,12 +243,16 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
         exported = copy.deepcopy(model).half() if dtype == "float16" else model
         exported.eval()
         translations = collect_translations()
+        packed = opset >= PACKED_ATTENTION_OPSET
+        if packed:
+            translations = {**builtin_translations(), **translations}
         param_bytes = sum(p.numel() * p.element_size() for p in exported.parameters())
         external = param_bytes > _EXTERNAL_DATA_BYTES
         graphs = {}
         for name, spec in graph_specs(exported).items():
             file = f"{name}.onnx"
-            _export_graph(name, spec, staging / file, opset, translations, external)
+            with packed_attention_export(packed):
+                _export_graph(name, spec, staging / file, opset, translations, external)
             if quantize == "int8":
                 _quantize_int8(staging / file, external)
             graphs[name] = GraphInfo(file, spec.inputs, spec.outputs)

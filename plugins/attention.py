@@ -67,6 +67,10 @@ class EinsumAttention(_ScaledKernel):
 class SdpaAttention(_ScaledKernel):
     """PyTorch's fused ``scaled_dot_product_attention``; exports to ONNX ``Attention``."""
 
+    #: Self-attention exports as one ONNX Attention op on packed heads with the cache inside
+    #: (transformer_kit.fused_ops); this kernel computes exactly what that op does.
+    exports_packed = True
+
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 bias: Tensor | None = None) -> Tensor:
         if q.device.type == "cpu" and q.dtype in _HALF:

@@ -1,45 +1,261 @@
-"""Generation speed of a model in PyTorch eager (the baseline) and in onnxruntime, one run."""
+"""Speed measurements, each against a baseline timed in the same run.
+
+The machine is shared and its speed drifts by tens of percent over minutes, so runners are
+timed in interleaved rounds (one call of each per round) and every ratio is taken within a
+round, then the median over rounds is reported. Hardware limits are probed the same way:
+
+- :func:`read_bandwidth_probe`: GB/s of onnxruntime's matrix-vector product over a 256 MB
+  float32 matrix (far beyond any cache), the fastest way found here to stream memory; decoding
+  one token must read every weight once, so ``bandwidth / weight_bytes_per_token`` bounds
+  tokens per second at batch 1.
+- :func:`matmul_peak_probe`: GFLOP/s of onnxruntime's float32 MatMul on 1024^3, a compute bound.
+"""
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+BANDWIDTH_SHAPE = (4096, 16384)  # 256 MB of float32 weights
+PEAK_SIZE = 1024
 
-def _median_seconds(fn, repeats: int) -> tuple[float, object]:
-    result = fn()  # warm-up (allocations, onnxruntime's first-run work)
+
+@dataclass
+class Runner:
+    """One thing to time: ``run()`` does the work once and returns how many tokens it made
+    (or 0 when only latency matters)."""
+
+    name: str
+    run: Callable[[], Any]
+    tokens: Callable[[Any], int] = lambda result: 0
+    note: str = ""
+
+
+@dataclass
+class Timing:
+    name: str
+    seconds: list[float] = field(default_factory=list)
+    tokens: int = 0
+    note: str = ""
+    result: Any = None
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.median if self.tokens else float("nan")
+
+
+def interleaved(runners: list[Runner], rounds: int, probes: dict[str, Callable[[], float]] | None = None,
+                progress: Callable[[str], None] | None = None) -> tuple[list[Timing], dict[str, list[float]]]:
+    """Time each runner once per round, in turn, after one warm-up call each.
+
+    Returns the timings (seconds per round, tokens of the last call, its result) and each
+    probe's value per round (probes run at the start of every round).
+    """
+    timings = [Timing(r.name, note=r.note) for r in runners]
+    probe_values: dict[str, list[float]] = {name: [] for name in probes or {}}
+    for runner, timing in zip(runners, timings, strict=True):
+        if progress:
+            progress(f"warm-up: {runner.name}")
+        timing.result = runner.run()
+        timing.tokens = runner.tokens(timing.result)
+    for index in range(rounds):
+        if progress:
+            progress(f"round {index + 1}/{rounds}")
+        for name, probe in (probes or {}).items():
+            probe_values[name].append(probe())
+        for runner, timing in zip(runners, timings, strict=True):
+            start = time.perf_counter()
+            runner.run()
+            timing.seconds.append(time.perf_counter() - start)
+    return timings, probe_values
+
+
+def ratio_to(timings: list[Timing], baseline: str, other: str) -> float:
+    """Median over rounds of baseline_seconds / other_seconds (>1: ``other`` is faster)."""
+    by_name = {t.name: t for t in timings}
+    base, test = by_name[baseline].seconds, by_name[other].seconds
+    return statistics.median(b / t for b, t in zip(base, test, strict=True))
+
+
+# -- hardware probes -------------------------------------------------------------------------
+def _ort_matmul_session(m: int, k: int, n: int, threads: int | None):
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(0).standard_normal((k, n), dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+        [numpy_helper.from_array(weight, "w")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = min(proto.ir_version, 9)
+    onnx.checker.check_model(proto)
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    session = ort.InferenceSession(proto.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).standard_normal((m, k), dtype=np.float32)
+    return session, {"x": x}
+
+
+def _median_time(fn: Callable[[], Any], calls: int) -> float:
+    fn()
     times = []
-    for _ in range(repeats):
+    for _ in range(calls):
         start = time.perf_counter()
-        result = fn()
+        fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+    return statistics.median(times)
 
 
-def generation_speed(model, om, batch: int, prompt_len: int, new_tokens: int,
-                     repeats: int = 3) -> list[dict]:
-    """Tokens per second of greedy generation with eos disabled by the budget: rows run the
-    full ``new_tokens`` unless the model emits eos (then fewer tokens are counted)."""
-    cfg = model.config
-    vocab = cfg.src_vocab
-    special = {i for i in (cfg.pad_id, cfg.bos_id, cfg.eos_id) if i is not None}
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (batch, prompt_len), generator=gen)
-    for token in special:
-        ids[ids == token] = max(special) + 1 if max(special) + 1 < vocab else 0
-    rows = []
-    with torch.inference_mode():
-        seconds, tokens = _median_seconds(lambda: model.generate(ids, max_new_tokens=new_tokens),
-                                          repeats)
-    count = int(tokens.numel())
-    rows.append({"runtime": "PyTorch eager (cached)", "seconds": seconds,
-                 "tokens_per_s": count / seconds, "ms_per_token": 1e3 * seconds / max(count, 1)})
+def read_bandwidth_probe(threads: int | None = None, calls: int = 15) -> Callable[[], float]:
+    """A function returning the measured read bandwidth in bytes/s (see the module docstring)."""
+    k, n = BANDWIDTH_SHAPE
+    session, feeds = _ort_matmul_session(1, k, n, threads)
+    return lambda: k * n * 4 / _median_time(lambda: session.run(None, feeds), calls)
+
+
+def matmul_peak_probe(threads: int | None = None, calls: int = 5) -> Callable[[], float]:
+    """A function returning onnxruntime's float32 MatMul throughput in FLOP/s (1024^3)."""
+    size = PEAK_SIZE
+    session, feeds = _ort_matmul_session(size, size, size, threads)
+    return lambda: 2 * size**3 / _median_time(lambda: session.run(None, feeds), calls)
+
+
+# -- model accounting ------------------------------------------------------------------------
+def weight_bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes of weights a decoder reads to produce one token at batch 1: every parameter of
+    the decoder layers, final norm and output projection, once (a tied projection counts
+    once, as the head); embedding tables are read one row at a time and not counted."""
+    decoder = model.decoder
+    params = {id(p): p for p in decoder.parameters()}
+    params.update({id(p): p for p in model.head.parameters()})
+    return sum(p.numel() * p.element_size() for p in params.values())
+
+
+def forward_flops(model: torch.nn.Module, *inputs: torch.Tensor) -> int:
+    """Floating-point operations of one forward call, counted by torch's FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model(*inputs)
+    return counter.get_total_flops()
+
+
+def random_prompts(vocab: int, batch: int, length: int, avoid: set[int], seed: int = 0) -> torch.Tensor:
+    """(batch, length) int64 ids drawn uniformly, none of them in ``avoid`` (pad/bos/eos)."""
+    gen = torch.Generator().manual_seed(seed)
+    allowed = torch.tensor([i for i in range(min(vocab, 65536)) if i not in avoid])
+    return allowed[torch.randint(0, len(allowed), (batch, length), generator=gen)]
+
+
+# -- test checkpoints (transformers' save_pretrained; no model hub needed) ----------------
+def gpt2_checkpoint(folder: Path, vocab: int = 8000, d_model: int = 512, layers: int = 6,
+                    heads: int = 8) -> Path:
+    import transformers
+
+    if not (folder / "config.json").exists():
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(n_embd=d_model, n_layer=layers, n_head=heads,
+                                         vocab_size=vocab, n_positions=1024, bos_token_id=1,
+                                         eos_token_id=vocab - 1)
+        transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
+
+
+def bert_checkpoint(folder: Path) -> Path:
+    import transformers
+
+    if not (folder / "config.json").exists():
+        torch.manual_seed(0)
+        config = transformers.BertConfig(hidden_size=512, num_hidden_layers=6, num_attention_heads=8,
+                                         intermediate_size=2048, vocab_size=30522)
+        transformers.BertModel(config, add_pooling_layer=False).save_pretrained(folder)
+    return folder
+
+
+# -- runners -----------------------------------------------------------------------------------
+def kit_generation_runners(model, om, ids: torch.Tensor, new_tokens: int) -> list[Runner]:
+    """PyTorch eager (cached) and onnxruntime greedy generation of the same prompts."""
     ids_np = ids.numpy().astype(np.int64)
-    seconds, tokens = _median_seconds(lambda: om.generate(ids_np, max_new_tokens=new_tokens), repeats)
-    count = int(tokens.size)
-    rows.append({"runtime": f"onnxruntime ({om.provider})", "seconds": seconds,
-                 "tokens_per_s": count / seconds, "ms_per_token": 1e3 * seconds / max(count, 1)})
-    return rows
+
+    def eager():
+        with torch.inference_mode():
+            return model.generate(ids, max_new_tokens=new_tokens)
+
+    return [
+        Runner("transformer-kit, PyTorch eager", eager, lambda out: int(out.numel())),
+        Runner(f"transformer-kit, onnxruntime ({_provider_name(om.provider)})",
+               lambda: om.generate(ids_np, max_new_tokens=new_tokens), lambda out: int(out.size)),
+    ]
+
+
+def _provider_name(provider: str) -> str:
+    return provider.replace("ExecutionProvider", "")
+
+
+def hf_generation_runners(checkpoint: Path, workdir: Path, ids: torch.Tensor, new_tokens: int,
+                          with_transformers: bool = True) -> list[Runner]:
+    """transformers in PyTorch and optimum's ORTModelForCausalLM on the same checkpoint, where
+    installed; both forced to exactly ``new_tokens`` greedy tokens. Missing ones are skipped."""
+    runners = []
+    kwargs = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False,
+              "attention_mask": torch.ones_like(ids)}
+    try:
+        import transformers
+    except ImportError:
+        return runners
+    if with_transformers:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+
+        def hf_eager():
+            with torch.inference_mode():
+                return hf.generate(ids, pad_token_id=0, **kwargs)[:, ids.shape[1]:]
+
+        runners.append(Runner(f"transformers {transformers.__version__}, PyTorch eager", hf_eager,
+                              lambda out: int(out.numel())))
+    optimum = load_optimum_causal_lm(checkpoint, workdir)
+    if optimum is not None:
+        def ort_optimum():
+            return optimum.generate(ids, pad_token_id=0, **kwargs)[:, ids.shape[1]:]
+
+        runners.append(Runner(f"{optimum_version()}, onnxruntime", ort_optimum,
+                              lambda out: int(out.numel()), note="ORTModelForCausalLM, IO binding"))
+    return runners
+
+
+def optimum_version() -> str:
+    """optimum-onnx's version (where optimum's ONNX Runtime models live since optimum 2)."""
+    from importlib import metadata
+
+    try:
+        return f"optimum-onnx {metadata.version('optimum-onnx')}"
+    except metadata.PackageNotFoundError:
+        return f"optimum {metadata.version('optimum')}"
+
+
+def load_optimum_causal_lm(checkpoint: Path, workdir: Path):
+    """optimum's ORTModelForCausalLM for ``checkpoint`` (exported once into ``workdir``), or
+    None when optimum is not installed."""
+    try:
+        from optimum.onnxruntime import ORTModelForCausalLM
+    except ImportError:
+        return None
+    folder = workdir / "optimum-causal-lm"
+    if not (folder / "model.onnx").exists():
+        ORTModelForCausalLM.from_pretrained(checkpoint, export=True, use_cache=True).save_pretrained(folder)
+    return ORTModelForCausalLM.from_pretrained(folder, use_io_binding=True)

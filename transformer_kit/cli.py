@@ -251,40 +251,66 @@ def generate(
 # -- bench ---------------------------------------------------------------------------------
 @app.command()
 def bench(
-    source: Annotated[Path, typer.Argument(help="Config file or saved model folder.")],
-    batch: Annotated[int, typer.Option(help="Rows.")] = 1,
-    prompt_len: Annotated[int, typer.Option(help="Prompt (or source) tokens per row.")] = 16,
-    new_tokens: Annotated[int, typer.Option(help="Tokens to generate per row.")] = 32,
-    repeats: Annotated[int, typer.Option(help="Timed repetitions (median reported).")] = 3,
+    source: Annotated[Path, typer.Argument(help="Config file, saved model folder, or (with --from-hf) a checkpoint folder.")],
+    from_hf: Annotated[bool, typer.Option("--from-hf", help="SOURCE is a Hugging Face checkpoint; also time transformers and optimum where installed.")] = False,
+    batch: Annotated[int, typer.Option(min=1, help="Rows.")] = 1,
+    prompt_len: Annotated[int, typer.Option(min=1, help="Prompt (or source) tokens per row.")] = 16,
+    new_tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate per row.")] = 32,
+    rounds: Annotated[int, typer.Option("--rounds", "--repeats", min=1, help="Timed rounds; each runner once per round, interleaved (medians reported).")] = 5,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Export folder to reuse or create.")] = None,
 ) -> None:
-    """Greedy generation speed: onnxruntime against PyTorch eager (the baseline), same run."""
+    """Greedy generation speed against PyTorch eager (the baseline), timed in the same rounds,
+    with the share of the memory-bandwidth bound (batch 1)."""
+    import statistics
     import tempfile
 
     import torch
 
-    from transformer_kit.benchmark import generation_speed
+    from transformer_kit import benchmark as b
     from transformer_kit.export import export_onnx
 
     try:
-        model = _load_model(source, False, None)
-        folder = output or Path(tempfile.mkdtemp()) / "bench-onnx"
+        model = _load_model(source, from_hf, None)
+        if model.architecture == "encoder":
+            raise TransformerKitError(f"{str(source)!r} is an encoder-only model; bench times generation, "
+                                      "which needs a decoder (see benchmarks/forward.py for encoders).")
+        workdir = Path(tempfile.mkdtemp(prefix="tk-bench-"))
+        folder = output or workdir / "onnx"
         if not (folder / "manifest.json").exists():
             with console.status("exporting ..."):
                 export_onnx(model, folder)
         om = _onnx_model(folder, "auto")
-        rows = generation_speed(model, om, batch, prompt_len, new_tokens, repeats)
+        cfg = model.config
+        ids = b.random_prompts(cfg.src_vocab, batch, prompt_len,
+                               {i for i in (cfg.pad_id, cfg.bos_id, cfg.eos_id) if i is not None})
+        runners = b.kit_generation_runners(model, om, ids, new_tokens)
+        if from_hf and model.architecture == "decoder":
+            runners += b.hf_generation_runners(source, workdir, ids, new_tokens)
+        probes = {"bandwidth": b.read_bandwidth_probe()} if batch == 1 else {}
+        with console.status("timing ...") as status:
+            timings, values = b.interleaved(runners, rounds, probes, progress=status.update)
     except TransformerKitError as exc:
         _fail(exc)
     table = Table(title=f"greedy generation, batch {batch}, {prompt_len} + {new_tokens} tokens, "
-                        f"{torch.get_num_threads()} threads")
-    for column in ("runtime", "tokens/s", "ms/token", "vs PyTorch"):
+                        f"{torch.get_num_threads()} threads, {rounds} rounds")
+    columns = ["runtime", "tokens/s", "ms/token", "vs PyTorch eager"]
+    weight_bytes = b.weight_bytes_per_token(model)
+    if probes:
+        columns.append("share of bandwidth bound")
+    for column in columns:
         table.add_column(column)
-    base = rows[0]["tokens_per_s"]
-    for r in rows:
-        table.add_row(r["runtime"], f"{r['tokens_per_s']:.1f}", f"{r['ms_per_token']:.2f}",
-                      f"{r['tokens_per_s'] / base:.2f}x")
+    for t in timings:
+        row = [t.name, f"{t.tokens_per_s:.1f}", f"{1e3 / t.tokens_per_s:.2f}",
+               f"{b.ratio_to(timings, timings[0].name, t.name):.2f}x"]
+        if probes:
+            shares = [weight_bytes * t.tokens / s / bw for s, bw in zip(t.seconds, values["bandwidth"], strict=True)]
+            row.append(f"{statistics.median(shares):.0%}")
+        table.add_row(*row)
     console.print(table)
+    if probes:
+        bandwidth = statistics.median(values["bandwidth"])
+        console.print(f"weights read per token {weight_bytes / 1e6:.1f} MB; measured read bandwidth "
+                      f"{bandwidth / 1e9:.1f} GB/s; bound {bandwidth / weight_bytes:.0f} tokens/s")
 
 
 # -- demo ----------------------------------------------------------------------------------

@@ -75,7 +75,8 @@ def self_attention_inputs(keep: Tensor, q_len: int, positional: PositionalEncodi
         q_len: how many of the keys are new (the queries).
     """
     k_positions = positions_from_keep(keep)
-    q_positions = k_positions[:, k_positions.shape[1] - q_len:]
+    # narrow keeps the length q_len itself, which torch.export can reason about (a slice does not)
+    q_positions = k_positions.narrow(1, k_positions.shape[1] - q_len, q_len)
     combined = keep[:, None, None, :]
     restriction = mask(q_positions, k_positions)
     if restriction is not None:

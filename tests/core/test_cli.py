@@ -148,10 +148,12 @@ def test_errors_are_one_line_unless_debug(tmp_path):
 def test_bench_reports_both_runtimes(exported):
     _, folder = exported
     result = invoke("bench", str(folder / "model"), "--new-tokens", "4", "--prompt-len", "4",
-                    "--repeats", "1", "-o", str(folder / "onnx"))
+                    "--rounds", "1", "-o", str(folder / "onnx"))
     assert result.exit_code == 0, result.output
-    assert "PyTorch eager (cached)" in result.output and "onnxruntime (CPUExecutionProvider)" in result.output
+    assert "transformer-kit, PyTorch eager" in result.output
+    assert "transformer-kit, onnxruntime (CPU)" in result.output
     assert "1.00x" in result.output  # the baseline row
+    assert "share of bandwidth bound" in result.output and "GB/s" in result.output
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -207,8 +209,8 @@ def test_every_command_in_a_real_process(tmp_path, exported):
         (["export", str(folder / "model"), "-o", str(tmp_path / "onnx")], "passed"),
         (["run", str(tmp_path / "onnx"), "--ids", "5 6 7"], "argmax"),
         (["generate", str(tmp_path / "onnx"), "--ids", "5 6 7", "--max-new-tokens", "3"], "tokens/s"),
-        (["bench", str(folder / "model"), "--new-tokens", "2", "--prompt-len", "3", "--repeats", "1",
-          "-o", str(tmp_path / "onnx")], "vs PyTorch"),
+        (["bench", str(folder / "model"), "--new-tokens", "2", "--prompt-len", "3", "--rounds", "1",
+          "-o", str(tmp_path / "onnx")], "vs PyTorch eager"),
         (["plot", "positional", "-o", str(tmp_path / "pe.png")], "wrote"),
         (["plot", "attention", str(folder / "model"), "--ids", "5 6", "-o", str(tmp_path / "a")], "wrote"),
     ]

@@ -1,0 +1,96 @@
+"""Self-attention with the ``sdpa`` kernel exports as one ONNX Attention op per layer on packed
+heads, the cache concatenated inside it; other kernels, rotary/ALiBi and opsets below 23 keep
+the general graph. Both must match eager PyTorch."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import transformer_kit as tk
+from tests.core.combinations import tiny_config
+from transformer_kit.attention import AttentionInputs, LayerCache
+from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.model import self_attention_inputs
+
+
+def _ops(path) -> collections.Counter:
+    return collections.Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+
+
+def _attention_nodes(path) -> list:
+    return [n for n in onnx.load(str(path)).graph.node if n.op_type == "Attention"]
+
+
+@pytest.fixture(scope="module")
+def gqa_decoder():
+    torch.manual_seed(0)
+    return tk.build_model(tiny_config("decoder", attention="sdpa", positional="learned",
+                                      num_kv_heads=2, pad_id=0)).eval()
+
+
+def test_step_graph_holds_one_attention_op_per_layer_with_the_cache_inside(gqa_decoder, tmp_path):
+    export_onnx(gqa_decoder, tmp_path / "onnx")
+    step = tmp_path / "onnx" / "decoder_step.onnx"
+    nodes = _attention_nodes(step)
+    assert len(nodes) == 2
+    for i, node in enumerate(nodes):
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attributes["q_num_heads"] == 4 and attributes["kv_num_heads"] == 2
+        assert list(node.input)[4:6] == [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+        assert list(node.output)[1:3] == [f"present.{i}.key", f"present.{i}.value"]
+    ops = _ops(step)
+    assert ops["Transpose"] <= 3 and ops["Expand"] <= 1  # no per-layer head split or KV repeat
+
+
+@torch.no_grad()
+def test_packed_export_matches_pytorch_with_padding_and_grouped_heads(gqa_decoder, tmp_path):
+    report = export_onnx(gqa_decoder, tmp_path / "onnx")
+    assert report.max_error < 1e-5
+    om = OnnxModel(tmp_path / "onnx", "cpu")
+    ids = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7], [9, 8, 0, 0, 0]])
+    expected = gqa_decoder(ids)
+    got = om(ids.numpy())
+    keep = (ids != 0).numpy()
+    np.testing.assert_allclose(got[keep], expected.numpy()[keep], rtol=1e-5, atol=1e-5)
+    assert np.array_equal(om.generate(ids.numpy(), 6), gqa_decoder.generate(ids, 6).numpy())
+
+
+@pytest.mark.parametrize(("overrides", "opset"), [
+    ({"attention": "matmul"}, 23),
+    ({"attention": "sdpa", "positional": "rotary"}, 23),
+    ({"attention": "sdpa", "positional": "alibi"}, 23),
+    ({"attention": "sdpa"}, 22),
+])
+def test_other_kernels_encodings_and_opsets_keep_the_general_graph(overrides, opset, tmp_path):
+    torch.manual_seed(0)
+    model = tk.build_model(tiny_config("decoder", pad_id=0, **overrides)).eval()
+    report = export_onnx(model, tmp_path / "onnx", opset=opset)
+    assert report.max_error < 1e-4
+    for node in _attention_nodes(tmp_path / "onnx" / "decoder_step.onnx"):
+        assert "q_num_heads" not in {a.name for a in node.attribute}
+        assert len([i for i in node.input if i]) <= 4  # no past inputs
+
+
+@torch.no_grad()
+def test_the_custom_op_computes_what_the_eager_layer_computes(gqa_decoder):
+    """The op's own PyTorch implementation (used while tracing) equals the layer's eager path."""
+    layer = gqa_decoder.decoder.layers[0].self_attention
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, 16)
+    past_k, past_v = torch.randn(2, 2, 4, 4), torch.randn(2, 2, 4, 4)
+    keep = torch.ones(2, 7, dtype=torch.bool)
+    keep[1, :2] = False
+    inputs = self_attention_inputs(keep, 3, gqa_decoder.embed.positional, gqa_decoder.mask)
+    cache = LayerCache(past_k.clone(), past_v.clone())
+    expected = layer(x, AttentionInputs(**{**inputs.__dict__, "cache": cache}))
+    q, k, v = layer.q_proj(x), layer.k_proj(x), layer.v_proj(x)
+    out, key, value = torch.ops.transformer_kit.packed_cached_attention(
+        q, k, v, inputs.mask.expand(2, 1, 3, 7), past_k, past_v, 4, 2, 0.5)
+    torch.testing.assert_close(layer.o_proj(out), expected, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(key, cache.key)
+    torch.testing.assert_close(value, cache.value)
