@@ -29,6 +29,7 @@ from transformer_kit.benchmark import (
     ratio_to,
     read_bandwidth_probe,
     weight_bytes_per_token,
+    weight_stream_runner,
 )
 
 
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     runners = kit_generation_runners(model, om, ids, args.new_tokens)
     runners += hf_generation_runners(checkpoint, workdir, ids, args.new_tokens,
                                      with_transformers=not args.no_transformers)
+    runners.append(weight_stream_runner(model, args.new_tokens))
     probe = read_bandwidth_probe()
     timings, probes = interleaved(runners, args.rounds, {"bandwidth": probe},
                                   progress=lambda text: print(text, file=sys.stderr))
@@ -69,10 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     for t in timings:
         shares = [weight_bytes * t.tokens / s / bw
                   for s, bw in zip(t.seconds, probes["bandwidth"], strict=True)]
-        same = bool((torch.as_tensor(t.result) == torch.as_tensor(reference)).all())
+        if isinstance(t.result, int):
+            same = "-"
+        else:
+            same = "yes" if bool((torch.as_tensor(t.result) == torch.as_tensor(reference)).all()) else "no"
         print(f"| {t.name} | {t.tokens_per_s:.1f} | {1e3 / t.tokens_per_s:.2f} | "
-              f"{ratio_to(timings, baseline, t.name):.2f}x | {statistics.median(shares):.0%} | "
-              f"{'yes' if same else 'no'} |")
+              f"{ratio_to(timings, baseline, t.name):.2f}x | {statistics.median(shares):.0%} | {same} |")
+    bandwidth = probes["bandwidth"]
+    print(f"\nread bandwidth per round: min {min(bandwidth) / 1e9:.1f}, median "
+          f"{statistics.median(bandwidth) / 1e9:.1f}, max {max(bandwidth) / 1e9:.1f} GB/s")
     return 0
 
 

@@ -26,21 +26,28 @@ import transformer_kit as tk
 from transformer_kit.attention import LayerCache
 from transformer_kit.benchmark import gpt2_checkpoint, random_prompts
 
-LENGTHS = [64, 128, 256, 512, 1023]
+CACHE_LENGTHS = [64, 128, 256, 512, 1023]  # + 1 new token = 1024 positions, GPT-2's limit
+LENGTHS = [64, 128, 256, 512, 1024]
 BATCHES = [1, 2, 4, 8, 16]
 
 
-def _paired(fns: list, calls: int) -> list[float]:
-    """Median seconds of each function, called in turn ``calls`` times after a warm-up."""
+def _blocks(fns: list, calls: int) -> list[float]:
+    """Median seconds of each function over ``calls`` consecutive calls after a warm-up call.
+
+    Calls are grouped per function (not alternated) because onnxruntime's and PyTorch's
+    worker threads keep spinning briefly after a call and slow down whatever runs next; the
+    warm-up call absorbs that.
+    """
+    medians = []
     for fn in fns:
         fn()
-    times = [[] for _ in fns]
-    for _ in range(calls):
-        for fn, bucket in zip(fns, times, strict=True):
+        times = []
+        for _ in range(calls):
             start = time.perf_counter()
             fn()
-            bucket.append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
+            times.append(time.perf_counter() - start)
+        medians.append(statistics.median(times))
+    return medians
 
 
 def step_timers(model, session, batch: int, past: int):
@@ -104,28 +111,33 @@ def main(argv: list[str] | None = None) -> int:
     session = ort.InferenceSession(str(folder / "decoder_step.onnx"), providers=["CPUExecutionProvider"])
     results: dict[str, list[tuple[int, float, float]]] = {}
     sweeps = {
-        "step vs cache length (batch 1)": [(n, step_timers(model, session, 1, n)) for n in LENGTHS],
+        "step vs cache length (batch 1)": [(n, step_timers(model, session, 1, n)) for n in CACHE_LENGTHS],
         "step vs batch (cache 128)": [(b, step_timers(model, session, b, 128)) for b in BATCHES],
         "forward vs length (batch 1)": [(n, forward_timers(model, om, 1, n)) for n in LENGTHS],
         "forward vs batch (length 128)": [(b, forward_timers(model, om, b, 128)) for b in BATCHES],
     }
     for title, points in sweeps.items():
         print(title, file=sys.stderr)
-        results[title] = [(x, *_paired(list(fns), args.calls)) for x, fns in points]
-    print(f"\nGPT-2 shape, float32, {torch.get_num_threads()} threads; median of {args.calls} calls, "
-          "onnxruntime and PyTorch eager alternated")
+        results[title] = [(x, *_blocks(list(fns), args.calls)) for x, fns in points]
+    print(f"\nGPT-2 shape, float32, {torch.get_num_threads()} threads; median of {args.calls} "
+          "consecutive calls per point and runtime")
     for title, rows in results.items():
-        per = "per token" if title.startswith("step") else "per forward"
-        print(f"\n{title}\n| x | onnxruntime ms | PyTorch eager ms | onnxruntime / PyTorch | "
-              f"onnxruntime ms {per} per row |")
-        print("| --- | --- | --- | --- | --- |")
+        batched = title.split(" vs ")[1].startswith("batch")
+        unit = "ms per step" if title.startswith("step") else "ms per forward"
+        print(f"\n{title}\n| {'batch' if batched else 'tokens'} | onnxruntime {unit} | PyTorch eager "
+              f"{unit} | onnxruntime / PyTorch |" + (" onnxruntime ms per row |" if batched else ""))
+        print("| --- | --- | --- | --- |" + (" --- |" if batched else ""))
         for x, ort_s, eager_s in rows:
-            rows_in_batch = x if "batch" in title else 1
-            print(f"| {x} | {1e3 * ort_s:.2f} | {1e3 * eager_s:.2f} | {ort_s / eager_s:.2f}x | "
-                  f"{1e3 * ort_s / rows_in_batch:.2f} |")
+            per_row = f" {1e3 * ort_s / x:.2f} |" if batched else ""
+            print(f"| {x} | {1e3 * ort_s:.2f} | {1e3 * eager_s:.2f} | {ort_s / eager_s:.2f}x |{per_row}")
     lengths, ort_times = zip(*[(x, o) for x, o, _ in results["step vs cache length (batch 1)"]], strict=True)
     a, b, worst = linear_fit(list(lengths), list(ort_times))
     print(f"\ncached decoding, onnxruntime: {1e3 * a:.3f} ms + {1e6 * b:.3f} us x cache length; "
+          f"largest deviation from the line {worst:.1%}")
+    lengths, eager_times = zip(*[(x, e) for x, _, e in results["step vs cache length (batch 1)"]],
+                               strict=True)
+    a, b, worst = linear_fit(list(lengths), list(eager_times))
+    print(f"cached decoding, PyTorch eager: {1e3 * a:.3f} ms + {1e6 * b:.3f} us x cache length; "
           f"largest deviation from the line {worst:.1%}")
     _plot(results, args.png)
     print(f"plot: {args.png}")
@@ -144,7 +156,7 @@ def _plot(results, png: Path) -> None:
         ax.plot(xs, [1e3 * r[1] for r in rows], "o-", label="onnxruntime")
         ax.plot(xs, [1e3 * r[2] for r in rows], "s--", label="PyTorch eager")
         ax.set_title(title)
-        ax.set_xlabel("batch" if "batch" in title else "tokens")
+        ax.set_xlabel("batch" if title.split(" vs ")[1].startswith("batch") else "tokens")
         ax.set_ylabel("ms per step" if title.startswith("step") else "ms per forward")
         ax.set_ylim(bottom=0)
         ax.grid(True, which="both", alpha=0.3)

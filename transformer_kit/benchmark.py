@@ -136,6 +136,61 @@ def matmul_peak_probe(threads: int | None = None, calls: int = 5) -> Callable[[]
     return lambda: 2 * size**3 / _median_time(lambda: session.run(None, feeds), calls)
 
 
+def weight_products(model: torch.nn.Module) -> list[tuple[int, int]]:
+    """(in, out) of every matrix product a decoding step runs: each linear layer of the decoder
+    (a self-attention's q, k and v as one product, as the export fuses them) and the head."""
+    from transformer_kit.attention import MultiHeadAttention
+
+    shapes = []
+    fused = set()
+    for module in model.decoder.modules():
+        if isinstance(module, MultiHeadAttention) and not module.is_cross:
+            projections = (module.q_proj, module.k_proj, module.v_proj)
+            shapes.append((module.q_proj.in_features, sum(p.out_features for p in projections)))
+            fused.update(id(p) for p in projections)
+        elif isinstance(module, torch.nn.Linear) and id(module) not in fused:
+            shapes.append((module.in_features, module.out_features))
+    shapes.append((model.head.in_features, model.head.out_features))
+    return shapes
+
+
+def weight_stream_runner(model: torch.nn.Module, steps: int, threads: int | None = None) -> Runner:
+    """The ceiling of a per-operator runtime: an onnxruntime graph holding only the step's
+    matrix products (batch 1, same shapes, float32), run ``steps`` times. Its tokens/s is what
+    generation would reach if nothing but the weight reads cost time."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, inputs, outputs = [], [], {}, []
+    for index, (k, n) in enumerate(weight_products(model)):
+        name = f"x{k}"
+        if name not in inputs:
+            inputs[name] = helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, k])
+        inits.append(numpy_helper.from_array(rng.standard_normal((k, n), dtype=np.float32), f"w{index}"))
+        nodes.append(helper.make_node("MatMul", [name, f"w{index}"], [f"y{index}"]))
+        outputs.append(helper.make_tensor_value_info(f"y{index}", TensorProto.FLOAT, [1, n]))
+    graph = helper.make_graph(nodes, "weight_stream", list(inputs.values()), outputs, inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = min(proto.ir_version, 9)
+    onnx.checker.check_model(proto)
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    session = ort.InferenceSession(proto.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    feeds = {name: rng.standard_normal((1, int(name[1:])), dtype=np.float32) for name in inputs}
+
+    def run():
+        for _ in range(steps):
+            session.run(None, feeds)
+        return steps
+
+    return Runner("matrix products alone (ceiling)", run, lambda count: count,
+                  note="onnxruntime, no other operator, no Python loop")
+
+
 # -- model accounting ------------------------------------------------------------------------
 def weight_bytes_per_token(model: torch.nn.Module) -> int:
     """Bytes of weights a decoder reads to produce one token at batch 1: every parameter of
