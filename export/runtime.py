@@ -154,11 +154,11 @@ class OnnxModel:
                                  "every row at least one token.")
             check_positions(int(mask.sum(axis=1).max()) + max_new_tokens, m.max_positions,
                             "prompt + max_new_tokens")
-            stepper = _Stepper(self, ids.shape[0], {}, ids, mask)
+            stepper = _Stepper(self, ids.shape[0], {}, ids, mask, max_new_tokens)
         else:
             check_positions(1 + max_new_tokens, m.max_positions, "bos + max_new_tokens")
             first = np.full((len(ids), 1), m.bos_id, np.int64)
-            stepper = _Stepper(self, ids.shape[0], self._encode(ids), first, None)
+            stepper = _Stepper(self, ids.shape[0], self._encode(ids), first, None, max_new_tokens)
         fill = m.pad_id if m.pad_id is not None else m.eos_id
         return greedy(stepper, ids.shape[0], max_new_tokens, m.eos_id, fill)
 
@@ -181,38 +181,49 @@ class OnnxModel:
 
 class _Stepper:
     """Feeds the decoder step graph: the prompt first (zero-length past), then one token at a
-    time, handing each step's ``present.*`` to the next as ``past_key_values.*`` without a copy."""
+    time, handing each step's ``present.*`` to the next as ``past_key_values.*`` without a copy.
+
+    The attention mask lives in one buffer allocated for the whole generation (each step binds
+    a longer view of it) and the logits are written into one preallocated array, so a step
+    allocates nothing in Python; onnxruntime allocates the presents from its arena.
+    """
 
     def __init__(self, model: OnnxModel, batch: int, fixed: dict[str, Any], first_ids: np.ndarray,
-                 attention_mask: np.ndarray | None) -> None:
+                 attention_mask: np.ndarray | None, max_new_tokens: int = 0) -> None:
         self.model = model
         self.session = model._sessions["decoder_step"]
         graph = model.manifest.graphs["decoder_step"]
         self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
         self.present_names = [n for n in graph.outputs if n.startswith("present.")]
-        self.fixed = {k: v for k, v in fixed.items() if k in graph.inputs}
-        empty = model._empty_cache(batch)
-        self.past = dict.fromkeys(self.past_names, empty)
+        self.fixed = [(k, v) for k, v in fixed.items() if k in graph.inputs]
+        self.past = [model._empty_cache(batch)] * len(self.past_names)
         self.first_ids = first_ids
-        self.mask = attention_mask
+        self.length = first_ids.shape[1]
+        self.mask = None
+        if attention_mask is not None:
+            # (batch, prompt + steps); batch 1 views are contiguous, wider batches copy a view
+            self.mask = np.ones((batch, self.length + max(max_new_tokens, 1)), np.int64)
+            self.mask[:, :self.length] = attention_mask
+        vocab = model.manifest.tgt_vocab
+        self.logits = np.empty((batch, vocab), _NUMPY_DTYPES[model.manifest.dtype])
+        self.logits_value = ort.OrtValue.ortvalue_from_numpy(self.logits)
 
     def __call__(self, token: np.ndarray | None) -> np.ndarray:
-        if token is None:
-            ids = self.first_ids
-        else:
-            ids = token[:, None]
-            if self.mask is not None:
-                self.mask = np.concatenate([self.mask, np.ones_like(self.mask[:, :1])], axis=1)
         io = self.session.io_binding()
-        io.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
+        if token is None:
+            io.bind_cpu_input("input_ids", self.first_ids)
+        else:
+            io.bind_cpu_input("input_ids", np.ascontiguousarray(token[:, None]))
+            self.length += 1
         if self.mask is not None:
-            io.bind_cpu_input("attention_mask", self.mask)
-        for name, value in (*self.fixed.items(), *self.past.items()):
+            io.bind_cpu_input("attention_mask", np.ascontiguousarray(self.mask[:, :self.length]))
+        for name, value in self.fixed:
             io.bind_ortvalue_input(name, value)
-        io.bind_output("logits", "cpu")
+        for name, value in zip(self.past_names, self.past, strict=True):
+            io.bind_ortvalue_input(name, value)
+        io.bind_ortvalue_output("logits", self.logits_value)
         for name in self.present_names:
             io.bind_output(name, self.model._device)
         self.session.run_with_iobinding(io)
-        logits, *presents = io.get_outputs()
-        self.past = dict(zip(self.past_names, presents, strict=True))
-        return logits.numpy()
+        self.past = io.get_outputs()[1:]
+        return self.logits
