@@ -89,7 +89,7 @@ def bert(workdir: Path, rounds: int) -> None:
                  "token_type_ids": torch.zeros_like(ids)}
         runners.append(Runner(f"{optimum_version()}, onnxruntime",
                               lambda: ort_model(**feeds).last_hidden_state))
-    timings, _ = interleaved(runners, rounds, progress=lambda s: print(s, file=sys.stderr))
+    timings, _ = interleaved(runners, rounds, progress=lambda s: print(s, file=sys.stderr), settle=True)
     reference = timings[2].result.numpy()
 
     def agreement(t) -> str:
@@ -99,6 +99,12 @@ def bert(workdir: Path, rounds: int) -> None:
     _table("BERT shape (d_model 512, 6 layers, d_ff 2048), batch 4 x 128, "
            f"{torch.get_num_threads()} threads, {rounds} rounds", timings, timings[0].name,
            ("max relative difference to transformers", agreement))
+    kit_ort, hf_eager = timings[1].name, timings[2].name
+    print(f"\ntransformer-kit onnxruntime time / transformers eager time: "
+          f"{1 / ratio_to(timings, hf_eager, kit_ort):.2f}x")
+    if len(timings) > 3:
+        print(f"transformer-kit onnxruntime time / optimum time (median of per-round ratios): "
+              f"{1 / ratio_to(timings, timings[3].name, kit_ort):.3f}x")
 
 
 def paper(workdir: Path, rounds: int) -> None:
@@ -121,7 +127,7 @@ def paper(workdir: Path, rounds: int) -> None:
                Runner(f"transformer-kit, onnxruntime ({om.provider.replace('ExecutionProvider', '')})",
                       lambda: om(src_np, tgt_np))]
     timings, probes = interleaved(runners, rounds, {"peak": matmul_peak_probe()},
-                                  progress=lambda s: print(s, file=sys.stderr))
+                                  progress=lambda s: print(s, file=sys.stderr), settle=True)
     peaks = probes["peak"]
 
     def share(t) -> str:

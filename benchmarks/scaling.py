@@ -95,7 +95,7 @@ def linear_fit(xs: list[int], ys: list[float]) -> tuple[float, float, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--calls", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=21, help="calls per step point (forward: a third)")
     parser.add_argument("--png", type=Path, default=Path("scaling.png"))
     args = parser.parse_args(argv)
     import onnxruntime as ort
@@ -118,9 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     for title, points in sweeps.items():
         print(title, file=sys.stderr)
-        results[title] = [(x, *_blocks(list(fns), args.calls)) for x, fns in points]
-    print(f"\nGPT-2 shape, float32, {torch.get_num_threads()} threads; median of {args.calls} "
-          "consecutive calls per point and runtime")
+        calls = args.calls if title.startswith("step") else max(3, args.calls // 3)
+        results[title] = [(x, *_blocks(list(fns), calls)) for x, fns in points]
+    print(f"\nGPT-2 shape, float32, {torch.get_num_threads()} threads; median of {args.calls} (steps) "
+          f"or {max(3, args.calls // 3)} (forwards) consecutive calls per point and runtime")
     for title, rows in results.items():
         batched = title.split(" vs ")[1].startswith("batch")
         unit = "ms per step" if title.startswith("step") else "ms per forward"

@@ -104,20 +104,26 @@ class MultiHeadAttention(nn.Module):
                 and inputs.bias is None and not rotates and packed_attention_enabled() and tracing())
 
     def _packed_forward(self, x: Tensor, inputs: AttentionInputs) -> Tensor:
-        """The export path: one projection for q, k and v (their weights concatenated, which
-        the exporter folds into one initializer), attention on (batch, len, width) tensors."""
-        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        bias = None if self.q_proj.bias is None else torch.cat(
-            [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
-        kv_width = self.num_kv_heads * self.head_dim
-        q, k, v = F.linear(x, weight, bias).split([self.q_proj.out_features, kv_width, kv_width], -1)
+        """The export path: attention on (batch, len, width) tensors. With a cache (decoding,
+        a few rows) q, k and v come from one product over the concatenated weights, which reads
+        them in one pass; without (full sequences, compute-bound) from three products, which
+        saves splitting the result."""
+        cache = inputs.cache
+        if cache is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+            bias = None if self.q_proj.bias is None else torch.cat(
+                [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+            kv_width = self.num_kv_heads * self.head_dim
+            q, k, v = F.linear(x, weight, bias).split(
+                [self.q_proj.out_features, kv_width, kv_width], -1)
         mask, has_key = inputs.mask, None
         if mask is not None:
             has_key = mask.any(dim=-1, keepdim=True)  # (batch, 1, q_len, 1)
             mask = mask | ~has_key  # no all-masked row; its output is zeroed below, as the kernel does
             mask = mask.expand(mask.shape[0], 1, x.shape[1], mask.shape[-1])
         scale = self.kernel.scale if self.kernel.scale is not None else self.head_dim ** -0.5
-        cache = inputs.cache
         if cache is None:
             out = torch.ops.transformer_kit.packed_attention(
                 q, k, v, mask, self.num_heads, self.num_kv_heads, scale)

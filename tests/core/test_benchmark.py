@@ -62,6 +62,13 @@ def test_interleaved_calls_each_runner_once_per_round_after_a_warm_up():
     assert [t.tokens for t in timings] == [3, 5] and all(len(t.seconds) == 4 for t in timings)
 
 
+def test_settled_rounds_call_each_runner_twice_and_time_the_second():
+    calls = []
+    runner = b.Runner("a", lambda: calls.append(len(calls)) or len(calls))
+    timings, _ = b.interleaved([runner], 3, settle=True)
+    assert len(calls) == 1 + 2 * 3 and len(timings[0].seconds) == 3
+
+
 def test_ratio_is_the_median_of_ratios_within_rounds():
     base = b.Timing("base", [1.0, 2.0, 4.0])
     other = b.Timing("other", [0.5, 0.5, 4.0])
