@@ -194,3 +194,21 @@ def test_one_model_shared_by_eight_threads(decoder_export):
         for logits, tokens in runs:
             np.testing.assert_array_equal(logits, sequential[i][0])
             np.testing.assert_array_equal(tokens, sequential[i][1])
+
+
+@torch.no_grad()
+def test_cpu_sessions_skip_the_skip_layer_norm_fusion_and_agree_with_it(tmp_path):
+    """The CPU default leaves out onnxruntime's SkipLayerNormFusion (measured slower); both
+    ways give PyTorch's output."""
+    from tests.core.combinations import tiny_config
+
+    torch.manual_seed(0)
+    model = tk.build_model(tiny_config("encoder", attention="sdpa", block="post_norm", pad_id=0)).eval()
+    export_onnx(model, tmp_path / "onnx")
+    default = OnnxModel(tmp_path / "onnx", "cpu")
+    fused = OnnxModel(tmp_path / "onnx", "cpu", disabled_optimizers=())
+    assert default._disabled_optimizers == ["SkipLayerNormFusion"] and fused._disabled_optimizers == []
+    ids = torch.tensor([[3, 4, 5, 0], [6, 7, 8, 9]])
+    expected = model(ids).numpy()
+    np.testing.assert_allclose(default(ids.numpy()), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(fused(ids.numpy()), expected, rtol=1e-5, atol=1e-5)
