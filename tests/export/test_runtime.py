@@ -200,8 +200,6 @@ def test_one_model_shared_by_eight_threads(decoder_export):
 def test_cpu_sessions_skip_the_skip_layer_norm_fusion_and_agree_with_it(tmp_path):
     """The CPU default leaves out onnxruntime's SkipLayerNormFusion (measured slower); both
     ways give PyTorch's output."""
-    from tests.core.combinations import tiny_config
-
     torch.manual_seed(0)
     model = tk.build_model(tiny_config("encoder", attention="sdpa", block="post_norm", pad_id=0)).eval()
     export_onnx(model, tmp_path / "onnx")
