@@ -292,6 +292,9 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
     except Exception as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise ExportError(f"Export failed: {type(exc).__name__}: {exc}") from exc
+    except BaseException:  # KeyboardInterrupt, SystemExit: leave no half-written folder either
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     finally:
         model.train(was_training)
     return report

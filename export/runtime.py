@@ -137,8 +137,12 @@ class OnnxModel:
             raise InputError(f"This {m.architecture} model takes {len(graph.inputs)} input(s) "
                              f"({', '.join(graph.inputs)}), got {len(ids)}.")
         vocabs = [m.src_vocab, m.tgt_vocab] if m.architecture == "encoder_decoder" else [m.src_vocab]
-        feeds = {name: check_ids(x, vocab, name, m.max_positions)
+        feeds = {name: check_ids(x, vocab, name)
                  for name, x, vocab in zip(graph.inputs, ids, vocabs, strict=True)}
+        for name, x in feeds.items():  # positions count real tokens (padding has none), as in PyTorch
+            padded = m.pad_id is not None and name != "tgt_ids"
+            length = int((x != m.pad_id).sum(axis=1).max()) if padded and x.size else x.shape[1]
+            check_positions(length, m.max_positions, name)
         if m.architecture == "encoder_decoder" and len(feeds["src_ids"]) != len(feeds["tgt_ids"]):
             raise InputError(f"src_ids has {len(feeds['src_ids'])} rows but tgt_ids has "
                              f"{len(feeds['tgt_ids'])}; give one target row per source row.")
@@ -158,7 +162,7 @@ class OnnxModel:
             raise InputError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}.")
         max_new_tokens = int(max_new_tokens)
         name = "input_ids" if m.architecture == "decoder" else "src_ids"
-        ids = check_ids(ids, m.src_vocab, name, None if m.architecture == "decoder" else m.max_positions)
+        ids = check_ids(ids, m.src_vocab, name)
         if m.architecture == "decoder":
             ids, mask = left_align(ids, m.pad_id)
             empty = np.flatnonzero(mask.sum(axis=1) == 0).tolist()
@@ -169,6 +173,8 @@ class OnnxModel:
                             "prompt + max_new_tokens")
             stepper = _Stepper(self, ids.shape[0], {}, ids, mask, max_new_tokens)
         else:
+            real = ids.shape[1] if m.pad_id is None else int((ids != m.pad_id).sum(axis=1).max())
+            check_positions(real, m.max_positions, name)
             check_positions(1 + max_new_tokens, m.max_positions, "bos + max_new_tokens")
             first = np.full((len(ids), 1), m.bos_id, np.int64)
             stepper = _Stepper(self, ids.shape[0], self._encode(ids), first, None, max_new_tokens)

@@ -22,7 +22,7 @@ from transformer_kit.model import (
     Stack,
     TransformerModel,
 )
-from transformer_kit.registry import Registry, get_registry
+from transformer_kit.registry import Registry, _origin, get_registry
 
 #: The type each kind's factory must return.
 _EXPECTED: dict[str, type | tuple[type, ...]] = {
@@ -62,7 +62,8 @@ class _Parts:
         expected = _EXPECTED[kind]
         if not isinstance(obj, expected):
             raise ComponentError(
-                f"{slot}: the factory of {kind} {spec.name!r} (plugin {entry.plugin!r}) returned "
+                f"{slot}: the factory of {kind} {spec.name!r} "
+                f"({_origin(entry.plugin, entry.distribution)}) returned "
                 f"{type(obj).__name__}; a {kind} component must return a "
                 f"{getattr(expected, '__name__', expected)}."
             )

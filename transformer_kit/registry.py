@@ -57,6 +57,7 @@ class PluginFailure:
 
 
 def _origin(plugin: str, distribution: str | None) -> str:
+    """'plugin NAME (distribution DIST)', for messages."""
     return f"plugin {plugin!r}" + (f" (distribution {distribution!r})" if distribution else "")
 
 

@@ -204,6 +204,7 @@ def test_failing_entry_points_are_recorded_and_the_rest_loads(installed_package,
     assert failures["tkplugin_broken"].distribution == "tk-broken-import"
     assert "ModuleNotFoundError" in failures["tkplugin_broken"].error
     assert "plugin 'builtin' and plugin 'tkplugin_clash'" in failures["tkplugin_clash"].error
+    assert "distribution 'tk-clash'" in failures["tkplugin_clash"].error
     assert any("tk-broken-import" in str(w.message) for w in caught)
     assert registry.names("norm") == ["layernorm", "rmsnorm"]
     assert registry.entry("norm", "layernorm").plugin == "builtin"

@@ -7,6 +7,7 @@ Weights come from ``model.safetensors``, a sharded ``model.safetensors.index.jso
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,9 @@ def read_hf_weights(folder: str | Path) -> dict[str, Tensor]:
     except CheckpointError:
         raise
     except (SafetensorError, OSError, RuntimeError, KeyError, ValueError, EOFError,
-            json.JSONDecodeError) as exc:
+            json.JSONDecodeError, pickle.UnpicklingError) as exc:
+        # torch.load(weights_only=True) refuses pickles holding anything but tensors with an
+        # UnpicklingError; it is reported like any unreadable file, never loaded unsafely
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"Cannot read the weights in {str(folder)!r}: {message}") from None
     if not isinstance(tensors, dict):
