@@ -13,10 +13,8 @@ a + b * length per token (one pass over the weights plus attention over the cach
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +22,7 @@ import torch
 
 import transformer_kit as tk
 from transformer_kit.attention import LayerCache
-from transformer_kit.benchmark import gpt2_checkpoint, random_prompts
+from transformer_kit.benchmark import gpt2_checkpoint, median_time, random_prompts
 
 CACHE_LENGTHS = [64, 128, 256, 512, 1023]  # + 1 new token = 1024 positions, GPT-2's limit
 LENGTHS = [64, 128, 256, 512, 1024]
@@ -38,16 +36,7 @@ def _blocks(fns: list, calls: int) -> list[float]:
     worker threads keep spinning briefly after a call and slow down whatever runs next; the
     warm-up call absorbs that.
     """
-    medians = []
-    for fn in fns:
-        fn()
-        times = []
-        for _ in range(calls):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        medians.append(statistics.median(times))
-    return medians
+    return [median_time(fn, calls) for fn in fns]
 
 
 def step_timers(model, session, batch: int, past: int):

@@ -97,17 +97,23 @@ def ratio_to(timings: list[Timing], baseline: str, other: str) -> float:
 
 
 # -- hardware probes -------------------------------------------------------------------------
-def _ort_matmul_session(m: int, k: int, n: int, threads: int | None):
+def matmul_session(products: list[tuple[int, int]], rows: int = 1, threads: int | None = None):
+    """An onnxruntime CPU session holding one MatMul per (in, out) product, each on an input of
+    ``rows`` rows (one input per distinct width) and a random float32 weight, and its feeds."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    weight = np.random.default_rng(0).standard_normal((k, n), dtype=np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "probe",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
-        [numpy_helper.from_array(weight, "w")])
+    rng = np.random.default_rng(0)
+    nodes, inits, inputs, outputs = [], [], {}, []
+    for index, (k, n) in enumerate(products):
+        name = f"x{k}"
+        if name not in inputs:
+            inputs[name] = helper.make_tensor_value_info(name, TensorProto.FLOAT, [rows, k])
+        inits.append(numpy_helper.from_array(rng.standard_normal((k, n), dtype=np.float32), f"w{index}"))
+        nodes.append(helper.make_node("MatMul", [name, f"w{index}"], [f"y{index}"]))
+        outputs.append(helper.make_tensor_value_info(f"y{index}", TensorProto.FLOAT, [rows, n]))
+    graph = helper.make_graph(nodes, "matmuls", list(inputs.values()), outputs, inits)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     proto.ir_version = min(proto.ir_version, 9)
     onnx.checker.check_model(proto)
@@ -116,11 +122,12 @@ def _ort_matmul_session(m: int, k: int, n: int, threads: int | None):
         options.intra_op_num_threads = threads
     session = ort.InferenceSession(proto.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
-    x = np.random.default_rng(1).standard_normal((m, k), dtype=np.float32)
-    return session, {"x": x}
+    feeds = {name: rng.standard_normal((rows, int(name[1:])), dtype=np.float32) for name in inputs}
+    return session, feeds
 
 
-def _median_time(fn: Callable[[], Any], calls: int) -> float:
+def median_time(fn: Callable[[], Any], calls: int) -> float:
+    """Median seconds of ``calls`` calls of ``fn`` after one untimed call."""
     fn()
     times = []
     for _ in range(calls):
@@ -133,8 +140,8 @@ def _median_time(fn: Callable[[], Any], calls: int) -> float:
 def read_bandwidth_probe(threads: int | None = None, calls: int = 15) -> Callable[[], float]:
     """A function returning the measured read bandwidth in bytes/s (see the module docstring)."""
     k, n = BANDWIDTH_SHAPE
-    session, feeds = _ort_matmul_session(1, k, n, threads)
-    return lambda: k * n * 4 / _median_time(lambda: session.run(None, feeds), calls)
+    session, feeds = matmul_session([(k, n)], 1, threads)
+    return lambda: k * n * 4 / median_time(lambda: session.run(None, feeds), calls)
 
 
 def matmul_peak_probe(threads: int | None = None, calls: int = 5) -> Callable[[], float]:
@@ -142,8 +149,8 @@ def matmul_peak_probe(threads: int | None = None, calls: int = 5) -> Callable[[]
     a square 1024^3 product and the shapes a Transformer layer and head use (M = 512 or 256
     rows against 512 x 2048 and 512 x 16384 weights)."""
     shapes = [(PEAK_SIZE, PEAK_SIZE, PEAK_SIZE), (512, 512, 2048), (256, 512, 16384)]
-    sessions = [(m * k * n, *_ort_matmul_session(m, k, n, threads)) for m, k, n in shapes]
-    return lambda: max(2 * size / _median_time(lambda s=session, f=feeds: s.run(None, f), calls)
+    sessions = [(m * k * n, *matmul_session([(k, n)], m, threads)) for m, k, n in shapes]
+    return lambda: max(2 * size / median_time(lambda s=session, f=feeds: s.run(None, f), calls)
                        for size, session, feeds in sessions)
 
 
@@ -169,29 +176,7 @@ def weight_stream_runner(model: torch.nn.Module, steps: int, threads: int | None
     """The ceiling of a per-operator runtime: an onnxruntime graph holding only the step's
     matrix products (batch 1, same shapes, float32), run ``steps`` times. Its tokens/s is what
     generation would reach if nothing but the weight reads cost time."""
-    import onnx
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    nodes, inits, inputs, outputs = [], [], {}, []
-    for index, (k, n) in enumerate(weight_products(model)):
-        name = f"x{k}"
-        if name not in inputs:
-            inputs[name] = helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, k])
-        inits.append(numpy_helper.from_array(rng.standard_normal((k, n), dtype=np.float32), f"w{index}"))
-        nodes.append(helper.make_node("MatMul", [name, f"w{index}"], [f"y{index}"]))
-        outputs.append(helper.make_tensor_value_info(f"y{index}", TensorProto.FLOAT, [1, n]))
-    graph = helper.make_graph(nodes, "weight_stream", list(inputs.values()), outputs, inits)
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    proto.ir_version = min(proto.ir_version, 9)
-    onnx.checker.check_model(proto)
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    session = ort.InferenceSession(proto.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    feeds = {name: rng.standard_normal((1, int(name[1:])), dtype=np.float32) for name in inputs}
+    session, feeds = matmul_session(weight_products(model), 1, threads)
 
     def run():
         for _ in range(steps):
