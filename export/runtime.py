@@ -36,13 +36,18 @@ def _as_numpy(x: Any, name: str) -> np.ndarray:
     return x
 
 
-def check_ids(x: Any, vocab: int, name: str, max_positions: int | None = None) -> np.ndarray:
-    """(batch, len) integer ids within [0, vocab) and, where bounded, len <= max_positions."""
+def check_ids(x: Any, vocab: int, name: str) -> np.ndarray:
+    """(batch, len) integer ids within [0, vocab), as contiguous int64."""
     ids = _as_numpy(x, name)
     check_id_array(name, ids.dtype.kind in "iu", ids.dtype, ids.shape,
                    lambda: (int(ids.min()), int(ids.max())), vocab)
-    check_positions(ids.shape[1], max_positions, name)
     return np.ascontiguousarray(ids, dtype=np.int64)
+
+
+def positions_needed(ids: np.ndarray, pad_id: int | None) -> int:
+    """Positions the longest row takes: its real tokens (padding gets no position, as in
+    PyTorch's positions_from_keep), or the full width when there is no pad_id."""
+    return ids.shape[1] if pad_id is None else int((ids != pad_id).sum(axis=1).max())
 
 
 def left_align(ids: np.ndarray, pad_id: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -85,9 +90,9 @@ class OnnxModel:
         session_options: an ``onnxruntime.SessionOptions`` used for every graph.
         disabled_optimizers: onnxruntime graph optimizers to skip. ``"auto"`` skips
             ``SkipLayerNormFusion`` on the CPU: onnxruntime's CPU SkipLayerNormalization kernel
-            was measured slower than the LayerNormalization and Add it replaces (a BERT-shaped
-            forward at 4 x 128 ran 5 % faster without the fusion, decoding unchanged); on CUDA
-            the fusion is kept. Pass ``()`` to keep every optimizer.
+            was measured slower than the LayerNormalization and Add it replaces (without the
+            fusion a BERT-shaped forward at 4 x 128 ran 5 % faster, GPT-2-shaped decoding 4 %);
+            on CUDA the fusion is kept. Pass ``()`` to keep every optimizer.
     """
 
     def __init__(self, path: str | Path, providers: str | Sequence = "auto", *,
@@ -139,10 +144,9 @@ class OnnxModel:
         vocabs = [m.src_vocab, m.tgt_vocab] if m.architecture == "encoder_decoder" else [m.src_vocab]
         feeds = {name: check_ids(x, vocab, name)
                  for name, x, vocab in zip(graph.inputs, ids, vocabs, strict=True)}
-        for name, x in feeds.items():  # positions count real tokens (padding has none), as in PyTorch
-            padded = m.pad_id is not None and name != "tgt_ids"
-            length = int((x != m.pad_id).sum(axis=1).max()) if padded and x.size else x.shape[1]
-            check_positions(length, m.max_positions, name)
+        for name, x in feeds.items():  # targets are never padding-masked, so count them in full
+            check_positions(positions_needed(x, None if name == "tgt_ids" else m.pad_id),
+                            m.max_positions, name)
         if m.architecture == "encoder_decoder" and len(feeds["src_ids"]) != len(feeds["tgt_ids"]):
             raise InputError(f"src_ids has {len(feeds['src_ids'])} rows but tgt_ids has "
                              f"{len(feeds['tgt_ids'])}; give one target row per source row.")
@@ -169,12 +173,11 @@ class OnnxModel:
             if empty:
                 raise InputError(f"Prompt rows {empty} hold only padding (pad_id={m.pad_id}); give "
                                  "every row at least one token.")
-            check_positions(int(mask.sum(axis=1).max()) + max_new_tokens, m.max_positions,
+            check_positions(positions_needed(ids, m.pad_id) + max_new_tokens, m.max_positions,
                             "prompt + max_new_tokens")
             stepper = _Stepper(self, ids.shape[0], {}, ids, mask, max_new_tokens)
         else:
-            real = ids.shape[1] if m.pad_id is None else int((ids != m.pad_id).sum(axis=1).max())
-            check_positions(real, m.max_positions, name)
+            check_positions(positions_needed(ids, m.pad_id), m.max_positions, name)
             check_positions(1 + max_new_tokens, m.max_positions, "bos + max_new_tokens")
             first = np.full((len(ids), 1), m.bos_id, np.int64)
             stepper = _Stepper(self, ids.shape[0], self._encode(ids), first, None, max_new_tokens)
