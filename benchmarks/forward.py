@@ -27,21 +27,15 @@ import transformer_kit as tk
 from transformer_kit.benchmark import (
     Runner,
     bert_checkpoint,
+    exported,
     forward_flops,
     interleaved,
     matmul_peak_probe,
+    onnx_runner_name,
     optimum_version,
     random_prompts,
     ratio_to,
 )
-
-
-def _export(model, folder: Path):
-    from transformer_kit.export import OnnxModel, export_onnx
-
-    if not (folder / "manifest.json").exists():
-        print(export_onnx(model, folder), file=sys.stderr)
-    return OnnxModel(folder, "auto")
 
 
 def _table(title: str, timings, baseline: str, extra=None) -> None:
@@ -59,7 +53,7 @@ def bert(workdir: Path, rounds: int) -> None:
 
     checkpoint = bert_checkpoint(workdir / "bert-shape")
     model = tk.from_hf(checkpoint)
-    om = _export(model, workdir / "bert-transformer-kit-onnx")
+    om = exported(model, workdir / "bert-transformer-kit-onnx")
     ids = random_prompts(model.config.vocab_size, 4, 128, {0, 101, 102}, seed=1)
     ids_np = ids.numpy()
     hf = transformers.BertModel.from_pretrained(checkpoint, add_pooling_layer=False).eval()
@@ -73,7 +67,7 @@ def bert(workdir: Path, rounds: int) -> None:
             return hf(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
 
     runners = [Runner("transformer-kit, PyTorch eager", kit_eager),
-               Runner(f"transformer-kit, onnxruntime ({om.provider.replace('ExecutionProvider', '')})",
+               Runner(onnx_runner_name(om),
                       lambda: om(ids_np)),
                Runner(f"transformers {transformers.__version__}, PyTorch eager", hf_eager)]
     try:
@@ -111,7 +105,7 @@ def paper(workdir: Path, rounds: int) -> None:
     config = resources.files("transformer_kit") / "configs" / "paper.yaml"
     torch.manual_seed(0)
     model = tk.build_model(str(config)).eval()
-    om = _export(model, workdir / "paper-transformer-kit-onnx")
+    om = exported(model, workdir / "paper-transformer-kit-onnx")
     cfg = model.config
     avoid = {cfg.pad_id, cfg.bos_id, cfg.eos_id}
     src = random_prompts(cfg.src_vocab, 4, 64, avoid, seed=2)
@@ -124,7 +118,7 @@ def paper(workdir: Path, rounds: int) -> None:
 
     src_np, tgt_np = src.numpy(), tgt.numpy()
     runners = [Runner("transformer-kit, PyTorch eager", eager),
-               Runner(f"transformer-kit, onnxruntime ({om.provider.replace('ExecutionProvider', '')})",
+               Runner(onnx_runner_name(om),
                       lambda: om(src_np, tgt_np))]
     timings, probes = interleaved(runners, rounds, {"peak": matmul_peak_probe()},
                                   progress=lambda s: print(s, file=sys.stderr), settle=True)

@@ -21,6 +21,7 @@ import torch
 
 import transformer_kit as tk
 from transformer_kit.benchmark import (
+    exported,
     gpt2_checkpoint,
     hf_generation_runners,
     interleaved,
@@ -41,15 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers' PyTorch run")
     args = parser.parse_args(argv)
-    from transformer_kit.export import OnnxModel, export_onnx
-
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tk-bench-"))
     checkpoint = gpt2_checkpoint(workdir / "gpt2-shape")
     model = tk.from_hf(checkpoint, pad_id=0)
-    export_dir = workdir / "transformer-kit-onnx"
-    if not (export_dir / "manifest.json").exists():
-        print(export_onnx(model, export_dir))
-    om = OnnxModel(export_dir, "auto")
+    om = exported(model, workdir / "transformer-kit-onnx")
     cfg = model.config
     ids = random_prompts(cfg.vocab_size, 1, args.prompt_len, {0, cfg.bos_id, cfg.eos_id})
     runners = kit_generation_runners(model, om, ids, args.new_tokens)

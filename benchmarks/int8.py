@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 import transformer_kit as tk
-from transformer_kit.benchmark import Runner, gpt2_checkpoint, interleaved, random_prompts, ratio_to
+from transformer_kit.benchmark import Runner, exported, gpt2_checkpoint, interleaved, random_prompts, ratio_to
 
 
 def next_token_agreement(fp32, int8, model, vocab: int, avoid: set[int], prompts: int,
@@ -39,14 +39,6 @@ def next_token_agreement(fp32, int8, model, vocab: int, avoid: set[int], prompts
     return float((a8 == a32).mean()), float((a32 == reference).mean())
 
 
-def _export(model, folder: Path, **kwargs):
-    from transformer_kit.export import OnnxModel, export_onnx
-
-    if not (folder / "manifest.json").exists():
-        print(export_onnx(model, folder, **kwargs), file=sys.stderr)
-    return OnnxModel(folder, "auto")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -56,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tk-bench-"))
     model = tk.from_hf(gpt2_checkpoint(workdir / "gpt2-shape"), pad_id=0)
-    fp32 = _export(model, workdir / "transformer-kit-onnx")
-    int8 = _export(model, workdir / "transformer-kit-onnx-int8", quantize="int8")
+    fp32 = exported(model, workdir / "transformer-kit-onnx")
+    int8 = exported(model, workdir / "transformer-kit-onnx-int8", quantize="int8")
     cfg = model.config
     avoid = {0, cfg.bos_id, cfg.eos_id}
     ids = random_prompts(cfg.vocab_size, 1, 16, avoid)
@@ -91,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{fp32_agree:.1%} |")
     if args.demo is not None:
         demo = tk.load_model(args.demo)
-        d32 = _export(demo, workdir / "demo-onnx")
-        d8 = _export(demo, workdir / "demo-onnx-int8", quantize="int8")
+        d32 = exported(demo, workdir / "demo-onnx")
+        d8 = exported(demo, workdir / "demo-onnx-int8", quantize="int8")
         dcfg = demo.config
         src = random_prompts(dcfg.src_vocab, args.prompts, 8, {dcfg.pad_id, dcfg.bos_id, dcfg.eos_id}, seed=3)
         agree = np.mean(d8.generate(src.numpy(), 8) == d32.generate(src.numpy(), 8))

@@ -22,7 +22,7 @@ import torch
 
 import transformer_kit as tk
 from transformer_kit.attention import LayerCache
-from transformer_kit.benchmark import gpt2_checkpoint, median_time, random_prompts
+from transformer_kit.benchmark import exported, gpt2_checkpoint, median_time, random_prompts
 
 CACHE_LENGTHS = [64, 128, 256, 512, 1023]  # + 1 new token = 1024 positions, GPT-2's limit
 LENGTHS = [64, 128, 256, 512, 1024]
@@ -89,14 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import onnxruntime as ort
 
-    from transformer_kit.export import OnnxModel, export_onnx
-
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tk-bench-"))
     model = tk.from_hf(gpt2_checkpoint(workdir / "gpt2-shape"), pad_id=0)
     folder = workdir / "transformer-kit-onnx"
-    if not (folder / "manifest.json").exists():
-        print(export_onnx(model, folder), file=sys.stderr)
-    om = OnnxModel(folder, "cpu")
+    om = exported(model, folder, "cpu")
     session = ort.InferenceSession(str(folder / "decoder_step.onnx"), providers=["CPUExecutionProvider"])
     results: dict[str, list[tuple[int, float, float]]] = {}
     sweeps = {

@@ -250,13 +250,26 @@ def kit_generation_runners(model, om, ids: torch.Tensor, new_tokens: int) -> lis
 
     return [
         Runner("transformer-kit, PyTorch eager", eager, lambda out: int(out.numel())),
-        Runner(f"transformer-kit, onnxruntime ({_provider_name(om.provider)})",
-               lambda: om.generate(ids_np, max_new_tokens=new_tokens), lambda out: int(out.size)),
+        Runner(onnx_runner_name(om), lambda: om.generate(ids_np, max_new_tokens=new_tokens),
+               lambda out: int(out.size)),
     ]
 
 
-def _provider_name(provider: str) -> str:
-    return provider.replace("ExecutionProvider", "")
+def onnx_runner_name(om) -> str:
+    """'transformer-kit, onnxruntime (CPU)': the row name of an OnnxModel, with its provider."""
+    return f"transformer-kit, onnxruntime ({om.provider.replace('ExecutionProvider', '')})"
+
+
+def exported(model: torch.nn.Module, folder: Path, providers: str = "auto", **export_options):
+    """An OnnxModel of ``model`` in ``folder``, exported (report on stderr) unless an earlier
+    export is already there, so repeated benchmark runs in one workdir reuse it."""
+    import sys
+
+    from transformer_kit.export import OnnxModel, export_onnx
+
+    if not (folder / "manifest.json").exists():
+        print(export_onnx(model, folder, **export_options), file=sys.stderr)
+    return OnnxModel(folder, providers)
 
 
 def hf_generation_runners(checkpoint: Path, workdir: Path, ids: torch.Tensor, new_tokens: int,
