@@ -12,16 +12,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_kit.fused_ops import packed_attention_enabled
+from transformer_kit.heads import repeat_kv_heads, split_heads
 from transformer_kit.inputs import tracing
 from transformer_kit.interfaces import PositionalEncoding
-
-
-def _repeat_heads(x: Tensor, groups: int) -> Tensor:
-    """(batch, kv_heads, len, dim) -> (batch, kv_heads * groups, len, dim), each head repeated
-    ``groups`` times in place (a view and one copy; exports with static shapes)."""
-    batch, heads, length, dim = x.shape
-    return x[:, :, None].expand(batch, heads, groups, length, dim).reshape(
-        batch, heads * groups, length, dim)
 
 
 @dataclass
@@ -85,15 +78,10 @@ class MultiHeadAttention(nn.Module):
         self.o_proj = nn.Linear(d_model, d_model, bias=bias)
         self.kernel = kernel
 
-    def _split(self, x: Tensor, heads: int) -> Tensor:
-        """(batch, len, heads * head_dim) -> (batch, heads, len, head_dim)."""
-        batch, length, _ = x.shape
-        return x.view(batch, length, heads, self.head_dim).transpose(1, 2)
-
     def keys_values(self, source: Tensor) -> tuple[Tensor, Tensor]:
         """source (batch, len, d_model) -> keys, values (batch, kv_heads, len, head_dim)."""
-        return (self._split(self.k_proj(source), self.num_kv_heads),
-                self._split(self.v_proj(source), self.num_kv_heads))
+        return (split_heads(self.k_proj(source), self.num_kv_heads),
+                split_heads(self.v_proj(source), self.num_kv_heads))
 
     def _packs_for_export(self, inputs: AttentionInputs) -> bool:
         """Whether this call exports as one ``Attention`` op (see transformer_kit.fused_ops):
@@ -138,7 +126,7 @@ class MultiHeadAttention(nn.Module):
         """x (batch, q_len, d_model) -> (batch, q_len, d_model)."""
         if self._packs_for_export(inputs):
             return self._packed_forward(x, inputs)
-        q = self._split(self.q_proj(x), self.num_heads)
+        q = split_heads(self.q_proj(x), self.num_heads)
         cache = inputs.cache
         if self.is_cross:
             if cache is not None and cache.cross_key is not None:
@@ -157,8 +145,7 @@ class MultiHeadAttention(nn.Module):
                 v = torch.cat([cache.value, v], dim=2)
                 cache.key, cache.value = k, v
         groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            k, v = _repeat_heads(k, groups), _repeat_heads(v, groups)
+        k, v = repeat_kv_heads(k, groups), repeat_kv_heads(v, groups)
         if inputs.bias is None:
             out = self.kernel(q, k, v, mask=inputs.mask)
         else:

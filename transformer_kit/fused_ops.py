@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from transformer_kit.heads import repeat_kv_heads, split_heads
+
 _state = {"enabled": False}
 
 
@@ -34,18 +36,11 @@ def packed_attention_enabled() -> bool:
     return _state["enabled"]
 
 
-def _heads(x: Tensor, heads: int) -> Tensor:
-    """(batch, len, heads * dim) -> (batch, heads, len, dim)."""
-    batch, length, width = x.shape
-    return x.view(batch, length, heads, width // heads).transpose(1, 2)
-
-
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, num_heads: int,
             scale: float) -> Tensor:
     """q (batch, heads, q_len, dim), k, v (batch, kv_heads, k_len, dim) -> (batch, q_len, width)."""
     groups = num_heads // k.shape[1]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    k, v = repeat_kv_heads(k, groups), repeat_kv_heads(v, groups)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
@@ -55,8 +50,8 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, num_h
                      kv_heads: int, scale: float) -> Tensor:
     """q (batch, q_len, num_heads * dim), k, v (batch, k_len, kv_heads * dim), mask (batch, 1,
     q_len, k_len) bool (True = may attend; every row has a visible key) -> (batch, q_len, width)."""
-    return _attend(_heads(q, num_heads), _heads(k, kv_heads), _heads(v, kv_heads), mask,
-                   num_heads, scale)
+    return _attend(split_heads(q, num_heads), split_heads(k, kv_heads), split_heads(v, kv_heads),
+                   mask, num_heads, scale)
 
 
 @packed_attention.register_fake
@@ -72,9 +67,9 @@ def packed_cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
     """As :func:`packed_attention` after the cache: past_key, past_value (batch, kv_heads,
     past_len, dim); the mask covers past_len + q_len keys. Returns the output and the cache
     extended by the new keys and values (batch, kv_heads, past_len + q_len, dim)."""
-    key = torch.cat([past_key, _heads(k, kv_heads)], dim=2)
-    value = torch.cat([past_value, _heads(v, kv_heads)], dim=2)
-    return _attend(_heads(q, num_heads), key, value, mask, num_heads, scale), key, value
+    key = torch.cat([past_key, split_heads(k, kv_heads)], dim=2)
+    value = torch.cat([past_value, split_heads(v, kv_heads)], dim=2)
+    return _attend(split_heads(q, num_heads), key, value, mask, num_heads, scale), key, value
 
 
 @packed_cached_attention.register_fake
