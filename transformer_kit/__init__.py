@@ -2,17 +2,26 @@
 
     import transformer_kit as tk
     model = tk.build_model({"architecture": "decoder", "vocab_size": 1000, "positional": "rotary"})
+
+This package is the core: interfaces, registry, hook specs, config, errors, attention, masks,
+model assembly, generation, serialization and checkpoint reading. The built-in plugins
+(``transformer_kit.plugins``), the ONNX export (``transformer_kit.export``) and the
+applications (``transformer_kit.apps``: command line, demo, plots, benchmarks) sit on top of it;
+nothing here imports them (the contracts in pyproject.toml check it).
 """
 
-from transformer_kit.component import KINDS, Component
+from transformer_kit.component import KINDS, CheckpointFamily, Component
 from transformer_kit.config import ComponentSpec, ModelConfig, load_config
 from transformer_kit.errors import (
+    ArtifactError,
+    CheckpointError,
     ComponentError,
     ConfigError,
     ExportError,
     InputError,
     MaskError,
     PluginError,
+    ProviderError,
     TransformerKitError,
     UnknownComponentError,
 )
@@ -35,6 +44,13 @@ def build_model(config, registry=None):
     return _build(config, registry)
 
 
+def load_model(path):
+    """Load a model saved with ``model.save(path)``; see :func:`transformer_kit.assembly.load_model`."""
+    from transformer_kit.assembly import load_model as _load
+
+    return _load(path)
+
+
 def from_hf(path, **overrides):
     """Load a local Hugging Face checkpoint folder; see :func:`transformer_kit.checkpoints.from_hf`."""
     from transformer_kit.checkpoints import from_hf as _from_hf
@@ -42,36 +58,17 @@ def from_hf(path, **overrides):
     return _from_hf(path, **overrides)
 
 
-def load_model(path):
-    """Load a model saved with ``model.save(path)``."""
-    from transformer_kit.serialization import load_model as _load
+def config_from_hf(path, **overrides):
+    """The config of a Hugging Face checkpoint folder; see :mod:`transformer_kit.checkpoints`."""
+    from transformer_kit.checkpoints import config_from_hf as _config_from_hf
 
-    return _load(path)
+    return _config_from_hf(path, **overrides)
 
 
 __all__ = [
-    "KINDS",
-    "Component",
-    "ComponentError",
-    "ComponentSpec",
-    "ConfigError",
-    "ExportError",
-    "InputError",
-    "MaskError",
-    "ModelConfig",
-    "PluginError",
-    "Registry",
-    "TransformerKitError",
-    "UnknownComponentError",
-    "__version__",
-    "build_model",
-    "from_hf",
-    "get_registry",
-    "hookimpl",
-    "hookspec",
-    "load_config",
-    "load_model",
-    "register_plugin",
-    "reset_registry",
-    "unregister_plugin",
+    "KINDS", "ArtifactError", "CheckpointError", "CheckpointFamily", "Component", "ComponentError",
+    "ComponentSpec", "ConfigError", "ExportError", "InputError", "MaskError", "ModelConfig",
+    "PluginError", "ProviderError", "Registry", "TransformerKitError", "UnknownComponentError",
+    "__version__", "build_model", "config_from_hf", "from_hf", "get_registry", "hookimpl", "hookspec",
+    "load_config", "load_model", "register_plugin", "reset_registry", "unregister_plugin",
 ]

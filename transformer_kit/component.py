@@ -1,4 +1,5 @@
-"""What a plugin contributes: a named factory of one kind, with capability metadata."""
+"""What a plugin contributes: components (a named factory of one kind, with capability metadata)
+and checkpoint families (how a Hugging Face ``model_type`` maps onto a config and weights)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from typing import Any
 
 #: The kinds of component a model is assembled from.
 KINDS: tuple[str, ...] = ("attention", "positional", "mask", "block", "feedforward", "norm")
+
+#: Fused lowerings the export layer knows, by kind (see ``Component.lowerings``).
+LOWERINGS: dict[str, frozenset[str]] = {"attention": frozenset({"attention"})}
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 
@@ -21,14 +25,19 @@ class Component:
         kind: one of :data:`KINDS`.
         name: the name a config uses, unique within its kind.
         factory: called with the model's sizes and the config's params; returns the component.
-            The keyword arguments each kind receives are listed in ``docs`` of the core
-            interfaces (:mod:`transformer_kit.interfaces`).
+            The keyword arguments each kind receives are listed in
+            :mod:`transformer_kit.interfaces`.
         description: one line shown in listings.
         exportable: False when the component cannot be exported to ONNX.
         supports_cache: False when cached decoding would not give the uncached result.
         provides: capabilities this component offers to others (e.g. ``"score_bias"`` for an
             attention kernel that accepts an additive bias, ``"causal"`` for a causal mask).
         requires: capabilities it needs from the other components of the same model.
+        lowerings: fused ONNX lowerings the export layer may put in this component's place
+            because they compute exactly what it computes. ``"attention"`` (attention kernels):
+            the kernel is ``softmax(q k^T * scale + mask) v`` with ``scale = kernel.scale`` or
+            1/sqrt(head_dim), so self-attention exports as one ONNX ``Attention`` op per layer
+            with the key/value cache inside it. Export verification checks the claim.
     """
 
     kind: str
@@ -39,6 +48,7 @@ class Component:
     supports_cache: bool = True
     provides: frozenset[str] = field(default_factory=frozenset)
     requires: frozenset[str] = field(default_factory=frozenset)
+    lowerings: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -56,5 +66,48 @@ class Component:
                 f"Component {self.kind}/{self.name}: factory must be callable, "
                 f"got {type(self.factory).__name__}."
             )
-        object.__setattr__(self, "provides", frozenset(self.provides))
-        object.__setattr__(self, "requires", frozenset(self.requires))
+        for name in ("provides", "requires", "lowerings"):
+            object.__setattr__(self, name, frozenset(getattr(self, name)))
+        unknown = self.lowerings - LOWERINGS.get(self.kind, frozenset())
+        if unknown:
+            known = ", ".join(sorted(LOWERINGS.get(self.kind, ()))) or "(none)"
+            raise ValueError(
+                f"Component {self.kind}/{self.name}: lowerings {sorted(unknown)} are not known for "
+                f"kind {self.kind!r}; known: {known}."
+            )
+
+
+@dataclass(frozen=True)
+class CheckpointFamily:
+    """One Hugging Face ``model_type`` that ``tk.from_hf`` can load.
+
+    Args:
+        model_type: the ``model_type`` of ``config.json`` (``"gpt2"``, ``"llama"``, ...).
+        to_config: ``config.json`` as a dict -> a transformer_kit config dict. Raise
+            :class:`~transformer_kit.CheckpointError` for variants the mapping does not cover.
+        to_state_dict: ``(config.json dict, weights, ModelConfig) -> {our name: tensor}`` for
+            every parameter of the model :func:`~transformer_kit.build_model` assembles from the
+            config; ``weights`` is a :class:`~transformer_kit.checkpoints.Weights`.
+        probe: a tensor every checkpoint of the family holds (without the prefix), to tell a
+            checkpoint of another model apart.
+        prefixes: where the base model's tensors may sit (``"model."`` under a task head, ``""``
+            for the base model alone), tried in order.
+        description: one line shown in listings.
+    """
+
+    model_type: str
+    to_config: Callable[[dict], dict]
+    to_state_dict: Callable[..., dict]
+    probe: str
+    prefixes: tuple[str, ...] = ("",)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_type, str) or not self.model_type:
+            raise ValueError(f"CheckpointFamily.model_type must be a non-empty string, got "
+                             f"{self.model_type!r}.")
+        for name in ("to_config", "to_state_dict"):
+            if not callable(getattr(self, name)):
+                raise TypeError(f"CheckpointFamily {self.model_type!r}: {name} must be callable, got "
+                                f"{type(getattr(self, name)).__name__}.")
+        object.__setattr__(self, "prefixes", tuple(self.prefixes))

@@ -1,4 +1,24 @@
-"""The kit's typed errors. Each message says what was given, what is allowed and what to do."""
+"""The kit's typed errors, one meaning each. Each message says what was given, what is allowed
+and what to do.
+
+=====================  ========================================================================
+error                  means
+=====================  ========================================================================
+ConfigError            a model config is malformed, impossible, or too large to build
+UnknownComponentError  a config names a component no registered plugin provides (a ConfigError)
+PluginError            a plugin failed: its import, its hook, or a registration conflict
+ComponentError         a component's factory raised or returned the wrong interface
+MaskError              an attention kernel got a mask of the wrong dtype or shape
+InputError             a call's arguments: token ids of the wrong dtype, rank, range or length,
+                       or an option outside what is allowed (max_new_tokens, dtype, providers ...)
+CheckpointError        a checkpoint folder (Hugging Face or ``model.save``) cannot be read or
+                       converted
+ExportError            an ONNX export failed or did not verify
+ArtifactError          an export folder cannot be loaded: missing, another format or version, or
+                       damaged files
+ProviderError          an onnxruntime execution provider that was asked for cannot run here
+=====================  ========================================================================
+"""
 
 from __future__ import annotations
 
@@ -7,11 +27,12 @@ from collections.abc import Iterable
 
 
 class TransformerKitError(Exception):
-    """Base class of every error the kit raises on purpose."""
+    """Base class of every error the kit raises on purpose; never raised itself."""
 
 
 class ConfigError(TransformerKitError, ValueError):
-    """A model config is malformed: unknown key, wrong type, out-of-range value, impossible mix."""
+    """A model config is malformed: unknown key, wrong type, out-of-range value, impossible mix,
+    or weights larger than the machine can hold."""
 
 
 class UnknownComponentError(ConfigError, KeyError):
@@ -34,14 +55,32 @@ class MaskError(TransformerKitError, TypeError):
 
 
 class InputError(TransformerKitError, ValueError):
-    """Model inputs of the wrong dtype, rank, range or length."""
+    """A call's arguments: ids of the wrong dtype, rank, range or length, or a bad option."""
+
+
+class CheckpointError(TransformerKitError):
+    """A checkpoint folder (Hugging Face, or saved with ``model.save``) that cannot be read or
+    converted."""
 
 
 class ExportError(TransformerKitError):
     """An ONNX export failed or did not verify."""
 
 
+class ArtifactError(TransformerKitError):
+    """An export folder that cannot be loaded: missing, foreign, of another version, or damaged."""
+
+
+class ProviderError(TransformerKitError):
+    """An onnxruntime execution provider that was asked for cannot run on this machine."""
+
+
 def did_you_mean(given: str, allowed: Iterable[str]) -> str:
     """A ' Did you mean 'x'?' suffix when ``given`` is close to one of ``allowed``, else ''."""
     close = difflib.get_close_matches(given, list(allowed), n=1, cutoff=0.6)
     return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def missing_path(path: object, what: str) -> str:
+    """'PATH does not exist; give WHAT.' for every loader, so a typo reads the same everywhere."""
+    return f"{str(path)!r} does not exist; give {what}."

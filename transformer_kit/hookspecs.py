@@ -1,10 +1,14 @@
-"""Hook specifications: what a transformer_kit plugin may implement. Declarations only."""
+"""Hook specifications: what a transformer_kit plugin may implement. Declarations only.
+
+The kit calls every hook through pluggy (``plugin_manager.hook.<name>()``), so pluggy's
+tracing and hook wrappers apply to them as to any pluggy hook.
+"""
 
 from __future__ import annotations
 
 import pluggy
 
-from transformer_kit.component import Component
+from transformer_kit.component import CheckpointFamily, Component
 
 PROJECT = "transformer_kit"
 
@@ -15,6 +19,11 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 @hookspec
 def transformer_kit_components() -> list[Component]:  # type: ignore[empty-body]
     """Return the components this plugin contributes."""
+
+
+@hookspec
+def transformer_kit_checkpoint_families() -> list[CheckpointFamily]:  # type: ignore[empty-body]
+    """Return the Hugging Face checkpoint families (``model_type``s) this plugin can load."""
 
 
 @hookspec

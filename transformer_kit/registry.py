@@ -1,34 +1,45 @@
-"""The component registry: a pluggy plugin manager plus an index of (kind, name) -> component.
+"""The registry: a pluggy plugin manager plus an index of what the plugins contribute.
 
-Built-in components are an ordinary plugin (``transformer_kit.plugins``, registered under the
-name ``builtin``); third-party plugins are found through the entry-point group
-``transformer_kit``. Set ``TRANSFORMER_KIT_DISABLE_PLUGIN_AUTOLOAD=1`` to skip entry points and
-``TRANSFORMER_KIT_BLOCK_PLUGINS=name,other`` to block plugins by name (as pytest's ``-p no:``).
+Components are indexed by (kind, name), checkpoint families by ``model_type``. A plugin's
+contributions are read when it is registered, by calling its hooks through pluggy (a subset
+hook caller holding just that plugin, so each contribution's plugin is known and a conflict
+names both). Built-ins are an ordinary plugin (``builtin``, loaded by name from a table, as
+pytest loads its default plugins); third-party plugins come from the entry-point group
+``transformer_kit``. ``TRANSFORMER_KIT_DISABLE_PLUGIN_AUTOLOAD=1`` skips entry points and
+``TRANSFORMER_KIT_BLOCK_PLUGINS=name,other`` blocks plugins by name (as pytest's ``-p no:``).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import importlib
-import inspect
 import os
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
 import pluggy
 
 from transformer_kit import hookspecs
-from transformer_kit.component import KINDS, Component
+from transformer_kit.component import KINDS, CheckpointFamily, Component
 from transformer_kit.errors import (
+    CheckpointError,
     ComponentError,
     ConfigError,
     PluginError,
     TransformerKitError,
     UnknownComponentError,
     did_you_mean,
+)
+from transformer_kit.factory_arguments import bind_factory_arguments
+from transformer_kit.registry_entries import (
+    PluginFailure,
+    RegisteredComponent,
+    RegisteredFamily,
+    hashable_plugin,
+    index_contributions,
+    origin,
 )
 
 ENTRY_POINT_GROUP = "transformer_kit"
@@ -38,88 +49,81 @@ BLOCK_ENV = "TRANSFORMER_KIT_BLOCK_PLUGINS"
 BUILTIN_PLUGINS: Mapping[str, str] = {"builtin": "transformer_kit.plugins"}
 
 
-@dataclass(frozen=True)
-class RegisteredComponent:
-    """A component together with where it came from."""
-
-    component: Component
-    plugin: str
-    distribution: str | None
-
-
-@dataclass(frozen=True)
-class PluginFailure:
-    """A plugin that could not be loaded; the rest of the kit works without it."""
-
-    plugin: str
-    distribution: str | None
-    error: str
-
-
-def _origin(plugin: str, distribution: str | None) -> str:
-    """'plugin NAME (distribution DIST)', for messages."""
-    return f"plugin {plugin!r}" + (f" (distribution {distribution!r})" if distribution else "")
-
-
 class Registry:
-    """Every registered component, by kind and name."""
+    """Every registered component, by kind and name, and every checkpoint family."""
 
     def __init__(self, blocked: Iterable[str] = ()) -> None:
         self.plugin_manager = pluggy.PluginManager(hookspecs.PROJECT)
         self.plugin_manager.add_hookspecs(hookspecs)
         for name in blocked:
             self.plugin_manager.set_blocked(name)
-        self._entries: dict[tuple[str, str], RegisteredComponent] = {}
-        self._distributions: dict[str, str | None] = {}
+        self._components: dict[tuple[str, str], RegisteredComponent] = {}
+        self._families: dict[str, RegisteredFamily] = {}
         self.failures: list[PluginFailure] = []
 
     # -- plugins ---------------------------------------------------------------------------
     def register_plugin(
         self, plugin: object, name: str | None = None, *, distribution: str | None = None
     ) -> str | None:
-        """Register a plugin (module or object with hook implementations) and index its components.
+        """Register a plugin (module or object with hook implementations) and index what it
+        contributes.
 
         Returns the plugin's name, or None when that name is blocked.
-        Raises :class:`PluginError` naming the plugin when registration, its hook, or a
-        component name conflict fails; the plugin is then left unregistered.
+        Raises :class:`PluginError` naming the plugin when registration, a hook, or a name
+        conflict fails; the plugin is then left unregistered.
         """
         pm = self.plugin_manager
         name = name or pm.get_canonical_name(plugin)
         if pm.is_blocked(name):
             return None
-        origin = _origin(name, distribution)
+        where = origin(name, distribution)
         try:
-            pm.register(plugin, name=name)
+            pm.register(hashable_plugin(plugin, hookspecs.PROJECT), name=name)
         except ValueError as exc:
             raise PluginError(
-                f"Cannot register {origin}: {exc}. Plugin names must be unique; pass another "
+                f"Cannot register {where}: {exc}. Plugin names must be unique; pass another "
                 "name= or unregister the existing plugin first."
             ) from exc
         except pluggy.PluginValidationError as exc:
-            raise PluginError(f"{origin} is not a valid transformer_kit plugin: {exc}") from exc
+            raise PluginError(f"{where} is not a valid transformer_kit plugin: {exc}") from exc
         try:
-            components = self._collect(name, origin)
-            self._index(components, name, distribution)
+            components = self._contributions(name, where, "transformer_kit_components", Component)
+            families = self._contributions(name, where, "transformer_kit_checkpoint_families",
+                                           CheckpointFamily)
+            new_components = index_contributions(self._components, components,
+                                                 lambda c: (c.kind, c.name), lambda c: f"{c.kind} {c.name!r}",
+                                                 RegisteredComponent, name, distribution)
+            new_families = index_contributions(self._families, families, lambda f: f.model_type,
+                                               lambda f: f"checkpoint family {f.model_type!r}",
+                                               RegisteredFamily, name, distribution)
         except BaseException:
             pm.unregister(name=name)
             raise
-        self._distributions[name] = distribution
+        self._components.update(new_components)
+        self._families.update(new_families)
         return name
 
     def unregister_plugin(self, name: str) -> None:
-        """Remove a plugin and every component it contributed."""
+        """Remove a plugin and everything it contributed."""
         if self.plugin_manager.get_plugin(name) is None:
             raise PluginError(
                 f"No plugin named {name!r} is registered; registered: "
                 f"{', '.join(self.plugins()) or '(none)'}."
             )
         self.plugin_manager.unregister(name=name)
-        self._entries = {k: e for k, e in self._entries.items() if e.plugin != name}
-        self._distributions.pop(name, None)
+        self._components = {k: e for k, e in self._components.items() if e.plugin != name}
+        self._families = {k: e for k, e in self._families.items() if e.plugin != name}
 
     def plugins(self) -> list[str]:
         """Names of the registered plugins, sorted."""
         return sorted(n for n, p in self.plugin_manager.list_name_plugin() if p is not None)
+
+    def plugin_hook(self, name: str, hook: str) -> pluggy.HookCaller:
+        """A pluggy hook caller for ``hook`` that calls only the plugin ``name``'s
+        implementations (``subset_hook_caller``: tracing and that plugin's wrappers apply)."""
+        pm = self.plugin_manager
+        others = [p for n, p in pm.list_name_plugin() if n != name and p is not None]
+        return pm.subset_hook_caller(hook, remove_plugins=others)
 
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
         """Load third-party plugins from an entry-point group; failures are recorded and warned."""
@@ -140,67 +144,41 @@ class Registry:
     def _fail(self, plugin: str, dist: str | None, error: str) -> None:
         self.failures.append(PluginFailure(plugin, dist, error))
         warnings.warn(
-            f"transformer_kit: {_origin(plugin, dist)} was not loaded: {error}",
+            f"transformer_kit: {origin(plugin, dist)} was not loaded: {error}",
             RuntimeWarning,
             stacklevel=3,
         )
 
-    def _collect(self, name: str, origin: str) -> list[Component]:
-        impls = [
-            impl
-            for impl in self.plugin_manager.hook.transformer_kit_components.get_hookimpls()
-            if impl.plugin_name == name
-        ]
-        components: list[Component] = []
-        for impl in impls:
-            try:
-                result = impl.function()
-            except Exception as exc:
-                raise PluginError(
-                    f"{origin} raised in transformer_kit_components: {type(exc).__name__}: {exc}"
-                ) from exc
-            if result is None:
-                continue
-            if isinstance(result, Component) or not isinstance(result, Iterable):
-                raise PluginError(
-                    f"{origin}: transformer_kit_components must return a list of "
-                    f"tk.Component, got {type(result).__name__}."
-                )
+    def _contributions(self, name: str, where: str, hook: str, expected: type) -> list[Any]:
+        """What plugin ``name`` returns from ``hook``: a list of ``expected`` items."""
+        try:
+            results = self.plugin_hook(name, hook)()
+        except Exception as exc:
+            raise PluginError(f"{where} raised in {hook}: {type(exc).__name__}: {exc}") from exc
+        items: list[Any] = []
+        for result in results:
+            if isinstance(result, (expected, str)) or not isinstance(result, Iterable):
+                raise PluginError(f"{where}: {hook} must return a list of tk.{expected.__name__}, "
+                                  f"got {type(result).__name__}.")
             for item in result:
-                if not isinstance(item, Component):
-                    raise PluginError(
-                        f"{origin}: transformer_kit_components returned a "
-                        f"{type(item).__name__}; every item must be a tk.Component."
-                    )
-                components.append(item)
-        return components
-
-    def _index(self, components: list[Component], plugin: str, dist: str | None) -> None:
-        new: dict[tuple[str, str], RegisteredComponent] = {}
-        for comp in components:
-            key = (comp.kind, comp.name)
-            other = self._entries.get(key) or new.get(key)
-            if other is not None:
-                raise PluginError(
-                    f"{comp.kind} {comp.name!r} is provided by both "
-                    f"{_origin(other.plugin, other.distribution)} and {_origin(plugin, dist)}. "
-                    f"Rename one, or block one with {BLOCK_ENV}={plugin}."
-                )
-            new[key] = RegisteredComponent(comp, plugin, dist)
-        self._entries.update(new)
+                if not isinstance(item, expected):
+                    raise PluginError(f"{where}: {hook} returned a {type(item).__name__}; every "
+                                      f"item must be a tk.{expected.__name__}.")
+                items.append(item)
+        return items
 
     # -- components ------------------------------------------------------------------------
     def names(self, kind: str, pattern: str | None = None) -> list[str]:
         """Sorted names of the components of ``kind``, optionally filtered by a glob pattern."""
         _check_kind(kind)
-        names = sorted(name for k, name in self._entries if k == kind)
+        names = sorted(name for k, name in self._components if k == kind)
         return [n for n in names if fnmatch.fnmatchcase(n, pattern)] if pattern else names
 
     def entry(self, kind: str, name: str) -> RegisteredComponent:
         """The component with its plugin and distribution; raises UnknownComponentError."""
         _check_kind(kind)
         try:
-            return self._entries[(kind, name)]
+            return self._components[(kind, name)]
         except KeyError:
             allowed = self.names(kind)
             raise UnknownComponentError(
@@ -217,7 +195,7 @@ class Registry:
         """All registered components (of one kind), sorted by kind then name."""
         if kind is not None:
             _check_kind(kind)
-        items = sorted(self._entries.items())
+        items = sorted(self._components.items())
         return [e for (k, _), e in items if kind is None or k == kind]
 
     def create(self, kind: str, name: str, *, context: Mapping[str, Any] | None = None,
@@ -230,11 +208,10 @@ class Registry:
         failure inside the factory raises :class:`ComponentError` naming the plugin.
         """
         entry = self.entry(kind, name)
-        comp = entry.component
-        label = f"{kind} {name!r} ({_origin(entry.plugin, entry.distribution)})"
-        kwargs = _bind(comp, label, dict(context or {}), params)
+        label = f"{kind} {name!r} ({origin(entry.plugin, entry.distribution)})"
+        kwargs = bind_factory_arguments(entry.component.factory, label, dict(context or {}), params)
         try:
-            return comp.factory(**kwargs)
+            return entry.component.factory(**kwargs)
         except TransformerKitError:
             raise
         except ValueError as exc:
@@ -244,33 +221,26 @@ class Registry:
                 f"The factory of {label} raised {type(exc).__name__}: {exc}"
             ) from exc
 
+    # -- checkpoint families ---------------------------------------------------------------
+    def model_types(self) -> list[str]:
+        """The Hugging Face ``model_type``s some plugin can load, sorted."""
+        return sorted(self._families)
 
-def _bind(comp: Component, label: str, context: dict[str, Any], params: dict[str, Any]) -> dict:
-    try:
-        signature = inspect.signature(comp.factory)
-    except (TypeError, ValueError):  # builtins without a signature: pass the params only
-        return params
-    accepted = signature.parameters
-    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
-    user_params = [n for n in accepted if n not in context]
-    for key in params:
-        if key in context:
-            raise ConfigError(
-                f"{label}: parameter {key!r} is set by the model config, not per component; "
-                f"set the top-level key {key!r} instead."
-            )
-        if key not in accepted and not open_ended:
-            raise ConfigError(
-                f"{label} got unknown parameter {key!r}.{did_you_mean(key, user_params)} "
-                f"It accepts: {', '.join(user_params) or '(no parameters)'}."
-            )
-    kwargs = {k: v for k, v in context.items() if k in accepted}
-    kwargs.update(params)
-    try:
-        signature.bind(**kwargs)
-    except TypeError as exc:
-        raise ConfigError(f"{label}: {exc}.") from exc
-    return kwargs
+    def family(self, model_type: str) -> RegisteredFamily:
+        """The family loading ``model_type``; raises :class:`CheckpointError` listing the others."""
+        try:
+            return self._families[model_type]
+        except (KeyError, TypeError):
+            hint = did_you_mean(str(model_type), self._families)
+            raise CheckpointError(
+                f"model_type {model_type!r} is not supported by any installed plugin.{hint} "
+                f"Supported: {', '.join(self.model_types()) or '(none)'}. A plugin adds one with "
+                "the transformer_kit_checkpoint_families hook (see docs/plugins.md)."
+            ) from None
+
+    def families(self) -> list[RegisteredFamily]:
+        """Every registered checkpoint family, sorted by ``model_type``."""
+        return [self._families[t] for t in self.model_types()]
 
 
 def _check_kind(kind: str) -> None:
