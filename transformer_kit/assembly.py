@@ -1,11 +1,20 @@
-"""``build_model``: a config in, a ``torch.nn.Module`` out, every part from the registry."""
+"""``build_model``: a config in, a ``torch.nn.Module`` out, every part from the registry.
+
+Before any weight is allocated the whole model is assembled once on PyTorch's ``meta`` device
+(shapes only, no memory): that checks every component's parameters exactly as the real build
+does (``check_config``, also behind ``transformer-kit config validate``) and counts the
+parameters, so a config whose weights cannot fit in memory is refused with its size.
+``load_model`` builds a model saved with ``model.save`` again.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from transformer_kit.attention import MultiHeadAttention
@@ -14,6 +23,7 @@ from transformer_kit.config import ModelConfig, load_config
 from transformer_kit.errors import ComponentError, ConfigError, TransformerKitError
 from transformer_kit.interfaces import AttentionKernel, AttentionMask, Block, PositionalEncoding
 from transformer_kit.masks import NoMask
+from transformer_kit.memory import available_memory
 from transformer_kit.model import (
     DecoderTransformer,
     Embedder,
@@ -22,7 +32,8 @@ from transformer_kit.model import (
     Stack,
     TransformerModel,
 )
-from transformer_kit.registry import Registry, _origin, get_registry
+from transformer_kit.registry import Registry, get_registry, origin
+from transformer_kit.serialization import load_saved_weights, read_saved_config
 
 #: The type each kind's factory must return.
 _EXPECTED: dict[str, type | tuple[type, ...]] = {
@@ -63,7 +74,7 @@ class _Parts:
         if not isinstance(obj, expected):
             raise ComponentError(
                 f"{slot}: the factory of {kind} {spec.name!r} "
-                f"({_origin(entry.plugin, entry.distribution)}) returned "
+                f"({origin(entry.plugin, entry.distribution)}) returned "
                 f"{type(obj).__name__}; a {kind} component must return a "
                 f"{getattr(expected, '__name__', expected)}."
             )
@@ -133,12 +144,38 @@ def check_capabilities(config: ModelConfig, registry: Registry) -> None:
         )
 
 
-def build_model(config: ModelConfig | dict | str | Path,
-                registry: Registry | None = None) -> TransformerModel:
-    """Assemble a model from a config (a :class:`ModelConfig`, a dict, or a YAML/JSON path).
+@dataclass(frozen=True)
+class ModelSize:
+    """What a config's weights take: parameters (tied ones once), bytes in float32, and the
+    largest tensor's name and shape."""
 
-    Raises :class:`ConfigError` (or :class:`UnknownComponentError`) naming the key or the
-    component when the config cannot be built.
+    parameters: int
+    bytes: int
+    largest: tuple[str, tuple[int, ...]]
+
+    def __str__(self) -> str:
+        name, shape = self.largest
+        return (f"{self.parameters:,} parameters ({_size(self.bytes)} in float32; the largest "
+                f"tensor is {name} {' x '.join(map(str, shape))})")
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if nbytes < 1000 or unit == "PB":
+            return f"{nbytes:.1f} {unit}" if unit != "B" else f"{int(nbytes)} B"
+        nbytes /= 1000
+    raise AssertionError("unreachable")
+
+
+def check_config(config: ModelConfig | dict | str | Path,
+                 registry: Registry | None = None) -> ModelSize | None:
+    """Everything :func:`build_model` checks, without allocating a weight: component names,
+    their combination, and every component's parameters (the model is assembled on the ``meta``
+    device, so each factory sees exactly what the real build gives it).
+
+    Returns the model's size, or None when a plugin's factory cannot run on the meta device
+    (it raised something other than a config error there; the real build will tell).
+    Raises :class:`ConfigError` (or :class:`UnknownComponentError`) naming the key.
     """
     config = load_config(config)
     registry = registry or get_registry()
@@ -149,13 +186,44 @@ def build_model(config: ModelConfig | dict | str | Path,
         except ConfigError as exc:
             raise type(exc)(f"config key {kind!r}: {exc}") from None
     check_capabilities(config, registry)
+    try:
+        with torch.device("meta"):
+            model = _assemble(config, registry)
+    except ComponentError:
+        return None
+    params = {id(p): (n, p) for n, p in model.named_parameters()}.values()
+    name, largest = max(params, key=lambda item: item[1].numel())
+    return ModelSize(sum(p.numel() for _, p in params), sum(p.numel() * 4 for _, p in params),
+                     (name, tuple(largest.shape)))
+
+
+def build_model(config: ModelConfig | dict | str | Path,
+                registry: Registry | None = None) -> TransformerModel:
+    """Assemble a model from a config (a :class:`ModelConfig`, a dict, or a YAML/JSON path).
+
+    Raises :class:`ConfigError` (or :class:`UnknownComponentError`) naming the key or the
+    component when the config cannot be built, and before allocating when its weights need
+    more memory than the machine has available.
+    """
+    config = load_config(config)
+    registry = registry or get_registry()
+    size = check_config(config, registry)
+    memory = available_memory()
+    if size is not None and memory is not None and size.bytes > memory:
+        raise ConfigError(
+            f"This config needs {size}, more than the {_size(memory)} of memory available here. "
+            "Make vocab_size, d_model, d_ff or the number of layers smaller."
+        )
     model = _assemble(config, registry)
-    chosen = [(kind, registry.entry(kind, config.component(kind).name)) for kind in KINDS]
-    model.uncacheable = [f"{kind} {e.component.name!r} (plugin {e.plugin!r})"
-                         for kind, e in chosen if not e.component.supports_cache]
-    model.unexportable = [f"{kind} {e.component.name!r} (plugin {e.plugin!r})"
-                          for kind, e in chosen if not e.component.exportable]
+    model.components = {kind: registry.entry(kind, config.component(kind).name) for kind in KINDS}
     return model
+
+
+def load_model(path: str | Path) -> TransformerModel:
+    """Rebuild a model saved with ``model.save(path)``: same config, same weights. Raises
+    :class:`CheckpointError` for a folder that is missing, damaged or holds something else."""
+    model = build_model(read_saved_config(path))
+    return load_saved_weights(model, path)
 
 
 def _assemble(config: ModelConfig, registry: Registry) -> TransformerModel:

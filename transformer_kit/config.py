@@ -15,13 +15,16 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
     ValidationError,
     model_serializer,
     model_validator,
 )
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from transformer_kit.component import KINDS
-from transformer_kit.errors import ConfigError, did_you_mean
+from transformer_kit.errors import ConfigError, did_you_mean, missing_path
 
 Architecture = Literal["encoder_decoder", "encoder", "decoder"]
 
@@ -47,6 +50,20 @@ class ComponentSpec(BaseModel):
     @model_serializer
     def _as_name_or_mapping(self) -> str | dict[str, Any]:
         return {"name": self.name, **self.params} if self.params else self.name
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: CoreSchema,
+                                     handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        """What a config file may write: a name, or a mapping with the name and parameters."""
+        return {
+            "title": "Component",
+            "description": "A registered component: its name, or {name: ..., <parameter>: ...}.",
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "object", "properties": {"name": {"type": "string", "minLength": 1}},
+                 "required": ["name"], "additionalProperties": True},
+            ],
+        }
 
 
 class ModelConfig(BaseModel):
@@ -74,8 +91,8 @@ class ModelConfig(BaseModel):
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     max_len: int = Field(512, gt=0)
     pad_id: int | None = Field(0, ge=0)
-    bos_id: int = Field(1, ge=0)
-    eos_id: int = Field(2, ge=0)
+    bos_id: int | None = Field(1, ge=0)
+    eos_id: int | None = Field(2, ge=0)
     tie_embeddings: bool = True
     scale_embeddings: bool = True
     attention_bias: bool = True
@@ -201,22 +218,41 @@ def config_from_dict(data: Any) -> ModelConfig:
         raise ConfigError(_format_validation_error(exc)) from None
 
 
+def _syntax_error(path: Path, exc: Exception) -> str:
+    """One line: the file, the line and column, what is wrong there, and how to fix it."""
+    if isinstance(exc, json.JSONDecodeError):
+        return (f"Config file {str(path)!r} is not valid JSON at line {exc.lineno}, column "
+                f"{exc.colno}: {exc.msg}. Fix the JSON there (strings in double quotes, no "
+                "trailing commas), or write the config as YAML.")
+    mark = getattr(exc, "problem_mark", None)
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    if "'\\t'" in problem or "\t" in problem:
+        return (f"Config file {str(path)!r} is not valid YAML{where}: a tab character. YAML "
+                "indents with spaces only; replace the tab with spaces.")
+    return (f"Config file {str(path)!r} is not valid YAML{where}: {problem}. Fix the YAML there "
+            "(indent with spaces, 'key: value' pairs, quote values holding ': ' or '#').")
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Read a .yaml/.yml/.json file into a dict; raises :class:`ConfigError` on any problem."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".yaml", ".yml", ".json"):
         raise ConfigError(f"Config file {str(path)!r} has suffix {suffix!r}; use .yaml, .yml or .json.")
+    if not path.exists():
+        raise ConfigError(missing_path(path, "a .yaml, .yml or .json config file"))
     try:
         text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"Cannot read config file {str(path)!r}: {exc.strerror or exc}.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise ConfigError(f"Cannot read config file {str(path)!r}: {reason}.") from None
     if not text.strip():
         raise ConfigError(f"Config file {str(path)!r} is empty; it must hold a mapping of keys.")
     try:
         data = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"Config file {str(path)!r} is not valid {suffix[1:].upper()}: {exc}") from None
+        raise ConfigError(_syntax_error(path, exc)) from None
     if not isinstance(data, dict):
         raise ConfigError(
             f"Config file {str(path)!r} holds a {type(data).__name__}; it must hold a mapping of keys."

@@ -29,7 +29,7 @@ def left_align(ids: Tensor, pad_id: int | None) -> tuple[Tensor, Tensor]:
 
 
 def greedy_loop(next_logits: Callable[[Tensor | None], Tensor], batch: int, max_new_tokens: int,
-                eos_id: int, fill_id: int, device: torch.device) -> Tensor:
+                eos_id: int | None, fill_id: int, device: torch.device) -> Tensor:
     """Pick the most likely token until every row has emitted ``eos_id`` or the budget is spent.
 
     Args:
@@ -37,7 +37,7 @@ def greedy_loop(next_logits: Callable[[Tensor | None], Tensor], batch: int, max_
             (batch,); returns the next-token logits (batch, vocab).
     Returns:
         (batch, steps) int64, steps <= max_new_tokens; after its ``eos_id`` a row holds
-        ``fill_id``.
+        ``fill_id`` (with no ``eos_id``, every row runs to ``max_new_tokens``).
     """
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     chosen: list[Tensor] = []
@@ -47,7 +47,8 @@ def greedy_loop(next_logits: Callable[[Tensor | None], Tensor], batch: int, max_
     for step in range(max_new_tokens):
         token = torch.where(finished, fill_id, logits.argmax(dim=-1))
         chosen.append(token)
-        finished = finished | (token == eos_id)
+        if eos_id is not None:
+            finished = finished | (token == eos_id)
         if step + 1 == max_new_tokens or bool(finished.all()):
             break
         logits = next_logits(token)
@@ -123,11 +124,14 @@ def generate(model, ids: Tensor, max_new_tokens: int = 32, *, use_cache: bool = 
     if model.architecture == "encoder":
         raise InputError("generate needs a decoder; this model's architecture is 'encoder'.")
     if use_cache and model.uncacheable:
-        raise ConfigError(
+        raise InputError(
             f"{', '.join(model.uncacheable)} does not support the key/value cache, so cached "
             "decoding would not match the model; call generate(..., use_cache=False)."
         )
     is_decoder = model.architecture == "decoder"
+    if not is_decoder and cfg.bos_id is None:
+        raise ConfigError("bos_id is null, but encoder_decoder decoding starts from bos_id; set "
+                          "bos_id in the config (for a checkpoint: tk.from_hf(folder, bos_id=...)).")
     vocab = cfg.vocab_size if is_decoder else cfg.src_vocab
     ids = check_token_ids(ids, vocab, "input_ids" if is_decoder else "src_ids")
     if is_decoder:
@@ -135,7 +139,7 @@ def generate(model, ids: Tensor, max_new_tokens: int = 32, *, use_cache: bool = 
         check_positions(longest + max_new_tokens, model.max_positions, "prompt + max_new_tokens")
     else:
         check_positions(1 + max_new_tokens, model.max_positions, "bos + max_new_tokens")
-    fill = cfg.pad_id if cfg.pad_id is not None else cfg.eos_id
+    fill = next((i for i in (cfg.pad_id, cfg.eos_id) if i is not None), 0)
     was_training = model.training
     model.eval()
     try:

@@ -19,12 +19,44 @@ block          role, d_model, dropout, self_attention,              :class:`Bloc
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from transformer_kit.attention import AttentionInputs
+
+@dataclass
+class LayerCache:
+    """One layer's cached keys and values, plain tensors (exportable as graph inputs/outputs).
+
+    key, value: (batch, kv_heads, past_len, head_dim); replaced by past + new after a call.
+    cross_key, cross_value: (batch, kv_heads, src_len, head_dim), computed once per input.
+    """
+
+    key: Tensor
+    value: Tensor
+    cross_key: Tensor | None = None
+    cross_value: Tensor | None = None
+
+
+@dataclass
+class AttentionInputs:
+    """What an attention call needs besides its input; built once per stack call.
+
+    mask: (batch, 1, q_len, k_len) bool, True = may attend, or None.
+    q_positions: (batch, q_len) int64; k_positions: (batch, k_len) int64 (self-attention).
+    bias: (batch, heads, q_len, k_len) additive score bias, or None.
+    positional: the encoding whose ``rotate`` applies to q and k (self-attention only).
+    memory: (batch, src_len, d_model) encoder output, for cross-attention.
+    cache: this layer's cache, or None for uncached calls.
+    """
+
+    mask: Tensor | None
+    q_positions: Tensor | None = None
+    k_positions: Tensor | None = None
+    bias: Tensor | None = None
+    positional: PositionalEncoding | None = None
+    memory: Tensor | None = None
+    cache: LayerCache | None = None
 
 
 class AttentionKernel(nn.Module):
@@ -35,6 +67,10 @@ class AttentionKernel(nn.Module):
     bool with True = may attend, bias an additive score bias of the same shape. Returns
     (batch, heads, q_len, v_dim). A row with no visible key returns zeros.
     """
+
+    #: The factor on q . k scores, or None for 1/sqrt(head_dim). A kernel whose component
+    #: declares the ``"attention"`` lowering must compute with exactly this scale.
+    scale: float | None = None
 
     def forward(  # pragma: no cover - interface
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,

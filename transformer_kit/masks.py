@@ -24,7 +24,7 @@ def padding_mask(ids: Tensor, pad_id: int | None) -> Tensor:
         pad_id: the padding id, or None when nothing is padding.
     Returns:
         (batch, 1, 1, len) bool, True where the key is a real token (may be attended).
-        Seed 002's ``create_padding_mask`` is its negation (1 = padding).
+        A 0/1 padding mask (1 = padding, as many tutorials write it) is its negation.
     """
     return keep_mask(ids, pad_id)[:, None, None, :]
 
@@ -37,12 +37,13 @@ def keep_mask(ids: Tensor, pad_id: int | None) -> Tensor:
 
 
 def from_padding_convention(mask: Tensor) -> Tensor:
-    """Convert a 0/1 mask where 1 marks padding (seeds 000/002) to the kit's convention."""
+    """Convert a 0/1 mask where 1 marks padding to the kit's convention (True = may attend)."""
     return mask == 0
 
 
 def from_keep_convention(mask: Tensor) -> Tensor:
-    """Convert a 0/1 mask where 1 marks what may be attended (seed 001) to the kit's convention."""
+    """Convert a 0/1 mask where 1 marks what may be attended (Hugging Face's attention_mask)
+    to the kit's convention (True = may attend)."""
     return mask != 0
 
 
@@ -72,8 +73,8 @@ def check_mask(mask: Tensor, scores_shape: tuple[int, ...] | None = None) -> Non
     if mask.dtype != torch.bool:
         raise MaskError(
             f"Attention masks are boolean with True = may attend; got dtype {mask.dtype}. "
-            "Convert a 0/1 mask with transformer_kit.masks.from_keep_convention (1 = attend, "
-            "as seed 001) or from_padding_convention (1 = padding, as seeds 000/002)."
+            "Convert a 0/1 mask with transformer_kit.masks.from_keep_convention (1 = may attend, "
+            "as Hugging Face's attention_mask) or from_padding_convention (1 = padding)."
         )
 
 

@@ -15,12 +15,14 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from transformer_kit.attention import AttentionInputs, LayerCache
 from transformer_kit.config import ModelConfig
 from transformer_kit.errors import InputError
+from transformer_kit.generation import generate
 from transformer_kit.inputs import check_token_ids, tracing
-from transformer_kit.interfaces import AttentionMask, PositionalEncoding
+from transformer_kit.interfaces import AttentionInputs, AttentionMask, LayerCache, PositionalEncoding
 from transformer_kit.masks import keep_mask, positions_from_keep
+from transformer_kit.registry_entries import RegisteredComponent
+from transformer_kit.serialization import save_model
 
 
 class Embedder(nn.Module):
@@ -93,10 +95,22 @@ class TransformerModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        #: Components that declared ``supports_cache=False`` / ``exportable=False`` (set by
-        #: build_model), named with their plugin.
-        self.uncacheable: list[str] = []
-        self.unexportable: list[str] = []
+        #: The registered component of each kind, with its plugin (set by build_model).
+        self.components: dict[str, RegisteredComponent] = {}
+
+    def _declaring(self, capability: str) -> list[str]:
+        return [f"{kind} {e.component.name!r} (plugin {e.plugin!r})"
+                for kind, e in self.components.items() if not getattr(e.component, capability)]
+
+    @property
+    def uncacheable(self) -> list[str]:
+        """Components that declared ``supports_cache=False``, named with their plugin."""
+        return self._declaring("supports_cache")
+
+    @property
+    def unexportable(self) -> list[str]:
+        """Components that declared ``exportable=False``, named with their plugin."""
+        return self._declaring("exportable")
 
     @property
     def max_positions(self) -> int | None:
@@ -105,15 +119,11 @@ class TransformerModel(nn.Module):
 
     def save(self, path: str | Path) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into the folder ``path``."""
-        from transformer_kit.serialization import save_model
-
         return save_model(self, path)
 
     def generate(self, ids: Tensor, max_new_tokens: int = 32, *, use_cache: bool = True) -> Tensor:
         """Greedy decoding: (batch, len) prompts (decoder) or source ids (encoder_decoder, from
         ``bos_id``) -> (batch, steps) new tokens; see :func:`transformer_kit.generation.generate`."""
-        from transformer_kit.generation import generate
-
         return generate(self, ids, max_new_tokens, use_cache=use_cache)
 
     def _empty_cache(self, stack: Stack, batch: int, like: Tensor) -> list[LayerCache]:

@@ -16,17 +16,15 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
-from transformer_kit.errors import TransformerKitError
+from transformer_kit.errors import CheckpointError, missing_path
 from transformer_kit.jsonfile import read_json_object
-
-
-class CheckpointError(TransformerKitError):
-    """A checkpoint folder that cannot be read or converted."""
 
 
 def read_hf_config(folder: str | Path) -> dict[str, Any]:
     """The checkpoint's ``config.json`` as a dict."""
     path = Path(folder) / "config.json"
+    if not Path(folder).exists():
+        raise CheckpointError(missing_path(folder, "a Hugging Face checkpoint folder"))
     if not path.is_file():
         raise CheckpointError(f"{str(folder)!r} is not a Hugging Face checkpoint folder: config.json "
                               "is missing.")
