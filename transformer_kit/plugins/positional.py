@@ -1,4 +1,4 @@
-"""Positional encodings: sinusoidal (the paper), learned (seed 001), rotary, ALiBi, none."""
+"""Positional encodings: sinusoidal (the paper), learned, rotary, ALiBi, none."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class SinusoidalPositions(PositionalEncoding):
 
 
 class LearnedPositions(PositionalEncoding):
-    """A trained table ``nn.Embedding(max_len, d_model)`` indexed by position (seed 001).
+    """A trained table ``nn.Embedding(max_len, d_model)`` indexed by position.
 
     ``token_types > 0`` adds BERT's token-type table, of which row 0 (the type of every token
     when no types are given) is added to each position.

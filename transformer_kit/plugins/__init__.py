@@ -1,10 +1,12 @@
-"""The built-in components, registered through the same hook as any third-party plugin."""
+"""The built-in plugin (``builtin``): components and checkpoint families, contributed through the
+same hooks as any third-party plugin."""
 
 from __future__ import annotations
 
-from transformer_kit import Component, hookimpl
+from transformer_kit import CheckpointFamily, Component, hookimpl
 from transformer_kit.plugins.attention import EinsumAttention, MatmulAttention, SdpaAttention
 from transformer_kit.plugins.blocks import PostNormBlock, PreNormBlock
+from transformer_kit.plugins.families import builtin_families
 from transformer_kit.plugins.feedforward import (
     SwiGLU,
     gelu_feedforward,
@@ -25,7 +27,8 @@ __all__ = [
     "ALiBiPositions", "CausalMask", "EinsumAttention", "LearnedPositions", "MatmulAttention",
     "NoMask", "NoPositions", "PostNormBlock", "PreNormBlock", "RotaryPositions", "SdpaAttention",
     "SinusoidalPositions", "SlidingWindowMask", "SwiGLU", "gelu_feedforward", "layer_norm",
-    "relu_feedforward", "rms_norm", "silu_feedforward", "transformer_kit_components",
+    "relu_feedforward", "rms_norm", "silu_feedforward", "transformer_kit_checkpoint_families",
+    "transformer_kit_components",
 ]
 
 _BIAS = frozenset({"score_bias"})
@@ -36,15 +39,15 @@ _CAUSAL = frozenset({"causal"})
 def transformer_kit_components() -> list[Component]:
     return [
         Component("attention", "matmul", MatmulAttention, provides=_BIAS,
-                  description="softmax(q k^T / sqrt(d)) v by matrix products (seeds 000/002)"),
+                  description="softmax(q k^T / sqrt(d)) v by matrix products (the paper's formula)"),
         Component("attention", "einsum", EinsumAttention, provides=_BIAS,
-                  description="the same by einsum strings (seed 001)"),
-        Component("attention", "sdpa", SdpaAttention, provides=_BIAS,
-                  description="torch scaled_dot_product_attention (fused; ONNX Attention op)"),
+                  description="the same formula written with einsum on (batch, len, heads, dim)"),
+        Component("attention", "sdpa", SdpaAttention, provides=_BIAS, lowerings={"attention"},
+                  description="torch scaled_dot_product_attention (fused; one ONNX Attention op)"),
         Component("positional", "sinusoidal", SinusoidalPositions,
                   description="fixed sin/cos added to embeddings (the paper), any length"),
         Component("positional", "learned", LearnedPositions,
-                  description="a trained table of max_len positions (seed 001)"),
+                  description="a trained table of max_len positions"),
         Component("positional", "rotary", RotaryPositions,
                   description="rotates q and k by position (RoFormer, Llama)"),
         Component("positional", "alibi", ALiBiPositions, requires=_BIAS,
@@ -68,3 +71,8 @@ def transformer_kit_components() -> list[Component]:
         Component("norm", "layernorm", layer_norm, description="LayerNorm (the paper)"),
         Component("norm", "rmsnorm", rms_norm, description="RMSNorm (Llama)"),
     ]
+
+
+@hookimpl
+def transformer_kit_checkpoint_families() -> list[CheckpointFamily]:
+    return builtin_families()

@@ -11,7 +11,7 @@ __all__ = ["CausalMask", "NoMask", "SlidingWindowMask"]
 
 
 class CausalMask(AttentionMask):
-    """Look-ahead mask: position i sees positions <= i (seed 001's ``torch.tril``)."""
+    """Look-ahead mask: position i sees positions <= i (a lower-triangular ``torch.tril`` mask)."""
 
     def __call__(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
         return (k_positions[:, None, None, :] <= q_positions[:, None, :, None])

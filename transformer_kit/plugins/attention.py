@@ -1,4 +1,4 @@
-"""Attention kernels: matrix products (seeds 000/002), einsum (seed 001), PyTorch's fused SDPA.
+"""Attention kernels: matrix products (the paper's formula), einsum, PyTorch's fused SDPA.
 
 All three compute softmax(q k^T / sqrt(head_dim) + bias) v over the keys a boolean mask allows
 (True = may attend) and return zeros for a query with no visible key. float16/bfloat16 inputs
@@ -36,7 +36,7 @@ class _ScaledKernel(AttentionKernel):
 
 
 class MatmulAttention(_ScaledKernel):
-    """Attention by matrix products: ``softmax(matmul(q, k^T) / sqrt(d_k)) v`` (seeds 000/002)."""
+    """Attention by matrix products: ``softmax(matmul(q, k^T) / sqrt(d_k)) v``."""
 
     def weights(self, q: Tensor, k: Tensor, mask: Tensor | None = None,
                 bias: Tensor | None = None) -> Tensor:
@@ -52,7 +52,7 @@ class MatmulAttention(_ScaledKernel):
 
 
 class EinsumAttention(_ScaledKernel):
-    """Attention by einsum with seed 001's strings, on its (batch, len, heads, dim) layout."""
+    """Attention by einsum (``nqhd,nkhd->nhqk``), on the (batch, len, heads, dim) layout."""
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 bias: Tensor | None = None) -> Tensor:
@@ -66,10 +66,6 @@ class EinsumAttention(_ScaledKernel):
 
 class SdpaAttention(_ScaledKernel):
     """PyTorch's fused ``scaled_dot_product_attention``; exports to ONNX ``Attention``."""
-
-    #: Self-attention exports as one ONNX Attention op on packed heads with the cache inside
-    #: (transformer_kit.fused_ops); this kernel computes exactly what that op does.
-    exports_packed = True
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 bias: Tensor | None = None) -> Tensor:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from transformer_kit.attention import AttentionInputs
-from transformer_kit.interfaces import Block, NormFactory
+from transformer_kit.interfaces import AttentionInputs, Block, NormFactory
 
 
 class _Layer(Block):

@@ -50,3 +50,25 @@ def gelu_feedforward(d_model: int, d_ff: int, dropout: float, bias: bool = True,
 
 def silu_feedforward(d_model: int, d_ff: int, dropout: float, bias: bool = True) -> FeedForward:
     return FeedForward(d_model, d_ff, dropout, nn.SiLU(), bias=bias)
+
+
+#: Hugging Face activation names -> the feedforward component (and parameters) computing them.
+HF_ACTIVATIONS: dict[str, dict] = {
+    "relu": {"name": "relu"},
+    "gelu": {"name": "gelu"},
+    "gelu_new": {"name": "gelu", "approximate": "tanh"},
+    "gelu_pytorch_tanh": {"name": "gelu", "approximate": "tanh"},
+    "gelu_fast": {"name": "gelu", "approximate": "tanh"},
+    "silu": {"name": "silu"},
+    "swish": {"name": "silu"},
+}
+
+
+def feedforward_for_activation(activation: str, model_type: str) -> dict:
+    """The feedforward config entry for a checkpoint's activation function name."""
+    from transformer_kit.errors import CheckpointError
+
+    if activation not in HF_ACTIVATIONS:
+        raise CheckpointError(f"{model_type}: activation {activation!r} is not supported; supported: "
+                              f"{', '.join(HF_ACTIVATIONS)}.")
+    return dict(HF_ACTIVATIONS[activation])

@@ -1,0 +1,54 @@
+"""Llama (``LlamaForCausalLM``): decoder, RMSNorm, rotary (``base`` = rope_theta), SwiGLU,
+grouped KV heads, no biases, untied head."""
+
+from __future__ import annotations
+
+from transformer_kit import CheckpointFamily, ModelConfig
+from transformer_kit.checkpoints import StateDict, Weights, copy_attention, copy_linear, first_id, require
+
+
+def _rope_theta(hf: dict) -> float:
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    require(kind == "default", "llama", f"rope_type {kind!r} (only 'default' rotary is)")
+    return float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def llama_config(hf: dict) -> dict:
+    d_model, heads = hf["hidden_size"], hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or d_model // heads
+    require(head_dim * heads == d_model, "llama", f"head_dim {head_dim} != hidden_size / heads")
+    require(hf.get("hidden_act", "silu") == "silu", "llama", f"hidden_act {hf.get('hidden_act')!r}")
+    return {
+        "architecture": "decoder", "vocab_size": hf["vocab_size"], "d_model": d_model,
+        "num_heads": heads, "num_kv_heads": hf.get("num_key_value_heads") or heads,
+        "num_layers": hf["num_hidden_layers"], "d_ff": hf["intermediate_size"],
+        "dropout": hf.get("attention_dropout", 0.0), "max_len": hf["max_position_embeddings"],
+        "pad_id": first_id(hf.get("pad_token_id")), "bos_id": first_id(hf.get("bos_token_id", 1)),
+        "eos_id": first_id(hf.get("eos_token_id", 2)),
+        "tie_embeddings": hf.get("tie_word_embeddings", False), "scale_embeddings": False,
+        "attention_bias": hf.get("attention_bias", False), "attention": "sdpa",
+        "positional": {"name": "rotary", "base": _rope_theta(hf)}, "mask": "causal",
+        "block": "pre_norm", "feedforward": {"name": "swiglu", "bias": hf.get("mlp_bias", False)},
+        "norm": {"name": "rmsnorm", "eps": hf.get("rms_norm_eps", 1e-6)},
+    }
+
+
+def llama_weights(hf: dict, w: Weights, cfg: ModelConfig) -> StateDict:
+    out: StateDict = {"embed.token.weight": w.get("embed_tokens.weight")}
+    mlp_bias = cfg.feedforward.params.get("bias", False)
+    for i in range(cfg.num_layers):
+        ours, theirs = f"decoder.layers.{i}", f"layers.{i}"
+        copy_attention(out, f"{ours}.self_attention", w, f"{theirs}.self_attn",
+                       ("q_proj", "k_proj", "v_proj", "o_proj"), cfg.attention_bias)
+        out[f"{ours}.self_norm.weight"] = w.get(f"{theirs}.input_layernorm.weight")
+        out[f"{ours}.ff_norm.weight"] = w.get(f"{theirs}.post_attention_layernorm.weight")
+        for name in ("gate", "up", "down"):
+            copy_linear(out, f"{ours}.feedforward.{name}", w, f"{theirs}.mlp.{name}_proj", mlp_bias)
+    out["decoder.final_norm.weight"] = w.get("norm.weight")
+    out["head.weight"] = out["embed.token.weight"] if cfg.tie_embeddings else w.get("lm_head.weight")
+    return out
+
+
+FAMILY = CheckpointFamily("llama", llama_config, llama_weights, probe="embed_tokens.weight",
+                          prefixes=("model.", ""), description="LlamaForCausalLM")
