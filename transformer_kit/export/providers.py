@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import onnxruntime as ort
 
-from transformer_kit.errors import ExportError
+from transformer_kit.errors import InputError, ProviderError
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
@@ -60,19 +60,19 @@ def resolve_providers(providers: str | Sequence) -> list:
             return [CPU]
         if choice == "cuda":
             if not cuda_works():
-                raise ExportError(
+                raise ProviderError(
                     "providers='cuda' was asked for, but no CUDA session can be created here "
                     "(onnxruntime-gpu needs CUDA 13 and cuDNN 9 and a GPU). Use providers='auto' "
                     "to fall back to the CPU."
                 )
             return [CUDA, CPU]
-        raise ExportError(f"providers={providers!r} is not one of 'auto', 'cpu', 'cuda' or a list "
+        raise InputError(f"providers={providers!r} is not one of 'auto', 'cpu', 'cuda' or a list "
                           "of onnxruntime provider names.")
     providers = list(providers)
     available = set(ort.get_available_providers())
     for entry in providers:
         name = entry[0] if isinstance(entry, (tuple, list)) else entry
         if name not in available:
-            raise ExportError(f"Provider {name!r} is not available in this onnxruntime; "
+            raise ProviderError(f"Provider {name!r} is not available in this onnxruntime; "
                               f"available: {', '.join(sorted(available))}.")
     return providers

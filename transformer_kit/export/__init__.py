@@ -16,10 +16,14 @@ __all__ = ["ExportReport", "Manifest", "OnnxModel", "export_onnx"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("export_onnx", "ExportReport"):
-        from transformer_kit.export import exporter
+    if name == "export_onnx":
+        from transformer_kit.export.exporter import export_onnx
 
-        return getattr(exporter, name)
+        return export_onnx
+    if name == "ExportReport":
+        from transformer_kit.export.report import ExportReport
+
+        return ExportReport
     if name == "OnnxModel":
         from transformer_kit.export.runtime import OnnxModel
 

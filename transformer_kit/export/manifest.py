@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformer_kit.errors import ExportError
+from transformer_kit.errors import ArtifactError, missing_path
 from transformer_kit.jsonfile import read_json_object
 
 MANIFEST_FILE = "manifest.json"
@@ -47,8 +47,8 @@ class Manifest:
     src_vocab: int
     tgt_vocab: int
     pad_id: int | None
-    bos_id: int
-    eos_id: int
+    bos_id: int | None
+    eos_id: int | None
     max_positions: int | None
     quantization: str | None = None
     optimized_for: str | None = None
@@ -61,19 +61,21 @@ class Manifest:
 
     @classmethod
     def read(cls, folder: str | Path) -> Manifest:
-        """Read and check ``manifest.json`` in ``folder``; raises :class:`ExportError`."""
+        """Read and check ``manifest.json`` in ``folder``; raises :class:`ArtifactError`."""
         folder = Path(folder)
         path = folder / MANIFEST_FILE
+        if not folder.exists():
+            raise ArtifactError(missing_path(folder, "an export folder written by export_onnx"))
         if not path.is_file():
-            raise ExportError(
+            raise ArtifactError(
                 f"{str(folder)!r} is not an exported transformer_kit model: {MANIFEST_FILE} is "
                 "missing. Create one with transformer_kit.export.export_onnx(model, folder)."
             )
-        data = read_json_object(path, ExportError, "Export the model again.")
+        data = read_json_object(path, ArtifactError, "Export the model again.")
         if data.get("format") != FORMAT:
-            raise ExportError(f"{str(path)!r} was not written by transformer_kit's export_onnx.")
+            raise ArtifactError(f"{str(path)!r} was not written by transformer_kit's export_onnx.")
         if data.get("format_version") != FORMAT_VERSION:
-            raise ExportError(
+            raise ArtifactError(
                 f"{str(path)!r} has format version {data.get('format_version')!r}; this "
                 f"transformer_kit reads version {FORMAT_VERSION}. Export the model again."
             )
@@ -82,10 +84,10 @@ class Manifest:
             data["graphs"] = {name: GraphInfo(**g) for name, g in data["graphs"].items()}
             manifest = cls(**data)
         except (KeyError, TypeError, AttributeError) as exc:
-            raise ExportError(f"{str(path)!r} is incomplete or malformed ({exc}); export again.") from None
+            raise ArtifactError(f"{str(path)!r} is incomplete or malformed ({exc}); export again.") from None
         for name, graph in manifest.graphs.items():
             if not (folder / graph.file).is_file():
-                raise ExportError(
+                raise ArtifactError(
                     f"Graph {name!r} of {str(folder)!r} is missing: {graph.file} does not exist."
                 )
         return manifest

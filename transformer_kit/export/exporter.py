@@ -11,21 +11,24 @@ import shutil
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import onnx
 import torch
 
-from transformer_kit.errors import ExportError, TransformerKitError
-from transformer_kit.export.fused_ops_onnx import PACKED_ATTENTION_OPSET, builtin_translations
+from transformer_kit.errors import ExportError, InputError, TransformerKitError
+from transformer_kit.export.files import follow_umask
 from transformer_kit.export.graphs import GraphSpec, graph_specs
 from transformer_kit.export.manifest import MANIFEST_FILE, GraphInfo, Manifest
-from transformer_kit.fused_ops import packed_attention_export
+from transformer_kit.export.packed_attention import (
+    PACKED_ATTENTION_OPSET,
+    packed_attention_patch,
+    packed_attention_translations,
+)
+from transformer_kit.export.report import ExportReport, versions
+from transformer_kit.export.translations import collect_translations
 from transformer_kit.model import TransformerModel
-from transformer_kit.registry import get_registry
 
 DEFAULT_OPSET = 23  # scaled_dot_product_attention becomes the single ONNX Attention op
 MIN_OPSET = 18  # the oldest opset torch's dynamo exporter writes
@@ -34,73 +37,6 @@ TOLERANCES = {"float32": 1e-4, "float16": 2e-2}
 DTYPES = ("float32", "float16")
 QUANTIZATIONS = (None, "int8")
 _EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf files stop at 2 GB
-
-
-@dataclass
-class ExportReport:
-    """What an export produced and how well it matches PyTorch."""
-
-    path: Path
-    architecture: str
-    opset: int
-    dtype: str
-    quantization: str | None
-    graph_bytes: dict[str, int]
-    errors: dict[str, float] = field(default_factory=dict)
-    tolerance: float | None = None
-    tokens_match: bool | None = None
-    export_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    optimization: dict[str, Any] | None = None
-
-    @property
-    def max_error(self) -> float | None:
-        return max(self.errors.values()) if self.errors else None
-
-    def __str__(self) -> str:
-        lines = [f"exported {self.architecture} to {self.path} (opset {self.opset}, {self.dtype}"
-                 + (f", {self.quantization}" if self.quantization else "") + ")"]
-        for name, size in self.graph_bytes.items():
-            lines.append(f"  {name:14s} {size / 1e6:9.2f} MB")
-        for name, error in self.errors.items():
-            lines.append(f"  error {name:20s} {error:.3g}")
-        if self.tolerance is not None:
-            lines.append(f"  tolerance {self.tolerance:g}: passed")
-        if self.tokens_match is not None:
-            lines.append(f"  generated tokens equal PyTorch's: {self.tokens_match}")
-        if self.optimization:
-            lines.append(f"  optimization: {self.optimization}")
-        lines.append(f"  export {self.export_seconds:.1f} s, verify {self.verify_seconds:.1f} s")
-        return "\n".join(lines)
-
-
-def _versions() -> dict[str, str]:
-    names = ["transformer-kit", "torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu"]
-    found = {}
-    for name in names:
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            found[name] = metadata.version(name)
-    return found
-
-
-def collect_translations() -> dict:
-    """ONNX translations for custom torch ops, from every plugin's hook."""
-    table: dict = {}
-    owner: dict = {}
-    hook = get_registry().plugin_manager.hook.transformer_kit_onnx_translations
-    for impl in hook.get_hookimpls():
-        try:
-            result = impl.function() or {}
-            items = dict(result).items()
-        except Exception as exc:
-            raise ExportError(f"plugin {impl.plugin_name!r} raised in transformer_kit_onnx_translations: "
-                              f"{type(exc).__name__}: {exc}") from exc
-        for op, translation in items:
-            if op in table:
-                raise ExportError(f"Both plugin {owner[op]!r} and plugin {impl.plugin_name!r} translate "
-                                  f"{op}; block one of them.")
-            table[op], owner[op] = translation, impl.plugin_name
-    return table
 
 
 @contextlib.contextmanager
@@ -153,8 +89,12 @@ def _quantize_int8(path: Path, external: bool) -> None:
     root.setLevel(logging.ERROR)  # the quantizer logs advice on the root logger
     try:
         # Weights of MatMul/Gemm only: the quantizer would misread ONNX's Attention op as
-        # onnxruntime's contrib op of the same name.
-        quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8,
+        # onnxruntime's contrib op of the same name. reduce_range keeps the int8 weights in
+        # [-64, 64]: x86 CPUs without VNNI (AVX2, AVX-512 without VNNI) multiply uint8
+        # activations by int8 weights with VPMADDUBSW, which sums adjacent pairs into int16 and
+        # saturates above 32767 (255 * (127 + 127) would); with 7-bit weights a pair stays at
+        # or below 255 * 128 = 32640, so every CPU computes the same exact integer products.
+        quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8, reduce_range=True,
                          op_types_to_quantize=["MatMul", "Gemm"], use_external_data_format=external)
     finally:
         root.setLevel(level)
@@ -170,17 +110,17 @@ def _graph_bytes(folder: Path, file: str) -> int:
 
 def _check_arguments(model: Any, opset: int, dtype: str, quantize: str | None) -> None:
     if not isinstance(model, TransformerModel):
-        raise ExportError(f"export_onnx takes a model from transformer_kit.build_model, got "
-                          f"{type(model).__name__}.")
+        raise InputError(f"export_onnx takes a model from transformer_kit.build_model, got "
+                         f"{type(model).__name__}.")
     if dtype not in DTYPES:
-        raise ExportError(f"dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
+        raise InputError(f"dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
     if quantize not in QUANTIZATIONS:
-        raise ExportError(f"quantize={quantize!r} is not supported; choose None or 'int8'.")
+        raise InputError(f"quantize={quantize!r} is not supported; choose None or 'int8'.")
     if quantize and dtype != "float32":
-        raise ExportError("int8 quantization starts from a float32 export; use dtype='float32'.")
+        raise InputError("int8 quantization starts from a float32 export; use dtype='float32'.")
     if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= DEFAULT_OPSET:
-        raise ExportError(f"opset={opset!r} is not supported; choose {MIN_OPSET}..{DEFAULT_OPSET} "
-                          f"(default {DEFAULT_OPSET}).")
+        raise InputError(f"opset={opset!r} is not supported; choose {MIN_OPSET}..{DEFAULT_OPSET} "
+                         f"(default {DEFAULT_OPSET}).")
     if model.unexportable:
         raise ExportError(f"This model cannot be exported to ONNX: {', '.join(model.unexportable)} "
                           "declares itself not exportable. Build the model with another component.")
@@ -198,7 +138,9 @@ def _prepare_folder(out_dir: Path) -> Path:
 
 
 def _publish(staging: Path, out_dir: Path) -> None:
-    """Replace ``out_dir`` by the finished export; the old one is removed only afterwards."""
+    """Replace ``out_dir`` by the finished export (its modes following the umask, as any folder
+    the user writes); the old one is removed only afterwards."""
+    follow_umask(staging)
     old = None
     if out_dir.exists():
         old = out_dir.with_name(f".{out_dir.name}.old-{time.time_ns()}")
@@ -245,13 +187,13 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
         translations = collect_translations()
         packed = opset >= PACKED_ATTENTION_OPSET
         if packed:
-            translations = {**builtin_translations(), **translations}
+            translations = {**packed_attention_translations(), **translations}
         param_bytes = sum(p.numel() * p.element_size() for p in exported.parameters())
         external = param_bytes > _EXTERNAL_DATA_BYTES
         graphs = {}
         for name, spec in graph_specs(exported).items():
             file = f"{name}.onnx"
-            with packed_attention_export(packed):
+            with packed_attention_patch(exported, enabled=packed):
                 _export_graph(name, spec, staging / file, opset, translations, external)
             if quantize == "int8":
                 _quantize_int8(staging / file, external)
@@ -262,7 +204,7 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
             num_decoder_layers=len(model.decoder.layers) if hasattr(model, "decoder") else 0,
             kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, src_vocab=cfg.src_vocab,
             tgt_vocab=cfg.tgt_vocab, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
-            max_positions=model.max_positions, quantization=quantize, versions=_versions(),
+            max_positions=model.max_positions, quantization=quantize, versions=versions(),
         )
         manifest.write(staging)
         export_seconds = time.perf_counter() - start

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from transformer_kit.errors import ExportError, InputError
+from transformer_kit.errors import ArtifactError, ConfigError, InputError
 from transformer_kit.export.manifest import Manifest
 from transformer_kit.export.providers import CUDA, resolve_providers
 from transformer_kit.id_checks import check_id_array, check_positions
@@ -63,7 +63,7 @@ def left_align(ids: np.ndarray, pad_id: int | None) -> tuple[np.ndarray, np.ndar
 
 
 def greedy(next_logits: Callable[[np.ndarray | None], np.ndarray], batch: int, max_new_tokens: int,
-           eos_id: int, fill_id: int) -> np.ndarray:
+           eos_id: int | None, fill_id: int) -> np.ndarray:
     """Greedy decoding as :func:`transformer_kit.generation.greedy_loop`, on numpy arrays."""
     if max_new_tokens == 0:
         return np.zeros((batch, 0), dtype=np.int64)
@@ -73,7 +73,8 @@ def greedy(next_logits: Callable[[np.ndarray | None], np.ndarray], batch: int, m
     for step in range(max_new_tokens):
         token = np.where(finished, fill_id, logits.argmax(axis=-1)).astype(np.int64)
         chosen.append(token)
-        finished |= token == eos_id
+        if eos_id is not None:
+            finished |= token == eos_id
         if step + 1 == max_new_tokens or finished.all():
             break
         logits = next_logits(token)
@@ -120,12 +121,12 @@ class OnnxModel:
                                            disabled_optimizers=self._disabled_optimizers or None)
         except Exception as exc:  # onnxruntime raises its own exception types
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ExportError(f"onnxruntime cannot load {str(file)!r}: {first}. The file may be "
+            raise ArtifactError(f"onnxruntime cannot load {str(file)!r}: {first}. The file may be "
                               "truncated or corrupt; export the model again.") from None
         inputs = [i.name for i in session.get_inputs()]
         outputs = [o.name for o in session.get_outputs()]
         if inputs != graph.inputs or outputs != graph.outputs:
-            raise ExportError(
+            raise ArtifactError(
                 f"{graph.file} does not match the manifest: the graph has inputs {inputs} and "
                 f"outputs {outputs}, the manifest lists {graph.inputs} and {graph.outputs}. "
                 "Export the model again."
@@ -177,11 +178,14 @@ class OnnxModel:
                             "prompt + max_new_tokens")
             stepper = _Stepper(self, ids.shape[0], {}, ids, mask, max_new_tokens)
         else:
+            if m.bos_id is None:
+                raise ConfigError("bos_id is null, but encoder_decoder decoding starts from bos_id; "
+                                  "export the model again with a bos_id in its config.")
             check_positions(positions_needed(ids, m.pad_id), m.max_positions, name)
             check_positions(1 + max_new_tokens, m.max_positions, "bos + max_new_tokens")
             first = np.full((len(ids), 1), m.bos_id, np.int64)
             stepper = _Stepper(self, ids.shape[0], self._encode(ids), first, None, max_new_tokens)
-        fill = m.pad_id if m.pad_id is not None else m.eos_id
+        fill = next((i for i in (m.pad_id, m.eos_id) if i is not None), 0)
         return greedy(stepper, ids.shape[0], max_new_tokens, m.eos_id, fill)
 
     def _encode(self, src_ids: np.ndarray) -> dict[str, Any]:

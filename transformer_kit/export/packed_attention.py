@@ -1,0 +1,161 @@
+"""Packed attention: an export-time rewrite, applied while a model is traced and undone after.
+
+While :func:`packed_attention_patch` is active, every self-attention module whose kernel's
+component declares the ``"attention"`` lowering (``Component.lowerings``) runs
+:func:`packed_forward` instead of its own forward: the projections, then one custom torch op on
+(batch, len, heads * head_dim) tensors that exports as one ONNX ``Attention`` node (opset 23),
+with the key/value cache concatenated inside it, instead of reshapes, transposes, KV repeats
+and concats. Calls with a rotary encoding or a score bias keep the module's own forward.
+
+Eager PyTorch never sees any of this: the patch exists only inside the export, as optimum's
+model patchers do, and every export is verified against the unpatched model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from onnxscript import opset23 as op
+from torch import Tensor, nn
+
+from transformer_kit.attention import MultiHeadAttention
+from transformer_kit.heads import repeat_kv_heads, split_heads
+from transformer_kit.interfaces import AttentionInputs, PositionalEncoding
+
+#: The first opset whose Attention op the translations use.
+PACKED_ATTENTION_OPSET = 23
+#: The lowering a kernel's component declares to be packed (see ``Component.lowerings``).
+LOWERING = "attention"
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, num_heads: int,
+            scale: float) -> Tensor:
+    """q (batch, heads, q_len, dim), k, v (batch, kv_heads, k_len, dim) -> (batch, q_len, width)."""
+    groups = num_heads // k.shape[1]
+    k, v = repeat_kv_heads(k, groups), repeat_kv_heads(v, groups)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+@torch.library.custom_op("transformer_kit::packed_attention", mutates_args=())
+def packed_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, num_heads: int,
+                     kv_heads: int, scale: float) -> Tensor:
+    """q (batch, q_len, num_heads * dim), k, v (batch, k_len, kv_heads * dim), mask (batch, 1,
+    q_len, k_len) bool (True = may attend; every row has a visible key) -> (batch, q_len, width)."""
+    return _attend(split_heads(q, num_heads), split_heads(k, kv_heads), split_heads(v, kv_heads),
+                   mask, num_heads, scale)
+
+
+@packed_attention.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, num_heads: int, kv_heads: int,
+      scale: float) -> Tensor:
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("transformer_kit::packed_cached_attention", mutates_args=())
+def packed_cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                            past_key: Tensor, past_value: Tensor, num_heads: int, kv_heads: int,
+                            scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """As :func:`packed_attention` after the cache: past_key, past_value (batch, kv_heads,
+    past_len, dim); the mask covers past_len + q_len keys. Returns the output and the cache
+    extended by the new keys and values (batch, kv_heads, past_len + q_len, dim)."""
+    key = torch.cat([past_key, split_heads(k, kv_heads)], dim=2)
+    value = torch.cat([past_value, split_heads(v, kv_heads)], dim=2)
+    return _attend(split_heads(q, num_heads), key, value, mask, num_heads, scale), key, value
+
+
+@packed_cached_attention.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, past_key: Tensor, past_value: Tensor,
+      num_heads: int, kv_heads: int, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    batch, new, _ = k.shape
+    _, heads, past, dim = past_key.shape
+    total = past + new
+    return (torch.empty_like(q), past_key.new_empty(batch, heads, total, dim),
+            past_value.new_empty(batch, heads, total, dim))
+
+
+def packed_forward(self: MultiHeadAttention, x: Tensor, inputs: AttentionInputs) -> Tensor:
+    """``MultiHeadAttention.forward`` as one packed op: x (batch, q_len, d_model) -> same.
+
+    With a cache (decoding, a few rows) q, k and v come from one product over the concatenated
+    weights, which reads them in one pass; without (full sequences, compute-bound) from three
+    products, which saves splitting the result.
+    """
+    rotates = (inputs.positional is not None
+               and type(inputs.positional).rotate is not PositionalEncoding.rotate)
+    if inputs.bias is not None or rotates:
+        return MultiHeadAttention.forward(self, x, inputs)
+    cache = inputs.cache
+    if cache is None:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    else:
+        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        bias = None if self.q_proj.bias is None else torch.cat(
+            [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+        kv_width = self.num_kv_heads * self.head_dim
+        q, k, v = F.linear(x, weight, bias).split([self.q_proj.out_features, kv_width, kv_width], -1)
+    mask, has_key = inputs.mask, None
+    if mask is not None:
+        has_key = mask.any(dim=-1, keepdim=True)  # (batch, 1, q_len, 1)
+        mask = mask | ~has_key  # no all-masked row; its output is zeroed below, as the kernel does
+        mask = mask.expand(mask.shape[0], 1, x.shape[1], mask.shape[-1])
+    scale = self.kernel.scale if self.kernel.scale is not None else self.head_dim ** -0.5
+    if cache is None:
+        out = torch.ops.transformer_kit.packed_attention(
+            q, k, v, mask, self.num_heads, self.num_kv_heads, scale)
+    else:
+        out, cache.key, cache.value = torch.ops.transformer_kit.packed_cached_attention(
+            q, k, v, mask, cache.key, cache.value, self.num_heads, self.num_kv_heads, scale)
+    if has_key is not None:
+        out = out.masked_fill(~has_key[:, 0], 0.0)
+    return self.o_proj(out)
+
+
+def lowers_attention(model: nn.Module) -> bool:
+    """Whether ``model``'s attention component declares the packed lowering."""
+    entry = getattr(model, "components", {}).get("attention")
+    return entry is not None and LOWERING in entry.component.lowerings
+
+
+@contextlib.contextmanager
+def packed_attention_patch(model: nn.Module, enabled: bool = True) -> Iterator[int]:
+    """While active, ``model``'s self-attention modules run :func:`packed_forward` (when
+    ``enabled`` and the attention component declares the lowering); yields how many modules
+    were patched. Every module gets its own forward back on exit, whatever happened."""
+    patched = []
+    if enabled and lowers_attention(model):
+        patched = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and not m.is_cross]
+    try:
+        for module in patched:
+            module.forward = types.MethodType(packed_forward, module)
+        yield len(patched)
+    finally:
+        for module in patched:
+            module.__dict__.pop("forward", None)
+
+
+# -- ONNX translations -------------------------------------------------------------------------
+def packed_attention_onnx(q, k, v, mask, num_heads: int, kv_heads: int, scale: float):
+    out, _, _, _ = op.Attention(q, k, v, mask, q_num_heads=num_heads, kv_num_heads=kv_heads,
+                                scale=scale)
+    return out
+
+
+def packed_cached_attention_onnx(q, k, v, mask, past_key, past_value, num_heads: int,
+                                 kv_heads: int, scale: float):
+    out, present_key, present_value, _ = op.Attention(
+        q, k, v, mask, past_key, past_value, q_num_heads=num_heads, kv_num_heads=kv_heads,
+        scale=scale)
+    return out, present_key, present_value
+
+
+def packed_attention_translations() -> dict:
+    """{custom op: onnxscript translation} for ``torch.onnx.export``."""
+    return {
+        torch.ops.transformer_kit.packed_attention.default: packed_attention_onnx,
+        torch.ops.transformer_kit.packed_cached_attention.default: packed_cached_attention_onnx,
+    }

@@ -1,0 +1,58 @@
+"""What an export reports: the graphs written, their sizes, the measured errors against
+PyTorch, the times, and the versions of the packages that made it."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class ExportReport:
+    """What an export produced and how well it matches PyTorch."""
+
+    path: Path
+    architecture: str
+    opset: int
+    dtype: str
+    quantization: str | None
+    graph_bytes: dict[str, int]
+    errors: dict[str, float] = field(default_factory=dict)
+    tolerance: float | None = None
+    tokens_match: bool | None = None
+    export_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    optimization: dict[str, Any] | None = None
+
+    @property
+    def max_error(self) -> float | None:
+        return max(self.errors.values()) if self.errors else None
+
+    def __str__(self) -> str:
+        lines = [f"exported {self.architecture} to {self.path} (opset {self.opset}, {self.dtype}"
+                 + (f", {self.quantization}" if self.quantization else "") + ")"]
+        for name, size in self.graph_bytes.items():
+            lines.append(f"  {name:14s} {size / 1e6:9.2f} MB")
+        for name, error in self.errors.items():
+            lines.append(f"  error {name:20s} {error:.3g}")
+        if self.tolerance is not None:
+            lines.append(f"  tolerance {self.tolerance:g}: passed")
+        if self.tokens_match is not None:
+            lines.append(f"  generated tokens equal PyTorch's: {self.tokens_match}")
+        if self.optimization:
+            lines.append(f"  optimization: {self.optimization}")
+        lines.append(f"  export {self.export_seconds:.1f} s, verify {self.verify_seconds:.1f} s")
+        return "\n".join(lines)
+
+
+def versions() -> dict[str, str]:
+    """Versions of the packages an export depends on, for the manifest."""
+    names = ["transformer-kit", "torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu"]
+    found = {}
+    for name in names:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            found[name] = metadata.version(name)
+    return found
