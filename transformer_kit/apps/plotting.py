@@ -1,5 +1,6 @@
-"""PNG heat maps: positional encodings (as seed 002 draws its 50 x 128 matrix) and the attention
-weights of a model for an input, one figure per layer with a panel per head."""
+"""PNG heat maps: positional encodings (position down, dimension across, as the paper's
+sinusoidal table is usually drawn) and the attention weights of a model for an input, one
+figure per layer with a panel per head."""
 
 from __future__ import annotations
 
@@ -16,12 +17,17 @@ import torch
 from torch import Tensor
 
 from transformer_kit.attention import MultiHeadAttention
+from transformer_kit.errors import InputError
 from transformer_kit.masks import masked_softmax
 from transformer_kit.registry import get_registry
 
 
 def positional_matrix(name: str, length: int, d_model: int, **params) -> tuple[Tensor, str]:
-    """What the encoding adds or applies, as a 2-D matrix, and a description of its axes."""
+    """What the encoding adds or applies, as a 2-D matrix (length, d_model or length), and a
+    description of its axes. Raises :class:`InputError` for sizes below 1 (2 for d_model)."""
+    for label, value, least in (("length", length, 1), ("d_model", d_model, 2)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise InputError(f"{label} must be an integer >= {least}, got {value!r}.")
     context = {"d_model": d_model, "max_len": length, "head_dim": d_model, "num_heads": 1}
     enc = get_registry().create("positional", name, context=context, **params)
     positions = torch.arange(length)[None]

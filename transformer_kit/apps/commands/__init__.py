@@ -1,0 +1,1 @@
+"""One module per ``transformer-kit`` command, each with ``register(app: typer.Typer)``."""

@@ -1,0 +1,64 @@
+"""``transformer-kit export``: a model (config file, saved folder or Hugging Face checkpoint) to a
+verified ONNX export folder; prints the verification report."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from transformer_kit.apps.sources import kind_of, load_model, special_id_overrides
+from transformer_kit.apps.terminal import console, fail, warn
+from transformer_kit.errors import TransformerKitError
+
+SPECIAL_ID_HELP = "Override the model's {} (a token id, or 'none'), e.g. for a checkpoint whose config.json has none."
+
+
+class Dtype(str, Enum):
+    float32 = "float32"
+    float16 = "float16"
+
+
+class Quantization(str, Enum):
+    int8 = "int8"
+
+
+def export(
+    source: Annotated[Path, typer.Argument(help="Config file, saved model folder, or checkpoint folder with --from-hf.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Export folder (new, empty, or an earlier export to replace).")],
+    weights: Annotated[Path | None, typer.Option(help="safetensors weights for a config file.")] = None,
+    from_hf: Annotated[bool, typer.Option("--from-hf", help="SOURCE is a Hugging Face checkpoint folder.")] = False,
+    dtype: Annotated[Dtype, typer.Option(help="Weights and activations.")] = Dtype.float32,
+    quantize: Annotated[Quantization | None, typer.Option(help="int8: dynamic int8 quantization of the matrix products.")] = None,
+    opset: Annotated[int | None, typer.Option(min=18, max=23, help="ONNX opset, 18..23 (default 23).")] = None,
+    optimize: Annotated[bool, typer.Option(help="Measure and keep onnxruntime's offline optimizations.")] = False,
+    pad_id: Annotated[str | None, typer.Option("--pad-id", help=SPECIAL_ID_HELP.format("padding id"))] = None,
+    bos_id: Annotated[str | None, typer.Option("--bos-id", help=SPECIAL_ID_HELP.format("start id"))] = None,
+    eos_id: Annotated[str | None, typer.Option("--eos-id", help=SPECIAL_ID_HELP.format("end id"))] = None,
+) -> None:
+    """Export a model to ONNX, verified against PyTorch, and print the report."""
+    from transformer_kit.export import export_onnx
+
+    overrides = special_id_overrides(pad_id, bos_id, eos_id)
+    if quantize is not None and dtype is not Dtype.float32:
+        raise typer.BadParameter("--quantize int8 starts from float32 weights; leave out --dtype.",
+                                 param_hint="--quantize")
+    try:
+        model = load_model(source, from_hf=from_hf, weights=weights, overrides=overrides)
+        if kind_of(source) == "config file" and weights is None:
+            warn(f"{source} is a config file and no --weights were given: the export holds "
+                 "randomly initialised weights. Pass --weights FILE.safetensors, or export a folder "
+                 "saved with model.save.")
+        with console.status(f"exporting {model.architecture} to {output} ..."):
+            report = export_onnx(model, output, dtype=dtype.value,
+                                 quantize=quantize.value if quantize else None, opset=opset,
+                                 optimize=optimize)
+    except TransformerKitError as exc:
+        fail(exc)
+    console.print(str(report), highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(export)

@@ -1,0 +1,161 @@
+"""What the commands take from the command line: paths to models of every kind, token ids, and
+the special-id overrides; each refused with a sentence that names the flag or the path."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+
+from transformer_kit.errors import ArtifactError, CheckpointError, ConfigError, ProviderError
+
+MANIFEST = "manifest.json"
+ACCEPTED = ("a config file (.yaml, .yml, .json), a folder saved with model.save, a Hugging Face "
+            "checkpoint folder or an export folder")
+
+
+class Provider(str, Enum):
+    """Where onnxruntime runs: CUDA where a CUDA session works, else the CPU (auto)."""
+
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+def kind_of(path: Path) -> str:
+    """'missing', 'export', 'saved model', 'checkpoint', 'config file' or 'other'."""
+    from transformer_kit.serialization import is_saved_model
+
+    if not path.exists():
+        return "missing"
+    if path.is_dir():
+        if (path / MANIFEST).is_file():
+            return "export"
+        if is_saved_model(path):
+            return "saved model"
+        return "checkpoint" if (path / "config.json").is_file() else "other"
+    return "config file" if path.suffix.lower() in (".yaml", ".yml", ".json") else "other"
+
+
+def _refuse(path: Path, kind: str, wanted: str, error: type[Exception], hint: str = "") -> NoReturn:
+    described = {"missing": "does not exist", "export": "is an export folder (ONNX)",
+                 "saved model": "is a saved PyTorch model folder",
+                 "checkpoint": "is a Hugging Face checkpoint folder",
+                 "config file": "is a config file",
+                 "other": "is neither a config file nor a model folder"}[kind]
+    raise error(f"{str(path)!r} {described}; give {wanted}.{' ' + hint if hint else ''}")
+
+
+def parse_special_id(value: str | None, flag: str) -> int | str | None:
+    """'none' -> None, '5' -> 5, not given -> '' (keep the model's own)."""
+    if value is None:
+        return ""
+    if value.strip().lower() in ("none", "null"):
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not a token id; give a number or 'none'.",
+                                 param_hint=flag) from None
+    if number < 0:
+        raise typer.BadParameter(f"{number} is negative; give a token id >= 0 or 'none'.", param_hint=flag)
+    return number
+
+
+def special_id_overrides(pad_id: str | None, bos_id: str | None, eos_id: str | None) -> dict[str, Any]:
+    """The config overrides the --pad-id/--bos-id/--eos-id flags ask for."""
+    values = {"pad_id": parse_special_id(pad_id, "--pad-id"), "bos_id": parse_special_id(bos_id, "--bos-id"),
+              "eos_id": parse_special_id(eos_id, "--eos-id")}
+    return {key: value for key, value in values.items() if value != ""}
+
+
+def load_model(source: Path, *, from_hf: bool = False, weights: Path | None = None,
+               overrides: dict[str, Any] | None = None):
+    """A model from a config file (random weights unless ``weights``), a folder saved with
+    model.save, or (``from_hf``) a Hugging Face checkpoint folder, in eval mode."""
+    import transformer_kit as tk
+    from transformer_kit.config import config_from_dict
+    from transformer_kit.serialization import load_saved_weights, read_saved_config
+
+    overrides = overrides or {}
+    kind = kind_of(source)
+    if from_hf:
+        if kind != "checkpoint":
+            _refuse(source, kind, "a Hugging Face checkpoint folder with --from-hf", CheckpointError)
+        return tk.from_hf(source, **overrides)
+    if kind == "checkpoint":
+        _refuse(source, kind, "a config file or a folder saved with model.save", CheckpointError,
+                "Add --from-hf to load a Hugging Face checkpoint.")
+    if kind not in ("config file", "saved model"):
+        _refuse(source, kind, "a config file or a folder saved with model.save (or a Hugging "
+                "Face checkpoint folder with --from-hf)", ConfigError)
+    config = tk.load_config(source) if kind == "config file" else read_saved_config(source)
+    if overrides:
+        config = config_from_dict({**config.to_dict(), **overrides})
+    model = tk.build_model(config)
+    if kind == "saved model":
+        load_saved_weights(model, source)
+    if weights is not None:
+        load_saved_weights(model, weights)
+    return model.eval()
+
+
+def resolve_config(source: Path):
+    """The config of any source: a config file, a saved model, a checkpoint or an export."""
+    import transformer_kit as tk
+    from transformer_kit.export import Manifest
+    from transformer_kit.serialization import read_saved_config
+
+    kind = kind_of(source)
+    if kind == "export":
+        return tk.load_config(Manifest.read(source).config)
+    if kind == "saved model":
+        return read_saved_config(source)
+    if kind == "checkpoint":
+        return tk.config_from_hf(source)
+    if kind == "config file":
+        return tk.load_config(source)
+    _refuse(source, kind, ACCEPTED, ConfigError)
+
+
+def open_export(folder: Path, provider: Provider):
+    """An OnnxModel of an export folder on ``--provider``; errors name the flag."""
+    from transformer_kit.export import OnnxModel
+    from transformer_kit.export.providers import cuda_works
+
+    kind = kind_of(folder)
+    if kind != "export":
+        hint = (f"Export it first: transformer-kit export {folder} -o DIR"
+                if kind in ("saved model", "config file") else "")
+        _refuse(folder, kind, "an export folder (written by transformer-kit export)", ArtifactError, hint)
+    if provider is Provider.cuda and not cuda_works():
+        raise ProviderError("--provider cuda was asked for, but no CUDA session can be created here "
+                            "(onnxruntime-gpu needs a GPU with CUDA 13 and cuDNN 9). Use --provider "
+                            "auto to fall back to the CPU.")
+    return OnnxModel(folder, providers=provider.value)
+
+
+def parse_ids(text: str, flag: str = "--ids") -> list[list[int]]:
+    """'5 6 7; 8 9' -> [[5, 6, 7], [8, 9]]: rows separated by ';', ids by spaces or commas."""
+    try:
+        rows = [[int(t) for t in row.replace(",", " ").split()] for row in text.split(";")]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not token ids; write e.g. \"5 6 7; 8 9\".",
+                                 param_hint=flag) from None
+    if not rows or any(not r for r in rows):
+        raise typer.BadParameter(f"{text!r} has an empty row; write e.g. \"5 6 7; 8 9\".",
+                                 param_hint=flag)
+    return rows
+
+
+def pad_rows(rows: list[list[int]], pad_id: int | None):
+    """Rows of different lengths right-padded with ``pad_id``: (batch, len) int64 numpy."""
+    import numpy as np
+
+    width = max(map(len, rows))
+    if pad_id is None and any(len(r) != width for r in rows):
+        raise typer.BadParameter("rows of different lengths need a pad_id in the model config.",
+                                 param_hint="--ids")
+    return np.array([r + [pad_id or 0] * (width - len(r)) for r in rows], dtype=np.int64)

@@ -1,0 +1,34 @@
+"""Terminal output shared by the commands: the consoles and the one-line error exit."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+
+console = Console()
+errors = Console(stderr=True)
+#: Set by ``--debug``: re-raise errors with their traceback instead of one line.
+settings = {"debug": False}
+
+
+def fit_to_terminal() -> None:
+    """Size both consoles for this invocation: a Console reads COLUMNS once, when it is made,
+    and the command may run many times in one process (tests, notebooks), in other terminals."""
+    Console.__init__(console)
+    Console.__init__(errors, stderr=True)
+
+
+def fail(exc: BaseException | str) -> NoReturn:
+    """Print ``error: <message>`` on one line to stderr and exit with status 1 (re-raise under
+    ``--debug``)."""
+    if settings["debug"] and isinstance(exc, BaseException):
+        raise exc
+    errors.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def warn(message: str) -> None:
+    """Print ``warning: <message>`` to stderr, in bold, so it is not missed."""
+    errors.print(f"[bold yellow]warning:[/] {message}", highlight=False, markup=True, soft_wrap=True)
