@@ -11,25 +11,30 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).parent.parent / "examples" / "cosine-attention-plugin"
+ROOT = Path(__file__).parent.parent
+PACKAGE = ROOT / "examples" / "cosine-attention-plugin"
 
 
 @pytest.fixture(scope="module")
 def plugin_python(tmp_path_factory) -> Path:
-    """A temporary virtual environment that sees this one's packages, with the plugin installed."""
+    """A new virtual environment with transformer-kit and the plugin installed into it by pip
+    (regular installs, as a user's), seeing this environment's third-party packages (torch,
+    onnxruntime ...) through a .pth file so that nothing heavy is downloaded again."""
     env_dir = tmp_path_factory.mktemp("plugin-venv")
-    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
+    venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
-    # The venv sees transformer-kit through this environment's site-packages (also a
-    # .pth-based editable install); make that explicit for the plugin's dependency check.
     site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    parent_sites = [p for p in sys.path if p.endswith("site-packages")]
-    Path(site, "parent-env.pth").write_text("\n".join(parent_sites) + "\n")
-    result = subprocess.run(
-        [str(python), "-m", "pip", "install", "--no-deps", "--quiet", str(PACKAGE)],
-        capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
+    dependencies = [p for p in sys.path if p.endswith("site-packages")]
+    Path(site, "dependencies.pth").write_text("\n".join(dependencies) + "\n")
+    for package in (ROOT, PACKAGE):
+        result = subprocess.run(
+            [str(python), "-m", "pip", "install", "--no-deps", "--quiet", str(package)],
+            capture_output=True, text=True, check=False, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+    where = subprocess.run([str(python), "-c", "import transformer_kit; print(transformer_kit.__file__)"],
+                           capture_output=True, text=True, cwd=env_dir, check=False)
+    assert where.stdout.startswith(site), (where.stdout, where.stderr)  # its own copy, not ours
     return python
 
 

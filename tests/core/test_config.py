@@ -101,8 +101,9 @@ def test_a_decoder_needs_a_causal_mask():
     [
         ("empty.yaml", "", "is empty"),
         ("blank.json", "  \n", "is empty"),
-        ("bad.yaml", "vocab_size: [1, 2\n", "is not valid YAML"),
-        ("bad.json", "{\"vocab_size\": }", "is not valid JSON"),
+        ("bad.yaml", "vocab_size: [1, 2\n", "is not valid YAML at line 2, column 1: expected ','"),
+        ("tab.yaml", "vocab_size: 3\n\td_model: 8\n", "at line 2, column 1: a tab character.*spaces"),
+        ("bad.json", "{\"vocab_size\": }", "is not valid JSON at line 1, column 16: Expecting value"),
         ("list.yaml", "- 1\n- 2\n", "holds a list"),
         ("model.toml", "vocab_size = 3", "use .yaml, .yml or .json"),
     ],
@@ -110,12 +111,14 @@ def test_a_decoder_needs_a_causal_mask():
 def test_bad_files_are_refused(tmp_path, name, text, message):
     path = tmp_path / name
     path.write_text(text)
-    with pytest.raises(tk.ConfigError, match=message):
+    with pytest.raises(tk.ConfigError, match=message) as info:
         tk.load_config(path)
+    assert "\n" not in str(info.value) and "<unicode string>" not in str(info.value)
+    assert name in str(info.value)
 
 
 def test_missing_file_and_non_mapping():
-    with pytest.raises(tk.ConfigError, match=r"Cannot read config file"):
+    with pytest.raises(tk.ConfigError, match=r"'/no/such/config.yaml' does not exist"):
         tk.load_config("/no/such/config.yaml")
     with pytest.raises(tk.ConfigError, match=r"mapping"):
         tk.load_config(["vocab_size", 3])

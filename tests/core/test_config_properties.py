@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import transformer_kit as tk
-from tests.core.combinations import ATTENTION, BLOCKS, CAUSAL_MASKS, FEEDFORWARD, NORMS, POSITIONAL
+from tests.combinations import ATTENTION, BLOCKS, CAUSAL_MASKS, FEEDFORWARD, NORMS, POSITIONAL
 
 ARCHITECTURES = ["encoder_decoder", "encoder", "decoder"]
 ENCODER_MASKS = ["none", *CAUSAL_MASKS]

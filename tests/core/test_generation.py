@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
 import transformer_kit as tk
-from tests.core.combinations import all_generating_configs, tiny_config
+from tests.combinations import all_generating_configs, tiny_config
 
 CASES = all_generating_configs()
 
@@ -123,3 +124,21 @@ def test_a_cached_step_costs_linear_work_in_the_length():
     growth = [b - a for a, b in itertools.pairwise(uncached)]
     assert growth[1] > 3 * growth[0]
     assert cached[2] * 40 < uncached[0]
+
+
+def test_null_special_ids_generate_without_stopping_or_refuse_with_a_sentence(tmp_path):
+    from transformer_kit.export import OnnxModel, export_onnx
+
+    torch.manual_seed(0)
+    decoder = tk.build_model(tiny_config("decoder", eos_id=None, bos_id=None, pad_id=None)).eval()
+    ids = torch.tensor([[3, 4, 5]])
+    tokens = decoder.generate(ids, 7)
+    assert tokens.shape == (1, 7)  # no eos: runs to max_new_tokens
+    export_onnx(decoder, tmp_path / "decoder")
+    np.testing.assert_array_equal(OnnxModel(tmp_path / "decoder").generate(ids.numpy(), 7), tokens.numpy())
+    seq2seq = tk.build_model(tiny_config("encoder_decoder", bos_id=None)).eval()
+    with pytest.raises(tk.ConfigError, match=r"bos_id is null, but encoder_decoder decoding starts"):
+        seq2seq.generate(ids, 3)
+    export_onnx(seq2seq, tmp_path / "seq2seq")
+    with pytest.raises(tk.ConfigError, match=r"bos_id is null"):
+        OnnxModel(tmp_path / "seq2seq").generate(ids.numpy(), 3)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import transformer_kit as tk
-from tests.core.combinations import ATTENTION, POSITIONAL, tiny_config
+from tests.combinations import ATTENTION, POSITIONAL, tiny_config
 
 PARTS = [(a, p) for a in ATTENTION for p in POSITIONAL]
 IDS = [f"{a}-{p}" for a, p in PARTS]

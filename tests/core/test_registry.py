@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import transformer_kit as tk
-from tests.core.combinations import tiny_config
+from tests.combinations import tiny_config
 from transformer_kit.plugins.attention import MatmulAttention
 
 
@@ -217,8 +217,69 @@ def test_a_component_without_cache_support_refuses_cached_generation(fresh_regis
     model = tk.build_model(tiny_config("decoder", attention="nocache"))
     ids = torch.tensor([[3, 4, 5]])
     expected = r"attention 'nocache' \(plugin 'nocache_plugin'\) does not support the key/value cache"
-    with pytest.raises(tk.ConfigError, match=expected):
+    with pytest.raises(tk.InputError, match=expected):  # an option of the call, not the config
         model.generate(ids, 3)
     reference = tk.build_model(tiny_config("decoder"))
     reference.load_state_dict(model.state_dict())
     assert torch.equal(model.generate(ids, 3, use_cache=False), reference.generate(ids, 3))
+
+
+def test_hooks_are_called_through_pluggy_so_tracing_sees_them(fresh_registry):
+    calls = []
+    undo = fresh_registry.plugin_manager.add_hookcall_monitoring(
+        lambda hook, impls, kwargs: calls.append((hook, [i.plugin_name for i in impls])),
+        lambda outcome, hook, impls, kwargs: None)
+    try:
+        tk.register_plugin(_plugin(tk.Component("norm", "traced", torch.nn.Identity)), name="traced")
+    finally:
+        undo()
+    assert ("transformer_kit_components", ["traced"]) in calls
+
+
+def test_a_plugin_s_hook_wrapper_applies_to_its_contributions(fresh_registry):
+    plugin = types.ModuleType("wrapped")
+
+    @tk.hookimpl
+    def transformer_kit_components():
+        return [tk.Component("norm", "kept", torch.nn.Identity),
+                tk.Component("norm", "experimental", torch.nn.Identity)]
+
+    @tk.hookimpl(specname="transformer_kit_components", wrapper=True)
+    def hide_experimental():
+        lists = yield
+        return [[c for c in result if c.name != "experimental"] for result in lists]
+
+    plugin.transformer_kit_components = transformer_kit_components
+    plugin.hide_experimental = hide_experimental
+    tk.register_plugin(plugin, name="wrapped")
+    assert "kept" in fresh_registry.names("norm")
+    assert "experimental" not in fresh_registry.names("norm")
+
+
+def test_plugins_that_cannot_be_hashed_register_like_modules(fresh_registry):
+    plugin = types.SimpleNamespace(__name__="namespace_plugin", transformer_kit_components=tk.hookimpl(
+        lambda: [tk.Component("norm", "from_namespace", torch.nn.Identity)]))
+    assert tk.register_plugin(plugin) == "namespace_plugin"
+    assert fresh_registry.entry("norm", "from_namespace").plugin == "namespace_plugin"
+
+
+def test_checkpoint_families_come_from_plugins(fresh_registry):
+    assert fresh_registry.model_types() == ["bert", "gpt2", "llama", "marian"]
+    assert all(f.plugin == "builtin" for f in fresh_registry.families())
+    family = tk.CheckpointFamily("tiny", dict, dict, probe="w")
+    plugin = types.ModuleType("tiny_family")
+    plugin.transformer_kit_checkpoint_families = tk.hookimpl(lambda: [family])
+    tk.register_plugin(plugin)
+    assert fresh_registry.family("tiny").family is family
+    tk.unregister_plugin("tiny_family")
+    with pytest.raises(tk.CheckpointError, match=r"model_type 'tiny' is not supported.*Supported: bert"):
+        fresh_registry.family("tiny")
+    wrong = types.ModuleType("wrong_family")
+    wrong.transformer_kit_checkpoint_families = tk.hookimpl(lambda: ["gpt2"])
+    with pytest.raises(tk.PluginError, match=r"every item must be a tk.CheckpointFamily"):
+        tk.register_plugin(wrong)
+
+
+def test_blocking_builtin_removes_its_families_too(fresh_registry, monkeypatch):
+    monkeypatch.setenv(tk.registry.BLOCK_ENV, "builtin")
+    assert tk.reset_registry().model_types() == []

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import transformer_kit as tk
-from tests.core.combinations import tiny_config
+from tests.combinations import tiny_config
 
 
 @pytest.mark.parametrize("architecture", ["encoder_decoder", "decoder", "encoder"])
@@ -37,23 +37,26 @@ def test_tied_weights_stay_tied_after_loading(tmp_path):
 def test_missing_or_mismatched_weights(tmp_path):
     model = tk.build_model(tiny_config("decoder"))
     model.save(tmp_path / "m")
-    with pytest.raises(tk.TransformerKitError, match=r"model.safetensors is missing"):
+    with pytest.raises(tk.CheckpointError, match=r"model.safetensors is missing"):
         (tmp_path / "m" / "model.safetensors").rename(tmp_path / "elsewhere")
         tk.load_model(tmp_path / "m")
     bigger = tk.build_model(tiny_config("decoder", d_model=32))
     bigger.save(tmp_path / "b")
     (tmp_path / "b" / "model.safetensors").replace(tmp_path / "m" / "model.safetensors")
-    with pytest.raises(tk.TransformerKitError, match=r"Cannot load weights"):
+    with pytest.raises(tk.CheckpointError, match=r"Cannot load weights"):
         tk.load_model(tmp_path / "m")
-    with pytest.raises(tk.TransformerKitError, match=r"config.json is missing"):
+    with pytest.raises(tk.CheckpointError, match=r"'.*nothing-here' does not exist"):
         tk.load_model(tmp_path / "nothing-here")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(tk.CheckpointError, match=r"config.json is missing"):
+        tk.load_model(tmp_path / "empty")
 
 
 def test_a_damaged_config_file_is_a_typed_error(tmp_path):
     tk.build_model(tiny_config("decoder")).save(tmp_path)
     (tmp_path / "config.json").write_bytes(b"\xff\xfe not text")
-    with pytest.raises(tk.TransformerKitError, match=r"is not valid JSON.*Save the model again"):
+    with pytest.raises(tk.CheckpointError, match=r"is not valid JSON.*Save the model again"):
         tk.load_model(tmp_path)
     (tmp_path / "config.json").write_text("[1, 2]")
-    with pytest.raises(tk.TransformerKitError, match="does not hold a JSON object"):
+    with pytest.raises(tk.CheckpointError, match="does not hold a JSON object"):
         tk.load_model(tmp_path)

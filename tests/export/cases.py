@@ -3,7 +3,7 @@ architecture that uses it, with grouped, multi-query and full KV heads."""
 
 from __future__ import annotations
 
-from tests.core.combinations import ATTENTION, BLOCKS, FEEDFORWARD, NORMS, POSITIONAL, tiny_config
+from tests.combinations import ATTENTION, BLOCKS, FEEDFORWARD, NORMS, POSITIONAL, tiny_config
 
 KV_HEADS = [2, 1, 4]  # of 4 query heads: grouped, multi-query, one KV head per query head
 
@@ -17,7 +17,7 @@ def sampled_cases(architecture: str, count: int) -> list[tuple[str, dict]]:
         parts = {
             "attention": ATTENTION[i % 3], "positional": POSITIONAL[i % 5],
             "mask": masks[i % len(masks)], "block": BLOCKS[(i // 2) % 2],
-            "feedforward": FEEDFORWARD[(i + 1) % 3], "norm": NORMS[(i // 3) % 2],
+            "feedforward": FEEDFORWARD[(i + 1) % len(FEEDFORWARD)], "norm": NORMS[(i // 3) % 2],
             "num_kv_heads": KV_HEADS[i % 3],
         }
         mask = parts["mask"] if isinstance(parts["mask"], str) else parts["mask"]["name"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import transformer_kit as tk
-from tests.core.combinations import tiny_config
+from tests.combinations import tiny_config
 from tests.export import fused_norm_plugin
 from transformer_kit.export import OnnxModel, export_onnx
 from transformer_kit.export.verify import random_ids, relative_error
@@ -57,6 +57,33 @@ def test_int8_quantization_reports_its_error_and_agrees_on_the_next_token(tmp_pa
     assert "MatMulInteger" in _op_types(tmp_path / "int8" / "model.onnx")
 
 
+def _avx2_int8_products(activations: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """uint8 (M, K) x int8 (K, N) as x86 CPUs without VNNI compute it (VPMADDUBSW): adjacent
+    products along K summed in pairs into int16, saturating, then added up in int32."""
+    a, w = activations.astype(np.int32), weights.astype(np.int32)
+    pairs = a[:, 0::2, None] * w[None, 0::2] + a[:, 1::2, None] * w[None, 1::2]
+    return np.clip(pairs, -32768, 32767).sum(axis=1)
+
+
+def test_int8_products_are_exact_on_cpus_without_vnni(tmp_path):
+    """The int8 weights cannot saturate the int16 pair sums of AVX2 / AVX-512 without VNNI, so
+    those CPUs compute the same products as this one (checked on every quantized matrix with
+    the worst uint8 activations and random ones)."""
+    model = _model("decoder", d_model=64, num_heads=4, d_ff=128, vocab_size=200)
+    export_onnx(model, tmp_path / "int8", quantize="int8")
+    graph = onnx.load(str(tmp_path / "int8" / "model.onnx")).graph
+    weights = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+    products = [weights[n.input[1]] for n in graph.node
+                if n.op_type == "MatMulInteger" and n.input[1] in weights]
+    assert products and all(w.dtype == np.int8 for w in products)
+    rng = np.random.default_rng(0)
+    for w in products:
+        for a in (np.full((1, w.shape[0]), 255, np.uint8),
+                  rng.integers(0, 256, (8, w.shape[0]), dtype=np.uint8)):
+            np.testing.assert_array_equal(_avx2_int8_products(a, w), a.astype(np.int32) @ w.astype(np.int32))
+        assert np.abs(w.astype(np.int32)).max() <= 64  # 255 * (64 + 64) = 32640 <= 32767
+
+
 def test_optimization_is_measured_and_kept_only_when_verified(tmp_path):
     model = _model("decoder", d_model=64, num_heads=4)
     report = export_onnx(model, tmp_path / "opt", optimize=True)
@@ -92,13 +119,13 @@ def test_opset_18_decomposes_sdpa_and_23_uses_the_attention_op(tmp_path):
     ],
 )
 def test_bad_arguments_are_refused(tmp_path, kwargs, message):
-    with pytest.raises(tk.ExportError, match=message):
+    with pytest.raises(tk.InputError, match=message):  # the call's arguments, not a failed export
         export_onnx(_model("encoder"), tmp_path / "x", **kwargs)
     assert not (tmp_path / "x").exists()
 
 
 def test_only_assembled_models_are_exported(tmp_path):
-    with pytest.raises(tk.ExportError, match=r"takes a model from transformer_kit.build_model"):
+    with pytest.raises(tk.InputError, match=r"takes a model from transformer_kit.build_model"):
         export_onnx(torch.nn.Linear(2, 2), tmp_path / "x")
 
 

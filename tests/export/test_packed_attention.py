@@ -1,6 +1,7 @@
-"""Self-attention with the ``sdpa`` kernel exports as one ONNX Attention op per layer on packed
-heads, the cache concatenated inside it; other kernels, rotary/ALiBi and opsets below 23 keep
-the general graph. Both must match eager PyTorch."""
+"""Self-attention whose kernel declares the ``attention`` lowering (``sdpa``) exports as one ONNX
+Attention op per layer on packed heads, the cache concatenated inside it; other kernels,
+rotary/ALiBi and opsets below 23 keep the general graph. Both must match eager PyTorch, and the
+rewrite exists only while the export traces: the eager model has one forward path."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import pytest
 import torch
 
 import transformer_kit as tk
-from tests.core.combinations import tiny_config
-from transformer_kit.attention import AttentionInputs, LayerCache
+from tests.combinations import tiny_config
+from transformer_kit.attention import AttentionInputs, LayerCache, MultiHeadAttention
 from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export.packed_attention import packed_attention_patch, packed_forward
 from transformer_kit.model import self_attention_inputs
+from transformer_kit.plugins.attention import SdpaAttention
 
 
 def _ops(path) -> collections.Counter:
@@ -94,3 +97,62 @@ def test_the_custom_op_computes_what_the_eager_layer_computes(gqa_decoder):
     torch.testing.assert_close(layer.o_proj(out), expected, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(key, cache.key)
     torch.testing.assert_close(value, cache.value)
+
+
+def _plugin(component: tk.Component, name: str):
+    import types
+
+    module = types.ModuleType(name)
+    module.transformer_kit_components = tk.hookimpl(lambda: [component])
+    return module
+
+
+def test_a_kernel_opts_in_through_its_component_not_its_class(fresh_registry, tmp_path):
+    """The same kernel class, registered without and with the declared lowering."""
+    tk.register_plugin(_plugin(tk.Component("attention", "plain_sdpa", SdpaAttention,
+                                            provides={"score_bias"}), "plain"))
+    tk.register_plugin(_plugin(tk.Component("attention", "fused_sdpa", SdpaAttention,
+                                            provides={"score_bias"}, lowerings={"attention"}), "fused"))
+    for name, packed in (("plain_sdpa", False), ("fused_sdpa", True)):
+        torch.manual_seed(0)
+        model = tk.build_model(tiny_config("decoder", attention=name, positional="learned", pad_id=0))
+        report = export_onnx(model, tmp_path / name)
+        assert report.max_error < 1e-5 and report.tokens_match
+        nodes = _attention_nodes(tmp_path / name / "decoder_step.onnx")
+        assert bool(nodes) and all(("q_num_heads" in {a.name for a in n.attribute}) == packed for n in nodes)
+
+
+def test_an_unknown_lowering_is_refused():
+    with pytest.raises(ValueError, match=r"lowerings \['flash'\] are not known for kind 'attention'"):
+        tk.Component("attention", "x", SdpaAttention, lowerings={"flash"})
+    with pytest.raises(ValueError, match=r"not known for kind 'norm'"):
+        tk.Component("norm", "x", torch.nn.LayerNorm, lowerings={"attention"})
+
+
+def test_the_patch_exists_only_inside_the_export(gqa_decoder, tmp_path):
+    layers = [m for m in gqa_decoder.modules() if isinstance(m, MultiHeadAttention)]
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        before = gqa_decoder(ids)
+    with packed_attention_patch(gqa_decoder) as patched:
+        assert patched == len(layers) == 2
+        assert all(m.forward.__func__ is packed_forward for m in layers)
+    assert all("forward" not in m.__dict__ for m in layers)  # the class's own forward again
+    export_onnx(gqa_decoder, tmp_path / "onnx")
+    assert all("forward" not in m.__dict__ for m in layers)
+    with torch.no_grad():
+        assert torch.equal(gqa_decoder(ids), before)
+    with pytest.raises(RuntimeError, match="inside"), packed_attention_patch(gqa_decoder):
+        raise RuntimeError("inside")
+    assert all("forward" not in m.__dict__ for m in layers)  # undone after an error too
+    with packed_attention_patch(gqa_decoder, enabled=False) as patched:
+        assert patched == 0
+
+
+def test_the_core_attention_module_has_one_forward_path():
+    import inspect
+
+    import transformer_kit.attention as attention
+
+    source = inspect.getsource(attention)
+    assert "tracing" not in source and "packed" not in source and "torch.ops" not in source

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import transformer_kit as tk
-from tests.core.combinations import tiny_config
+from tests.combinations import tiny_config
 from transformer_kit.export import OnnxModel, export_onnx
 
 #: Seconds the shared-model load test runs (the issue asks for a minute).
@@ -96,14 +96,14 @@ def _copy(folder: Path, tmp_path: Path) -> Path:
 def test_a_graph_of_random_bytes_is_a_typed_error(exports, tmp_path):
     folder = _copy(exports["decoder"][1], tmp_path)
     (folder / "model.onnx").write_bytes(np.random.default_rng(0).bytes(4096))
-    with pytest.raises(tk.ExportError, match=r"cannot load .*model.onnx.*export the model again"):
+    with pytest.raises(tk.ArtifactError, match=r"cannot load .*model.onnx.*export the model again"):
         OnnxModel(folder, "cpu")
 
 
 def test_a_missing_graph_file_is_a_typed_error(exports, tmp_path):
     folder = _copy(exports["decoder"][1], tmp_path)
     (folder / "decoder_step.onnx").unlink()
-    with pytest.raises(tk.ExportError, match=r"decoder_step.onnx"):
+    with pytest.raises(tk.ArtifactError, match=r"decoder_step.onnx"):
         OnnxModel(folder, "cpu")
 
 
@@ -120,7 +120,7 @@ def test_a_manifest_that_is_not_ours_is_a_typed_error(exports, tmp_path, damage)
     else:
         manifest["graphs"] = ["model.onnx"]
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(tk.ExportError, match=r"manifest"):
+    with pytest.raises(tk.ArtifactError, match=r"manifest"):
         OnnxModel(folder, "cpu")
 
 

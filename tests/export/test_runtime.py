@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import transformer_kit as tk
-from tests.core.combinations import tiny_config
+from tests.combinations import tiny_config
 from transformer_kit.export import OnnxModel, export_onnx
 
 
@@ -99,7 +99,7 @@ def test_truncated_graph_is_a_typed_error(decoder_export, tmp_path):
     copy = _copy(folder, tmp_path)
     data = (copy / "decoder_step.onnx").read_bytes()
     (copy / "decoder_step.onnx").write_bytes(data[: len(data) // 3])
-    with pytest.raises(tk.ExportError, match=r"cannot load .*decoder_step.onnx.*export the model again"):
+    with pytest.raises(tk.ArtifactError, match=r"cannot load .*decoder_step.onnx.*export the model again"):
         OnnxModel(copy, providers="cpu")
 
 
@@ -109,14 +109,16 @@ def test_manifest_that_does_not_match_its_graphs(decoder_export, tmp_path):
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["graphs"]["model"]["inputs"] = ["tokens"]
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(tk.ExportError, match=r"does not match the manifest"):
+    with pytest.raises(tk.ArtifactError, match=r"does not match the manifest"):
         OnnxModel(copy, providers="cpu")
     (copy / "manifest.json").write_text("{not json")
-    with pytest.raises(tk.ExportError, match=r"not valid JSON"):
+    with pytest.raises(tk.ArtifactError, match=r"not valid JSON"):
         OnnxModel(copy, providers="cpu")
     (copy / "manifest.json").unlink()
-    with pytest.raises(tk.ExportError, match=r"manifest.json is missing"):
+    with pytest.raises(tk.ArtifactError, match=r"manifest.json is missing"):
         OnnxModel(copy, providers="cpu")
+    with pytest.raises(tk.ArtifactError, match=r"'.*elsewhere' does not exist"):
+        OnnxModel(tmp_path / "elsewhere", providers="cpu")
 
 
 def test_explicit_providers_and_session_options_pass_through(decoder_export):
@@ -128,9 +130,9 @@ def test_explicit_providers_and_session_options_pass_through(decoder_export):
     om = OnnxModel(folder, providers=["CPUExecutionProvider"], session_options=options)
     assert om.provider == "CPUExecutionProvider"
     assert om._sessions["model"].get_session_options().intra_op_num_threads == 1
-    with pytest.raises(tk.ExportError, match=r"'NoSuchExecutionProvider' is not available"):
+    with pytest.raises(tk.ProviderError, match=r"'NoSuchExecutionProvider' is not available"):
         OnnxModel(folder, providers=["NoSuchExecutionProvider"])
-    with pytest.raises(tk.ExportError, match=r"not one of 'auto', 'cpu', 'cuda'"):
+    with pytest.raises(tk.InputError, match=r"not one of 'auto', 'cpu', 'cuda'"):
         OnnxModel(folder, providers="tpu")
 
 

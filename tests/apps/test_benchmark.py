@@ -8,14 +8,15 @@ import pytest
 import torch
 
 import transformer_kit as tk
-from transformer_kit import benchmark as b
+from transformer_kit.apps import benchmark as b
+from transformer_kit.apps import peers
 from transformer_kit.export import OnnxModel, export_onnx
 
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory):
     folder = tmp_path_factory.mktemp("bench") / "gpt2"
-    b.gpt2_checkpoint(folder, vocab=97, d_model=32, layers=2, heads=4)
+    peers.gpt2_checkpoint(folder, vocab=97, d_model=32, layers=2, heads=4)
     return folder
 
 
@@ -87,7 +88,8 @@ def test_all_runners_generate_the_same_tokens(gpt2, tmp_path):
     export_onnx(model, tmp_path / "onnx")
     om = OnnxModel(tmp_path / "onnx", "cpu")
     ids = b.random_prompts(97, 1, 6, {0, 1, 96})
-    runners = b.kit_generation_runners(model, om, ids, 8) + b.hf_generation_runners(gpt2, tmp_path, ids, 8)
+    runners = b.kit_generation_runners(model, om, ids, 8)
+    runners += peers.hf_generation_runners(gpt2, tmp_path, ids, 8)
     timings, _ = b.interleaved(runners, 1)
     assert [t.tokens for t in timings] == [8] * len(runners)
     reference = np.asarray(timings[0].result)
@@ -99,9 +101,9 @@ def test_optimum_runs_the_same_checkpoint_to_the_same_tokens(gpt2, tmp_path):
     pytest.importorskip("optimum.onnxruntime")
     model = tk.from_hf(gpt2, pad_id=0)
     ids = b.random_prompts(97, 1, 6, {0, 1, 96})
-    names = [r.name for r in b.hf_generation_runners(gpt2, tmp_path, ids, 8)]
+    names = [r.name for r in peers.hf_generation_runners(gpt2, tmp_path, ids, 8)]
     assert any(name.startswith("optimum") for name in names)
-    optimum = b.load_optimum_causal_lm(gpt2, tmp_path)
+    optimum = peers.load_optimum_causal_lm(gpt2, tmp_path)
     out = optimum.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0,
                            attention_mask=torch.ones_like(ids))[:, 6:]
     assert torch.equal(out, model.generate(ids, 8))

@@ -1,0 +1,102 @@
+"""transformer-kit export: every kind of source, the options as flags, and the loud warning
+when a config file is exported without weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+import transformer_kit as tk
+from tests.apps.conftest import cli, config_file, invoke
+from transformer_kit.export import OnnxModel
+
+
+def test_export_of_a_saved_model(exported):
+    _, folder = exported
+    manifest = json.loads((folder / "onnx" / "manifest.json").read_text())
+    assert manifest["architecture"] == "decoder" and manifest["verification"]["tolerance"] == 1e-4
+
+
+def test_export_of_a_config_with_weights_in_float16(tmp_path):
+    path = config_file(tmp_path, d_model=8, num_heads=2)
+    torch.manual_seed(0)
+    model = tk.build_model(path).eval()
+    from safetensors.torch import save_model
+
+    save_model(model, str(tmp_path / "w.safetensors"))
+    result = invoke("export", str(path), "--weights", str(tmp_path / "w.safetensors"),
+                    "-o", str(tmp_path / "onnx"), "--dtype", "float16")
+    assert result.exit_code == 0, result.output
+    assert "float16" in result.output and "passed" in result.output and "warning" not in result.output
+    ids = torch.tensor([[4, 5, 6]])
+    with torch.no_grad():
+        expected = model(ids).numpy()
+    actual = OnnxModel(tmp_path / "onnx")(ids.numpy())
+    assert abs(actual.astype("float64") - expected).max() / abs(expected).max() < 2e-2
+    wrong = invoke("export", str(path), "--weights", str(tmp_path / "missing.safetensors"), "-o",
+                   str(tmp_path / "x"))
+    assert wrong.exit_code == 1 and "missing.safetensors' does not exist" in wrong.output
+
+
+def test_a_config_without_weights_is_exported_with_a_loud_warning(tmp_path):
+    result = invoke("export", str(config_file(tmp_path)), "-o", str(tmp_path / "onnx"))
+    assert result.exit_code == 0, result.output
+    assert "warning:" in result.output and "randomly initialised weights" in result.output
+    assert "--weights" in result.output
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["--quantize", "int4"], "--quantize"), (["--dtype", "float64"], "--dtype"),
+    (["--opset", "30"], "--opset"), (["--quantize", "int8", "--dtype", "float16"], "--quantize"),
+    (["--eos-id", "x"], "--eos-id"), (["--pad-id", "-3"], "--pad-id"),
+])
+def test_bad_options_are_named_by_their_flag(tmp_path, args, flag):
+    result = invoke("export", str(config_file(tmp_path)), "-o", str(tmp_path / "o"), *args)
+    assert result.exit_code == 2, result.output
+    assert flag in result.output
+    assert "quantize=" not in result.output and "dtype=" not in result.output
+
+
+def _small_gpt2(folder, **config):
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=1000, n_positions=16, n_embd=8, n_layer=1, n_head=2, **config)).save_pretrained(folder)
+    return folder
+
+
+def test_from_hf_with_int8_and_special_id_overrides(tmp_path):
+    checkpoint = _small_gpt2(tmp_path / "gpt2")  # bos and eos 50256: outside its 1000 tokens
+    shown = invoke("config", "show", str(checkpoint))
+    assert shown.exit_code == 0 and "block: pre_norm" in shown.output
+    result = invoke("export", str(checkpoint), "--from-hf", "-o", str(tmp_path / "int8"),
+                    "--quantize", "int8")
+    assert result.exit_code == 0, result.output
+    assert "int8" in result.output
+    manifest = OnnxModel(tmp_path / "int8").manifest
+    assert (manifest.bos_id, manifest.eos_id) == (None, None)
+    result = invoke("export", str(checkpoint), "--from-hf", "-o", str(tmp_path / "ids"),
+                    "--eos-id", "7", "--pad-id", "0", "--bos-id", "none")
+    assert result.exit_code == 0, result.output
+    manifest = OnnxModel(tmp_path / "ids").manifest
+    assert (manifest.pad_id, manifest.bos_id, manifest.eos_id) == (0, None, 7)
+
+
+def test_sources_of_the_wrong_kind_say_what_they_are(tmp_path, exported):
+    _, folder = exported
+    result = invoke("export", str(folder / "onnx"), "-o", str(tmp_path / "x"))
+    assert result.exit_code == 1 and "is an export folder" in result.output
+    checkpoint = _small_gpt2(tmp_path / "gpt2")
+    result = invoke("export", str(checkpoint), "-o", str(tmp_path / "x"))
+    assert result.exit_code == 1 and "Add --from-hf" in result.output
+    result = invoke("export", str(tmp_path / "nope.yaml"), "-o", str(tmp_path / "x"))
+    assert result.exit_code == 1 and "does not exist" in result.output
+
+
+def test_export_in_a_real_process(tmp_path, exported):
+    _, folder = exported
+    result = cli("export", str(folder / "model"), "-o", str(tmp_path / "onnx"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "passed" in result.stdout

@@ -1,0 +1,50 @@
+"""Shared by the command tests: typer's runner, a real subprocess, a saved and exported model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+import transformer_kit as tk
+from tests.combinations import tiny_config
+from transformer_kit.apps.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    """The command in this process (typer's runner); stdout and stderr together in .output."""
+    return runner.invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The command in a real process, as a user runs it (``python -m transformer_kit``)."""
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "transformer_kit", *args], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=600, check=False)
+
+
+def config_file(folder: Path, architecture: str = "decoder", **overrides) -> Path:
+    """A tiny model's config as YAML (a decoder unless said otherwise)."""
+    path = folder / "model.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(architecture, **overrides)))
+    return path
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory):
+    """A saved tiny decoder (folder/model) and its export (folder/onnx), shared by the tests."""
+    folder = tmp_path_factory.mktemp("cli")
+    torch.manual_seed(0)
+    model = tk.build_model(tiny_config("decoder", attention="sdpa"))
+    model.save(folder / "model")
+    result = invoke("export", str(folder / "model"), "-o", str(folder / "onnx"))
+    assert result.exit_code == 0, result.output
+    return model.eval(), folder

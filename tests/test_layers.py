@@ -1,0 +1,97 @@
+"""The structure holds: import-linter's contracts (layers core <- plugins <- export <- apps, a
+root that imports only the core, no import cycles) pass, and they fail when broken; the core
+stays small and so does every module."""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+PACKAGE = ROOT / "transformer_kit"
+OUTER_LAYERS = ("apps", "export", "plugins")
+CORE_LINE_LIMIT = 2_500
+MODULE_LINE_LIMIT = 300
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """``lint-imports`` on the package found first under ``root`` (its copy, or this checkout)."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    lint_imports = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    assert lint_imports, "import-linter is a dev dependency: pip install -e '.[dev]'"
+    command = [lint_imports, "--config", str(root / "pyproject.toml")]
+    return subprocess.run(command, capture_output=True, text=True, cwd=root, env=env, timeout=300,
+                          check=False)
+
+
+def test_the_import_contracts_are_kept():
+    result = _lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "3 kept, 0 broken" in result.stdout
+
+
+def _copy(tmp_path: Path) -> Path:
+    shutil.copytree(PACKAGE, tmp_path / "transformer_kit",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+@pytest.mark.parametrize(("module", "line", "broken"), [
+    ("config.py", "import transformer_kit.export.runtime", "Layers point one way"),
+    ("registry.py", "import transformer_kit.apps.benchmark", "Layers point one way"),
+    ("plugins/attention.py", "from transformer_kit.export import graphs", "Layers point one way"),
+    ("__init__.py", "import transformer_kit.plugins", "The package root imports the core only"),
+    ("errors.py", "import transformer_kit.registry", "No import cycles"),
+])
+def test_a_wrong_import_breaks_a_contract(tmp_path, module, line, broken):
+    copy = _copy(tmp_path)
+    path = copy / "transformer_kit" / module
+    path.write_text(path.read_text() + f"\n{line}  # noqa\n")
+    result = _lint_imports(copy)
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert f"{broken}" in result.stdout and "BROKEN" in result.stdout
+
+
+def test_a_new_core_module_must_be_placed_in_a_layer(tmp_path):
+    copy = _copy(tmp_path)
+    (copy / "transformer_kit" / "stray.py").write_text('"""Nobody placed me."""\n')
+    result = _lint_imports(copy)
+    assert result.returncode != 0 and "transformer_kit.stray" in result.stdout + result.stderr
+
+
+def _core_files() -> list[Path]:
+    return [p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] not in OUTER_LAYERS]
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module an import statement names in ``path``, at any depth (inside functions too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_the_core_is_small_and_imports_no_outer_layer():
+    lines = sum(len(p.read_text().splitlines()) for p in _core_files())
+    assert lines <= CORE_LINE_LIMIT, lines
+    outer = tuple(f"transformer_kit.{layer}" for layer in OUTER_LAYERS)
+    wrong = {(p.name, name) for p in _core_files() for name in _imports(p) if name.startswith(outer)}
+    assert not wrong, wrong
+
+
+def test_no_module_is_long_without_saying_why():
+    long = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+            if len(p.read_text().splitlines()) > MODULE_LINE_LIMIT
+            and "Longer than 300 lines because" not in p.read_text()]
+    assert not long, long
