@@ -24,18 +24,17 @@ import numpy as np
 import torch
 
 import transformer_kit as tk
-from transformer_kit.benchmark import (
+from transformer_kit.apps.benchmark import (
     Runner,
-    bert_checkpoint,
     exported,
     forward_flops,
     interleaved,
     matmul_peak_probe,
     onnx_runner_name,
-    optimum_version,
     random_prompts,
     ratio_to,
 )
+from transformer_kit.apps.peers import bert_checkpoint, optimum_version
 
 
 def _table(title: str, timings, baseline: str, extra=None) -> None:

@@ -20,10 +20,8 @@ from pathlib import Path
 import torch
 
 import transformer_kit as tk
-from transformer_kit.benchmark import (
+from transformer_kit.apps.benchmark import (
     exported,
-    gpt2_checkpoint,
-    hf_generation_runners,
     interleaved,
     kit_generation_runners,
     random_prompts,
@@ -32,6 +30,7 @@ from transformer_kit.benchmark import (
     weight_bytes_per_token,
     weight_stream_runner,
 )
+from transformer_kit.apps.peers import gpt2_checkpoint, hf_generation_runners
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 import transformer_kit as tk
-from transformer_kit.benchmark import Runner, exported, gpt2_checkpoint, interleaved, random_prompts, ratio_to
+from transformer_kit.apps.benchmark import Runner, exported, interleaved, random_prompts, ratio_to
+from transformer_kit.apps.peers import gpt2_checkpoint
 
 
 def next_token_agreement(fp32, int8, model, vocab: int, avoid: set[int], prompts: int,

@@ -21,8 +21,9 @@ import numpy as np
 import torch
 
 import transformer_kit as tk
+from transformer_kit.apps.benchmark import exported, median_time, random_prompts
+from transformer_kit.apps.peers import gpt2_checkpoint
 from transformer_kit.attention import LayerCache
-from transformer_kit.benchmark import exported, gpt2_checkpoint, median_time, random_prompts
 
 CACHE_LENGTHS = [64, 128, 256, 512, 1023]  # + 1 new token = 1024 positions, GPT-2's limit
 LENGTHS = [64, 128, 256, 512, 1024]
