@@ -98,19 +98,20 @@ class TransformerModel(nn.Module):
         #: The registered component of each kind, with its plugin (set by build_model).
         self.components: dict[str, RegisteredComponent] = {}
 
-    def _declaring(self, capability: str) -> list[str]:
+    def _lacking(self, flag: str) -> list[str]:
+        """Chosen components whose ``flag`` (supports_cache, exportable) is False, named."""
         return [f"{kind} {e.component.name!r} (plugin {e.plugin!r})"
-                for kind, e in self.components.items() if not getattr(e.component, capability)]
+                for kind, e in self.components.items() if not getattr(e.component, flag)]
 
     @property
     def uncacheable(self) -> list[str]:
         """Components that declared ``supports_cache=False``, named with their plugin."""
-        return self._declaring("supports_cache")
+        return self._lacking("supports_cache")
 
     @property
     def unexportable(self) -> list[str]:
         """Components that declared ``exportable=False``, named with their plugin."""
-        return self._declaring("exportable")
+        return self._lacking("exportable")
 
     @property
     def max_positions(self) -> int | None:
