@@ -10,8 +10,8 @@ from typing import Any, NoReturn
 import typer
 
 from transformer_kit.errors import ArtifactError, CheckpointError, ConfigError, ProviderError
+from transformer_kit.export.manifest import MANIFEST_FILE
 
-MANIFEST = "manifest.json"
 ACCEPTED = ("a config file (.yaml, .yml, .json), a folder saved with model.save, a Hugging Face "
             "checkpoint folder or an export folder")
 
@@ -31,7 +31,7 @@ def kind_of(path: Path) -> str:
     if not path.exists():
         return "missing"
     if path.is_dir():
-        if (path / MANIFEST).is_file():
+        if (path / MANIFEST_FILE).is_file():
             return "export"
         if is_saved_model(path):
             return "saved model"

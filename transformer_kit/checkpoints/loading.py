@@ -10,6 +10,7 @@ from typing import Any
 
 from transformer_kit.assembly import build_model
 from transformer_kit.checkpoints.reader import Weights, read_hf_config, read_hf_weights
+from transformer_kit.component import CheckpointFamily
 from transformer_kit.config import ModelConfig, config_from_dict
 from transformer_kit.errors import CheckpointError
 from transformer_kit.model import TransformerModel
@@ -61,12 +62,12 @@ def config_from_hf(folder: str | Path, **overrides: Any) -> ModelConfig:
     ``overrides`` replace keys of the result, e.g. ``pad_id=0`` for a GPT-2 without a pad
     token, ``eos_id=None``, or ``attention="matmul"``.
     """
-    return _config(read_hf_config(folder), folder, overrides)
+    hf = read_hf_config(folder)
+    return _config(hf, _family(hf, folder).family, folder, overrides)
 
 
-def _config(hf: dict, folder: str | Path, overrides: dict[str, Any]) -> ModelConfig:
-    entry = _family(hf, folder)
-    family = entry.family
+def _config(hf: dict, family: CheckpointFamily, folder: str | Path,
+            overrides: dict[str, Any]) -> ModelConfig:
     try:
         data = family.to_config(hf)
     except KeyError as exc:
@@ -85,8 +86,8 @@ def from_hf(folder: str | Path, **overrides: Any) -> TransformerModel:
     model: ``model.save`` / ``tk.load_model`` and ``export_onnx`` work on it.
     """
     hf = read_hf_config(folder)
-    config = _config(hf, folder, overrides)
     family = _family(hf, folder).family
+    config = _config(hf, family, folder, overrides)
     weights = Weights(read_hf_weights(folder), folder, family.prefixes, family.probe)
     state = family.to_state_dict(hf, weights, config)
     model = build_model(config)
