@@ -17,6 +17,10 @@ ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "transformer_kit"
 OUTER_LAYERS = ("apps", "export", "plugins")
 CORE_LINE_LIMIT = 2_500
+#: The decoding subsystem (options, logits processors, strategies, the PyTorch stepper) is a
+#: core package with a budget of its own, so the model core stays small as decoding grows.
+DECODING = "decoding"
+DECODING_LINE_LIMIT = 800
 MODULE_LINE_LIMIT = 300
 
 
@@ -70,6 +74,10 @@ def _core_files() -> list[Path]:
     return [p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] not in OUTER_LAYERS]
 
 
+def _lines(files: list[Path]) -> int:
+    return sum(len(p.read_text().splitlines()) for p in files)
+
+
 def _imports(path: Path) -> set[str]:
     """Every module an import statement names in ``path``, at any depth (inside functions too)."""
     names = set()
@@ -83,8 +91,10 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_core_is_small_and_imports_no_outer_layer():
-    lines = sum(len(p.read_text().splitlines()) for p in _core_files())
-    assert lines <= CORE_LINE_LIMIT, lines
+    decoding = [p for p in _core_files() if p.relative_to(PACKAGE).parts[0] == DECODING]
+    assert decoding and _lines(decoding) <= DECODING_LINE_LIMIT, _lines(decoding)
+    rest = [p for p in _core_files() if p not in decoding]
+    assert _lines(rest) <= CORE_LINE_LIMIT, _lines(rest)
     outer = tuple(f"transformer_kit.{layer}" for layer in OUTER_LAYERS)
     wrong = {(p.name, name) for p in _core_files() for name in _imports(p) if name.startswith(outer)}
     assert not wrong, wrong

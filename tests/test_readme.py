@@ -24,6 +24,8 @@ def test_use_from_python_example(tmp_path, monkeypatch):
     exec(block, namespace)
     assert namespace["logits"].shape == (2, 4, 8000)
     assert namespace["new_tokens"].shape[0] == 2
+    assert namespace["sampled"].shape[0] == 2
+    assert namespace["beams"].shape[0] == 4  # 2 prompts x 2 returned sequences
     same = namespace["same"]
     assert torch.equal(same(namespace["prompts"]), namespace["model"](namespace["prompts"]))
 

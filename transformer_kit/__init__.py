@@ -10,8 +10,9 @@ applications (``transformer_kit.apps``: command line, demo, plots, benchmarks) s
 nothing here imports them (the contracts in pyproject.toml check it).
 """
 
-from transformer_kit.component import KINDS, CheckpointFamily, Component
+from transformer_kit.component import KINDS, MODEL_KINDS, CheckpointFamily, Component
 from transformer_kit.config import ComponentSpec, ModelConfig, load_config
+from transformer_kit.decoding import GenerationConfig, LogitsProcessor
 from transformer_kit.errors import (
     ArtifactError,
     CheckpointError,
@@ -66,9 +67,10 @@ def config_from_hf(path, **overrides):
 
 
 __all__ = [
-    "KINDS", "ArtifactError", "CheckpointError", "CheckpointFamily", "Component", "ComponentError",
-    "ComponentSpec", "ConfigError", "ExportError", "InputError", "MaskError", "ModelConfig",
-    "PluginError", "ProviderError", "Registry", "TransformerKitError", "UnknownComponentError",
-    "__version__", "build_model", "config_from_hf", "from_hf", "get_registry", "hookimpl", "hookspec",
-    "load_config", "load_model", "register_plugin", "reset_registry", "unregister_plugin",
+    "KINDS", "MODEL_KINDS", "ArtifactError", "CheckpointError", "CheckpointFamily", "Component",
+    "ComponentError", "ComponentSpec", "ConfigError", "ExportError", "GenerationConfig",
+    "InputError", "LogitsProcessor", "MaskError", "ModelConfig", "PluginError", "ProviderError",
+    "Registry", "TransformerKitError", "UnknownComponentError", "__version__", "build_model",
+    "config_from_hf", "from_hf", "get_registry", "hookimpl", "hookspec", "load_config",
+    "load_model", "register_plugin", "reset_registry", "unregister_plugin",
 ]

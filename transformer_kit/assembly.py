@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from transformer_kit.attention import MultiHeadAttention
-from transformer_kit.component import KINDS
+from transformer_kit.component import MODEL_KINDS
 from transformer_kit.config import ModelConfig, load_config
 from transformer_kit.errors import ComponentError, ConfigError, TransformerKitError
 from transformer_kit.interfaces import AttentionKernel, AttentionMask, Block, PositionalEncoding
@@ -26,14 +26,13 @@ from transformer_kit.masks import NoMask
 from transformer_kit.memory import available_memory
 from transformer_kit.model import (
     DecoderTransformer,
-    Embedder,
     EncoderDecoderTransformer,
     EncoderTransformer,
-    Stack,
     TransformerModel,
 )
 from transformer_kit.registry import Registry, get_registry, origin
 from transformer_kit.serialization import load_saved_weights, read_saved_config
+from transformer_kit.stacks import Embedder, Stack
 
 #: The type each kind's factory must return.
 _EXPECTED: dict[str, type | tuple[type, ...]] = {
@@ -126,11 +125,11 @@ class _Parts:
 
 def check_capabilities(config: ModelConfig, registry: Registry) -> None:
     """Refuse a combination of components that cannot work together, with a sentence."""
-    chosen = {kind: registry.get(kind, config.component(kind).name) for kind in KINDS}
+    chosen = {kind: registry.get(kind, config.component(kind).name) for kind in MODEL_KINDS}
     provided = set().union(*(c.provides for c in chosen.values()))
     for kind, comp in chosen.items():
         for need in sorted(comp.requires - provided):
-            offering = [f"{k} {c.name!r}" for k in KINDS for c in
+            offering = [f"{k} {c.name!r}" for k in MODEL_KINDS for c in
                         (registry.get(k, n) for n in registry.names(k)) if need in c.provides]
             raise ConfigError(
                 f"{kind} {comp.name!r} needs {need!r}, which the chosen components do not "
@@ -179,7 +178,7 @@ def check_config(config: ModelConfig | dict | str | Path,
     """
     config = load_config(config)
     registry = registry or get_registry()
-    for kind in KINDS:
+    for kind in MODEL_KINDS:
         name = config.component(kind).name
         try:
             registry.entry(kind, name)
@@ -215,7 +214,7 @@ def build_model(config: ModelConfig | dict | str | Path,
             "Make vocab_size, d_model, d_ff or the number of layers smaller."
         )
     model = _assemble(config, registry)
-    model.components = {kind: registry.entry(kind, config.component(kind).name) for kind in KINDS}
+    model.components = {kind: registry.entry(kind, config.component(kind).name) for kind in MODEL_KINDS}
     return model
 
 

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: The kinds of component a model is assembled from.
-KINDS: tuple[str, ...] = ("attention", "positional", "mask", "block", "feedforward", "norm")
+MODEL_KINDS: tuple[str, ...] = ("attention", "positional", "mask", "block", "feedforward", "norm")
+#: Every kind a plugin may register: the model's, and logits processors (used by decoding).
+KINDS: tuple[str, ...] = (*MODEL_KINDS, "logits_processor")
 
 #: Fused lowerings the export layer knows, by kind (see ``Component.lowerings``).
 LOWERINGS: dict[str, frozenset[str]] = {"attention": frozenset({"attention"})}

@@ -23,7 +23,7 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from transformer_kit.component import KINDS
+from transformer_kit.component import MODEL_KINDS
 from transformer_kit.errors import ConfigError, did_you_mean, missing_path
 
 Architecture = Literal["encoder_decoder", "encoder", "decoder"]
@@ -194,7 +194,7 @@ def _format_validation_error(exc: ValidationError) -> str:
             fields = allowed if len(err["loc"]) == 1 else ["name", "params"]
             lines.append(f"unknown key {loc!r}.{did_you_mean(key, fields)} "
                          f"Allowed keys: {', '.join(fields)}")
-        elif err["loc"] and err["loc"][0] in KINDS and len(err["loc"]) == 1:
+        elif err["loc"] and err["loc"][0] in MODEL_KINDS and len(err["loc"]) == 1:
             lines.append(f"key {loc!r}: give a component name or a mapping "
                          f"{{name: ..., <params>}} (given {err.get('input')!r})")
         elif err["type"] == "value_error":

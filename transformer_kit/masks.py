@@ -1,6 +1,7 @@
 """Masks, one convention everywhere: boolean, True = may attend.
 
-Padding comes from token ids and ``pad_id``; look-ahead and other self-attention masks are
+Padding comes from an ``attention_mask`` (1 = real token, as transformers) or else from token
+ids and ``pad_id``; look-ahead and other self-attention masks are
 components (kind ``mask``) computed from positions; all are combined by logical and. Masked
 scores are filled with the dtype's most negative finite value, and a query row with no visible
 key yields zeros, never NaN.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from transformer_kit.errors import MaskError
+from transformer_kit.errors import InputError, MaskError
 from transformer_kit.inputs import tracing
 from transformer_kit.interfaces import AttentionMask
 
@@ -34,6 +35,24 @@ def keep_mask(ids: Tensor, pad_id: int | None) -> Tensor:
     if pad_id is None:
         return torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
     return ids != pad_id
+
+
+def token_keep(ids: Tensor, attention_mask: Tensor | None, pad_id: int | None) -> Tensor:
+    """(batch, len) bool, True for real tokens: from ``attention_mask`` (batch, len), 1 (or
+    True) = real token as transformers takes it, or else from ``pad_id``."""
+    if attention_mask is None:
+        return keep_mask(ids, pad_id)
+    if not isinstance(attention_mask, Tensor):
+        raise InputError(f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}.")
+    if not tracing():
+        if tuple(attention_mask.shape) != tuple(ids.shape):
+            raise InputError(f"attention_mask has shape {tuple(attention_mask.shape)} but the ids "
+                             f"have shape {tuple(ids.shape)}; give one 0/1 entry per token "
+                             "(1 = real token).")
+        if attention_mask.dtype != torch.bool and not bool(
+                ((attention_mask == 0) | (attention_mask == 1)).all()):
+            raise InputError("attention_mask must hold 0 and 1 only (1 = real token, 0 = padding).")
+    return attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
 
 
 def from_padding_convention(mask: Tensor) -> Tensor:

@@ -8,83 +8,23 @@ generation and the exported decoder step share one code path.
 
 from __future__ import annotations
 
-import math
-from dataclasses import replace
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from transformer_kit.config import ModelConfig
+from transformer_kit.decoding import GenerationConfig
+from transformer_kit.decoding.torch_steps import generate, stream
 from transformer_kit.errors import InputError
-from transformer_kit.generation import generate
 from transformer_kit.inputs import check_token_ids, tracing
-from transformer_kit.interfaces import AttentionInputs, AttentionMask, LayerCache, PositionalEncoding
-from transformer_kit.masks import keep_mask, positions_from_keep
+from transformer_kit.interfaces import AttentionInputs, AttentionMask, LayerCache
+from transformer_kit.masks import token_keep
 from transformer_kit.registry_entries import RegisteredComponent
 from transformer_kit.serialization import save_model
-
-
-class Embedder(nn.Module):
-    """Token embedding (scaled by sqrt(d_model) as in the paper, if configured) + positions,
-    then a norm when configured (``embedding_norm``, as BERT)."""
-
-    def __init__(self, token: nn.Embedding, positional: PositionalEncoding, dropout: float,
-                 scale: bool, norm: nn.Module | None = None) -> None:
-        super().__init__()
-        self.token = token
-        self.positional = positional
-        self.scale = math.sqrt(token.embedding_dim) if scale else 1.0
-        self.norm = norm
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
-        """ids, positions (batch, len) -> (batch, len, d_model)."""
-        x = self.token(ids)
-        if self.scale != 1.0:
-            x = x * self.scale
-        x = self.positional.embed(x, positions)
-        return self.dropout(self.norm(x) if self.norm is not None else x)
-
-
-class Stack(nn.Module):
-    """N layers, then a final norm when the layers need one (pre-norm)."""
-
-    def __init__(self, layers: list[nn.Module], final_norm: nn.Module | None) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(layers)
-        self.final_norm = final_norm
-
-    def forward(self, x: Tensor, self_inputs: AttentionInputs,
-                cross_inputs: AttentionInputs | None = None,
-                caches: list[LayerCache] | None = None) -> Tensor:
-        """x (batch, len, d_model) -> (batch, len, d_model); caches are updated in place."""
-        for i, layer in enumerate(self.layers):
-            s, c = self_inputs, cross_inputs
-            if caches is not None:
-                s = replace(self_inputs, cache=caches[i])
-                c = None if cross_inputs is None else replace(cross_inputs, cache=caches[i])
-            x = layer(x, s, c)
-        return self.final_norm(x) if self.final_norm is not None else x
-
-
-def self_attention_inputs(keep: Tensor, q_len: int, positional: PositionalEncoding,
-                          mask: AttentionMask) -> AttentionInputs:
-    """Masks, positions and score bias for self-attention of the last ``q_len`` of ``keep``.
-
-    Args:
-        keep: (batch, k_len) bool, True for real tokens (cached ones first, then the new ones).
-        q_len: how many of the keys are new (the queries).
-    """
-    k_positions = positions_from_keep(keep)
-    # narrow keeps the length q_len itself, which torch.export can reason about (a slice does not)
-    q_positions = k_positions.narrow(1, k_positions.shape[1] - q_len, q_len)
-    combined = keep[:, None, None, :]
-    restriction = mask(q_positions, k_positions)
-    if restriction is not None:
-        combined = combined & restriction
-    bias = positional.score_bias(q_positions, k_positions)
-    return AttentionInputs(combined, q_positions, k_positions, bias, positional)
+from transformer_kit.stacks import Embedder, Stack, self_attention_inputs
 
 
 class TransformerModel(nn.Module):
@@ -122,10 +62,45 @@ class TransformerModel(nn.Module):
         """Write ``config.json`` and ``model.safetensors`` into the folder ``path``."""
         return save_model(self, path)
 
-    def generate(self, ids: Tensor, max_new_tokens: int = 32, *, use_cache: bool = True) -> Tensor:
-        """Greedy decoding: (batch, len) prompts (decoder) or source ids (encoder_decoder, from
-        ``bos_id``) -> (batch, steps) new tokens; see :func:`transformer_kit.generation.generate`."""
-        return generate(self, ids, max_new_tokens, use_cache=use_cache)
+    @property
+    def context_length(self) -> int:
+        """Most positions a sequence (prompt and generated tokens) may take: the positional
+        encoding's bound, else the config's ``max_len`` (a checkpoint's maximum positions)."""
+        bound = self.max_positions
+        return bound if bound is not None else self.config.max_len
+
+    def generate(self, ids: Tensor, max_new_tokens: int | None = None, *,
+                 attention_mask: Tensor | None = None,
+                 generation_config: GenerationConfig | dict | None = None,
+                 use_cache: bool = True, **options: Any) -> Tensor:
+        """New tokens for each prompt, by the strategy the options choose (greedy, sampling,
+        beam search: :class:`~transformer_kit.GenerationConfig`, as ``generation_config`` and/or
+        keywords such as ``do_sample=True, top_p=0.9, seed=0``). Decoder models continue each
+        prompt row; encoder-decoder models encode ``ids`` once and decode from ``bos_id``.
+
+        Args:
+            ids: (batch, len) int64 prompts (decoder) or source ids (encoder_decoder).
+            attention_mask: (batch, len) 1 = real token, 0 = padding (else from ``pad_id``).
+            use_cache: False recomputes the whole sequence each step (the reference).
+        Returns:
+            (batch x num_return_sequences, steps) int64 new tokens; a row that ended holds
+            ``pad_id`` (or its eos id) after it.
+        """
+        if max_new_tokens is not None:
+            options["max_new_tokens"] = max_new_tokens
+        return generate(self, ids, attention_mask=attention_mask, config=generation_config,
+                        use_cache=use_cache, **options)
+
+    def stream(self, ids: Tensor, max_new_tokens: int | None = None, *,
+               attention_mask: Tensor | None = None,
+               generation_config: GenerationConfig | dict | None = None,
+               use_cache: bool = True, **options: Any) -> Iterator[Tensor]:
+        """As :meth:`generate` (greedy search or sampling), yielding each step's tokens
+        (batch x num_return_sequences,) int64 as they are chosen."""
+        if max_new_tokens is not None:
+            options["max_new_tokens"] = max_new_tokens
+        return stream(self, ids, attention_mask=attention_mask, config=generation_config,
+                      use_cache=use_cache, **options)
 
     def _empty_cache(self, stack: Stack, batch: int, like: Tensor) -> list[LayerCache]:
         caches = []
@@ -154,10 +129,11 @@ class EncoderDecoderTransformer(TransformerModel):
     def max_positions(self) -> int | None:
         return self.tgt_embed.positional.max_positions
 
-    def encode(self, src_ids: Tensor) -> tuple[Tensor, Tensor]:
-        """src_ids (batch, src_len) -> memory (batch, src_len, d_model), src_keep (batch, src_len)."""
+    def encode(self, src_ids: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """src_ids (batch, src_len), attention_mask (batch, src_len) 1 = real token (else from
+        ``pad_id``) -> memory (batch, src_len, d_model), src_keep (batch, src_len) bool."""
         src_ids = check_token_ids(src_ids, self.config.src_vocab, "src_ids")
-        keep = keep_mask(src_ids, self.config.pad_id)
+        keep = token_keep(src_ids, attention_mask, self.config.pad_id)
         inputs = self_attention_inputs(keep, src_ids.shape[1], self.src_embed.positional,
                                        self.encoder_mask)
         memory = self.encoder(self.src_embed(src_ids, inputs.q_positions), inputs)
@@ -186,13 +162,15 @@ class EncoderDecoderTransformer(TransformerModel):
                          cross_inputs, caches)
         return self.head(x[:, -1:] if last_only else x)
 
-    def forward(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
-        """src_ids (batch, src_len), tgt_ids (batch, tgt_len) -> logits (batch, tgt_len, V)."""
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor, attention_mask: Tensor | None = None
+                ) -> Tensor:
+        """src_ids (batch, src_len), tgt_ids (batch, tgt_len), attention_mask of the source
+        (batch, src_len; 1 = real token, else from ``pad_id``) -> logits (batch, tgt_len, V)."""
         if (isinstance(src_ids, Tensor) and isinstance(tgt_ids, Tensor) and not tracing()
                 and src_ids.dim() >= 1 and tgt_ids.dim() >= 1 and len(src_ids) != len(tgt_ids)):
             raise InputError(f"src_ids has {len(src_ids)} rows but tgt_ids has {len(tgt_ids)}; "
                              "give one target row per source row.")
-        memory, src_keep = self.encode(src_ids)
+        memory, src_keep = self.encode(src_ids, attention_mask)
         return self.decode(tgt_ids, memory, src_keep)
 
     def new_cache(self, batch: int, like: Tensor) -> list[LayerCache]:
@@ -229,10 +207,11 @@ class DecoderTransformer(TransformerModel):
         x = self.decoder(self.embed(input_ids, inputs.q_positions), inputs, None, caches)
         return self.head(x[:, -1:] if last_only else x)
 
-    def forward(self, input_ids: Tensor) -> Tensor:
-        """input_ids (batch, len), ``pad_id`` marking padding -> logits (batch, len, vocab)."""
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """input_ids (batch, len), attention_mask (batch, len) 1 = real token (else padding is
+        where ``pad_id`` is) -> logits (batch, len, vocab)."""
         input_ids = check_token_ids(input_ids, self.config.vocab_size, "input_ids")
-        return self.step(input_ids, keep_mask(input_ids, self.config.pad_id))
+        return self.step(input_ids, token_keep(input_ids, attention_mask, self.config.pad_id))
 
     def new_cache(self, batch: int, like: Tensor) -> list[LayerCache]:
         """Empty per-layer caches (zero-length past) for ``batch`` rows, dtype/device of ``like``."""
@@ -254,9 +233,11 @@ class EncoderTransformer(TransformerModel):
     def max_positions(self) -> int | None:
         return self.embed.positional.max_positions
 
-    def forward(self, input_ids: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """input_ids (batch, len), attention_mask (batch, len) 1 = real token (else padding is
+        where ``pad_id`` is) -> hidden states (batch, len, d_model) or logits."""
         input_ids = check_token_ids(input_ids, self.config.vocab_size, "input_ids")
-        keep = keep_mask(input_ids, self.config.pad_id)
+        keep = token_keep(input_ids, attention_mask, self.config.pad_id)
         inputs = self_attention_inputs(keep, input_ids.shape[1], self.embed.positional, self.mask)
         hidden = self.encoder(self.embed(input_ids, inputs.q_positions), inputs)
         return self.head(hidden) if self.head is not None else hidden

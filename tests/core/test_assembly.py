@@ -80,7 +80,7 @@ def test_a_factory_that_cannot_run_on_the_meta_device_still_builds(fresh_registr
 
 def test_built_models_record_their_components():
     model = tk.build_model(tiny_config("decoder", attention="sdpa"))
-    assert set(model.components) == set(tk.KINDS)
+    assert set(model.components) == set(tk.MODEL_KINDS)
     entry = model.components["attention"]
     assert (entry.component.name, entry.plugin) == ("sdpa", "builtin")
     assert "attention" in entry.component.lowerings

@@ -14,7 +14,7 @@ from transformer_kit.config import ModelConfig
 def test_defaults_are_the_paper():
     cfg = tk.load_config({"vocab_size": 37000})
     assert (cfg.d_model, cfg.num_heads, cfg.num_layers, cfg.d_ff, cfg.head_dim) == (512, 8, 6, 2048, 64)
-    assert [cfg.component(k).name for k in tk.KINDS] == [
+    assert [cfg.component(k).name for k in tk.MODEL_KINDS] == [
         "matmul", "sinusoidal", "causal", "post_norm", "relu", "layernorm"]
     assert tk.load_config({"architecture": "encoder", "vocab_size": 9}).mask.name == "none"
 

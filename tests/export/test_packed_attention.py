@@ -17,8 +17,8 @@ from tests.combinations import tiny_config
 from transformer_kit.attention import AttentionInputs, LayerCache, MultiHeadAttention
 from transformer_kit.export import OnnxModel, export_onnx
 from transformer_kit.export.packed_attention import packed_attention_patch, packed_forward
-from transformer_kit.model import self_attention_inputs
 from transformer_kit.plugins.attention import SdpaAttention
+from transformer_kit.stacks import self_attention_inputs
 
 
 def _ops(path) -> collections.Counter:

@@ -60,9 +60,9 @@ def test_bad_inputs_are_refused_before_onnxruntime(decoder_export, bad, message)
 def test_generation_arguments_are_checked(decoder_export):
     _, folder = decoder_export
     om = OnnxModel(folder, providers="cpu")
-    with pytest.raises(tk.InputError, match=r"max_new_tokens must be a non-negative integer"):
+    with pytest.raises(tk.InputError, match=r"max_new_tokens=-1 is not allowed"):
         om.generate(np.array([[3, 4]]), max_new_tokens=-1)
-    with pytest.raises(tk.InputError, match=r"needs 18 positions.*cover 16"):
+    with pytest.raises(tk.InputError, match=r"18 in all.*context length is 16"):
         om.generate(np.array([[3, 4, 5, 6]]), max_new_tokens=14)
     with pytest.raises(tk.InputError, match=r"rows \[1\] hold only padding"):
         om.generate(np.array([[3, 4], [0, 0]]), max_new_tokens=2)

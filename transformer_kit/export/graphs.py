@@ -1,6 +1,7 @@
 """The graphs an export writes, as small ``nn.Module`` wrappers with named inputs and outputs.
 
-- ``model``: the full forward, as ``model.forward`` (padding from ``pad_id`` inside the graph).
+- ``model``: the full forward, as ``model.forward``, with the ``attention_mask`` (1 = real token)
+  as an input (``OnnxModel`` makes it from ``pad_id`` when the caller gives none).
 - ``decoder_step``: one decoding step with the key/value cache as plain tensors
   (``past_key_values.{i}.key/value`` in, ``present.{i}.key/value`` out); a zero-length past
   makes the same graph serve the prompt and every later token. Returns the last position's
@@ -50,15 +51,15 @@ class DecoderStep(nn.Module):
 
 
 class EncoderForDecoding(nn.Module):
-    """src_ids (batch, src_len) -> encoder_attention_mask (batch, src_len) int64 and
+    """src_ids, attention_mask (batch, src_len) -> encoder_attention_mask (batch, src_len) int64 and
     cross.{i}.key/value (batch, kv_heads, src_len, head_dim) for each decoder layer."""
 
     def __init__(self, model: TransformerModel) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, src_ids: Tensor):
-        memory, keep = self.model.encode(src_ids)
+    def forward(self, src_ids: Tensor, attention_mask: Tensor):
+        memory, keep = self.model.encode(src_ids, attention_mask)
         cross = []
         for layer in self.model.decoder.layers:
             cross.extend(layer.cross_attention.keys_values(memory))
@@ -93,6 +94,11 @@ class GraphSpec:
     outputs: list[str]
 
 
+def _mask(ids: Tensor, pad_id: int | None) -> Tensor:
+    """(batch, len) int64 attention mask of example ids: 1 for real tokens."""
+    return (ids != pad_id).long() if pad_id is not None else torch.ones_like(ids)
+
+
 def _ids(batch: int, length: int, vocab: int, pad_id: int | None) -> Tensor:
     gen = torch.Generator().manual_seed(batch * 100 + length)
     ids = torch.randint(0, vocab, (batch, length), generator=gen)
@@ -109,19 +115,22 @@ def graph_specs(model: TransformerModel) -> dict[str, GraphSpec]:
     src_len, total = Dim("src_len"), Dim("total")
     b, n, t, p = EXAMPLE_BATCH, EXAMPLE_LEN, EXAMPLE_TGT_LEN, EXAMPLE_PAST
     param = next(model.parameters())
+    token_shapes = {"input_ids": {0: batch, 1: length}, "attention_mask": {0: batch, 1: length}}
     specs: dict[str, GraphSpec] = {}
     if model.architecture == "encoder":
         output = "logits" if model.head is not None else "last_hidden_state"
-        specs["model"] = GraphSpec(model, (_ids(b, n, cfg.vocab_size, cfg.pad_id),),
-                                   {"input_ids": {0: batch, 1: length}}, ["input_ids"], [output])
+        ids = _ids(b, n, cfg.vocab_size, cfg.pad_id)
+        specs["model"] = GraphSpec(model, (ids, _mask(ids, cfg.pad_id)), token_shapes,
+                                   ["input_ids", "attention_mask"], [output])
         return specs
     layers = len(model.decoder.layers)
     heads, head_dim = cfg.kv_heads, cfg.head_dim
     past_kv = [param.new_zeros(b, heads, p, head_dim).normal_() for _ in range(2 * layers)]
     past_shapes = [{0: batch, 2: past}] * (2 * layers)
     if model.architecture == "decoder":
-        specs["model"] = GraphSpec(model, (_ids(b, n, cfg.vocab_size, cfg.pad_id),),
-                                   {"input_ids": {0: batch, 1: length}}, ["input_ids"], ["logits"])
+        ids = _ids(b, n, cfg.vocab_size, cfg.pad_id)
+        specs["model"] = GraphSpec(model, (ids, _mask(ids, cfg.pad_id)), token_shapes,
+                                   ["input_ids", "attention_mask"], ["logits"])
         mask = torch.ones(b, p + t, dtype=torch.long)
         mask[-1, 0] = 0  # a left-padded row
         specs["decoder_step"] = GraphSpec(
@@ -133,15 +142,17 @@ def graph_specs(model: TransformerModel) -> dict[str, GraphSpec]:
         )
         return specs
     src = _ids(b, n, cfg.src_vocab, cfg.pad_id)
+    src_mask = _mask(src, cfg.pad_id)
     specs["model"] = GraphSpec(
-        model, (src, _ids(b, t, cfg.tgt_vocab, None)),
-        {"src_ids": {0: batch, 1: src_len}, "tgt_ids": {0: batch, 1: length}},
-        ["src_ids", "tgt_ids"], ["logits"])
+        model, (src, _ids(b, t, cfg.tgt_vocab, None), src_mask),
+        {"src_ids": {0: batch, 1: src_len}, "tgt_ids": {0: batch, 1: length},
+         "attention_mask": {0: batch, 1: src_len}},
+        ["src_ids", "tgt_ids", "attention_mask"], ["logits"])
     specs["encoder"] = GraphSpec(
-        EncoderForDecoding(model), (src,), {"src_ids": {0: batch, 1: src_len}},
-        ["src_ids"], ["encoder_attention_mask", *kv_names("cross", layers)])
+        EncoderForDecoding(model), (src, src_mask),
+        {"src_ids": {0: batch, 1: src_len}, "attention_mask": {0: batch, 1: src_len}},
+        ["src_ids", "attention_mask"], ["encoder_attention_mask", *kv_names("cross", layers)])
     cross = [param.new_zeros(b, heads, n, head_dim).normal_() for _ in range(2 * layers)]
-    src_mask = (src != cfg.pad_id).long() if cfg.pad_id is not None else torch.ones_like(src)
     specs["decoder_step"] = GraphSpec(
         Seq2SeqDecoderStep(model), (_ids(b, t, cfg.tgt_vocab, None), src_mask, cross, past_kv),
         {"input_ids": {0: batch, 1: new}, "encoder_attention_mask": {0: batch, 1: src_len},

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from transformer_kit.decoding.prompts import keep_from_pad
 from transformer_kit.export.manifest import Manifest
 from transformer_kit.export.providers import CPU
 from transformer_kit.export.runtime import OnnxModel
@@ -37,9 +38,13 @@ def _load_and_time(path: Path, feeds: dict, runs: int) -> tuple[float, float]:
 def _forward_feeds(manifest: Manifest) -> dict[str, np.ndarray]:
     length = min(32, manifest.max_positions or 32)
     graph = manifest.graphs["model"]
+    names = [n for n in graph.inputs if n != "attention_mask"]
     vocabs = [manifest.src_vocab, manifest.tgt_vocab]
-    return {name: random_ids(4, length, vocab, manifest.pad_id, seed=i).numpy()
-            for i, (name, vocab) in enumerate(zip(graph.inputs, vocabs, strict=False))}
+    feeds = {name: random_ids(4, length, vocab, manifest.pad_id, seed=i).numpy()
+             for i, (name, vocab) in enumerate(zip(names, vocabs, strict=False))}
+    if "attention_mask" in graph.inputs:
+        feeds["attention_mask"] = keep_from_pad(feeds[names[0]], manifest.pad_id).astype(np.int64)
+    return feeds
 
 
 def optimize_graphs(model, folder: Path, manifest: Manifest, tolerance: float | None,

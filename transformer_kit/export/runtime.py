@@ -8,15 +8,33 @@ same code path runs on the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
+from transformer_kit.decoding import (
+    GenerationConfig,
+    Problem,
+    build_pipeline,
+    generate_tokens,
+    stream_tokens,
+)
+from transformer_kit.decoding import generation_config as resolve_options
+from transformer_kit.decoding.prompts import (
+    as_array,
+    check_room,
+    check_stop,
+    fill_id,
+    keep_from_mask,
+    keep_from_pad,
+    left_align,
+)
 from transformer_kit.errors import ArtifactError, ConfigError, InputError
 from transformer_kit.export.manifest import Manifest
+from transformer_kit.export.onnx_steps import OnnxStepper, RowGather
 from transformer_kit.export.providers import CUDA, resolve_providers
 from transformer_kit.id_checks import check_id_array, check_positions
 
@@ -25,60 +43,12 @@ _NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
 CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 
 
-def _as_numpy(x: Any, name: str) -> np.ndarray:
-    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, without importing torch
-        x = x.detach().cpu().numpy()
-    elif isinstance(x, (list, tuple)):
-        x = np.asarray(x)
-    if not isinstance(x, np.ndarray):
-        raise InputError(f"{name} must be a numpy array or torch tensor of token ids, got "
-                         f"{type(x).__name__}.")
-    return x
-
-
 def check_ids(x: Any, vocab: int, name: str) -> np.ndarray:
     """(batch, len) integer ids within [0, vocab), as contiguous int64."""
-    ids = _as_numpy(x, name)
+    ids = as_array(x, name)
     check_id_array(name, ids.dtype.kind in "iu", ids.dtype, ids.shape,
                    lambda: (int(ids.min()), int(ids.max())), vocab)
     return np.ascontiguousarray(ids, dtype=np.int64)
-
-
-def positions_needed(ids: np.ndarray, pad_id: int | None) -> int:
-    """Positions the longest row takes: its real tokens (padding gets no position, as in
-    PyTorch's positions_from_keep), or the full width when there is no pad_id."""
-    return ids.shape[1] if pad_id is None else int((ids != pad_id).sum(axis=1).max())
-
-
-def left_align(ids: np.ndarray, pad_id: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Move each row's padding to the left (token order kept); drop all-padding columns.
-
-    Returns ids (batch, len') int64 and attention_mask (batch, len') int64, 1 for real tokens.
-    """
-    keep = np.ones(ids.shape, dtype=bool) if pad_id is None else ids != pad_id
-    order = np.argsort(keep.astype(np.int8), axis=1, kind="stable")
-    ids, keep = np.take_along_axis(ids, order, 1), np.take_along_axis(keep, order, 1)
-    first = int(keep.any(axis=0).argmax())
-    return np.ascontiguousarray(ids[:, first:]), keep[:, first:].astype(np.int64)
-
-
-def greedy(next_logits: Callable[[np.ndarray | None], np.ndarray], batch: int, max_new_tokens: int,
-           eos_id: int | None, fill_id: int) -> np.ndarray:
-    """Greedy decoding as :func:`transformer_kit.generation.greedy_loop`, on numpy arrays."""
-    if max_new_tokens == 0:
-        return np.zeros((batch, 0), dtype=np.int64)
-    finished = np.zeros(batch, dtype=bool)
-    chosen = []
-    logits = next_logits(None)
-    for step in range(max_new_tokens):
-        token = np.where(finished, fill_id, logits.argmax(axis=-1)).astype(np.int64)
-        chosen.append(token)
-        if eos_id is not None:
-            finished |= token == eos_id
-        if step + 1 == max_new_tokens or finished.all():
-            break
-        logits = next_logits(token)
-    return np.stack(chosen, axis=1)
 
 
 class OnnxModel:
@@ -112,6 +82,7 @@ class OnnxModel:
         self.provider: str = self._sessions["model"].get_providers()[0]
         self._device = "cuda" if self.provider == CUDA else "cpu"
         self._kv_dtype = _NUMPY_DTYPES[self.manifest.dtype]
+        self._gather = RowGather(self._providers, self._device)
 
     def _load(self, name: str) -> ort.InferenceSession:
         graph = self.manifest.graphs[name]
@@ -134,122 +105,118 @@ class OnnxModel:
         return session
 
     # -- forward ---------------------------------------------------------------------------
-    def __call__(self, *ids: Any) -> np.ndarray:
+    def __call__(self, *ids: Any, attention_mask: Any = None) -> np.ndarray:
         """encoder_decoder: (src_ids, tgt_ids) -> logits; decoder: (input_ids) -> logits;
-        encoder: (input_ids) -> hidden states (or logits). Arrays of (batch, len) ids."""
+        encoder: (input_ids) -> hidden states (or logits). Arrays of (batch, len) ids.
+
+        ``attention_mask`` (batch, len) of ``input_ids`` (or ``src_ids``): 1 = real token,
+        0 = padding, as transformers takes it; without one, padding is where ``pad_id`` is."""
         m = self.manifest
         graph = m.graphs["model"]
-        if len(ids) != len(graph.inputs):
-            raise InputError(f"This {m.architecture} model takes {len(graph.inputs)} input(s) "
-                             f"({', '.join(graph.inputs)}), got {len(ids)}.")
+        names = [n for n in graph.inputs if n != "attention_mask"]
+        if len(ids) != len(names):
+            raise InputError(f"This {m.architecture} model takes {len(names)} input(s) "
+                             f"({', '.join(names)}), got {len(ids)}.")
         vocabs = [m.src_vocab, m.tgt_vocab] if m.architecture == "encoder_decoder" else [m.src_vocab]
-        feeds = {name: check_ids(x, vocab, name)
-                 for name, x, vocab in zip(graph.inputs, ids, vocabs, strict=True)}
-        for name, x in feeds.items():  # targets are never padding-masked, so count them in full
-            check_positions(positions_needed(x, None if name == "tgt_ids" else m.pad_id),
-                            m.max_positions, name)
-        if m.architecture == "encoder_decoder" and len(feeds["src_ids"]) != len(feeds["tgt_ids"]):
-            raise InputError(f"src_ids has {len(feeds['src_ids'])} rows but tgt_ids has "
-                             f"{len(feeds['tgt_ids'])}; give one target row per source row.")
+        feeds = {name: check_ids(x, vocab, name) for name, x, vocab in zip(names, ids, vocabs, strict=True)}
+        first = feeds[names[0]]
+        keep = (keep_from_pad(first, m.pad_id) if attention_mask is None
+                else keep_from_mask(attention_mask, first.shape))
+        check_positions(int(keep.sum(axis=1).max()) if keep.size else 0, m.max_positions, names[0])
+        if m.architecture == "encoder_decoder":  # targets are never padding-masked
+            check_positions(feeds["tgt_ids"].shape[1], m.max_positions, "tgt_ids")
+            if len(feeds["src_ids"]) != len(feeds["tgt_ids"]):
+                raise InputError(f"src_ids has {len(feeds['src_ids'])} rows but tgt_ids has "
+                                 f"{len(feeds['tgt_ids'])}; give one target row per source row.")
+        if "attention_mask" in graph.inputs:
+            feeds["attention_mask"] = keep.astype(np.int64)
+        elif attention_mask is not None:
+            raise InputError(f"{self.path} was exported without an attention_mask input; export "
+                             "the model again to pass one.")
         return self._sessions["model"].run(None, feeds)[0]
 
     # -- generation ------------------------------------------------------------------------
-    def generate(self, ids: Any, max_new_tokens: int = 32) -> np.ndarray:
-        """Greedy decoding, token for token as ``model.generate``: (batch, len) prompts
-        (decoder, padded with pad_id on either side) or source ids (encoder_decoder, decoded
-        from bos_id) -> (batch, steps) int64 new tokens; rows stop at eos_id and are filled
-        with pad_id (or eos_id) after it."""
+    @property
+    def context_length(self) -> int | None:
+        """Most positions a sequence may take: the positional bound, else the config's max_len."""
         m = self.manifest
+        return m.max_positions if m.max_positions is not None else m.config.get("max_len")
+
+    def generate(self, ids: Any, max_new_tokens: int | None = None, *, attention_mask: Any = None,
+                 generation_config: GenerationConfig | dict | None = None, stop_matcher=None,
+                 **options: Any) -> np.ndarray:
+        """New tokens for each prompt, token for token as ``model.generate`` with the same
+        options (greedy, sampling with a seed, beam search): (batch, len) prompts (decoder;
+        padding from ``attention_mask``, 1 = real token, or else ``pad_id``) or source ids
+        (encoder_decoder, decoded from bos_id) -> (batch x num_return_sequences, steps) int64;
+        a row that ended holds pad_id (or its eos id) after it."""
+        if max_new_tokens is not None:
+            options["max_new_tokens"] = max_new_tokens
+        opts = resolve_options(generation_config, **options)
+        stepper, problem, pipeline = self._plan(ids, attention_mask, opts, stop_matcher)
+        return generate_tokens(stepper, problem, opts, pipeline)
+
+    def stream(self, ids: Any, max_new_tokens: int | None = None, *, attention_mask: Any = None,
+               generation_config: GenerationConfig | dict | None = None, stop_matcher=None,
+               **options: Any) -> Iterator[np.ndarray]:
+        """As :meth:`generate` (greedy search or sampling), yielding each step's tokens
+        (batch x num_return_sequences,) int64 as they are chosen."""
+        if max_new_tokens is not None:
+            options["max_new_tokens"] = max_new_tokens
+        opts = resolve_options(generation_config, **options)
+        if opts.num_beams > 1:
+            raise InputError("stream yields tokens as they are chosen, but beam search chooses "
+                             f"them only at the end (num_beams={opts.num_beams}); call generate.")
+        stepper, problem, pipeline = self._plan(ids, attention_mask, opts, stop_matcher)
+        return stream_tokens(stepper, problem, opts, pipeline)
+
+    def _plan(self, ids: Any, attention_mask: Any, options: GenerationConfig, stop_matcher
+              ) -> tuple[OnnxStepper, Problem, Any]:
+        m = self.manifest
+        check_stop(options, stop_matcher)
         if "decoder_step" not in m.graphs:
             raise InputError(f"generate needs a decoder; this model's architecture is {m.architecture!r}.")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
-                or max_new_tokens < 0:
-            raise InputError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}.")
-        max_new_tokens = int(max_new_tokens)
-        name = "input_ids" if m.architecture == "decoder" else "src_ids"
-        ids = check_ids(ids, m.src_vocab, name)
-        if m.architecture == "decoder":
-            ids, mask = left_align(ids, m.pad_id)
-            empty = np.flatnonzero(mask.sum(axis=1) == 0).tolist()
-            if empty:
-                raise InputError(f"Prompt rows {empty} hold only padding (pad_id={m.pad_id}); give "
-                                 "every row at least one token.")
-            check_positions(positions_needed(ids, m.pad_id) + max_new_tokens, m.max_positions,
-                            "prompt + max_new_tokens")
-            stepper = _Stepper(self, ids.shape[0], {}, ids, mask, max_new_tokens)
-        else:
-            if m.bos_id is None:
-                raise ConfigError("bos_id is null, but encoder_decoder decoding starts from bos_id; "
-                                  "export the model again with a bos_id in its config.")
-            check_positions(positions_needed(ids, m.pad_id), m.max_positions, name)
-            check_positions(1 + max_new_tokens, m.max_positions, "bos + max_new_tokens")
-            first = np.full((len(ids), 1), m.bos_id, np.int64)
-            stepper = _Stepper(self, ids.shape[0], self._encode(ids), first, None, max_new_tokens)
-        fill = next((i for i in (m.pad_id, m.eos_id) if i is not None), 0)
-        return greedy(stepper, ids.shape[0], max_new_tokens, m.eos_id, fill)
+        is_decoder = m.architecture == "decoder"
+        if not is_decoder and m.bos_id is None:
+            raise ConfigError("bos_id is null, but encoder_decoder decoding starts from bos_id; "
+                              "export the model again with a bos_id in its config.")
+        ids = check_ids(ids, m.src_vocab, "input_ids" if is_decoder else "src_ids")
+        keep = (keep_from_pad(ids, m.pad_id) if attention_mask is None
+                else keep_from_mask(attention_mask, ids.shape))
+        eos_ids = options.eos_ids(m.eos_id)
+        _, pipeline = build_pipeline(options, m.tgt_vocab, eos_ids)
+        fill = fill_id(m.pad_id, eos_ids)
+        if is_decoder:
+            ids, keep = left_align(ids, keep)
+            check_room(int(keep.sum(axis=1).max()), options, self.context_length)
+            stepper = self._stepper({}, ids, keep)
+            return stepper, Problem(ids, keep, eos_ids, fill, stop_matcher), pipeline
+        check_positions(int(keep.sum(axis=1).max()) if keep.size else 0, m.max_positions, "src_ids")
+        check_room(1, options, self.context_length, "decoder start token")
+        start = np.full((len(ids), 1), m.bos_id, np.int64)
+        stepper = self._stepper(self._encode(ids, keep), start, None)
+        return stepper, Problem(start, np.ones(start.shape, bool), eos_ids, fill, stop_matcher), pipeline
 
-    def _encode(self, src_ids: np.ndarray) -> dict[str, Any]:
+    def _stepper(self, fixed: dict[str, Any], first_ids: np.ndarray, keep: np.ndarray | None
+                 ) -> OnnxStepper:
+        return OnnxStepper(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
+                           fixed, first_ids, keep, self._empty_cache, self.manifest.tgt_vocab,
+                           _NUMPY_DTYPES[self.manifest.dtype], self._gather, self._device)
+
+    def _encode(self, src_ids: np.ndarray, keep: np.ndarray) -> dict[str, Any]:
         """Run the encoder once: encoder_attention_mask and every layer's cross keys/values."""
         session = self._sessions["encoder"]
+        graph = self.manifest.graphs["encoder"]
         io = session.io_binding()
         io.bind_cpu_input("src_ids", src_ids)
-        outputs = self.manifest.graphs["encoder"].outputs
-        for name in outputs:
+        if "attention_mask" in graph.inputs:
+            io.bind_cpu_input("attention_mask", keep.astype(np.int64))
+        for name in graph.outputs:
             io.bind_output(name, self._device)
         session.run_with_iobinding(io)
-        return dict(zip(outputs, io.get_outputs(), strict=True))
+        return dict(zip(graph.outputs, io.get_outputs(), strict=True))
 
     def _empty_cache(self, batch: int) -> ort.OrtValue:
         m = self.manifest
         shape = [batch, m.kv_heads, 0, m.head_dim]
         return ort.OrtValue.ortvalue_from_shape_and_type(shape, self._kv_dtype, self._device, 0)
-
-
-class _Stepper:
-    """Feeds the decoder step graph: the prompt first (zero-length past), then one token at a
-    time, handing each step's ``present.*`` to the next as ``past_key_values.*`` without a copy.
-
-    The attention mask lives in one buffer allocated for the whole generation (each step binds
-    a longer view of it) and the logits are written into one preallocated array, so a step
-    allocates nothing in Python; onnxruntime allocates the presents from its arena.
-    """
-
-    def __init__(self, model: OnnxModel, batch: int, fixed: dict[str, Any], first_ids: np.ndarray,
-                 attention_mask: np.ndarray | None, max_new_tokens: int = 0) -> None:
-        self.model = model
-        self.session = model._sessions["decoder_step"]
-        graph = model.manifest.graphs["decoder_step"]
-        self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
-        self.present_names = [n for n in graph.outputs if n.startswith("present.")]
-        self.fixed = [(k, v) for k, v in fixed.items() if k in graph.inputs]
-        self.past = [model._empty_cache(batch)] * len(self.past_names)
-        self.first_ids = first_ids
-        self.length = first_ids.shape[1]
-        self.mask = None
-        if attention_mask is not None:
-            # (batch, prompt + steps); batch 1 views are contiguous, wider batches copy a view
-            self.mask = np.ones((batch, self.length + max(max_new_tokens, 1)), np.int64)
-            self.mask[:, :self.length] = attention_mask
-        vocab = model.manifest.tgt_vocab
-        self.logits = np.empty((batch, vocab), _NUMPY_DTYPES[model.manifest.dtype])
-        self.logits_value = ort.OrtValue.ortvalue_from_numpy(self.logits)
-
-    def __call__(self, token: np.ndarray | None) -> np.ndarray:
-        io = self.session.io_binding()
-        if token is None:
-            io.bind_cpu_input("input_ids", self.first_ids)
-        else:
-            io.bind_cpu_input("input_ids", np.ascontiguousarray(token[:, None]))
-            self.length += 1
-        if self.mask is not None:
-            io.bind_cpu_input("attention_mask", np.ascontiguousarray(self.mask[:, :self.length]))
-        for name, value in self.fixed:
-            io.bind_ortvalue_input(name, value)
-        for name, value in zip(self.past_names, self.past, strict=True):
-            io.bind_ortvalue_input(name, value)
-        io.bind_ortvalue_output("logits", self.logits_value)
-        for name in self.present_names:
-            io.bind_output(name, self.model._device)
-        self.session.run_with_iobinding(io)
-        self.past = io.get_outputs()[1:]
-        return self.logits

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from transformer_kit.decoding.prompts import keep_from_pad, left_align
 from transformer_kit.errors import ExportError
 from transformer_kit.export.graphs import EXAMPLE_LEN
-from transformer_kit.export.runtime import OnnxModel, left_align
+from transformer_kit.export.runtime import OnnxModel
 from transformer_kit.model import TransformerModel
 
 #: Shapes (batch, length) checked after every export; none equals the export example.
@@ -75,7 +76,8 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
     if model.architecture == "decoder":
         prompts = random_ids(batch, _fit(EXAMPLE_LEN + 2, model, room=2), cfg.vocab_size, cfg.pad_id,
                              seed).numpy()
-        ids, mask = left_align(prompts, cfg.pad_id)
+        ids, keep = left_align(prompts, keep_from_pad(prompts, cfg.pad_id))
+        mask = keep.astype(np.int64)
         fixed: dict[str, np.ndarray] = {}
 
         def reference(new_ids: np.ndarray, mask: np.ndarray) -> torch.Tensor:
@@ -83,7 +85,8 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
                               last_only=True)[:, -1]
     else:
         src = random_ids(batch, _fit(EXAMPLE_LEN + 2, model), cfg.src_vocab, cfg.pad_id, seed)
-        encoded = om._sessions["encoder"].run(None, {"src_ids": src.numpy()})
+        src_mask = keep_from_pad(src.numpy(), cfg.pad_id).astype(np.int64)
+        encoded = om._sessions["encoder"].run(None, {"src_ids": src.numpy(), "attention_mask": src_mask})
         fixed = dict(zip(om.manifest.graphs["encoder"].outputs, encoded, strict=True))
         memory, src_keep = model.encode(src)
         start = cfg.bos_id if cfg.bos_id is not None else 0  # any token checks the graph

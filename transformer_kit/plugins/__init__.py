@@ -13,6 +13,15 @@ from transformer_kit.plugins.feedforward import (
     relu_feedforward,
     silu_feedforward,
 )
+from transformer_kit.plugins.logits import (
+    MinNewTokens,
+    MinP,
+    NoRepeatNGram,
+    RepetitionPenalty,
+    Temperature,
+    TopK,
+    TopP,
+)
 from transformer_kit.plugins.masks import CausalMask, NoMask, SlidingWindowMask
 from transformer_kit.plugins.norms import layer_norm, rms_norm
 from transformer_kit.plugins.positional import (
@@ -25,10 +34,11 @@ from transformer_kit.plugins.positional import (
 
 __all__ = [
     "ALiBiPositions", "CausalMask", "EinsumAttention", "LearnedPositions", "MatmulAttention",
-    "NoMask", "NoPositions", "PostNormBlock", "PreNormBlock", "RotaryPositions", "SdpaAttention",
-    "SinusoidalPositions", "SlidingWindowMask", "SwiGLU", "gelu_feedforward", "layer_norm",
-    "relu_feedforward", "rms_norm", "silu_feedforward", "transformer_kit_checkpoint_families",
-    "transformer_kit_components",
+    "MinNewTokens", "MinP", "NoMask", "NoPositions", "NoRepeatNGram", "PostNormBlock",
+    "PreNormBlock", "RepetitionPenalty", "RotaryPositions", "SdpaAttention",
+    "SinusoidalPositions", "SlidingWindowMask", "SwiGLU", "Temperature", "TopK", "TopP",
+    "gelu_feedforward", "layer_norm", "relu_feedforward", "rms_norm", "silu_feedforward",
+    "transformer_kit_checkpoint_families", "transformer_kit_components",
 ]
 
 _BIAS = frozenset({"score_bias"})
@@ -70,7 +80,25 @@ def transformer_kit_components() -> list[Component]:
         Component("feedforward", "swiglu", SwiGLU, description="SiLU-gated linear unit (Llama)"),
         Component("norm", "layernorm", layer_norm, description="LayerNorm (the paper)"),
         Component("norm", "rmsnorm", rms_norm, description="RMSNorm (Llama)"),
+        *_LOGITS_PROCESSORS,
     ]
+
+
+_LOGITS_PROCESSORS = [
+    Component("logits_processor", "repetition_penalty", RepetitionPenalty,
+              description="tokens already in the row: positive scores / penalty, negative x penalty"),
+    Component("logits_processor", "no_repeat_ngram", NoRepeatNGram,
+              description="bans the token that would repeat an n-gram of `size`"),
+    Component("logits_processor", "min_new_tokens", MinNewTokens,
+              description="no end-of-sequence id before `count` new tokens"),
+    Component("logits_processor", "temperature", Temperature,
+              description="scores / `value` (sampling)"),
+    Component("logits_processor", "top_k", TopK, description="keeps the `k` best scores (sampling)"),
+    Component("logits_processor", "top_p", TopP,
+              description="keeps the most likely tokens holding probability `p` (sampling)"),
+    Component("logits_processor", "min_p", MinP,
+              description="drops tokens below `p` x the top probability (sampling)"),
+]
 
 
 @hookimpl

@@ -1,0 +1,55 @@
+"""A third-party logits processor, registered by a plugin, works in both runtimes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import transformer_kit as tk
+from transformer_kit.decoding import DecodingState
+
+
+class BanTokens(tk.LogitsProcessor):
+    """Tokens ``ids`` are never chosen."""
+
+    def __init__(self, ids: list[int], vocab_size: int) -> None:
+        if any(not 0 <= i < vocab_size for i in ids):
+            raise ValueError(f"ids must be within [0, {vocab_size}), got {ids}")
+        self.ids = list(ids)
+
+    def __call__(self, scores: np.ndarray, state: DecodingState) -> np.ndarray:
+        scores = scores.copy()
+        scores[:, self.ids] = -np.inf
+        return scores
+
+
+class BanPlugin:
+    @tk.hookimpl
+    def transformer_kit_components(self):
+        return [tk.Component("logits_processor", "ban_tokens", BanTokens,
+                             description="never choose the given ids")]
+
+
+@pytest.fixture
+def ban_plugin():
+    name = tk.register_plugin(BanPlugin(), name="ban-tokens-test")
+    yield name
+    tk.unregister_plugin(name)
+
+
+def test_a_plugin_processor_bans_its_tokens_in_both_runtimes(runtimes, prompts, ban_plugin):
+    model, onnx_model = runtimes
+    greedy = model.generate(prompts, 10).numpy()
+    banned = sorted({int(t) for t in greedy[:, :3].reshape(-1)})  # tokens greedy would choose
+    options = {"logits_processors": [{"name": "ban_tokens", "ids": banned}]}
+    for extra in ({}, {"num_beams": 3}, {"do_sample": True, "seed": 1}):
+        ours = model.generate(prompts, 10, **options, **extra).numpy()
+        assert not np.isin(ours, banned).any()
+        np.testing.assert_array_equal(onnx_model.generate(prompts.numpy(), 10, **options, **extra), ours)
+    assert (ours != greedy).any()
+
+
+def test_a_bad_processor_parameter_is_a_config_error(runtimes, prompts, ban_plugin):
+    model, _ = runtimes
+    with pytest.raises(tk.ConfigError, match=r"ban_tokens.*within \[0, 40\)"):
+        model.generate(prompts, 4, logits_processors=[{"name": "ban_tokens", "ids": [99]}])

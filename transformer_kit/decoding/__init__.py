@@ -1,0 +1,20 @@
+"""Decoding, once for every runtime: options, logits processors and the search strategies.
+
+Everything here works on numpy next-token logits, so PyTorch models and onnxruntime graphs
+share one implementation of greedy search, sampling and beam search (see :mod:`.search`).
+"""
+
+from transformer_kit.decoding.options import GenerationConfig, generation_config
+from transformer_kit.decoding.processors import (
+    KIND,
+    DecodingState,
+    LogitsProcessor,
+    Pipeline,
+    build_pipeline,
+)
+from transformer_kit.decoding.search import Problem, Stepper, generate_tokens, stream_tokens
+
+__all__ = [
+    "KIND", "DecodingState", "GenerationConfig", "LogitsProcessor", "Pipeline", "Problem",
+    "Stepper", "build_pipeline", "generate_tokens", "generation_config", "stream_tokens",
+]

@@ -1,0 +1,147 @@
+"""``GenerationConfig``: every decoding option, validated once, the same for every runtime.
+
+Option names and meanings follow Hugging Face's ``GenerationConfig`` so users can move between
+the two; where the kit differs it says so (``top_k`` is off unless given, ``eos_id`` may list
+several ids, ``stop`` takes strings and needs a tokenizer).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from transformer_kit.config import ComponentSpec
+from transformer_kit.errors import InputError
+
+#: Options that shape the distribution a token is sampled from; they do nothing without sampling.
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p")
+
+
+class GenerationConfig(BaseModel):
+    """How ``generate`` and ``stream`` choose tokens (PyTorch and onnxruntime alike).
+
+    Strategy: greedy by default; ``do_sample=True`` samples; ``num_beams > 1`` runs beam search
+    (sampled beams with ``do_sample=True``). A row ends at any id of ``eos_id``, at a ``stop``
+    string, or after ``max_new_tokens``; never before ``min_new_tokens``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    max_new_tokens: int = Field(32, ge=0, description="Most tokens to generate per row.")
+    min_new_tokens: int = Field(0, ge=0, description="Rows cannot end (eos or stop) before this.")
+    do_sample: bool = Field(False, description="Sample tokens instead of taking the most likely.")
+    temperature: float = Field(1.0, gt=0, description="Divides the logits before sampling.")
+    top_k: int | None = Field(None, ge=0, description="Sample among the k most likely (0/None: off).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Sample within this probability mass.")
+    min_p: float | None = Field(None, ge=0, le=1,
+                                description="Drop tokens below min_p x the top probability.")
+    repetition_penalty: float = Field(1.0, gt=0,
+                                      description="> 1 discourages tokens already in the row.")
+    no_repeat_ngram_size: int = Field(0, ge=0, description="No n-gram of this size occurs twice.")
+    num_beams: int = Field(1, ge=1, description="Beam search with this many beams (1: off).")
+    length_penalty: float = Field(1.0, description="Beam scores are divided by length**this.")
+    early_stopping: bool | Literal["never"] = Field(
+        False, description="Beam search: stop when num_beams hypotheses finished (True), by a "
+        "heuristic (False), or only when no better one is possible ('never').")
+    num_return_sequences: int = Field(1, ge=1, description="Rows returned per prompt.")
+    eos_id: int | list[int] | None = Field(
+        None, description="Ids that end a row; None: the model's eos_id; []: none.")
+    stop: list[str] = Field(default_factory=list,
+                            description="Strings that end a row (needs a tokenizer).")
+    seed: int | None = Field(None, ge=0, description="Seed of the sampler: same seed, same tokens.")
+    logits_processors: list[ComponentSpec] = Field(
+        default_factory=list, description="Registered logits processors to apply, in order.")
+
+    @field_validator("max_new_tokens", "min_new_tokens", "top_k", "no_repeat_ngram_size",
+                     "num_beams", "num_return_sequences", "seed", "temperature", "top_p",
+                     "min_p", "repetition_penalty", "length_penalty", mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("a boolean is not a number here")
+        if hasattr(value, "item") and hasattr(value, "dtype"):  # numpy / torch scalars
+            return value.item()
+        return value
+
+    @field_validator("eos_id", mode="before")
+    @classmethod
+    def _eos_ids(cls, value: Any) -> Any:
+        ids = value if isinstance(value, (list, tuple)) else [value] if value is not None else []
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+            raise ValueError("give a non-negative token id or a list of them")
+        return list(value) if isinstance(value, tuple) else value
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_strings(cls, value: Any) -> Any:
+        value = [value] if isinstance(value, str) else value
+        if isinstance(value, (list, tuple)) and any(not isinstance(s, str) or not s for s in value):
+            raise ValueError("give non-empty strings")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GenerationConfig:
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(f"min_new_tokens ({self.min_new_tokens}) is more than max_new_tokens "
+                             f"({self.max_new_tokens}); lower min_new_tokens or raise max_new_tokens")
+        if self.num_beams > 1 and self.num_return_sequences > self.num_beams:
+            raise ValueError(f"num_return_sequences ({self.num_return_sequences}) is more than "
+                             f"num_beams ({self.num_beams}): beam search returns at most its beams")
+        if self.num_beams == 1 and not self.do_sample and self.num_return_sequences > 1:
+            raise ValueError(f"num_return_sequences={self.num_return_sequences} with greedy decoding "
+                             "would return the same row several times; set do_sample=True or "
+                             "num_beams >= num_return_sequences")
+        if not self.do_sample:
+            given = [name for name in SAMPLING_OPTIONS if name in self.model_fields_set
+                     and getattr(self, name) != GenerationConfig.model_fields[name].default]
+            if given:
+                warnings.warn(f"{', '.join(given)} only change sampling, and do_sample is False; "
+                              "set do_sample=True to use them.", UserWarning, stacklevel=4)
+        return self
+
+    @property
+    def strategy(self) -> str:
+        """``"greedy"``, ``"sample"``, ``"beam"`` or ``"beam_sample"``."""
+        if self.num_beams > 1:
+            return "beam_sample" if self.do_sample else "beam"
+        return "sample" if self.do_sample else "greedy"
+
+    def eos_ids(self, model_eos: int | None) -> list[int]:
+        """The ids that end a row: ``eos_id`` as given, else the model's."""
+        if self.eos_id is None:
+            return [] if model_eos is None else [model_eos]
+        return [self.eos_id] if isinstance(self.eos_id, int) else list(self.eos_id)
+
+
+def generation_config(config: GenerationConfig | dict | None = None, **options: Any) -> GenerationConfig:
+    """One validated :class:`GenerationConfig` from a config (or dict) and keyword overrides.
+
+    Raises :class:`~transformer_kit.InputError` naming the first bad option and what it allows.
+    """
+    if isinstance(config, GenerationConfig):
+        base = config.model_dump(exclude_unset=True)
+    elif isinstance(config, dict):
+        base = dict(config)
+    elif config is None:
+        base = {}
+    else:
+        raise InputError(f"generation_config must be a GenerationConfig or a dict, got "
+                         f"{type(config).__name__}.")
+    try:
+        return GenerationConfig(**{**base, **options})
+    except ValidationError as exc:
+        raise InputError(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"])
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        known = ", ".join(GenerationConfig.model_fields)
+        return f"Unknown generation option {where!r}; the options are: {known}."
+    if not where:
+        return f"Generation options do not fit together: {message}."
+    return f"Generation option {where}={error.get('input')!r} is not allowed: {message}."

@@ -1,0 +1,104 @@
+"""Logits processors: the registry kind ``logits_processor`` and the pipeline built from options.
+
+A processor changes next-token scores (numpy, ``(rows, vocab)`` float32) before a token is
+chosen; it sees every row's tokens so far. The same processors run whatever produced the
+scores (PyTorch or onnxruntime), so both runtimes choose alike. Built-ins come from the
+``builtin.logits`` plugin; a third-party plugin registers more under the same kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from transformer_kit.decoding.options import GenerationConfig
+
+#: Factory context of the ``logits_processor`` kind: the factory takes the ones it names.
+#: vocab_size (int), eos_ids (list[int]), num_beams (int), min_tokens_to_keep (int).
+KIND = "logits_processor"
+
+
+@dataclass
+class DecodingState:
+    """What processors may look at.
+
+    ids: (rows, length) int64, each row's prompt (left-padded) and the tokens chosen so far;
+        for encoder-decoder models the decoder's tokens (start token first).
+    keep: (rows, length) bool, True for real tokens (False for padding).
+    prompt_length: how many leading columns of ``ids`` are the prompt.
+    """
+
+    ids: np.ndarray
+    keep: np.ndarray
+    prompt_length: int
+
+    @property
+    def new_tokens(self) -> int:
+        """Tokens generated so far (the same in every row)."""
+        return self.ids.shape[1] - self.prompt_length
+
+
+class LogitsProcessor:
+    """``processor(scores, state) -> scores``: scores (rows, vocab) float32, -inf = never chosen.
+
+    Return a new array or change ``scores`` in place and return it.
+    """
+
+    def __call__(self, scores: np.ndarray, state: DecodingState) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+
+Pipeline = Callable[[np.ndarray, DecodingState], np.ndarray]
+
+
+def _specs(options: GenerationConfig, eos_ids: list[int]) -> list[tuple[str, dict]]:
+    """The built-in processors the options ask for, in Hugging Face's order: penalties first,
+    then the user's processors, then (sampling only) the distribution warpers."""
+    specs: list[tuple[str, dict]] = []
+    if options.repetition_penalty != 1.0:
+        specs.append(("repetition_penalty", {"penalty": options.repetition_penalty}))
+    if options.no_repeat_ngram_size > 0:
+        specs.append(("no_repeat_ngram", {"size": options.no_repeat_ngram_size}))
+    if options.min_new_tokens > 0 and eos_ids:
+        specs.append(("min_new_tokens", {"count": options.min_new_tokens}))
+    specs.extend((spec.name, dict(spec.params)) for spec in options.logits_processors)
+    if options.do_sample:
+        if options.temperature != 1.0:
+            specs.append(("temperature", {"value": options.temperature}))
+        if options.top_k:
+            specs.append(("top_k", {"k": options.top_k}))
+        if options.top_p < 1.0:
+            specs.append(("top_p", {"p": options.top_p}))
+        if options.min_p is not None:
+            specs.append(("min_p", {"p": options.min_p}))
+    return specs
+
+
+def build_pipeline(options: GenerationConfig, vocab_size: int, eos_ids: list[int],
+                   registry=None) -> tuple[list[str], Pipeline]:
+    """The processors ``options`` ask for, created from the registry, as one callable.
+
+    Returns their names (in order) and ``pipeline(scores, state) -> scores``.
+    """
+    specs = _specs(options, eos_ids)
+    if specs and registry is None:  # no registry (nor plugins, nor torch) for plain greedy/beams
+        from transformer_kit.registry import get_registry
+        registry = get_registry()
+    keep = 1
+    if options.num_beams > 1 and options.do_sample:  # a beam needs a non-eos continuation
+        keep = len(eos_ids) + 1
+    context = {"vocab_size": vocab_size, "eos_ids": list(eos_ids), "num_beams": options.num_beams,
+               "min_tokens_to_keep": keep}
+    names, processors = [], []
+    for name, params in specs:
+        processors.append(registry.create(KIND, name, context=context, **params))
+        names.append(name)
+
+    def pipeline(scores: np.ndarray, state: DecodingState) -> np.ndarray:
+        for processor in processors:
+            scores = processor(scores, state)
+        return scores
+
+    return names, pipeline

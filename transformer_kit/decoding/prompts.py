@@ -1,0 +1,84 @@
+"""Prompts before decoding, the same for every runtime: attention masks, left alignment, room
+in the context, and what a finished row holds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from transformer_kit.decoding.options import GenerationConfig
+from transformer_kit.errors import InputError
+
+
+def as_array(x: Any, name: str) -> np.ndarray:
+    """A numpy view of a numpy array, torch tensor or nested list."""
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, without importing torch
+        x = x.detach().cpu().numpy()
+    elif isinstance(x, (list, tuple)):
+        x = np.asarray(x)
+    if not isinstance(x, np.ndarray):
+        raise InputError(f"{name} must be a numpy array or torch tensor, got {type(x).__name__}.")
+    return x
+
+
+def keep_from_mask(attention_mask: Any, shape: tuple[int, ...], name: str = "attention_mask"
+                   ) -> np.ndarray:
+    """(batch, len) bool, True for real tokens, from a 0/1 (or boolean) ``attention_mask``
+    given as transformers takes it: 1 = real token, 0 = padding."""
+    mask = as_array(attention_mask, name)
+    if mask.shape != tuple(shape):
+        raise InputError(f"{name} has shape {tuple(mask.shape)} but the ids have shape "
+                         f"{tuple(shape)}; give one 0/1 entry per token (1 = real token).")
+    if mask.dtype != bool:
+        if mask.dtype.kind not in "iuf" or not np.isin(mask, (0, 1)).all():
+            raise InputError(f"{name} must hold 0 and 1 only (1 = real token, 0 = padding), got "
+                             f"dtype {mask.dtype} with values {np.unique(mask)[:5].tolist()}.")
+        mask = mask != 0
+    return mask
+
+
+def keep_from_pad(ids: np.ndarray, pad_id: int | None) -> np.ndarray:
+    """(batch, len) bool, True where ``ids`` is not ``pad_id`` (all True without a pad id)."""
+    return np.ones(ids.shape, dtype=bool) if pad_id is None else ids != pad_id
+
+
+def left_align(ids: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Move each row's padding to the left (token order kept) and drop columns that are
+    padding in every row: ids (batch, len) int64, keep (batch, len) bool, narrower or equal.
+    Rows that hold no real token are refused."""
+    empty = np.flatnonzero(~keep.any(axis=1)).tolist()
+    if empty:
+        raise InputError(f"Prompt rows {empty} hold only padding; give every row at least one "
+                         "real token.")
+    order = np.argsort(keep.astype(np.int8), axis=1, kind="stable")
+    ids, keep = np.take_along_axis(ids, order, 1), np.take_along_axis(keep, order, 1)
+    first = int(keep.any(axis=0).argmax())
+    return np.ascontiguousarray(ids[:, first:], dtype=np.int64), keep[:, first:]
+
+
+def check_room(used: int, options: GenerationConfig, context_length: int | None,
+               what: str = "prompt") -> None:
+    """Refuse a call whose prompt plus ``max_new_tokens`` does not fit the model's context."""
+    if context_length is not None and used + options.max_new_tokens > context_length:
+        raise InputError(
+            f"The {what} takes {used} positions and max_new_tokens is {options.max_new_tokens}, "
+            f"{used + options.max_new_tokens} in all, but the model's context length is "
+            f"{context_length}; shorten the {what} or lower max_new_tokens to at most "
+            f"{max(context_length - used, 0)}."
+        )
+
+
+def fill_id(pad_id: int | None, eos_ids: list[int]) -> int:
+    """What a row holds after it ended: the pad id, else the first eos id, else 0."""
+    if pad_id is not None:
+        return pad_id
+    return eos_ids[0] if eos_ids else 0
+
+
+def check_stop(options: GenerationConfig, stop: object) -> None:
+    """Stop strings are matched on decoded text, so they need the model's tokenizer."""
+    if options.stop and stop is None:
+        raise InputError(f"stop={options.stop!r} needs a tokenizer to match text, and this call "
+                         "has none; generate from text with a model that carries its tokenizer, "
+                         "or end rows by token with eos_id=[...].")

@@ -1,0 +1,179 @@
+"""Generation for PyTorch models: a :class:`~transformer_kit.decoding.Stepper` over the model's
+cached (or, as the reference, uncached) decoding steps, driven by the shared strategies of
+:mod:`transformer_kit.decoding` (greedy, sampling, beam search, streaming)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from transformer_kit.decoding import (
+    GenerationConfig,
+    Problem,
+    build_pipeline,
+    generate_tokens,
+    stream_tokens,
+)
+from transformer_kit.decoding import (
+    generation_config as resolve_options,
+)
+from transformer_kit.decoding.prompts import (
+    check_room,
+    check_stop,
+    fill_id,
+    keep_from_mask,
+    keep_from_pad,
+    left_align,
+)
+from transformer_kit.errors import ConfigError, InputError
+from transformer_kit.inputs import check_token_ids
+from transformer_kit.interfaces import LayerCache
+
+
+def _logits(x: Tensor) -> np.ndarray:
+    return x.detach().float().cpu().numpy()
+
+
+def _take(caches: list[LayerCache] | None, rows: Tensor) -> None:
+    """Reorder every cached tensor's rows in place of the list: (batch, ...) -> (len(rows), ...)."""
+    for cache in caches or []:
+        cache.key, cache.value = cache.key[rows], cache.value[rows]
+        if cache.cross_key is not None:
+            cache.cross_key, cache.cross_value = cache.cross_key[rows], cache.cross_value[rows]
+
+
+class DecoderStepper:
+    """Decoder-only steps: the prompt (batch, len) with ``keep``, then one token per row."""
+
+    def __init__(self, model, ids: Tensor, keep: Tensor, use_cache: bool) -> None:
+        self.model, self.ids, self.keep, self.use_cache = model, ids, keep, use_cache
+        self.caches = model.new_cache(ids.shape[0], model.head.weight) if use_cache else None
+
+    def first(self) -> np.ndarray:
+        return _logits(self.model.step(self.ids, self.keep, self.caches, last_only=True)[:, -1])
+
+    def next(self, tokens: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+        token = torch.from_numpy(tokens).to(self.ids.device)[:, None]
+        if rows is not None:
+            index = torch.from_numpy(rows).to(self.ids.device)
+            self.ids, self.keep = self.ids[index], self.keep[index]
+            _take(self.caches, index)
+        self.keep = torch.cat([self.keep, self.keep.new_ones(len(token), 1)], 1)
+        self.ids = torch.cat([self.ids, token], 1)
+        new = token if self.use_cache else self.ids  # the reference recomputes everything
+        return _logits(self.model.step(new, self.keep, self.caches, last_only=True)[:, -1])
+
+
+class EncoderDecoderStepper:
+    """Encoder-decoder steps: the source encoded once, the target from ``bos_id``."""
+
+    def __init__(self, model, src_ids: Tensor, src_keep: Tensor, use_cache: bool) -> None:
+        self.model, self.use_cache = model, use_cache
+        self.memory, self.src_keep = model.encode(src_ids, src_keep)
+        batch = src_ids.shape[0]
+        self.caches = model.new_cache(batch, self.memory) if use_cache else None
+        self.tgt = torch.full((batch, 1), model.config.bos_id, device=src_ids.device)
+
+    def _decode(self, new: Tensor) -> np.ndarray:
+        return _logits(self.model.decode(new, self.memory, self.src_keep, self.caches,
+                                         last_only=True)[:, -1])
+
+    def first(self) -> np.ndarray:
+        return self._decode(self.tgt)
+
+    def next(self, tokens: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+        token = torch.from_numpy(tokens).to(self.tgt.device)[:, None]
+        if rows is not None:
+            index = torch.from_numpy(rows).to(self.tgt.device)
+            self.tgt, self.memory, self.src_keep = self.tgt[index], self.memory[index], self.src_keep[index]
+            _take(self.caches, index)
+        self.tgt = torch.cat([self.tgt, token], 1)
+        return self._decode(token if self.use_cache else self.tgt)
+
+
+def _plan(model, ids: Tensor, attention_mask: Any, options: GenerationConfig, use_cache: bool,
+          stop_matcher=None) -> tuple[Any, Problem, Any]:
+    """Check the call; the stepper, the problem for the shared strategies, the processors."""
+    cfg = model.config
+    check_stop(options, stop_matcher)
+    if model.architecture == "encoder":
+        raise InputError("generate needs a decoder; this model's architecture is 'encoder'.")
+    if use_cache and model.uncacheable:
+        raise InputError(
+            f"{', '.join(model.uncacheable)} does not support the key/value cache, so cached "
+            "decoding would not match the model; call generate(..., use_cache=False)."
+        )
+    is_decoder = model.architecture == "decoder"
+    if not is_decoder and cfg.bos_id is None:
+        raise ConfigError("bos_id is null, but encoder_decoder decoding starts from bos_id; set "
+                          "bos_id in the config (for a checkpoint: tk.from_hf(folder, bos_id=...)).")
+    name = "input_ids" if is_decoder else "src_ids"
+    ids = check_token_ids(ids, cfg.vocab_size if is_decoder else cfg.src_vocab, name)
+    array = ids.cpu().numpy()
+    keep = (keep_from_pad(array, cfg.pad_id) if attention_mask is None
+            else keep_from_mask(attention_mask, array.shape))
+    eos_ids = options.eos_ids(cfg.eos_id)
+    _, pipeline = build_pipeline(options, cfg.tgt_vocab, eos_ids)
+    fill = fill_id(cfg.pad_id, eos_ids)
+    if is_decoder:
+        array, keep = left_align(array, keep)
+        check_room(int(keep.sum(axis=1).max()), options, model.context_length)
+        device_ids = torch.from_numpy(array).to(ids.device)
+        stepper = DecoderStepper(model, device_ids, torch.from_numpy(keep).to(ids.device), use_cache)
+        return stepper, Problem(array, keep, eos_ids, fill, stop_matcher), pipeline
+    check_room(1, options, model.context_length, "decoder start token")
+    stepper = EncoderDecoderStepper(model, ids, torch.from_numpy(keep).to(ids.device), use_cache)
+    start = np.full((len(array), 1), cfg.bos_id, dtype=np.int64)
+    return stepper, Problem(start, np.ones_like(start, dtype=bool), eos_ids, fill, stop_matcher), pipeline
+
+
+def generate(model, ids: Tensor, *, attention_mask: Any = None,
+             config: GenerationConfig | dict | None = None, use_cache: bool = True,
+             stop_matcher=None, **options: Any) -> Tensor:
+    """New tokens for each prompt (see ``TransformerModel.generate``); (rows, steps) int64."""
+    opts = resolve_options(config, **options)
+    with _eval(model):
+        stepper, problem, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher)
+        tokens = generate_tokens(stepper, problem, opts, pipeline)
+    return torch.from_numpy(tokens).to(ids.device)
+
+
+def stream(model, ids: Tensor, *, attention_mask: Any = None,
+           config: GenerationConfig | dict | None = None, use_cache: bool = True,
+           stop_matcher=None, **options: Any) -> Iterator[Tensor]:
+    """Each step's tokens (rows,) int64 as they are chosen (greedy search or sampling).
+
+    The call is checked at once; each step runs in eval mode and restores the model's mode."""
+    opts = resolve_options(config, **options)
+    if opts.num_beams > 1:
+        raise InputError("stream yields tokens as they are chosen, but beam search chooses them "
+                         f"only at the end (num_beams={opts.num_beams}); call generate instead.")
+    with _eval(model):
+        stepper, problem, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher)
+    return _steps(model, stream_tokens(stepper, problem, opts, pipeline), ids.device)
+
+
+def _steps(model, steps: Iterator[np.ndarray], device: torch.device) -> Iterator[Tensor]:
+    while True:
+        with _eval(model):
+            token = next(steps, None)
+        if token is None:
+            return
+        yield torch.from_numpy(token).to(device)
+
+
+@contextlib.contextmanager
+def _eval(model):
+    """Eval mode without gradients for the block, then the model's mode as it was."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
