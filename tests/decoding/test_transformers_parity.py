@@ -116,3 +116,21 @@ def test_tokens_equal_transformers_in_both_runtimes(checkpoint, case):
         assert min(first_eos, default=NEW_TOKENS) >= options.get("min_new_tokens", 0)
         if "num_beams" not in options and "min_new_tokens" not in options:
             assert first_eos and min(first_eos) < NEW_TOKENS - 1
+
+
+def test_a_prompt_holding_the_pad_id_equals_transformers_with_a_mask(checkpoint):
+    """With an explicit mask the pad id is an ordinary token; pad_id alone would mask it."""
+    reference, model, onnx_model = checkpoint
+    if model.architecture != "decoder":
+        pytest.skip("the pad id as a real source token: covered by the generation cases")
+    ids, mask = _prompts(model)
+    assert (ids[mask.bool()] == model.config.pad_id).any()
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=mask).logits.numpy()
+        ours = model(ids, attention_mask=mask).numpy()
+        without_mask = model(ids).numpy()
+    real = mask.numpy().astype(bool)
+    assert parity.relative_error(ours[real], expected[real]) <= parity.TOLERANCE
+    ort = onnx_model(ids.numpy(), attention_mask=mask.numpy())
+    assert parity.relative_error(ort[real], expected[real]) <= parity.TOLERANCE
+    assert parity.relative_error(without_mask[real], expected[real]) > 0.01  # pad_id alone differs
