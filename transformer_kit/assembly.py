@@ -20,6 +20,7 @@ from torch import nn
 from transformer_kit.attention import MultiHeadAttention
 from transformer_kit.component import MODEL_KINDS
 from transformer_kit.config import ModelConfig, load_config
+from transformer_kit.decoding.text import TextTokenizer
 from transformer_kit.errors import ComponentError, ConfigError, TransformerKitError
 from transformer_kit.interfaces import AttentionKernel, AttentionMask, Block, PositionalEncoding
 from transformer_kit.masks import NoMask
@@ -219,9 +220,10 @@ def build_model(config: ModelConfig | dict | str | Path,
 
 
 def load_model(path: str | Path) -> TransformerModel:
-    """Rebuild a model saved with ``model.save(path)``: same config, same weights. Raises
+    """Rebuild a model saved with ``model.save(path)``: same config, weights and tokenizer. Raises
     :class:`CheckpointError` for a folder that is missing, damaged or holds something else."""
     model = build_model(read_saved_config(path))
+    model.tokenizer = TextTokenizer.from_folder(path)
     return load_saved_weights(model, path)
 
 

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from transformer_kit.config import ModelConfig
 from transformer_kit.decoding import GenerationConfig
+from transformer_kit.decoding.text import TextTokenizer
 from transformer_kit.decoding.torch_steps import generate, stream
 from transformer_kit.errors import InputError
 from transformer_kit.inputs import check_token_ids, tracing
@@ -37,6 +38,8 @@ class TransformerModel(nn.Module):
         self.config = config
         #: The registered component of each kind, with its plugin (set by build_model).
         self.components: dict[str, RegisteredComponent] = {}
+        #: The checkpoint's tokenizer (text in, text out), kept by save and export; or None.
+        self.tokenizer: TextTokenizer | None = None
 
     def _lacking(self, flag: str) -> list[str]:
         """Chosen components whose ``flag`` (supports_cache, exportable) is False, named."""

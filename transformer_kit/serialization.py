@@ -23,12 +23,15 @@ FORMAT = "transformer_kit"
 
 
 def save_model(model: Any, path: str | Path) -> Path:
-    """Write the model's config and weights into the folder ``path`` (created if needed)."""
+    """Write the model's config and weights (and its tokenizer files, when it has a
+    tokenizer) into the folder ``path`` (created if needed)."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     config = {"format": FORMAT, "format_version": 1, "config": model.config.to_dict()}
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save_weights(model, str(folder / WEIGHTS_FILE))  # handles tied weights
+    if getattr(model, "tokenizer", None) is not None:
+        model.tokenizer.save(folder)
     return folder
 
 

@@ -12,6 +12,7 @@ from transformer_kit.assembly import build_model
 from transformer_kit.checkpoints.reader import Weights, read_hf_config, read_hf_weights
 from transformer_kit.component import CheckpointFamily
 from transformer_kit.config import ModelConfig, config_from_dict
+from transformer_kit.decoding.text import TextTokenizer
 from transformer_kit.errors import CheckpointError
 from transformer_kit.model import TransformerModel
 from transformer_kit.registry import get_registry
@@ -82,8 +83,10 @@ def from_hf(folder: str | Path, **overrides: Any) -> TransformerModel:
     The folder's ``model_type`` picks the checkpoint family a plugin registered (built in:
     gpt2, bert, llama, marian; ``tk.get_registry().model_types()`` lists them). The weights are
     read with safetensors (or ``torch.load(weights_only=True)``); the model's outputs equal the
-    original's. ``overrides`` replace config keys (``pad_id=0``). The result is an ordinary
-    model: ``model.save`` / ``tk.load_model`` and ``export_onnx`` work on it.
+    original's. ``overrides`` replace config keys (``pad_id=0``). The folder's tokenizer.json
+    (and its config files) become ``model.tokenizer`` (text in, text out). The result is an
+    ordinary model: ``model.save`` / ``tk.load_model`` and ``export_onnx`` work on it, and
+    carry the tokenizer along.
     """
     hf = read_hf_config(folder)
     family = _family(hf, folder).family
@@ -103,4 +106,5 @@ def from_hf(folder: str | Path, **overrides: Any) -> TransformerModel:
                 f"from its config.json expects {shape}. config.json and the weights disagree."
             )
     model.load_state_dict(state, strict=True)
+    model.tokenizer = TextTokenizer.from_folder(folder)
     return model.eval()

@@ -18,6 +18,7 @@ from transformer_kit.decoding import (
     build_pipeline,
     generate_tokens,
     stream_tokens,
+    text,
 )
 from transformer_kit.decoding import (
     generation_config as resolve_options,
@@ -137,6 +138,14 @@ def generate(model, ids: Tensor, *, attention_mask: Any = None,
              stop_matcher=None, **options: Any) -> Tensor:
     """New tokens for each prompt (see ``TransformerModel.generate``); (rows, steps) int64."""
     opts = resolve_options(config, **options)
+    prompts = text.as_prompts(ids)
+    if prompts is not None:
+        tokenizer, (ids, attention_mask) = _encoded(model, prompts[0])
+        tokens = generate(model, ids, attention_mask=attention_mask, config=opts, use_cache=use_cache,
+                          stop_matcher=tokenizer.stop_matcher(opts.stop) if opts.stop else None)
+        out = text.row_texts(tokenizer, tokens.cpu().numpy(), opts.eos_ids(model.config.eos_id),
+                             opts.stop)
+        return out[0] if prompts[1] and len(out) == 1 else out
     with _eval(model):
         stepper, problem, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher)
         tokens = generate_tokens(stepper, problem, opts, pipeline)
@@ -153,9 +162,27 @@ def stream(model, ids: Tensor, *, attention_mask: Any = None,
     if opts.num_beams > 1:
         raise InputError("stream yields tokens as they are chosen, but beam search chooses them "
                          f"only at the end (num_beams={opts.num_beams}); call generate instead.")
+    prompts = text.as_prompts(ids)
+    if prompts is not None:
+        tokenizer, (ids, attention_mask) = _encoded(model, prompts[0])
+        stop_matcher = tokenizer.stop_matcher(opts.stop) if opts.stop else None
     with _eval(model):
         stepper, problem, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher)
-    return _steps(model, stream_tokens(stepper, problem, opts, pipeline), ids.device)
+    steps = _steps(model, stream_tokens(stepper, problem, opts, pipeline), ids.device)
+    if prompts is None:
+        return steps
+    rows = len(ids) * opts.num_return_sequences
+    return text.stream_text(tokenizer, (s.cpu().numpy() for s in steps), rows,
+                            opts.eos_ids(model.config.eos_id), opts.stop,
+                            prompts[1] and rows == 1)
+
+
+def _encoded(model, prompts: list[str]):
+    """The model's tokenizer and the prompts as ids and attention mask tensors."""
+    tokenizer = text.require(getattr(model, "tokenizer", None), "This model")
+    ids, keep = tokenizer.encode(prompts)
+    device = next(model.parameters()).device
+    return tokenizer, (torch.from_numpy(ids).to(device), torch.from_numpy(keep).to(device))
 
 
 def _steps(model, steps: Iterator[np.ndarray], device: torch.device) -> Iterator[Tensor]:

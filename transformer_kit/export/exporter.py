@@ -208,6 +208,7 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
             kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, src_vocab=cfg.src_vocab,
             tgt_vocab=cfg.tgt_vocab, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
             max_positions=model.max_positions, quantization=quantize, versions=versions(),
+            tokenizer=model.tokenizer.save(staging) if model.tokenizer is not None else [],
         )
         manifest.write(staging)
         export_seconds = time.perf_counter() - start

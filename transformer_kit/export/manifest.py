@@ -53,6 +53,8 @@ class Manifest:
     quantization: str | None = None
     optimized_for: str | None = None
     versions: dict[str, str] = field(default_factory=dict)
+    #: The tokenizer files in the folder (tokenizer.json first), empty without a tokenizer.
+    tokenizer: list[str] = field(default_factory=list)
     verification: dict[str, Any] = field(default_factory=dict)
 
     def write(self, folder: Path) -> None:

@@ -21,6 +21,7 @@ from transformer_kit.decoding import (
     build_pipeline,
     generate_tokens,
     stream_tokens,
+    text,
 )
 from transformer_kit.decoding import generation_config as resolve_options
 from transformer_kit.decoding.prompts import (
@@ -83,6 +84,8 @@ class OnnxModel:
         self._device = "cuda" if self.provider == CUDA else "cpu"
         self._kv_dtype = _NUMPY_DTYPES[self.manifest.dtype]
         self._gather = RowGather(self._providers, self._device)
+        #: The tokenizer exported with the model (text in, text out), or None.
+        self.tokenizer = text.TextTokenizer.from_folder(self.path) if self.manifest.tokenizer else None
 
     def _load(self, name: str) -> ort.InferenceSession:
         graph = self.manifest.graphs[name]
@@ -153,8 +156,17 @@ class OnnxModel:
         if max_new_tokens is not None:
             options["max_new_tokens"] = max_new_tokens
         opts = resolve_options(generation_config, **options)
+        prompts = text.as_prompts(ids)
+        if prompts is not None:
+            tokenizer = text.require(self.tokenizer, str(self.path))
+            ids, attention_mask = tokenizer.encode(prompts[0])
+            stop_matcher = tokenizer.stop_matcher(opts.stop) if opts.stop else None
         stepper, problem, pipeline = self._plan(ids, attention_mask, opts, stop_matcher)
-        return generate_tokens(stepper, problem, opts, pipeline)
+        tokens = generate_tokens(stepper, problem, opts, pipeline)
+        if prompts is None:
+            return tokens
+        out = text.row_texts(tokenizer, tokens, opts.eos_ids(self.manifest.eos_id), opts.stop)
+        return out[0] if prompts[1] and len(out) == 1 else out
 
     def stream(self, ids: Any, max_new_tokens: int | None = None, *, attention_mask: Any = None,
                generation_config: GenerationConfig | dict | None = None, stop_matcher=None,
@@ -167,8 +179,18 @@ class OnnxModel:
         if opts.num_beams > 1:
             raise InputError("stream yields tokens as they are chosen, but beam search chooses "
                              f"them only at the end (num_beams={opts.num_beams}); call generate.")
+        prompts = text.as_prompts(ids)
+        if prompts is not None:
+            tokenizer = text.require(self.tokenizer, str(self.path))
+            ids, attention_mask = tokenizer.encode(prompts[0])
+            stop_matcher = tokenizer.stop_matcher(opts.stop) if opts.stop else None
         stepper, problem, pipeline = self._plan(ids, attention_mask, opts, stop_matcher)
-        return stream_tokens(stepper, problem, opts, pipeline)
+        steps = stream_tokens(stepper, problem, opts, pipeline)
+        if prompts is None:
+            return steps
+        rows = len(ids) * opts.num_return_sequences
+        return text.stream_text(tokenizer, steps, rows, opts.eos_ids(self.manifest.eos_id),
+                                opts.stop, prompts[1] and rows == 1)
 
     def _plan(self, ids: Any, attention_mask: Any, options: GenerationConfig, stop_matcher
               ) -> tuple[OnnxStepper, Problem, Any]:

@@ -1,10 +1,16 @@
-"""transformer-kit generate: greedy tokens in onnxruntime equal PyTorch's."""
+"""transformer-kit generate: the tokens and text of OnnxModel.generate, with every option."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
+import transformers as hf
 
+import transformer_kit as tk
 from tests.apps.conftest import cli, invoke
+from tests.decoding.test_text import VOCAB, byte_level_tokenizer
+from transformer_kit.export import OnnxModel, export_onnx
 
 
 def test_generate_gives_pytorch_s_tokens(exported):
@@ -14,8 +20,70 @@ def test_generate_gives_pytorch_s_tokens(exported):
     tokens = model.generate(torch.tensor([[5, 6, 7], [8, 9, 0]]), max_new_tokens=5).tolist()
     for row in tokens:
         assert " ".join(map(str, row)) in result.output
-    negative = invoke("generate", str(folder / "onnx"), "--ids", "5", "--max-new-tokens", "-1")
-    assert negative.exit_code == 2 and "--max-new-tokens" in negative.output
+
+
+@pytest.mark.parametrize("options", [
+    {"do_sample": True, "temperature": 0.7, "top_k": 9, "seed": 4},
+    {"num_beams": 3, "length_penalty": 0.5, "num_return_sequences": 2},
+    {"repetition_penalty": 1.4, "no_repeat_ngram_size": 2, "eos_id": [7, 9]},
+])
+def test_options_reach_the_decoder(exported, options):
+    _, folder = exported
+    flags = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        values = value if isinstance(value, list) else [value]
+        flags += [flag] if value is True else [x for v in values for x in (flag, str(v))]
+    result = invoke("generate", str(folder / "onnx"), "--ids", "5 6 7; 8 9", "--max-new-tokens",
+                    "6", *flags)
+    assert result.exit_code == 0, result.output
+    om = OnnxModel(folder / "onnx", providers="cpu")
+    expected = om.generate(np.array([[5, 6, 7], [8, 9, 0]]), 6,
+                           attention_mask=np.array([[1, 1, 1], [1, 1, 0]]), **options)
+    for row in expected.tolist():
+        assert " ".join(map(str, row)) in result.output
+
+
+def test_bad_options_are_one_line_errors(exported):
+    _, folder = exported
+    cases = {("--do-sample", "--temperature", "-1"): "temperature=-1.0",
+             ("--num-beams", "0"): "num_beams=0",
+             ("--top-p", "0", "--do-sample"): "top_p=0.0",
+             ("--max-new-tokens", "-1"): "max_new_tokens=-1",
+             ("--prompt", "hello"): "has no tokenizer"}
+    for flags, named in cases.items():
+        ids = [] if "--prompt" in flags else ["--ids", "5 6"]
+        result = invoke("generate", str(folder / "onnx"), *ids, *flags)
+        assert result.exit_code == 1, result.output
+        assert named in result.output and "Traceback" not in result.output
+    both = invoke("generate", str(folder / "onnx"))
+    assert both.exit_code == 2 and "--ids / --prompt" in both.output
+
+
+@pytest.fixture(scope="module")
+def text_export(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli-text")
+    torch.manual_seed(0)
+    hf.GPT2LMHeadModel(hf.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_head=4,
+                                     n_layer=2, bos_token_id=1, eos_token_id=2,
+                                     initializer_range=0.2)).save_pretrained(folder)
+    byte_level_tokenizer().save(str(folder / "tokenizer.json"))
+    export_onnx(tk.from_hf(folder), folder / "onnx")
+    return folder / "onnx"
+
+
+def test_a_text_prompt_streams_the_text(text_export):
+    om = OnnxModel(text_export, providers="cpu")
+    result = invoke("generate", str(text_export), "--prompt", "the quick", "--max-new-tokens", "12",
+                    "--eos-id", "299")
+    assert result.exit_code == 0, result.output
+    assert om.generate("the quick", 12, eos_id=[299]) + "\n" in result.output
+    assert "12 tokens in" in result.output
+    batch = invoke("generate", str(text_export), "--prompt", "the", "--prompt", "über café",
+                   "--max-new-tokens", "8")
+    assert batch.exit_code == 0, batch.output
+    for text in om.generate(["the", "über café"], 8):
+        assert text in batch.output
 
 
 def test_generate_in_a_real_process(tmp_path, exported):

@@ -1,39 +1,105 @@
-"""``transformer-kit generate``: greedy generation in onnxruntime from an export folder."""
+"""``transformer-kit generate``: generation in onnxruntime from an export folder, from token ids
+or text, with every decoding option; one row streams as it is chosen."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import numpy as np
 import typer
 
-from transformer_kit.apps.sources import Provider, open_export, pad_rows, parse_ids
+from transformer_kit.apps.sources import Provider, open_export, parse_ids
 from transformer_kit.apps.terminal import console, fail
+from transformer_kit.decoding import generation_config
+from transformer_kit.decoding.text import TextPieces, require
 from transformer_kit.errors import TransformerKitError
+
+_Opt = typer.Option
 
 
 def generate(
     folder: Annotated[Path, typer.Argument(help="An export folder.")],
-    ids: Annotated[str, typer.Option(help='Prompt (or source) ids, rows separated by ";".')],
-    max_new_tokens: Annotated[int, typer.Option(min=0, help="Tokens to generate at most.")] = 16,
-    provider: Annotated[Provider, typer.Option(help="Where onnxruntime runs.")] = Provider.auto,
+    ids: Annotated[str | None, _Opt(help='Prompt (or source) ids, rows separated by ";".')] = None,
+    prompt: Annotated[list[str] | None, _Opt(help="A text prompt (repeat for a batch); needs the "
+                                             "export's tokenizer.")] = None,
+    max_new_tokens: Annotated[int, _Opt(help="Tokens to generate at most.")] = 16,
+    min_new_tokens: Annotated[int | None, _Opt(help="No eos or stop before this many.")] = None,
+    do_sample: Annotated[bool, _Opt("--do-sample", help="Sample instead of greedy.")] = False,
+    temperature: Annotated[float | None, _Opt(help="Sampling temperature (> 0).")] = None,
+    top_k: Annotated[int | None, _Opt(help="Sample among the k most likely.")] = None,
+    top_p: Annotated[float | None, _Opt(help="Nucleus sampling mass, in (0, 1].")] = None,
+    min_p: Annotated[float | None, _Opt(help="Drop tokens below min_p x the top one.")] = None,
+    repetition_penalty: Annotated[float | None, _Opt(help="> 1 discourages repeats.")] = None,
+    no_repeat_ngram_size: Annotated[int | None, _Opt(help="No n-gram of this size twice.")] = None,
+    num_beams: Annotated[int | None, _Opt(help="Beam search with this many beams.")] = None,
+    length_penalty: Annotated[float | None, _Opt(help="Beam scores / length**this.")] = None,
+    num_return_sequences: Annotated[int | None, _Opt(help="Rows per prompt.")] = None,
+    eos_id: Annotated[list[int] | None, _Opt(help="An id that ends a row (repeatable).")] = None,
+    stop: Annotated[list[str] | None, _Opt(help="A string that ends a row (repeatable).")] = None,
+    seed: Annotated[int | None, _Opt(help="Sampling seed: same seed, same tokens.")] = None,
+    provider: Annotated[Provider, _Opt(help="Where onnxruntime runs.")] = Provider.auto,
 ) -> None:
-    """Greedy generation in onnxruntime from the exported decoder step."""
-    rows = parse_ids(ids)
+    """Generate in onnxruntime: greedy by default, --do-sample, --num-beams; text with --prompt."""
+    if (ids is None) == (not prompt):
+        raise typer.BadParameter("give either --ids or --prompt.", param_hint="--ids / --prompt")
+    options: dict[str, Any] = {k: v for k, v in {
+        "max_new_tokens": max_new_tokens, "min_new_tokens": min_new_tokens, "temperature": temperature,
+        "top_k": top_k, "top_p": top_p, "min_p": min_p, "repetition_penalty": repetition_penalty,
+        "no_repeat_ngram_size": no_repeat_ngram_size, "num_beams": num_beams,
+        "length_penalty": length_penalty, "num_return_sequences": num_return_sequences,
+        "eos_id": eos_id, "stop": stop, "seed": seed}.items() if v is not None}
+    if do_sample:
+        options["do_sample"] = True
     try:
         om = open_export(folder, provider)
-        prompts = pad_rows(rows, om.manifest.pad_id)
+        inputs, mask = (list(prompt), None) if prompt else _id_rows(parse_ids(ids))
         start = time.perf_counter()
-        tokens = om.generate(prompts, max_new_tokens=max_new_tokens)
+        produced = _run(om, inputs, mask, options)
         elapsed = time.perf_counter() - start
     except TransformerKitError as exc:
         fail(exc)
-    console.print(f"provider: {om.provider}")
-    for row in tokens.tolist():
-        console.print(" ".join(map(str, row)))
-    console.print(f"{tokens.size} tokens in {elapsed * 1e3:.0f} ms "
-                  f"({tokens.size / max(elapsed, 1e-9):.0f} tokens/s)")
+    console.print(f"provider: {om.provider}", highlight=False)
+    console.print(f"{produced} tokens in {elapsed * 1e3:.0f} ms "
+                  f"({produced / max(elapsed, 1e-9):.0f} tokens/s)", highlight=False)
+
+
+def _id_rows(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ids as a right-padded array and its attention mask (1 = real token)."""
+    width = max(map(len, rows))
+    ids = np.zeros((len(rows), width), np.int64)
+    mask = np.zeros((len(rows), width), np.int64)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)], mask[i, :len(row)] = row, 1
+    return ids, mask
+
+
+def _run(om, inputs, mask, options: dict[str, Any]) -> int:
+    """Print what is generated (one row: as it comes); returns the number of tokens."""
+    text = isinstance(inputs, list)
+    rows = len(inputs) * options.get("num_return_sequences", 1)
+    if rows > 1 or options.get("num_beams", 1) > 1:
+        out = om.generate(inputs, attention_mask=mask, **options)
+        for row in out:
+            console.print(row if text else " ".join(map(str, row.tolist())), highlight=False,
+                          markup=False)
+        return sum(len(om.tokenizer.backend.encode(t).ids) for t in out) if text else int(out.size)
+    pieces = stop_matcher = None
+    if text:
+        tokenizer = require(om.tokenizer, str(om.path))
+        inputs, mask = tokenizer.encode(inputs)
+        config = generation_config(**options)
+        pieces = TextPieces(tokenizer, config.eos_ids(om.manifest.eos_id), config.stop)
+        stop_matcher = tokenizer.stop_matcher(config.stop) if config.stop else None
+    count = 0
+    for step in om.stream(inputs, attention_mask=mask, stop_matcher=stop_matcher, **options):
+        count += 1
+        sys.stdout.write(pieces.add(int(step[0])) if pieces else f"{int(step[0])} ")
+        sys.stdout.flush()
+    sys.stdout.write((pieces.finish() if pieces and not pieces.ended else "") + "\n")
+    return count
 
 
 def register(app: typer.Typer) -> None:
