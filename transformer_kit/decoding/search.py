@@ -67,13 +67,20 @@ def _probabilities(scores: np.ndarray) -> np.ndarray:
 
 
 def sample_rows(scores: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """One token per row drawn from softmax(scores): inverse CDF of one uniform draw per row.
+    """One token per row drawn from softmax(scores): inverse CDF of one uniform draw per row,
+    over the row's finite scores in id order (the same draw as over the whole vocabulary, and
+    a few tokens to visit after top-k/top-p/min-p).
 
     scores: (rows, vocab), -inf for tokens never chosen. Returns (rows,) int64.
     """
-    cumulative = np.cumsum(_probabilities(scores), axis=-1)
-    draw = rng.random(len(scores)) * cumulative[:, -1]
-    return (cumulative <= draw[:, None]).sum(axis=-1).astype(np.int64)
+    draws = rng.random(len(scores))
+    chosen = np.empty(len(scores), dtype=np.int64)
+    for row, (values, draw) in enumerate(zip(scores, draws, strict=True)):
+        ids = np.flatnonzero(values > -np.inf)
+        cumulative = np.cumsum(_probabilities(values[ids]))
+        index = int((cumulative <= draw * cumulative[-1]).sum())
+        chosen[row] = ids[min(index, len(ids) - 1)]
+    return chosen
 
 
 def _repeat(problem: Problem, times: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

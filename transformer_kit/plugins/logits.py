@@ -110,21 +110,53 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
 
 
 class TopP(LogitsProcessor):
-    """Nucleus sampling: keeps the most likely tokens whose probabilities sum to ``p``."""
+    """Nucleus sampling: keeps the most likely tokens whose probabilities sum to ``p``: a token
+    stays when the tokens more likely than it hold less than ``p`` (transformers' rule).
+
+    Only candidates are sorted: the finite scores (after top-k, a few), else the 1024 most
+    likely when they already hold ``p`` (``argpartition`` is linear in the vocabulary; a full
+    sort of 50k scores costs milliseconds), else everything.
+    """
+
+    PARTIAL = 1024
 
     def __init__(self, p: float, min_tokens_to_keep: int = 1) -> None:
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
             raise ValueError(f"p must be in (0, 1], got {p!r}")
         self.p, self.keep = float(p), min_tokens_to_keep
 
+    def _candidates(self, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(rows, k) ids holding every token that can stay (padded with -inf ones), and the
+        softmax normaliser (sum of exp(score - max), (rows, 1)) when they are not all finite ones."""
+        vocab = scores.shape[-1]
+        finite = max(int((scores > -np.inf).sum(axis=-1).max()), self.keep)
+        if finite * 4 < vocab:  # after top-k: only the finite scores
+            return np.argpartition(-scores, finite - 1, axis=-1)[:, :finite], None
+        k = max(self.PARTIAL, self.keep)
+        if k * 4 < vocab:  # the most likely, if they hold p
+            top = np.argpartition(-scores, k - 1, axis=-1)[:, :k]
+            peak = scores.max(axis=-1, keepdims=True).astype(np.float64)
+            total = np.exp(scores - peak).sum(axis=-1, keepdims=True)
+            mass = np.exp(np.take_along_axis(scores, top, -1) - peak).sum(axis=-1, keepdims=True)
+            if (mass >= self.p * total).all():
+                return top, total
+        return np.broadcast_to(np.arange(vocab), scores.shape), None
+
     def __call__(self, scores: np.ndarray, state: DecodingState) -> np.ndarray:
-        order = np.argsort(scores, axis=-1, kind="stable")  # ascending
-        cumulative = np.cumsum(_softmax(np.take_along_axis(scores, order, -1)), axis=-1)
-        remove_sorted = cumulative <= 1 - self.p
-        remove_sorted[:, -self.keep:] = False
-        remove = np.empty_like(remove_sorted)
-        np.put_along_axis(remove, order, remove_sorted, -1)
-        return np.where(remove, NEVER, scores).astype(scores.dtype, copy=False)
+        top, total = self._candidates(scores)
+        top_scores = np.take_along_axis(scores, top, -1).astype(np.float64)
+        order = np.argsort(-top_scores, axis=-1, kind="stable")
+        ranked, ranked_scores = np.take_along_axis(top, order, -1), np.take_along_axis(top_scores, order, -1)
+        if total is None:  # the candidates hold every finite score
+            ranked_probs = _softmax(ranked_scores)
+        else:
+            ranked_probs = np.exp(ranked_scores - ranked_scores[:, :1]) / total
+        above = np.cumsum(ranked_probs, axis=-1) - ranked_probs  # mass of the more likely tokens
+        stays = above < self.p
+        stays[:, :self.keep] = True
+        kept = np.zeros(scores.shape, dtype=bool)
+        np.put_along_axis(kept, ranked, stays, -1)
+        return np.where(kept, scores, NEVER).astype(scores.dtype, copy=False)
 
 
 class MinP(LogitsProcessor):

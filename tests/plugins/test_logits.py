@@ -1,0 +1,87 @@
+"""The built-in logits processors keep, drop and scale exactly what transformers' processors
+of the same role do, on random scores over small and GPT-2-sized vocabularies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers.generation.logits_process as hf
+
+from transformer_kit.decoding import DecodingState
+from transformer_kit.plugins.logits import (
+    MinNewTokens,
+    MinP,
+    NoRepeatNGram,
+    RepetitionPenalty,
+    Temperature,
+    TopK,
+    TopP,
+)
+
+
+def _scores(vocab: int, spread: float, seed: int = 0) -> np.ndarray:
+    return (spread * np.random.default_rng(seed).standard_normal((3, vocab))).astype(np.float32)
+
+
+def _state(ids: np.ndarray, prompt_length: int) -> DecodingState:
+    return DecodingState(ids, np.ones(ids.shape, bool), prompt_length)
+
+
+def _same(ours: np.ndarray, theirs: torch.Tensor) -> None:
+    theirs = theirs.numpy()
+    np.testing.assert_array_equal(np.isfinite(ours), np.isfinite(theirs))
+    np.testing.assert_allclose(ours[np.isfinite(ours)], theirs[np.isfinite(theirs)], rtol=1e-6)
+
+
+WARPERS = [
+    (lambda: Temperature(0.7), lambda: hf.TemperatureLogitsWarper(0.7)),
+    (lambda: TopK(40), lambda: hf.TopKLogitsWarper(40)),
+    (lambda: TopP(0.9), lambda: hf.TopPLogitsWarper(0.9)),
+    (lambda: TopP(0.3, min_tokens_to_keep=2), lambda: hf.TopPLogitsWarper(0.3, min_tokens_to_keep=2)),
+    (lambda: MinP(0.1), lambda: hf.MinPLogitsWarper(0.1)),
+]
+
+
+@pytest.mark.parametrize("vocab", [61, 8000, 50257])
+@pytest.mark.parametrize("spread", [1.0, 3.0, 10.0])  # flat to peaked: top-p's three paths
+@pytest.mark.parametrize("index", range(len(WARPERS)))
+def test_warpers_equal_transformers(vocab, spread, index):
+    ours, theirs = WARPERS[index]
+    scores = _scores(vocab, spread)
+    state = _state(np.zeros((3, 1), np.int64), 1)
+    _same(ours()(scores.copy(), state), theirs()(None, torch.from_numpy(scores.copy())))
+    cut = TopK(100)(scores.copy(), state)  # after top-k, as the pipeline runs them
+    _same(ours()(cut.copy(), state), theirs()(None, torch.from_numpy(cut.copy())))
+
+
+def test_penalties_equal_transformers():
+    scores = _scores(61, 2.0)
+    ids = np.random.default_rng(1).integers(0, 61, (3, 12))
+    state = _state(ids, 5)
+    _same(RepetitionPenalty(1.3)(scores.copy(), state),
+          hf.RepetitionPenaltyLogitsProcessor(1.3)(torch.from_numpy(ids), torch.from_numpy(scores.copy())))
+    repeats = np.tile(np.array([[4, 5, 6, 4, 5]]), (3, 1))
+    for size in (1, 2, 3):
+        _same(NoRepeatNGram(size)(scores.copy(), _state(repeats, 2)),
+              hf.NoRepeatNGramLogitsProcessor(size)(torch.from_numpy(repeats),
+                                                   torch.from_numpy(scores.copy())))
+    eos = [2, 7]
+    early = MinNewTokens(4, eos)(scores.copy(), _state(ids[:, :7], 5))  # 2 new tokens < 4
+    assert np.isneginf(early[:, eos]).all() and np.isfinite(np.delete(early, eos, axis=1)).all()
+    np.testing.assert_array_equal(MinNewTokens(4, eos)(scores.copy(), _state(ids[:, :9], 5)), scores)
+
+
+def test_padding_is_not_a_repeated_token():
+    scores = np.zeros((1, 10), np.float32) + 1.0
+    state = DecodingState(np.array([[0, 0, 3]]), np.array([[False, False, True]]), 3)
+    out = RepetitionPenalty(2.0)(scores, state)
+    assert out[0, 3] == 0.5 and out[0, 0] == 1.0  # id 0 only appears as padding
+
+
+@pytest.mark.parametrize("bad", [lambda: TopP(0), lambda: TopK(0), lambda: Temperature(-1),
+                                 lambda: MinP(1.5), lambda: RepetitionPenalty(0),
+                                 lambda: NoRepeatNGram(0)])
+def test_bad_parameters_raise(bad):
+    with pytest.raises(ValueError):
+        bad()
