@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ids = random_prompts(cfg.vocab_size, 1, args.prompt_len, {0, cfg.bos_id, cfg.eos_id})
     runners = kit_runners(model, om, ids, args.new_tokens)
     runners += peer_runners(checkpoint, workdir, ids, args.new_tokens)
-    timings, _ = interleaved(runners, args.rounds, progress=lambda t: print(t, file=sys.stderr))
+    timings, _ = interleaved(runners, args.rounds, progress=lambda t: print(t, file=sys.stderr),
+                             settle=True)
     by_name = {t.name: t for t in timings}
     kit_beams = by_name["kit onnxruntime, 4 beams"].result
     print(f"\nGPT-2 shape, 1 prompt of {args.prompt_len} tokens, {args.new_tokens} new tokens, "

@@ -139,6 +139,19 @@ def generate_tokens(stepper: Stepper, problem: Problem, options: GenerationConfi
     return np.stack(steps, axis=1) if steps else np.zeros((rows, 0), dtype=np.int64)
 
 
+def _top(x: np.ndarray, k: int) -> np.ndarray:
+    """(rows, k) indices of each row's k largest values, largest first, ties by lower index
+    (what a stable argsort of -x gives), without sorting the whole row."""
+    if 4 * k >= x.shape[-1]:
+        return np.argsort(-x, axis=-1, kind="stable")[:, :k]
+    kth = np.take_along_axis(x, np.argpartition(-x, k - 1, axis=-1)[:, k - 1:k], -1)
+    rows = []
+    for values, bound in zip(x, kth, strict=True):
+        candidates = np.flatnonzero(values >= bound)  # the k largest and any tie at the k-th
+        rows.append(candidates[np.argsort(-values[candidates], kind="stable")[:k]])
+    return np.stack(rows)
+
+
 def _gather(x: np.ndarray, index: np.ndarray) -> np.ndarray:
     """x (batch, beams, ...) gathered along axis 1 by index (batch, k)."""
     return np.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
@@ -180,7 +193,7 @@ def beam_search(stepper: Stepper, problem: Problem, options: GenerationConfig,
             probs = _probabilities(accumulated)
             top = np.stack([rng.choice(k * vocab, keep_k, replace=False, p=p) for p in probs])
         else:
-            top = np.argsort(-accumulated, axis=-1, kind="stable")[:, :keep_k]
+            top = _top(accumulated, keep_k)
         top_scores = np.take_along_axis(accumulated, top, -1)
         top_beam, top_token = top // vocab, top % vocab
         top_new = np.concatenate([_gather(running_new, top_beam), top_token[:, :, None]], axis=2)
