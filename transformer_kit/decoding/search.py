@@ -144,7 +144,8 @@ def _top(x: np.ndarray, k: int) -> np.ndarray:
     (what a stable argsort of -x gives), without sorting the whole row."""
     if 4 * k >= x.shape[-1]:
         return np.argsort(-x, axis=-1, kind="stable")[:, :k]
-    kth = np.take_along_axis(x, np.argpartition(-x, k - 1, axis=-1)[:, k - 1:k], -1)
+    n = x.shape[-1]
+    kth = np.partition(x, n - k, axis=-1)[:, n - k:n - k + 1]  # each row's k-th largest
     rows = []
     for values, bound in zip(x, kth, strict=True):
         candidates = np.flatnonzero(values >= bound)  # the k largest and any tie at the k-th

@@ -129,9 +129,13 @@ class TopP(LogitsProcessor):
         """(rows, k) ids holding every token that can stay (padded with -inf ones), and the
         softmax normaliser (sum of exp(score - max), (rows, 1)) when they are not all finite ones."""
         vocab = scores.shape[-1]
-        finite = max(int((scores > -np.inf).sum(axis=-1).max()), self.keep)
-        if finite * 4 < vocab:  # after top-k: only the finite scores
-            return np.argpartition(-scores, finite - 1, axis=-1)[:, :finite], None
+        finite = scores > -np.inf
+        count = max(int(finite.sum(axis=-1).max()), self.keep)
+        if count * 4 < vocab:  # after top-k: only the finite scores (rows padded with a -inf one)
+            rows = [np.flatnonzero(row) for row in finite]
+            pads = np.argmin(scores, axis=-1)
+            return np.stack([np.concatenate([ids, np.full(count - len(ids), pad)])
+                             for ids, pad in zip(rows, pads, strict=True)]), None
         k = max(self.PARTIAL, self.keep)
         if k * 4 < vocab:  # the most likely, if they hold p
             top = np.argpartition(-scores, k - 1, axis=-1)[:, :k]
