@@ -47,18 +47,19 @@ def main() -> None:
         write_checkpoint(checkpoint, args.layers)
 
     print(f"2. loading {checkpoint} with tk.from_hf")
-    # GPT-2 has no padding token; use one id as padding so prompts of different lengths batch.
-    model = tk.from_hf(checkpoint, pad_id=0)
+    # GPT-2 has no padding token: prompts of different lengths batch with an attention mask.
+    model = tk.from_hf(checkpoint)
     print(f"   {sum(p.numel() for p in model.parameters()):,} parameters; config:",
           model.config.to_dict())
 
     print(f"3. exporting to {workdir / 'onnx'}")
     print(export_onnx(model, workdir / "onnx"))
 
-    prompts = np.array([[464, 3290, 286, 262, 2003, 318], [40, 588, 0, 0, 0, 0]])  # padded
+    prompts = np.array([[464, 3290, 286, 262, 2003, 318], [40, 588, 0, 0, 0, 0]])
+    mask = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0]])  # 1 = real token
     om = OnnxModel(workdir / "onnx")
     start = time.perf_counter()
-    tokens = om.generate(prompts, max_new_tokens=args.max_new_tokens)
+    tokens = om.generate(prompts, max_new_tokens=args.max_new_tokens, attention_mask=mask)
     elapsed = time.perf_counter() - start
     print(f"4. onnxruntime ({om.provider}): {tokens.size / elapsed:.0f} tokens/s")
     print(f"   generated: {tokens.tolist()}")
@@ -66,9 +67,10 @@ def main() -> None:
     import transformers
 
     reference = transformers.GPT2LMHeadModel.from_pretrained(checkpoint).eval()
-    ours = model.generate(torch.from_numpy(prompts), max_new_tokens=args.max_new_tokens).numpy()
+    ours = model.generate(torch.from_numpy(prompts), max_new_tokens=args.max_new_tokens,
+                          attention_mask=torch.from_numpy(mask)).numpy()
     for row, prompt in enumerate(prompts):
-        ids = torch.from_numpy(prompt[prompt != 0])[None]
+        ids = torch.from_numpy(prompt[mask[row] == 1])[None]
         with torch.no_grad():
             out = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                      num_beams=1, max_new_tokens=args.max_new_tokens,

@@ -53,9 +53,9 @@ def generate(
         "eos_id": eos_id, "stop": stop, "seed": seed}.items() if v is not None}
     if do_sample:
         options["do_sample"] = True
+    inputs, mask = (list(prompt), None) if prompt else _id_rows(parse_ids(ids))  # usage first
     try:
         om = open_export(folder, provider)
-        inputs, mask = (list(prompt), None) if prompt else _id_rows(parse_ids(ids))
         start = time.perf_counter()
         produced = _run(om, inputs, mask, options)
         elapsed = time.perf_counter() - start
