@@ -46,8 +46,12 @@ class RowGather:
         types = tuple(v.data_type() for v in values)
         session = self.sessions.get(types)
         if session is None:
-            session = self.sessions[types] = ort.InferenceSession(_gather_graph(types),
-                                                                  providers=self.providers)
+            options = ort.SessionOptions()
+            # the calling thread alone: a thread pool of its own would spin after each gather and
+            # take the cores from the decoder step that follows (measured: +2.5 ms a step)
+            options.intra_op_num_threads = 1
+            session = self.sessions[types] = ort.InferenceSession(
+                _gather_graph(types), options, providers=self.providers)
         io = session.io_binding()
         io.bind_cpu_input("index", np.ascontiguousarray(rows, dtype=np.int64))
         for i, value in enumerate(values):
