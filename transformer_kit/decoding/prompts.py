@@ -8,7 +8,10 @@ from typing import Any
 import numpy as np
 
 from transformer_kit.decoding.options import GenerationConfig
+from transformer_kit.decoding.processors import Pipeline, build_pipeline
+from transformer_kit.decoding.search import Problem
 from transformer_kit.errors import InputError
+from transformer_kit.id_checks import check_positions
 
 
 def as_array(x: Any, name: str) -> np.ndarray:
@@ -82,3 +85,29 @@ def check_stop(options: GenerationConfig, stop: object) -> None:
         raise InputError(f"stop={options.stop!r} needs a tokenizer to match text, and this call "
                          "has none; generate from text with a model that carries its tokenizer, "
                          "or end rows by token with eos_id=[...].")
+
+
+def plan(ids: np.ndarray, attention_mask: Any, options: GenerationConfig, *, decoder: bool,
+         pad_id: int | None, eos_id: int | None, bos_id: int | None, vocab: int,
+         context_length: int | None, source_positions: int | None = None,
+         stop_matcher=None) -> tuple[Problem, Pipeline, np.ndarray]:
+    """What every runtime prepares before decoding checked ``ids`` (batch, len) int64.
+
+    Returns the problem for the strategies (decoder: the prompts left-aligned; encoder-decoder:
+    the start token), the processors, and keep (batch, len') bool: the aligned prompt's, or the
+    source's. ``source_positions``: the positional bound the source must fit, if checked here.
+    """
+    keep = (keep_from_pad(ids, pad_id) if attention_mask is None
+            else keep_from_mask(attention_mask, ids.shape))
+    eos_ids = options.eos_ids(eos_id)
+    _, pipeline = build_pipeline(options, vocab, eos_ids)
+    fill = fill_id(pad_id, eos_ids)
+    if decoder:
+        ids, keep = left_align(ids, keep)
+        check_room(int(keep.sum(axis=1).max()), options, context_length)
+        return Problem(ids, keep, eos_ids, fill, stop_matcher), pipeline, keep
+    if source_positions is not None:
+        check_positions(int(keep.sum(axis=1).max()) if keep.size else 0, source_positions, "src_ids")
+    check_room(1, options, context_length, "decoder start token")
+    start = np.full((len(ids), 1), bos_id, np.int64)
+    return Problem(start, np.ones(start.shape, bool), eos_ids, fill, stop_matcher), pipeline, keep

@@ -15,7 +15,6 @@ from torch import Tensor
 from transformer_kit.decoding import (
     GenerationConfig,
     Problem,
-    build_pipeline,
     generate_tokens,
     stream_tokens,
     text,
@@ -23,14 +22,7 @@ from transformer_kit.decoding import (
 from transformer_kit.decoding import (
     generation_config as resolve_options,
 )
-from transformer_kit.decoding.prompts import (
-    check_room,
-    check_stop,
-    fill_id,
-    keep_from_mask,
-    keep_from_pad,
-    left_align,
-)
+from transformer_kit.decoding.prompts import check_stop, plan
 from transformer_kit.errors import ConfigError, InputError
 from transformer_kit.inputs import check_token_ids
 from transformer_kit.interfaces import LayerCache
@@ -115,22 +107,15 @@ def _plan(model, ids: Tensor, attention_mask: Any, options: GenerationConfig, us
                           "bos_id in the config (for a checkpoint: tk.from_hf(folder, bos_id=...)).")
     name = "input_ids" if is_decoder else "src_ids"
     ids = check_token_ids(ids, cfg.vocab_size if is_decoder else cfg.src_vocab, name)
-    array = ids.cpu().numpy()
-    keep = (keep_from_pad(array, cfg.pad_id) if attention_mask is None
-            else keep_from_mask(attention_mask, array.shape))
-    eos_ids = options.eos_ids(cfg.eos_id)
-    _, pipeline = build_pipeline(options, cfg.tgt_vocab, eos_ids)
-    fill = fill_id(cfg.pad_id, eos_ids)
+    problem, pipeline, keep = plan(
+        ids.cpu().numpy(), attention_mask, options, decoder=is_decoder, pad_id=cfg.pad_id,
+        eos_id=cfg.eos_id, bos_id=cfg.bos_id, vocab=cfg.tgt_vocab,
+        context_length=model.context_length, stop_matcher=stop_matcher)
+    keep_tensor = torch.from_numpy(keep).to(ids.device)
     if is_decoder:
-        array, keep = left_align(array, keep)
-        check_room(int(keep.sum(axis=1).max()), options, model.context_length)
-        device_ids = torch.from_numpy(array).to(ids.device)
-        stepper = DecoderStepper(model, device_ids, torch.from_numpy(keep).to(ids.device), use_cache)
-        return stepper, Problem(array, keep, eos_ids, fill, stop_matcher), pipeline
-    check_room(1, options, model.context_length, "decoder start token")
-    stepper = EncoderDecoderStepper(model, ids, torch.from_numpy(keep).to(ids.device), use_cache)
-    start = np.full((len(array), 1), cfg.bos_id, dtype=np.int64)
-    return stepper, Problem(start, np.ones_like(start, dtype=bool), eos_ids, fill, stop_matcher), pipeline
+        prompt = torch.from_numpy(problem.prompt_ids).to(ids.device)
+        return DecoderStepper(model, prompt, keep_tensor, use_cache), problem, pipeline
+    return EncoderDecoderStepper(model, ids, keep_tensor, use_cache), problem, pipeline
 
 
 def generate(model, ids: Tensor, *, attention_mask: Any = None,

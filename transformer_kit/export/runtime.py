@@ -18,7 +18,6 @@ import onnxruntime as ort
 from transformer_kit.decoding import (
     GenerationConfig,
     Problem,
-    build_pipeline,
     generate_tokens,
     stream_tokens,
     text,
@@ -26,12 +25,10 @@ from transformer_kit.decoding import (
 from transformer_kit.decoding import generation_config as resolve_options
 from transformer_kit.decoding.prompts import (
     as_array,
-    check_room,
     check_stop,
-    fill_id,
     keep_from_mask,
     keep_from_pad,
-    left_align,
+    plan,
 )
 from transformer_kit.errors import ArtifactError, ConfigError, InputError
 from transformer_kit.export.manifest import Manifest
@@ -203,21 +200,12 @@ class OnnxModel:
             raise ConfigError("bos_id is null, but encoder_decoder decoding starts from bos_id; "
                               "export the model again with a bos_id in its config.")
         ids = check_ids(ids, m.src_vocab, "input_ids" if is_decoder else "src_ids")
-        keep = (keep_from_pad(ids, m.pad_id) if attention_mask is None
-                else keep_from_mask(attention_mask, ids.shape))
-        eos_ids = options.eos_ids(m.eos_id)
-        _, pipeline = build_pipeline(options, m.tgt_vocab, eos_ids)
-        fill = fill_id(m.pad_id, eos_ids)
-        if is_decoder:
-            ids, keep = left_align(ids, keep)
-            check_room(int(keep.sum(axis=1).max()), options, self.context_length)
-            stepper = self._stepper({}, ids, keep)
-            return stepper, Problem(ids, keep, eos_ids, fill, stop_matcher), pipeline
-        check_positions(int(keep.sum(axis=1).max()) if keep.size else 0, m.max_positions, "src_ids")
-        check_room(1, options, self.context_length, "decoder start token")
-        start = np.full((len(ids), 1), m.bos_id, np.int64)
-        stepper = self._stepper(self._encode(ids, keep), start, None)
-        return stepper, Problem(start, np.ones(start.shape, bool), eos_ids, fill, stop_matcher), pipeline
+        problem, pipeline, keep = plan(
+            ids, attention_mask, options, decoder=is_decoder, pad_id=m.pad_id, eos_id=m.eos_id,
+            bos_id=m.bos_id, vocab=m.tgt_vocab, context_length=self.context_length,
+            source_positions=None if is_decoder else m.max_positions, stop_matcher=stop_matcher)
+        fixed = {} if is_decoder else self._encode(ids, keep)
+        return self._stepper(fixed, problem.prompt_ids, keep if is_decoder else None), problem, pipeline
 
     def _stepper(self, fixed: dict[str, Any], first_ids: np.ndarray, keep: np.ndarray | None
                  ) -> OnnxStepper:
