@@ -11,6 +11,7 @@ from tests.export.cases import CASES
 from transformer_kit.export import OnnxModel, export_onnx
 from transformer_kit.export.graphs import EXAMPLE_BATCH, EXAMPLE_LEN
 from transformer_kit.export.verify import random_ids, relative_error
+from transformer_kit.export.weights import WEIGHTS_FILE
 
 SHAPES = [(1, 9), (4, 6), (3, 13)]  # none is the export example (2 x 5)
 
@@ -28,7 +29,16 @@ def test_export_verifies(exported):
     _, om, report = exported
     assert report.tolerance == 1e-4
     assert report.max_error <= 1e-4
-    assert set(report.graph_bytes) == set(om.manifest.graphs)
+    assert set(report.graph_bytes) == {*om.manifest.graphs, WEIGHTS_FILE}
+
+
+def test_every_weight_is_stored_once(exported):
+    """The graphs share one weights.data holding each tensor once: at most the model's
+    parameter and buffer bytes (5 % for tensors the exporter derives, one page per aligned one)."""
+    _, om, report = exported
+    assert report.graph_bytes[WEIGHTS_FILE] <= 1.05 * report.weight_bytes + 64 * 1024
+    graphs = sum(v for k, v in report.graph_bytes.items() if k != WEIGHTS_FILE)
+    assert graphs < 0.5 * report.weight_bytes + 2e6  # structure, small constants
     assert om.provider == "CPUExecutionProvider"
     assert (EXAMPLE_BATCH, EXAMPLE_LEN) not in SHAPES
 

@@ -26,6 +26,6 @@ def test_export_modes_follow_the_umask(tmp_path, umask, folder_mode, file_mode):
         os.umask(previous)
     assert stat.S_IMODE((tmp_path / "onnx").stat().st_mode) == folder_mode
     files = list((tmp_path / "onnx").iterdir())
-    assert {p.name for p in files} == {"manifest.json", "model.onnx"}
+    assert {p.name for p in files} == {"manifest.json", "model.onnx", "weights.data"}
     assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {file_mode}
     assert OnnxModel(tmp_path / "onnx").manifest.architecture == "encoder"

@@ -129,7 +129,8 @@ def test_explicit_providers_and_session_options_pass_through(decoder_export):
     options.intra_op_num_threads = 1
     om = OnnxModel(folder, providers=["CPUExecutionProvider"], session_options=options)
     assert om.provider == "CPUExecutionProvider"
-    assert om._sessions["model"].get_session_options().intra_op_num_threads == 1
+    assert om._session("model").get_session_options().intra_op_num_threads == 1
+    assert om._session("decoder_step").get_session_options().intra_op_num_threads == 1
     with pytest.raises(tk.ProviderError, match=r"'NoSuchExecutionProvider' is not available"):
         OnnxModel(folder, providers=["NoSuchExecutionProvider"])
     with pytest.raises(tk.InputError, match=r"not one of 'auto', 'cpu', 'cuda'"):

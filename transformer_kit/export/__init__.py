@@ -4,6 +4,7 @@
     report = export_onnx(model, "out/")          # graphs + manifest, verified against PyTorch
     om = OnnxModel("out/")                        # numpy + onnxruntime only
     om.generate(ids, max_new_tokens=16)
+    export_onnx(model, "out-int4/", quantize="int4")   # 4-bit MatMulNBits weights
 
 ``OnnxModel`` is imported without torch; ``export_onnx`` needs torch.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ExportReport", "Manifest", "OnnxModel", "export_onnx"]
+__all__ = ["ExportReport", "Int4", "Manifest", "OnnxModel", "export_onnx"]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,6 +25,10 @@ def __getattr__(name: str) -> Any:
         from transformer_kit.export.report import ExportReport
 
         return ExportReport
+    if name == "Int4":
+        from transformer_kit.export.quantize import Int4
+
+        return Int4
     if name == "OnnxModel":
         from transformer_kit.export.runtime import OnnxModel
 

@@ -26,8 +26,10 @@ from transformer_kit.export.packed_attention import (
     packed_attention_patch,
     packed_attention_translations,
 )
+from transformer_kit.export.quantize import Int4, method, quantization, quantize_graph
 from transformer_kit.export.report import ExportReport, versions
 from transformer_kit.export.translations import collect_translations
+from transformer_kit.export.weights import WEIGHTS_FILE, share_weights
 from transformer_kit.model import TransformerModel
 
 DEFAULT_OPSET = 23  # scaled_dot_product_attention becomes the single ONNX Attention op
@@ -35,7 +37,6 @@ MIN_OPSET = 18  # the oldest opset torch's dynamo exporter writes
 MAX_IR_VERSION = 13  # the newest ONNX IR onnxruntime 1.31 reads
 TOLERANCES = {"float32": 1e-4, "float16": 2e-2}
 DTYPES = ("float32", "float16")
-QUANTIZATIONS = (None, "int8")
 _EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf files stop at 2 GB
 
 
@@ -80,47 +81,32 @@ def _export_graph(name: str, spec: GraphSpec, path: Path, opset: int, translatio
         onnx.save(proto, str(path))
 
 
-def _quantize_int8(path: Path, external: bool) -> None:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    quantized = path.with_suffix(".int8.onnx")
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # the quantizer logs advice on the root logger
-    try:
-        # Weights of MatMul/Gemm only: the quantizer would misread ONNX's Attention op as
-        # onnxruntime's contrib op of the same name. reduce_range keeps the int8 weights in
-        # [-64, 64]: x86 CPUs without VNNI (AVX2, AVX-512 without VNNI) multiply uint8
-        # activations by int8 weights with VPMADDUBSW, which sums adjacent pairs into int16 and
-        # saturates above 32767 (255 * (127 + 127) would); with 7-bit weights a pair stays at
-        # or below 255 * 128 = 32640, so every CPU computes the same exact integer products.
-        # A scale per output column wins back the bit (top-1 agreement with float32 on the
-        # GPT-2-shape benchmark model: 92 % against 91 % for full-range per-tensor weights).
-        quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8, reduce_range=True,
-                         per_channel=True, op_types_to_quantize=["MatMul", "Gemm"],
-                         use_external_data_format=external)
-    finally:
-        root.setLevel(level)
-    quantized.replace(path)
-    data = path.with_name(path.name + ".data")
-    if data.exists() and not external:
-        data.unlink()
+def _file_bytes(folder: Path, graphs: dict[str, GraphInfo]) -> dict[str, int]:
+    """Bytes of each graph file and of the weights they share."""
+    sizes = {name: (folder / g.file).stat().st_size for name, g in graphs.items()}
+    sizes[WEIGHTS_FILE] = (folder / WEIGHTS_FILE).stat().st_size if (folder / WEIGHTS_FILE).exists() else 0
+    return sizes
 
 
-def _graph_bytes(folder: Path, file: str) -> int:
-    return sum(p.stat().st_size for p in folder.glob(file + "*"))
+def tensor_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's distinct parameters and buffers (a tied weight counts once)."""
+    seen, total = set(), 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            total += tensor.numel() * tensor.element_size()
+    return total
 
 
-def _check_arguments(model: Any, opset: int, dtype: str, quantize: str | None) -> None:
+def _check_arguments(model: Any, opset: int, dtype: str, quantize: str | Int4 | None) -> None:
     if not isinstance(model, TransformerModel):
         raise InputError(f"export_onnx takes a model from transformer_kit.build_model, got "
                          f"{type(model).__name__}.")
     if dtype not in DTYPES:
         raise InputError(f"dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
-    if quantize not in QUANTIZATIONS:
-        raise InputError(f"quantize={quantize!r} is not supported; choose None or 'int8'.")
     if quantize and dtype != "float32":
-        raise InputError("int8 quantization starts from a float32 export; use dtype='float32'.")
+        raise InputError(f"{method(quantize)} quantization starts from a float32 export; use "
+                         "dtype='float32'.")
     if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= DEFAULT_OPSET:
         raise InputError(f"opset={opset!r} is not supported; choose {MIN_OPSET}..{DEFAULT_OPSET} "
                          f"(default {DEFAULT_OPSET}).")
@@ -154,7 +140,7 @@ def _publish(staging: Path, out_dir: Path) -> None:
 
 
 def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | None = None,
-                dtype: str = "float32", verify: bool = True, quantize: str | None = None,
+                dtype: str = "float32", verify: bool = True, quantize: str | Int4 | None = None,
                 optimize: bool = False, tolerance: float | None = None) -> ExportReport:
     """Export ``model`` to ONNX in ``out_dir`` and (by default) verify it against PyTorch.
 
@@ -167,7 +153,9 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
         verify: run onnxruntime against PyTorch on fresh inputs with padding and raise
             :class:`ExportError` above ``tolerance`` (default 1e-4 relative in float32, 2e-2
             in float16; int8 errors are reported, not enforced).
-        quantize: ``"int8"`` for dynamic int8 quantization of the weights (CPU serving).
+        quantize: ``"int8"`` for dynamic int8 quantization of the weights (CPU serving);
+            ``"int4"`` (or :class:`Int4` with a block size, accuracy level, symmetry and whether
+            to quantize the output head) for 4-bit ``MatMulNBits`` weights.
         optimize: also apply onnxruntime's offline graph optimizations; the report gives the
             measured latency with and without, and the optimized graphs are kept only when they
             verify and are faster.
@@ -178,6 +166,7 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
     from transformer_kit.export.verify import verify_export
 
     opset = DEFAULT_OPSET if opset is None else opset
+    quantize = quantization(quantize)
     _check_arguments(model, opset, dtype, quantize)
     out_dir = Path(out_dir)
     cfg = model.config
@@ -191,30 +180,33 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
         packed = opset >= PACKED_ATTENTION_OPSET
         if packed:
             translations = {**packed_attention_translations(), **translations}
-        param_bytes = sum(p.numel() * p.element_size() for p in exported.parameters())
-        external = param_bytes > _EXTERNAL_DATA_BYTES
+        weight_bytes = tensor_bytes(exported)
+        external = weight_bytes > _EXTERNAL_DATA_BYTES
         graphs = {}
         for name, spec in graph_specs(exported).items():
             file = f"{name}.onnx"
             with packed_attention_patch(exported, enabled=packed):
                 _export_graph(name, spec, staging / file, opset, translations, external)
-            if quantize == "int8":
-                _quantize_int8(staging / file, external)
+            if quantize:
+                quantize_graph(staging / file, quantize, external)
             graphs[name] = GraphInfo(file, spec.inputs, spec.outputs)
+        share_weights(staging, [g.file for g in graphs.values()])
         manifest = Manifest(
             architecture=model.architecture, config=cfg.to_dict(), dtype=dtype, opset=opset,
             graphs=graphs,
             num_decoder_layers=len(model.decoder.layers) if hasattr(model, "decoder") else 0,
             kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, src_vocab=cfg.src_vocab,
             tgt_vocab=cfg.tgt_vocab, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
-            max_positions=model.max_positions, quantization=quantize, versions=versions(),
+            max_positions=model.max_positions, quantization=method(quantize),
+            quantization_options=quantize.describe() if isinstance(quantize, Int4) else {},
+            versions=versions(),
             tokenizer=model.tokenizer.save(staging) if model.tokenizer is not None else [],
         )
         manifest.write(staging)
         export_seconds = time.perf_counter() - start
-        report = ExportReport(out_dir, model.architecture, opset, dtype, quantize,
-                              {n: _graph_bytes(staging, g.file) for n, g in graphs.items()},
-                              export_seconds=export_seconds)
+        report = ExportReport(out_dir, model.architecture, opset, dtype, method(quantize),
+                              _file_bytes(staging, graphs), export_seconds=export_seconds,
+                              weight_bytes=weight_bytes)
         model.eval()
         if verify:
             report.tolerance = tolerance if tolerance is not None else (
@@ -222,14 +214,16 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
             verify_start = time.perf_counter()
             result = verify_export(model, OnnxModel(staging, providers="auto"), report.tolerance)
             report.errors, report.tokens_match = result["errors"], result["tokens_match"]
+            report.top1_agreement = result["top1_agreement"]
             report.verify_seconds = time.perf_counter() - verify_start
             manifest.verification = {"errors": report.errors, "tolerance": report.tolerance,
-                                     "tokens_match": report.tokens_match}
+                                     "tokens_match": report.tokens_match,
+                                     "top1_agreement": report.top1_agreement}
         if optimize:
             from transformer_kit.export.optimize import optimize_graphs
 
             report.optimization = optimize_graphs(model, staging, manifest, report.tolerance)
-            report.graph_bytes = {n: _graph_bytes(staging, g.file) for n, g in graphs.items()}
+            report.graph_bytes = _file_bytes(staging, graphs)
         manifest.write(staging)
         _publish(staging, out_dir)
     except TransformerKitError:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_kit.errors import ArtifactError, missing_path
+from transformer_kit.export.weights import inside
 from transformer_kit.jsonfile import read_json_object
 
 MANIFEST_FILE = "manifest.json"
@@ -51,6 +52,8 @@ class Manifest:
     eos_id: int | None
     max_positions: int | None
     quantization: str | None = None
+    #: int4: block_size, accuracy_level, symmetric, head (see ``transformer_kit.export.Int4``).
+    quantization_options: dict[str, Any] = field(default_factory=dict)
     optimized_for: str | None = None
     versions: dict[str, str] = field(default_factory=dict)
     #: The tokenizer files in the folder (tokenizer.json first), empty without a tokenizer.
@@ -87,6 +90,12 @@ class Manifest:
             manifest = cls(**data)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ArtifactError(f"{str(path)!r} is incomplete or malformed ({exc}); export again.") from None
+        named = [(f"graph {name!r}", g.file) for name, g in manifest.graphs.items()]
+        for what, file in named + [("tokenizer file", f) for f in manifest.tokenizer]:
+            if not isinstance(file, str) or not inside(folder, file):
+                raise ArtifactError(
+                    f"{str(path)!r} names {what} at {file!r}, outside the export folder; refusing "
+                    "to read it. Export the model again.")
         for name, graph in manifest.graphs.items():
             if not (folder / graph.file).is_file():
                 raise ArtifactError(

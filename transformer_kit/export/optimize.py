@@ -20,6 +20,7 @@ from transformer_kit.export.manifest import Manifest
 from transformer_kit.export.providers import CPU
 from transformer_kit.export.runtime import OnnxModel
 from transformer_kit.export.verify import random_ids, verify_export
+from transformer_kit.export.weights import share_weights
 
 
 def _load_and_time(path: Path, feeds: dict, runs: int) -> tuple[float, float]:
@@ -82,6 +83,7 @@ def optimize_graphs(model, folder: Path, manifest: Manifest, tolerance: float | 
             original.replace(folder / manifest.graphs[name].file)
     if kept:
         manifest.optimized_for = CPU
+    share_weights(folder, [g.file for g in manifest.graphs.values()])  # the optimizer inlines them
     return {
         "kept": kept,
         "verified": verified,

@@ -19,6 +19,7 @@ class ExportReport:
     opset: int
     dtype: str
     quantization: str | None
+    #: Bytes of each graph file and of ``weights.data``, the tensors they share.
     graph_bytes: dict[str, int]
     errors: dict[str, float] = field(default_factory=dict)
     tolerance: float | None = None
@@ -26,6 +27,16 @@ class ExportReport:
     export_seconds: float = 0.0
     verify_seconds: float = 0.0
     optimization: dict[str, Any] | None = None
+    #: Bytes of the model's distinct parameters and buffers in the exported dtype.
+    weight_bytes: int = 0
+    #: Quantized exports: share of positions whose top-1 token equals PyTorch's float32 one
+    #: (the verification's random prompts, every real position).
+    top1_agreement: float | None = None
+
+    @property
+    def folder_bytes(self) -> int:
+        """Bytes of everything the graphs need: graph files and shared weights."""
+        return sum(self.graph_bytes.values())
 
     @property
     def max_error(self) -> float | None:
@@ -36,10 +47,16 @@ class ExportReport:
                  + (f", {self.quantization}" if self.quantization else "") + ")"]
         for name, size in self.graph_bytes.items():
             lines.append(f"  {name:14s} {size / 1e6:9.2f} MB")
+        if self.weight_bytes:
+            lines.append(f"  {'total':14s} {self.folder_bytes / 1e6:9.2f} MB "
+                         f"({self.folder_bytes / self.weight_bytes:.2f}x the model's "
+                         f"{self.weight_bytes / 1e6:.2f} MB of weights)")
         for name, error in self.errors.items():
             lines.append(f"  error {name:20s} {error:.3g}")
         if self.tolerance is not None:
             lines.append(f"  tolerance {self.tolerance:g}: passed")
+        if self.top1_agreement is not None:
+            lines.append(f"  next-token top-1 agreement with PyTorch float32: {self.top1_agreement:.1%}")
         if self.tokens_match is not None:
             lines.append(f"  generated tokens equal PyTorch's: {self.tokens_match}")
         if self.optimization:

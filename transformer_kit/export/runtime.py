@@ -8,6 +8,7 @@ same code path runs on the CPU.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from transformer_kit.errors import ArtifactError, ConfigError, InputError
 from transformer_kit.export.manifest import Manifest
 from transformer_kit.export.onnx_steps import OnnxStepper, RowGather
 from transformer_kit.export.providers import CUDA, resolve_providers
+from transformer_kit.export.weights import check_graph
 from transformer_kit.id_checks import check_id_array, check_positions
 
 _NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -75,14 +77,29 @@ class OnnxModel:
             names = [p[0] if isinstance(p, (tuple, list)) else p for p in self._providers]
             disabled_optimizers = () if CUDA in names else CPU_DISABLED_OPTIMIZERS
         self._disabled_optimizers = list(disabled_optimizers)
-        self._sessions = {name: self._load(name) for name in self.manifest.graphs}
+        # The forward graph of a generating model is loaded on its first call only: decoding
+        # runs on the step graph, and a session holds its own packed copy of the weights.
+        for graph in self.manifest.graphs.values():  # every graph is checked now, loaded when used
+            check_graph(self.path, graph.file, graph.inputs, graph.outputs)
+        eager = [n for n in self.manifest.graphs if n != "model" or len(self.manifest.graphs) == 1]
+        self._sessions = {name: self._load(name) for name in eager}
+        self._lock = threading.Lock()
         #: The execution provider the sessions really run on.
-        self.provider: str = self._sessions["model"].get_providers()[0]
+        self.provider: str = self._sessions[eager[0]].get_providers()[0]
         self._device = "cuda" if self.provider == CUDA else "cpu"
         self._kv_dtype = _NUMPY_DTYPES[self.manifest.dtype]
         self._gather = RowGather(self._providers, self._device)
         #: The tokenizer exported with the model (text in, text out), or None.
         self.tokenizer = text.TextTokenizer.from_folder(self.path) if self.manifest.tokenizer else None
+
+    def _session(self, name: str) -> ort.InferenceSession:
+        session = self._sessions.get(name)
+        if session is None:
+            with self._lock:
+                if name not in self._sessions:
+                    self._sessions[name] = self._load(name)
+                session = self._sessions[name]
+        return session
 
     def _load(self, name: str) -> ort.InferenceSession:
         graph = self.manifest.graphs[name]
@@ -94,14 +111,6 @@ class OnnxModel:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ArtifactError(f"onnxruntime cannot load {str(file)!r}: {first}. The file may be "
                               "truncated or corrupt; export the model again.") from None
-        inputs = [i.name for i in session.get_inputs()]
-        outputs = [o.name for o in session.get_outputs()]
-        if inputs != graph.inputs or outputs != graph.outputs:
-            raise ArtifactError(
-                f"{graph.file} does not match the manifest: the graph has inputs {inputs} and "
-                f"outputs {outputs}, the manifest lists {graph.inputs} and {graph.outputs}. "
-                "Export the model again."
-            )
         return session
 
     # -- forward ---------------------------------------------------------------------------
@@ -133,7 +142,7 @@ class OnnxModel:
         elif attention_mask is not None:
             raise InputError(f"{self.path} was exported without an attention_mask input; export "
                              "the model again to pass one.")
-        return self._sessions["model"].run(None, feeds)[0]
+        return self._session("model").run(None, feeds)[0]
 
     # -- generation ------------------------------------------------------------------------
     @property

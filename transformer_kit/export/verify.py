@@ -113,6 +113,20 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
     return max(errors)
 
 
+@torch.no_grad()
+def top1_agreement(model: TransformerModel, om: OnnxModel, prompts: int = 32, length: int = 16,
+                   seed: int = 11) -> float | None:
+    """Share of positions of random prompts (prompts, length) whose most likely token in ``om``
+    equals PyTorch's; None for a model without an output head."""
+    if "logits" not in om.manifest.graphs["model"].outputs:
+        return None
+    inputs = _forward_inputs(model, prompts, _fit(length, model), seed)
+    expected = model(*inputs).argmax(-1).numpy()
+    actual = om(*[x.numpy() for x in inputs]).argmax(-1)
+    real = keep_from_pad(inputs[-1].numpy(), model.config.pad_id)  # target or decoder positions
+    return float((actual == expected)[real].mean())
+
+
 def verify_export(model: TransformerModel, om: OnnxModel, tolerance: float | None) -> dict:
     """Check every graph against PyTorch; raise :class:`ExportError` above ``tolerance``.
 
@@ -142,4 +156,5 @@ def verify_export(model: TransformerModel, om: OnnxModel, tolerance: float | Non
             f"tolerance {tolerance:g} ({detail}). A component's ONNX translation is likely wrong; "
             "check plugins that supply transformer_kit_onnx_translations."
         )
-    return {"errors": errors, "tokens_match": tokens_match}
+    agreement = top1_agreement(model, om) if om.manifest.quantization else None
+    return {"errors": errors, "tokens_match": tokens_match, "top1_agreement": agreement}

@@ -1,0 +1,169 @@
+"""One copy of every weight per export folder, and export folders that stay inside themselves.
+
+The exporter traces each graph on its own, so every graph carries its own copy of the weights
+(and the output head of a model with tied embeddings is a transposed copy of the embedding
+table). :func:`share_weights` moves every tensor of every graph into one ``weights.data`` file,
+stored once by content: a tensor equal to one already stored points at the same bytes, and a
+matrix equal to the transpose of a stored one becomes a ``Transpose`` of it. Large tensors
+start at page-aligned offsets, so onnxruntime maps them from the file on the CPU instead of
+reading them into memory, and two sessions on the folder share the pages.
+
+:func:`check_graph` refuses a graph that is unreadable, does not match its manifest or
+reads external data from outside its folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from onnx.external_data_helper import uses_external_data
+
+from transformer_kit.errors import ArtifactError
+
+WEIGHTS_FILE = "weights.data"
+#: Smaller tensors (scalars, shapes) stay inside their graph.
+INLINE_BYTES = 1024
+#: Tensors of this size or more start at a page boundary (onnxruntime maps those from the file).
+ALIGN_BYTES, PAGE = 1 << 20, 4096
+
+
+def _content_key(array: np.ndarray) -> tuple:
+    return array.dtype.str, array.shape, hashlib.sha256(np.ascontiguousarray(array).tobytes()).digest()
+
+
+class _WeightsFile:
+    """Appends tensors to ``weights.data`` once each and remembers where they went."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("wb")
+        self.offset = 0
+        self.stored: dict[tuple, tuple[int, int]] = {}  # content key -> (offset, length)
+        self.transposes: dict[tuple, tuple] = {}  # content key of A.T -> content key of A
+
+    def place(self, array: np.ndarray) -> tuple[int, int, tuple | None]:
+        """(offset, length, None) of ``array``'s bytes, or (offset, length, key) of a stored
+        matrix whose transpose ``array`` is."""
+        key = _content_key(array)
+        if key in self.stored:
+            return (*self.stored[key], None)
+        source = self.transposes.get(key)
+        if source is not None:
+            return (*self.stored[source], source)
+        data = np.ascontiguousarray(array).tobytes()
+        if len(data) >= ALIGN_BYTES and self.offset % PAGE:
+            padding = PAGE - self.offset % PAGE
+            self.file.write(b"\0" * padding)
+            self.offset += padding
+        self.stored[key] = (self.offset, len(data))
+        self.file.write(data)
+        self.offset += len(data)
+        if array.ndim == 2 and min(array.shape) > 1:
+            self.transposes[_content_key(array.T)] = key
+        return (*self.stored[key], None)
+
+    def close(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+
+
+def _externalize(tensor: TensorProto, offset: int, length: int) -> None:
+    for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data",
+                  "uint64_data", "string_data", "external_data"):
+        tensor.ClearField(field)
+    for key, value in (("location", WEIGHTS_FILE), ("offset", offset), ("length", length)):
+        tensor.external_data.add(key=key, value=str(value))
+    tensor.data_location = TensorProto.EXTERNAL
+
+
+def _share_graph(proto: onnx.ModelProto, weights: _WeightsFile) -> None:
+    graph = proto.graph
+    transposes = []
+    for tensor in graph.initializer:
+        array = numpy_helper.to_array(tensor)
+        if array.nbytes < INLINE_BYTES:
+            continue
+        offset, length, source = weights.place(array)
+        if source is None:
+            _externalize(tensor, offset, length)
+            continue
+        # the tensor is the transpose of a stored matrix: read that one and transpose it
+        stored = TensorProto(name=f"{tensor.name}.transposed", data_type=tensor.data_type,
+                             dims=list(reversed(tensor.dims)))
+        _externalize(stored, offset, length)
+        transposes.append((tensor, stored))
+    for tensor, stored in transposes:
+        graph.initializer.remove(tensor)
+        graph.initializer.append(stored)
+        graph.node.insert(0, helper.make_node("Transpose", [stored.name], [tensor.name], perm=[1, 0],
+                                              name=f"{tensor.name}.transpose"))
+
+
+def share_weights(folder: Path, files: list[str]) -> int:
+    """Rewrite the graphs ``files`` in ``folder`` to read their tensors from one
+    ``weights.data``, each distinct tensor stored once; returns that file's size in bytes."""
+    staged = folder / (WEIGHTS_FILE + ".new")
+    weights = _WeightsFile(staged)
+    protos = {}
+    try:
+        for file in files:
+            proto = onnx.load(str(folder / file), load_external_data=True)
+            _share_graph(proto, weights)
+            protos[file] = proto
+    finally:
+        weights.close()
+    for stale in [p for file in files for p in folder.glob(file + ".data")]:
+        stale.unlink()
+    if weights.offset:
+        staged.replace(folder / WEIGHTS_FILE)
+    else:  # every tensor is small enough to stay in its graph
+        staged.unlink()
+        (folder / WEIGHTS_FILE).unlink(missing_ok=True)
+    for file, proto in protos.items():
+        onnx.save_model(proto, str(folder / file))
+    return weights.offset
+
+
+def inside(folder: Path, relative: str) -> bool:
+    """Whether ``relative`` names a path within ``folder`` (no absolute path, no ``..`` out,
+    no link leading elsewhere)."""
+    if not relative or Path(relative).is_absolute():
+        return False
+    root = folder.resolve()
+    return (root / relative).resolve().is_relative_to(root)
+
+
+def check_graph(folder: Path, file: str, inputs: list[str], outputs: list[str]) -> None:
+    """Read graph ``file`` of ``folder`` (without its weights) and refuse it, with an
+    :class:`ArtifactError`, when it is unreadable, its inputs or outputs are not ``inputs``
+    and ``outputs``, or any of its external data lies outside ``folder``."""
+    try:
+        proto = onnx.load(str(folder / file), load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError and others
+        raise ArtifactError(f"onnxruntime cannot load {str(folder / file)!r}: it is not a readable "
+                            f"ONNX graph ({type(exc).__name__}). The file may be truncated or corrupt; "
+                            "export the model again.") from None
+    graph = proto.graph
+    initializers = {t.name for t in graph.initializer}
+    found_inputs = [i.name for i in graph.input if i.name not in initializers]
+    found_outputs = [o.name for o in graph.output]
+    if found_inputs != inputs or found_outputs != outputs:
+        raise ArtifactError(
+            f"{file} does not match the manifest: the graph has inputs {found_inputs} and "
+            f"outputs {found_outputs}, the manifest lists {inputs} and {outputs}. "
+            "Export the model again.")
+    tensors = list(graph.initializer) + [
+        a.t for n in graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+    for tensor in tensors:
+        if not uses_external_data(tensor):
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if not inside(folder, location):
+            raise ArtifactError(
+                f"{file} in {str(folder)!r} reads tensor {tensor.name!r} from {location!r}, outside "
+                "the export folder; refusing to load it. Export the model again.")
