@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from rich.console import Console
@@ -62,6 +63,15 @@ def to_text(ids: Tensor | list[int]) -> str:
 def exact_match(generated: Tensor, tgt: Tensor) -> float:
     """Share of rows whose generated string equals the target string."""
     return sum(to_text(g) == to_text(t) for g, t in zip(generated, tgt, strict=True)) / len(tgt)
+
+
+def greedy_agreement(tokens, reference, eos_id: int) -> float:
+    """Share of ``reference``'s tokens, up to and including each row's eos, that ``tokens``
+    (same shape, (rows, steps)) repeats at the same position."""
+    tokens, reference = np.asarray(tokens), np.asarray(reference)
+    ended_before = np.cumsum(reference == eos_id, axis=1) - (reference == eos_id)
+    live = ended_before == 0
+    return float((tokens == reference)[live].mean())
 
 
 def evaluate(model: EncoderDecoderTransformer, task: ReversalTask, size: int = 200,
@@ -149,5 +159,12 @@ def run_demo(output: Path, *, steps: int = 1500, seed: int = 0,
     same = torch.equal(torch_out, onnx_out)
     console.print(f"[bold]accuracy on 500 unseen strings:[/] PyTorch {torch_acc:.1%}, "
                   f"onnxruntime {onnx_acc:.1%}; identical tokens: {same}")
-    console.print(f"artefacts: {output / 'model'} (PyTorch), {output / 'onnx'} (ONNX)")
+    int4 = export_onnx(model, output / "onnx-int4", quantize="int4")
+    int4_out = OnnxModel(output / "onnx-int4").generate(src.numpy(), max_new_tokens=task.max_len + 1)
+    console.print(f"[bold]5. int4 weights:[/] {greedy_agreement(int4_out, onnx_out.numpy(), EOS):.2%} of "
+                  f"float32's greedy tokens, exact match {exact_match(torch.from_numpy(int4_out), tgt):.1%}")
+    console.print(f"   {int4.folder_bytes / 1e3:.0f} kB of graphs and weights (float32: "
+                  f"{report.folder_bytes / 1e3:.0f} kB)")
+    console.print(f"artefacts: {output / 'model'} (PyTorch), {output / 'onnx'} (ONNX), "
+                  f"{output / 'onnx-int4'} (ONNX, int4)")
     return 0 if same and min(torch_acc, onnx_acc) >= 0.99 else 1

@@ -149,10 +149,37 @@ def _nbits_quantizer() -> type:
     return MatMulNBitsQuantizer
 
 
+def transposed_weights(graph: onnx.GraphProto, skip: list[str]) -> None:
+    """Give each MatMul (but those in ``skip``) that multiplies by ``Transpose(initializer)``
+    the transposed matrix as an initializer of its own, so the quantizer sees a constant weight.
+    A tied output head reads the embedding table this way; the ``Gather`` keeps the original."""
+    from onnx import numpy_helper
+
+    initializers = {t.name: t for t in graph.initializer}
+    producer = {out: node for node in graph.node for out in node.output}
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.name in skip or len(node.input) < 2:
+            continue
+        transpose = producer.get(node.input[1])
+        if transpose is None or transpose.op_type != "Transpose" or transpose.input[0] not in initializers:
+            continue
+        perm = [list(a.ints) for a in transpose.attribute if a.name == "perm"]
+        matrix = numpy_helper.to_array(initializers[transpose.input[0]])
+        if matrix.ndim != 2 or perm not in ([], [[1, 0]]):
+            continue
+        name = f"{transpose.input[0]}.transposed_for_{node.name}"
+        graph.initializer.append(numpy_helper.from_array(matrix.T.copy(), name))
+        node.input[1] = name
+        used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+        if transpose.output[0] not in used:  # nothing else reads it: no transposed copy at load
+            graph.node.remove(transpose)
+
+
 def _quantize_int4(path: Path, options: Int4, external: bool) -> None:
-    MatMulNBitsQuantizer = _nbits_quantizer()  # noqa: N806 (a class)
+    MatMulNBitsQuantizer = _nbits_quantizer()
     proto = onnx.load(str(path), load_external_data=True)
     exclude = [] if options.head else head_matmuls(proto.graph)
+    transposed_weights(proto.graph, exclude)
     with _quiet_root_logger():
         quantizer = MatMulNBitsQuantizer(
             proto, bits=4, block_size=options.block_size, is_symmetric=options.symmetric,

@@ -1,10 +1,8 @@
 """One copy of every weight per export folder, and export folders that stay inside themselves.
 
 The exporter traces each graph on its own, so every graph carries its own copy of the weights
-(and the output head of a model with tied embeddings is a transposed copy of the embedding
-table). :func:`share_weights` moves every tensor of every graph into one ``weights.data`` file,
-stored once by content: a tensor equal to one already stored points at the same bytes, and a
-matrix equal to the transpose of a stored one becomes a ``Transpose`` of it. Large tensors
+:func:`share_weights` moves every tensor of every graph into one ``weights.data`` file,
+stored once by content: a tensor equal to one already stored points at the same bytes. Large tensors
 start at page-aligned offsets, so onnxruntime maps them from the file on the CPU instead of
 reading them into memory, and two sessions on the folder share the pages.
 
@@ -20,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 from onnx.external_data_helper import uses_external_data
 
 from transformer_kit.errors import ArtifactError
@@ -43,17 +41,12 @@ class _WeightsFile:
         self.file = path.open("wb")
         self.offset = 0
         self.stored: dict[tuple, tuple[int, int]] = {}  # content key -> (offset, length)
-        self.transposes: dict[tuple, tuple] = {}  # content key of A.T -> content key of A
 
-    def place(self, array: np.ndarray) -> tuple[int, int, tuple | None]:
-        """(offset, length, None) of ``array``'s bytes, or (offset, length, key) of a stored
-        matrix whose transpose ``array`` is."""
+    def place(self, array: np.ndarray) -> tuple[int, int]:
+        """(offset, length) of ``array``'s bytes in the file, written there if new."""
         key = _content_key(array)
         if key in self.stored:
-            return (*self.stored[key], None)
-        source = self.transposes.get(key)
-        if source is not None:
-            return (*self.stored[source], source)
+            return self.stored[key]
         data = np.ascontiguousarray(array).tobytes()
         if len(data) >= ALIGN_BYTES and self.offset % PAGE:
             padding = PAGE - self.offset % PAGE
@@ -62,9 +55,7 @@ class _WeightsFile:
         self.stored[key] = (self.offset, len(data))
         self.file.write(data)
         self.offset += len(data)
-        if array.ndim == 2 and min(array.shape) > 1:
-            self.transposes[_content_key(array.T)] = key
-        return (*self.stored[key], None)
+        return self.stored[key]
 
     def close(self) -> None:
         self.file.flush()
@@ -82,26 +73,10 @@ def _externalize(tensor: TensorProto, offset: int, length: int) -> None:
 
 
 def _share_graph(proto: onnx.ModelProto, weights: _WeightsFile) -> None:
-    graph = proto.graph
-    transposes = []
-    for tensor in graph.initializer:
+    for tensor in proto.graph.initializer:
         array = numpy_helper.to_array(tensor)
-        if array.nbytes < INLINE_BYTES:
-            continue
-        offset, length, source = weights.place(array)
-        if source is None:
-            _externalize(tensor, offset, length)
-            continue
-        # the tensor is the transpose of a stored matrix: read that one and transpose it
-        stored = TensorProto(name=f"{tensor.name}.transposed", data_type=tensor.data_type,
-                             dims=list(reversed(tensor.dims)))
-        _externalize(stored, offset, length)
-        transposes.append((tensor, stored))
-    for tensor, stored in transposes:
-        graph.initializer.remove(tensor)
-        graph.initializer.append(stored)
-        graph.node.insert(0, helper.make_node("Transpose", [stored.name], [tensor.name], perm=[1, 0],
-                                              name=f"{tensor.name}.transpose"))
+        if array.nbytes >= INLINE_BYTES:
+            _externalize(tensor, *weights.place(array))
 
 
 def share_weights(folder: Path, files: list[str]) -> int:

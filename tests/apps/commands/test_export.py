@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import onnx
 import pytest
 import torch
 import transformers
@@ -49,7 +50,11 @@ def test_a_config_without_weights_is_exported_with_a_loud_warning(tmp_path):
 
 
 @pytest.mark.parametrize(("args", "flag"), [
-    (["--quantize", "int4"], "--quantize"), (["--dtype", "float64"], "--dtype"),
+    (["--quantize", "int3"], "--quantize"), (["--dtype", "float64"], "--dtype"),
+    (["--block-size", "32"], "--block-size"), (["--float-head"], "--float-head"),
+    (["--quantize", "int4", "--block-size", "24"], "--block-size"),
+    (["--quantize", "int4", "--accuracy-level", "7"], "--accuracy-level"),
+    (["--quantize", "int4", "--dtype", "float16"], "--quantize"),
     (["--opset", "30"], "--opset"), (["--quantize", "int8", "--dtype", "float16"], "--quantize"),
     (["--eos-id", "x"], "--eos-id"), (["--pad-id", "-3"], "--pad-id"),
 ])
@@ -62,8 +67,8 @@ def test_bad_options_are_named_by_their_flag(tmp_path, args, flag):
 
 def _small_gpt2(folder, **config):
     torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=1000, n_positions=16, n_embd=8, n_layer=1, n_head=2, **config)).save_pretrained(folder)
+    config = {"vocab_size": 1000, "n_positions": 16, "n_embd": 8, "n_layer": 1, "n_head": 2, **config}
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(**config)).save_pretrained(folder)
     return folder
 
 
@@ -82,6 +87,31 @@ def test_from_hf_with_int8_and_special_id_overrides(tmp_path):
     assert result.exit_code == 0, result.output
     manifest = OnnxModel(tmp_path / "ids").manifest
     assert (manifest.pad_id, manifest.bos_id, manifest.eos_id) == (0, None, 7)
+
+
+def test_int4_options_reach_the_graph(tmp_path):
+    checkpoint = _small_gpt2(tmp_path / "gpt2", n_embd=32)
+    result = invoke("export", str(checkpoint), "--from-hf", "-o", str(tmp_path / "int4"),
+                    "--quantize", "int4", "--block-size", "16", "--float-head")
+    assert result.exit_code == 0, result.output
+    assert "int4" in result.output and "top-1 agreement" in result.output
+    manifest = OnnxModel(tmp_path / "int4").manifest
+    assert manifest.quantization == "int4"
+    assert manifest.quantization_options == {"method": "int4", "block_size": 16, "accuracy_level": 4,
+                                             "symmetric": True, "head": False}
+    float_head = _nbits_blocks(tmp_path / "int4" / "decoder_step.onnx")
+    assert set(float_head) == {16}
+    result = invoke("export", str(checkpoint), "--from-hf", "-o", str(tmp_path / "int4-head"),
+                    "--quantize", "int4", "--block-size", "16")
+    assert result.exit_code == 0, result.output
+    assert len(_nbits_blocks(tmp_path / "int4-head" / "decoder_step.onnx")) == len(float_head) + 1
+
+
+def _nbits_blocks(path) -> list[int]:
+    """The block size of every MatMulNBits node of the graph at ``path``."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return [a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+            if a.name == "block_size"]
 
 
 def test_sources_of_the_wrong_kind_say_what_they_are(tmp_path, exported):

@@ -11,7 +11,7 @@ import typer
 
 from transformer_kit.apps.sources import kind_of, load_model, special_id_overrides
 from transformer_kit.apps.terminal import console, fail, warn
-from transformer_kit.errors import TransformerKitError
+from transformer_kit.errors import InputError, TransformerKitError
 
 SPECIAL_ID_HELP = "Override the model's {} (a token id, or 'none'), e.g. for a checkpoint whose config.json has none."
 
@@ -23,6 +23,10 @@ class Dtype(str, Enum):
 
 class Quantization(str, Enum):
     int8 = "int8"
+    int4 = "int4"
+
+
+INT4_OPTIONS = ("--block-size", "--accuracy-level", "--asymmetric", "--float-head")
 
 
 def export(
@@ -31,7 +35,11 @@ def export(
     weights: Annotated[Path | None, typer.Option(help="safetensors weights for a config file.")] = None,
     from_hf: Annotated[bool, typer.Option("--from-hf", help="SOURCE is a Hugging Face checkpoint folder.")] = False,
     dtype: Annotated[Dtype, typer.Option(help="Weights and activations.")] = Dtype.float32,
-    quantize: Annotated[Quantization | None, typer.Option(help="int8: dynamic int8 quantization of the matrix products.")] = None,
+    quantize: Annotated[Quantization | None, typer.Option(help="int8: dynamic int8 quantization of the matrix products; int4: 4-bit MatMulNBits weights.")] = None,
+    block_size: Annotated[int | None, typer.Option(help="int4: weights per scale, 16..256, a power of 2 (default 32).")] = None,
+    accuracy_level: Annotated[int | None, typer.Option(help="int4: compute type on the CPU, 4 = int8 (default), 1 = float32, 0 = the kernel's default.")] = None,
+    asymmetric: Annotated[bool, typer.Option("--asymmetric", help="int4: a zero point per block besides the scale.")] = False,
+    float_head: Annotated[bool, typer.Option("--float-head", help="int4: keep the output head in float32.")] = False,
     opset: Annotated[int | None, typer.Option(min=18, max=23, help="ONNX opset, 18..23 (default 23).")] = None,
     optimize: Annotated[bool, typer.Option(help="Measure and keep onnxruntime's offline optimizations.")] = False,
     pad_id: Annotated[str | None, typer.Option("--pad-id", help=SPECIAL_ID_HELP.format("padding id"))] = None,
@@ -40,11 +48,26 @@ def export(
 ) -> None:
     """Export a model to ONNX, verified against PyTorch, and print the report."""
     from transformer_kit.export import export_onnx
+    from transformer_kit.export.quantize import Int4
 
     overrides = special_id_overrides(pad_id, bos_id, eos_id)
     if quantize is not None and dtype is not Dtype.float32:
-        raise typer.BadParameter("--quantize int8 starts from float32 weights; leave out --dtype.",
-                                 param_hint="--quantize")
+        raise typer.BadParameter(f"--quantize {quantize.value} starts from float32 weights; leave out "
+                                 "--dtype.", param_hint="--quantize")
+    given = [name for name, value in zip(INT4_OPTIONS, (block_size, accuracy_level, asymmetric or None,
+                                                       float_head or None), strict=True) if value is not None]
+    if given and quantize is not Quantization.int4:
+        raise typer.BadParameter(f"{', '.join(given)} set int4 quantization; add --quantize int4.",
+                                 param_hint=given[0])
+    method = quantize.value if quantize else None
+    if quantize is Quantization.int4:
+        try:
+            method = Int4(block_size=32 if block_size is None else block_size,
+                          accuracy_level=4 if accuracy_level is None else accuracy_level,
+                          symmetric=not asymmetric, head=not float_head)
+        except InputError as exc:
+            flag = "--block-size" if "block_size" in str(exc) else "--accuracy-level"
+            raise typer.BadParameter(str(exc), param_hint=flag) from None
     try:
         model = load_model(source, from_hf=from_hf, weights=weights, overrides=overrides)
         if kind_of(source) == "config file" and weights is None:
@@ -53,7 +76,7 @@ def export(
                  "saved with model.save.")
         with console.status(f"exporting {model.architecture} to {output} ..."):
             report = export_onnx(model, output, dtype=dtype.value,
-                                 quantize=quantize.value if quantize else None, opset=opset,
+                                 quantize=method, opset=opset,
                                  optimize=optimize)
     except TransformerKitError as exc:
         fail(exc)

@@ -1,0 +1,161 @@
+"""4-bit weights: every weight matrix becomes MatMulNBits blocks whose dequantized values are
+the float32 weights rounded to the nearest step of their block's scale, the embedding gather
+keeps float32, and onnxruntime's int4 graph computes what those dequantized weights give."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+import transformer_kit as tk
+from tests.combinations import tiny_config
+from transformer_kit.export import Int4, OnnxModel, export_onnx
+from transformer_kit.export.quantize import head_matmuls
+from transformer_kit.export.verify import random_ids, relative_error
+
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    torch.manual_seed(0)
+    model = tk.build_model(tiny_config("decoder", vocab_size=300, d_model=64, d_ff=96, pad_id=0,
+                                       tie_embeddings=True, positional="rotary", norm="rmsnorm")).eval()
+    root = tmp_path_factory.mktemp("int4")
+    reports = {"fp32": export_onnx(model, root / "fp32"),
+               "int4": export_onnx(model, root / "int4", quantize=Int4(block_size=BLOCK, accuracy_level=1))}
+    return model, root, reports
+
+
+def _graph(root, name: str, graph: str = "decoder_step") -> onnx.GraphProto:
+    return onnx.load(str(root / name / f"{graph}.onnx")).graph
+
+
+def dequantize(blocks: np.ndarray, scales: np.ndarray, k: int) -> np.ndarray:
+    """MatMulNBits weights, symmetric: (N, k_blocks, BLOCK/2) uint8 of two 4-bit values each
+    (low nibble first), scales (N * k_blocks,) -> the (K, N) float32 matrix (q - 8) * scale."""
+    n = blocks.shape[0]
+    q = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(n, -1, BLOCK).astype(np.float32)
+    values = (q - 8) * scales.reshape(n, -1, 1)
+    return values.reshape(n, -1)[:, :k].T
+
+
+def _nbits(graph: onnx.GraphProto) -> list[tuple[onnx.NodeProto, np.ndarray, np.ndarray]]:
+    """Each MatMulNBits node, its dequantized (K, N) weights and its (N, k_blocks) scales."""
+    weights = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    found = []
+    for node in graph.node:
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: a.i for a in node.attribute}
+            assert (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (4, BLOCK, 1)
+            assert len(node.input) == 3  # symmetric: no zero points
+            blocks, scales = weights[node.input[1]], weights[node.input[2]]
+            found.append((node, dequantize(blocks, scales, attrs["K"]), scales.reshape(len(blocks), -1)))
+    return found
+
+
+def _float_weights(graph: onnx.GraphProto) -> list[np.ndarray]:
+    """The float32 export's constant MatMul weights, in graph order (a tied head as read)."""
+    weights = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    found = []
+    for node in graph.node:
+        if node.op_type != "MatMul":
+            continue
+        b = node.input[1]
+        if b in weights:
+            found.append(weights[b])
+        elif b in producer and producer[b].op_type == "Transpose" and producer[b].input[0] in weights:
+            found.append(weights[producer[b].input[0]].T)
+    return found
+
+
+def test_every_weight_matrix_is_rounded_to_its_block_scale(exports):
+    _, root, _ = exports
+    quantized = _nbits(_graph(root, "int4"))
+    originals = _float_weights(_graph(root, "fp32"))
+    assert len(quantized) == len(originals) == 2 * 6 + 1  # q, k, v, o, two MLP products; head
+    for (_, approx, scales), exact in zip(quantized, originals, strict=True):
+        assert approx.shape == exact.shape
+        blocks = exact.T.reshape(exact.shape[1], -1, BLOCK)  # (N, k_blocks, BLOCK)
+        # symmetric: the block's largest magnitude maps to -8, so |scale| = max |w| / 8
+        np.testing.assert_allclose(np.abs(scales), np.abs(blocks).max(-1) / 8, rtol=1e-6)
+        steps = scales[..., None]
+        rounded = np.clip(np.rint(blocks / steps), -8, 7) * steps  # round to nearest, clip to 4 bits
+        matches = np.isclose(approx.T.reshape(blocks.shape), rounded, rtol=0, atol=1e-7)
+        assert matches.mean() > 0.999  # (a tie at .5 may round either way)
+        assert (approx.T.reshape(blocks.shape) != blocks).any()  # really quantized
+
+
+def test_the_embedding_gather_keeps_float32(exports):
+    _, root, _ = exports
+    graph = _graph(root, "int4")
+    weights = {t.name: t for t in graph.initializer}
+    gathers = [n for n in graph.node if n.op_type == "Gather" and n.input[0] in weights]
+    assert gathers and all(weights[n.input[0]].data_type == onnx.TensorProto.FLOAT for n in gathers)
+
+
+def _with_dequantized_weights(graph: onnx.GraphProto) -> onnx.ModelProto:
+    """The int4 graph with each MatMulNBits replaced by a float MatMul of its dequantized weights."""
+    for node, matrix, _ in _nbits(graph):
+        name = node.name + ".dequantized"
+        graph.initializer.append(numpy_helper.from_array(matrix.astype(np.float32), name))
+        index = list(graph.node).index(node)
+        graph.node.remove(node)
+        graph.node.insert(index, onnx.helper.make_node("MatMul", [node.input[0], name], list(node.output)))
+    return graph
+
+
+def test_onnxruntime_computes_the_dequantized_products(exports, tmp_path):
+    import onnxruntime as ort
+
+    _, root, _ = exports
+    proto = onnx.load(str(root / "int4" / "model.onnx"))
+    reference = onnx.helper.make_model(_with_dequantized_weights(proto.graph),
+                                       opset_imports=proto.opset_import)
+    reference.ir_version = proto.ir_version
+    ids = random_ids(3, 10, 300, 0, seed=4).numpy()
+    mask = (ids != 0).astype(np.int64)
+    expected = ort.InferenceSession(reference.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"input_ids": ids, "attention_mask": mask})[0]
+    actual = OnnxModel(root / "int4", providers="cpu")(ids)
+    assert relative_error(actual, expected) <= 1e-4
+
+
+def test_the_report_measures_int4_against_float32(exports):
+    model, root, reports = exports
+    report = reports["int4"]
+    assert report.quantization == "int4" and report.tolerance is None
+    assert 0 < report.max_error < 0.5
+    assert 0 <= report.top1_agreement <= 1
+    ids = random_ids(32, 16, 300, 0, seed=11)
+    with torch.no_grad():
+        expected = model(ids).argmax(-1).numpy()
+    actual = OnnxModel(root / "int4", providers="cpu")(ids.numpy()).argmax(-1)
+    real = ids.numpy() != 0
+    assert report.top1_agreement == pytest.approx(float((actual == expected)[real].mean()))
+    # the float32 embedding table (for the gather) is 28 % of the float32 weights
+    assert report.graph_bytes["weights.data"] < 0.5 * reports["fp32"].graph_bytes["weights.data"]
+
+
+def test_a_float_head_stays_a_float_matmul(exports, tmp_path):
+    model, _, _ = exports
+    export_onnx(model, tmp_path / "float-head", quantize=Int4(block_size=BLOCK, accuracy_level=1, head=False),
+                verify=False)
+    graph = _graph(tmp_path, "float-head")
+    assert len(_nbits(graph)) == 2 * 6
+    assert [n.op_type for n in graph.node if n.name in head_matmuls(graph)] == ["MatMul"]
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"block_size": 24}, "block_size=24 is not supported"),
+    ({"accuracy_level": 5}, "accuracy_level=5 is not supported"),
+    ({"symmetric": 1}, "symmetric=1 must be True or False"),
+    ({"block_size": True}, "block_size=True is not supported"),
+])
+def test_bad_int4_options_are_refused(options, message):
+    with pytest.raises(tk.InputError, match=message):
+        Int4(**options)
