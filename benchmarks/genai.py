@@ -74,7 +74,11 @@ def runners(models: dict, ids: np.ndarray, new: int) -> list[Runner]:
 
 
 def workload(title: str, models: dict, ids: np.ndarray, new: int, rounds: int, latency: bool) -> dict:
-    timings, _ = interleaved(runners(models, ids, new), rounds, settle=latency,
+    # settle: each timed call follows an untimed one of the same runner. The two runtimes'
+    # thread pools spin for a while after a run; without it, the one timed after the other
+    # shares the 2 cores with the other's spinning threads (measured: the kit's int4 decoding
+    # read 0.74x onnxruntime-genai's unsettled, 0.88x settled, in the same minutes)
+    timings, _ = interleaved(runners(models, ids, new), rounds, settle=True,
                              progress=lambda text: print(f"{title}: {text}", file=sys.stderr))
     by = {t.name: t for t in timings}
     print(f"\n### {title}\n")

@@ -14,7 +14,8 @@ MODEL_KINDS: tuple[str, ...] = ("attention", "positional", "mask", "block", "fee
 KINDS: tuple[str, ...] = (*MODEL_KINDS, "logits_processor")
 
 #: Fused lowerings the export layer knows, by kind (see ``Component.lowerings``).
-LOWERINGS: dict[str, frozenset[str]] = {"attention": frozenset({"attention"})}
+LOWERINGS: dict[str, frozenset[str]] = {"attention": frozenset({"attention"}),
+                                        "positional": frozenset({"rotary"})}
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 
@@ -39,7 +40,11 @@ class Component:
             because they compute exactly what it computes. ``"attention"`` (attention kernels):
             the kernel is ``softmax(q k^T * scale + mask) v`` with ``scale = kernel.scale`` or
             1/sqrt(head_dim), so self-attention exports as one ONNX ``Attention`` op per layer
-            with the key/value cache inside it. Export verification checks the claim.
+            with the key/value cache inside it. ``"rotary"`` (positional encodings): ``rotate``
+            turns the halves of each head's first ``rotary_dim`` features (the GPT-NeoX/Llama
+            layout) by ``positions * inv_freq`` (attributes ``rotary_dim`` and ``inv_freq``
+            (rotary_dim / 2,)), so q and k export as ONNX ``RotaryEmbedding`` ops on packed heads.
+            Export verification checks every claim.
     """
 
     kind: str

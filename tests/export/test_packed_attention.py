@@ -1,7 +1,8 @@
 """Self-attention whose kernel declares the ``attention`` lowering (``sdpa``) exports as one ONNX
-Attention op per layer on packed heads, the cache concatenated inside it; other kernels,
-rotary/ALiBi and opsets below 23 keep the general graph. Both must match eager PyTorch, and the
-rewrite exists only while the export traces: the eager model has one forward path."""
+Attention op per layer on packed heads, the cache concatenated inside it, and rotary positions
+(the ``rotary`` lowering) as RotaryEmbedding ops; other kernels, ALiBi and opsets below 23 keep
+the general graph. Both must match eager PyTorch, and the rewrite exists only while the export
+traces: the eager model has one forward path."""
 
 from __future__ import annotations
 
@@ -65,7 +66,6 @@ def test_packed_export_matches_pytorch_with_padding_and_grouped_heads(gqa_decode
 
 @pytest.mark.parametrize(("overrides", "opset"), [
     ({"attention": "matmul"}, 23),
-    ({"attention": "sdpa", "positional": "rotary"}, 23),
     ({"attention": "sdpa", "positional": "alibi"}, 23),
     ({"attention": "sdpa"}, 22),
 ])
@@ -77,6 +77,39 @@ def test_other_kernels_encodings_and_opsets_keep_the_general_graph(overrides, op
     for node in _attention_nodes(tmp_path / "onnx" / "decoder_step.onnx"):
         assert "q_num_heads" not in {a.name for a in node.attribute}
         assert len([i for i in node.input if i]) <= 4  # no past inputs
+
+
+@pytest.mark.parametrize("rotary", [{"name": "rotary"}, {"name": "rotary", "rotary_dim": 2, "base": 500.0}])
+def test_rotary_positions_pack_into_rotary_embedding_ops(rotary, tmp_path):
+    """Rotary declares the "rotary" lowering: q and k turn in one RotaryEmbedding op each, on
+    packed heads (a partial rotary_dim too), and the layer keeps one Attention op."""
+    torch.manual_seed(0)
+    model = tk.build_model(tiny_config("decoder", attention="sdpa", positional=rotary, pad_id=0)).eval()
+    report = export_onnx(model, tmp_path / "onnx")
+    assert report.max_error < 1e-5 and report.tokens_match
+    ops = _ops(tmp_path / "onnx" / "decoder_step.onnx")
+    assert ops["RotaryEmbedding"] == 4 and ops["Neg"] == 0  # two per layer, no hand-made turn
+    assert all("q_num_heads" in {a.name for a in n.attribute}
+               for n in _attention_nodes(tmp_path / "onnx" / "decoder_step.onnx"))
+    ids = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7]])
+    om = OnnxModel(tmp_path / "onnx", "cpu")
+    with torch.no_grad():
+        expected = model(ids).numpy()
+    keep = (ids != 0).numpy()
+    np.testing.assert_allclose(om(ids.numpy())[keep], expected[keep], rtol=1e-5, atol=1e-5)
+    assert np.array_equal(om.generate(ids.numpy(), 6), model.generate(ids, 6).numpy())
+
+
+def test_a_rotary_without_the_lowering_keeps_its_own_turn(fresh_registry, tmp_path):
+    from transformer_kit.plugins.positional import RotaryPositions
+
+    tk.register_plugin(_plugin(tk.Component("positional", "plain_rotary", RotaryPositions), "plain_rotary"))
+    torch.manual_seed(0)
+    model = tk.build_model(tiny_config("decoder", attention="sdpa", positional="plain_rotary", pad_id=0))
+    report = export_onnx(model, tmp_path / "onnx")
+    assert report.max_error < 1e-5
+    ops = _ops(tmp_path / "onnx" / "decoder_step.onnx")
+    assert ops["RotaryEmbedding"] == 0 and ops["Neg"] >= 4
 
 
 @torch.no_grad()
@@ -136,8 +169,10 @@ def test_the_patch_exists_only_inside_the_export(gqa_decoder, tmp_path):
         before = gqa_decoder(ids)
     with packed_attention_patch(gqa_decoder) as patched:
         assert patched == len(layers) == 2
-        assert all(m.forward.__func__ is packed_forward for m in layers)
+        assert all(m.forward.__func__.func is packed_forward for m in layers)
+        assert all(m.packed_qkv_weight.shape == (16 + 2 * 8, 16) for m in layers)
     assert all("forward" not in m.__dict__ for m in layers)  # the class's own forward again
+    assert all("packed_qkv_weight" not in m._buffers for m in layers)
     export_onnx(gqa_decoder, tmp_path / "onnx")
     assert all("forward" not in m.__dict__ for m in layers)
     with torch.no_grad():

@@ -5,7 +5,9 @@ component declares the ``"attention"`` lowering (``Component.lowerings``) runs
 :func:`packed_forward` instead of its own forward: the projections, then one custom torch op on
 (batch, len, heads * head_dim) tensors that exports as one ONNX ``Attention`` node (opset 23),
 with the key/value cache concatenated inside it, instead of reshapes, transposes, KV repeats
-and concats. Calls with a rotary encoding or a score bias keep the module's own forward.
+and concats. A positional encoding that declares the ``"rotary"`` lowering turns q and k
+through one ONNX ``RotaryEmbedding`` op each, on the packed heads; calls with another rotation
+or a score bias keep the module's own forward.
 
 Eager PyTorch never sees any of this: the patch exists only inside the export, as optimum's
 model patchers do, and every export is verified against the unpatched model.
@@ -14,6 +16,7 @@ model patchers do, and every export is verified against the unpatched model.
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 from collections.abc import Iterator
 
@@ -30,6 +33,28 @@ from transformer_kit.interfaces import AttentionInputs, PositionalEncoding
 PACKED_ATTENTION_OPSET = 23
 #: The lowering a kernel's component declares to be packed (see ``Component.lowerings``).
 LOWERING = "attention"
+#: The lowering a positional encoding declares for rotating q and k in packed heads.
+ROTARY_LOWERING = "rotary"
+
+
+def _rotate_halves(x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int) -> Tensor:
+    """x (batch, heads, len, dim), cos, sin (batch, 1, len, rotary_dim / 2): the GPT-NeoX turn."""
+    half = rotary_dim // 2
+    first, second, rest = x[..., :half], x[..., half:rotary_dim], x[..., rotary_dim:]
+    return torch.cat([first * cos - second * sin, second * cos + first * sin, rest], dim=-1)
+
+
+@torch.library.custom_op("transformer_kit::packed_rotary", mutates_args=())
+def packed_rotary(x: Tensor, cos: Tensor, sin: Tensor, num_heads: int, rotary_dim: int) -> Tensor:
+    """x (batch, len, num_heads * dim), cos, sin (batch, len, rotary_dim / 2) -> x with each
+    head's first ``rotary_dim`` features turned by the angles (halves layout)."""
+    turned = _rotate_halves(split_heads(x, num_heads), cos[:, None], sin[:, None], rotary_dim)
+    return turned.transpose(1, 2).reshape(x.shape)
+
+
+@packed_rotary.register_fake
+def _(x: Tensor, cos: Tensor, sin: Tensor, num_heads: int, rotary_dim: int) -> Tensor:
+    return torch.empty_like(x)
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, num_heads: int,
@@ -78,26 +103,28 @@ def _(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, past_key: Tensor, pa
             past_value.new_empty(batch, heads, total, dim))
 
 
-def packed_forward(self: MultiHeadAttention, x: Tensor, inputs: AttentionInputs) -> Tensor:
+def packed_forward(self: MultiHeadAttention, x: Tensor, inputs: AttentionInputs,
+                   rotary_lowered: bool = False) -> Tensor:
     """``MultiHeadAttention.forward`` as one packed op: x (batch, q_len, d_model) -> same.
 
-    With a cache (decoding, a few rows) q, k and v come from one product over the concatenated
-    weights, which reads them in one pass; without (full sequences, compute-bound) from three
-    products, which saves splitting the result.
+    q, k and v come from one product over the concatenated weights, which reads them in one
+    pass, in every graph (so the graphs share that one matrix in ``weights.data``). ``rotary_lowered``: the positional encoding
+    declares the ``"rotary"`` lowering, so its turn of q and k is packed too.
     """
     rotates = (inputs.positional is not None
                and type(inputs.positional).rotate is not PositionalEncoding.rotate)
-    if inputs.bias is not None or rotates:
+    if inputs.bias is not None or (rotates and not rotary_lowered):
         return MultiHeadAttention.forward(self, x, inputs)
     cache = inputs.cache
-    if cache is None:
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-    else:
-        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        bias = None if self.q_proj.bias is None else torch.cat(
-            [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
-        kv_width = self.num_kv_heads * self.head_dim
-        q, k, v = F.linear(x, weight, bias).split([self.q_proj.out_features, kv_width, kv_width], -1)
+    weight, bias = self.packed_qkv_weight, self.packed_qkv_bias
+    kv_width = self.num_kv_heads * self.head_dim
+    q, k, v = F.linear(x, weight, bias).split([self.q_proj.out_features, kv_width, kv_width], -1)
+    if rotates:
+        positional = inputs.positional
+        angles = inputs.q_positions[..., None].float() * positional.inv_freq  # (batch, q_len, rd/2)
+        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+        q = torch.ops.transformer_kit.packed_rotary(q, cos, sin, self.num_heads, positional.rotary_dim)
+        k = torch.ops.transformer_kit.packed_rotary(k, cos, sin, self.num_kv_heads, positional.rotary_dim)
     mask, has_key = inputs.mask, None
     if mask is not None:
         has_key = mask.any(dim=-1, keepdim=True)  # (batch, 1, q_len, 1)
@@ -115,10 +142,15 @@ def packed_forward(self: MultiHeadAttention, x: Tensor, inputs: AttentionInputs)
     return self.o_proj(out)
 
 
+def declares(model: nn.Module, kind: str, lowering: str) -> bool:
+    """Whether ``model``'s component of ``kind`` declares ``lowering``."""
+    entry = getattr(model, "components", {}).get(kind)
+    return entry is not None and lowering in entry.component.lowerings
+
+
 def lowers_attention(model: nn.Module) -> bool:
     """Whether ``model``'s attention component declares the packed lowering."""
-    entry = getattr(model, "components", {}).get("attention")
-    return entry is not None and LOWERING in entry.component.lowerings
+    return declares(model, "attention", LOWERING)
 
 
 @contextlib.contextmanager
@@ -129,13 +161,25 @@ def packed_attention_patch(model: nn.Module, enabled: bool = True) -> Iterator[i
     patched = []
     if enabled and lowers_attention(model):
         patched = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and not m.is_cross]
+    forward = functools.partial(packed_forward, rotary_lowered=declares(model, "positional", ROTARY_LOWERING))
     try:
         for module in patched:
-            module.forward = types.MethodType(packed_forward, module)
+            module.forward = types.MethodType(forward, module)
+            # q, k, v weights as one constant matrix: the exporter folds its transpose and the
+            # quantizers see a constant weight (a concatenation traced from the parameters
+            # would run at load time, and stay in float)
+            with torch.no_grad():
+                weight = torch.cat([module.q_proj.weight, module.k_proj.weight, module.v_proj.weight])
+                bias = None if module.q_proj.bias is None else torch.cat(
+                    [module.q_proj.bias, module.k_proj.bias, module.v_proj.bias])
+            module.register_buffer("packed_qkv_weight", weight, persistent=False)
+            module.register_buffer("packed_qkv_bias", bias, persistent=False)
         yield len(patched)
     finally:
         for module in patched:
             module.__dict__.pop("forward", None)
+            for name in ("packed_qkv_weight", "packed_qkv_bias"):
+                module._buffers.pop(name, None)
 
 
 # -- ONNX translations -------------------------------------------------------------------------
@@ -153,9 +197,15 @@ def packed_cached_attention_onnx(q, k, v, mask, past_key, past_value, num_heads:
     return out, present_key, present_value
 
 
+def packed_rotary_onnx(x, cos, sin, num_heads: int, rotary_dim: int):
+    return op.RotaryEmbedding(x, cos, sin, interleaved=0, num_heads=num_heads,
+                              rotary_embedding_dim=rotary_dim)
+
+
 def packed_attention_translations() -> dict:
     """{custom op: onnxscript translation} for ``torch.onnx.export``."""
     return {
+        torch.ops.transformer_kit.packed_rotary.default: packed_rotary_onnx,
         torch.ops.transformer_kit.packed_attention.default: packed_attention_onnx,
         torch.ops.transformer_kit.packed_cached_attention.default: packed_cached_attention_onnx,
     }
