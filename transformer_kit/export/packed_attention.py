@@ -108,8 +108,9 @@ def packed_forward(self: MultiHeadAttention, x: Tensor, inputs: AttentionInputs,
     """``MultiHeadAttention.forward`` as one packed op: x (batch, q_len, d_model) -> same.
 
     q, k and v come from one product over the concatenated weights, which reads them in one
-    pass, in every graph (so the graphs share that one matrix in ``weights.data``). ``rotary_lowered``: the positional encoding
-    declares the ``"rotary"`` lowering, so its turn of q and k is packed too.
+    pass, in every graph (so the graphs share that one matrix in ``weights.data``).
+    ``rotary_lowered``: the positional encoding declares the ``"rotary"`` lowering, so its
+    turn of q and k is packed too.
     """
     rotates = (inputs.positional is not None
                and type(inputs.positional).rotate is not PositionalEncoding.rotate)
