@@ -29,28 +29,31 @@ from transformer_kit.apps.benchmark import Runner, exported, interleaved, random
 from transformer_kit.apps.genai_peer import GenaiGenerator, build_genai, genai_version, llama_checkpoint
 
 PRECISIONS = ("float32", "int4")
+# VmHWM (peak resident set of this process image; ru_maxrss would carry the parent's over exec)
 RSS_CODE = """
-import resource, sys, numpy as np
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+import re, numpy as np
+def peak():
+    return int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
 {load}
 ids = np.arange(3, 19, dtype=np.int64)[None]
 run(ids)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
+print(peak() - base)
 """
 KIT_LOAD = """import onnxruntime
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 from transformer_kit.export import OnnxModel
+base = peak()
 om = OnnxModel({folder!r}, providers="cpu")
 run = lambda ids: om.generate(ids, max_new_tokens=64)"""
 GENAI_LOAD = """import onnxruntime_genai
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 from transformer_kit.apps.genai_peer import GenaiGenerator
+base = peak()
 generator = GenaiGenerator({folder!r})
 run = lambda ids: generator.generate(ids, 64)"""
 
 
 def peak_rss(load: str, folder: Path) -> int:
-    """Bytes of peak RSS added by loading ``folder`` and generating 64 tokens, in a fresh process."""
+    """Bytes of peak RSS added by loading ``folder`` and generating 64 tokens, in a fresh
+    process (after its imports)."""
     code = RSS_CODE.format(load=load.format(folder=str(folder)))
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(result.stdout.strip().splitlines()[-1])
