@@ -107,8 +107,10 @@ def packed_forward(self: MultiHeadAttention, x: Tensor, inputs: AttentionInputs,
                    rotary_lowered: bool = False) -> Tensor:
     """``MultiHeadAttention.forward`` as one packed op: x (batch, q_len, d_model) -> same.
 
-    q, k and v come from one product over the concatenated weights, which reads them in one
-    pass, in every graph (so the graphs share that one matrix in ``weights.data``).
+    In a generating model q, k and v come from one product over the concatenated weights, which
+    reads them in one pass, in every graph (so the graphs share that one matrix in
+    ``weights.data``); an encoder's single graph keeps the three products (compute-bound full
+    sequences, where splitting one result measured no faster).
     ``rotary_lowered``: the positional encoding declares the ``"rotary"`` lowering, so its
     turn of q and k is packed too.
     """
@@ -117,9 +119,12 @@ def packed_forward(self: MultiHeadAttention, x: Tensor, inputs: AttentionInputs,
     if inputs.bias is not None or (rotates and not rotary_lowered):
         return MultiHeadAttention.forward(self, x, inputs)
     cache = inputs.cache
-    weight, bias = self.packed_qkv_weight, self.packed_qkv_bias
-    kv_width = self.num_kv_heads * self.head_dim
-    q, k, v = F.linear(x, weight, bias).split([self.q_proj.out_features, kv_width, kv_width], -1)
+    if self.packed_qkv_weight is None:  # an encoder: one compute-bound graph, three products
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    else:
+        kv_width = self.num_kv_heads * self.head_dim
+        q, k, v = F.linear(x, self.packed_qkv_weight, self.packed_qkv_bias).split(
+            [self.q_proj.out_features, kv_width, kv_width], -1)
     if rotates:
         positional = inputs.positional
         angles = inputs.q_positions[..., None].float() * positional.inv_freq  # (batch, q_len, rd/2)
@@ -163,16 +168,19 @@ def packed_attention_patch(model: nn.Module, enabled: bool = True) -> Iterator[i
     if enabled and lowers_attention(model):
         patched = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and not m.is_cross]
     forward = functools.partial(packed_forward, rotary_lowered=declares(model, "positional", ROTARY_LOWERING))
+    pack_qkv = getattr(model, "architecture", None) != "encoder"
     try:
         for module in patched:
             module.forward = types.MethodType(forward, module)
             # q, k, v weights as one constant matrix: the exporter folds its transpose and the
             # quantizers see a constant weight (a concatenation traced from the parameters
             # would run at load time, and stay in float)
+            weight = bias = None
             with torch.no_grad():
-                weight = torch.cat([module.q_proj.weight, module.k_proj.weight, module.v_proj.weight])
-                bias = None if module.q_proj.bias is None else torch.cat(
-                    [module.q_proj.bias, module.k_proj.bias, module.v_proj.bias])
+                if pack_qkv:
+                    weight = torch.cat([module.q_proj.weight, module.k_proj.weight, module.v_proj.weight])
+                if pack_qkv and module.q_proj.bias is not None:
+                    bias = torch.cat([module.q_proj.bias, module.k_proj.bias, module.v_proj.bias])
             module.register_buffer("packed_qkv_weight", weight, persistent=False)
             module.register_buffer("packed_qkv_bias", bias, persistent=False)
         yield len(patched)
