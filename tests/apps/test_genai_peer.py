@@ -12,7 +12,8 @@ import transformers
 import transformer_kit as tk
 from transformer_kit.apps.genai_peer import llama_checkpoint
 
-SMALL = {"hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 48, "vocab": 400}
+#: Heads 16 wide: the narrowest onnxruntime-genai's GroupQueryAttention takes.
+SMALL = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 96, "vocab": 400}
 
 
 def test_the_checkpoint_carries_a_tokenizer_both_sides_read(tmp_path):

@@ -29,6 +29,9 @@ def test_float16_export_stays_close_and_finite_with_padding(tmp_path):
     report = export_onnx(model, tmp_path / "fp16", dtype="float16")
     assert report.dtype == "float16" and report.tolerance == 2e-2
     assert report.max_error <= 2e-2
+    # one copy of each half-precision weight across the three graphs (encoder_decoder)
+    assert report.graph_bytes["weights.data"] <= 1.05 * report.weight_bytes + 64 * 1024
+    assert report.weight_bytes < 0.6 * sum(p.numel() * 4 for p in model.parameters())
     om = OnnxModel(tmp_path / "fp16", providers="cpu")
     src = random_ids(3, 12, 37, 0, seed=1)
     src[2] = 0  # a row of padding only
