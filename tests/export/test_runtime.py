@@ -213,3 +213,20 @@ def test_cpu_sessions_skip_the_skip_layer_norm_fusion_and_agree_with_it(tmp_path
     expected = model(ids).numpy()
     np.testing.assert_allclose(default(ids.numpy()), expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(fused(ids.numpy()), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("architecture", ["decoder", "encoder_decoder"])
+def test_the_public_binding_path_decodes_as_the_native_one(decoder_export, seq2seq_export, monkeypatch,
+                                                           architecture):
+    """Decoding binds through onnxruntime's native binding object where it exists; the public
+    IOBinding path (used where it does not) gives the same tokens, beams included."""
+    from transformer_kit.export import onnx_steps
+
+    model, folder = decoder_export if architecture == "decoder" else seq2seq_export
+    ids = np.array([[3, 4, 5, 6], [7, 8, 9, 10]])
+    native = OnnxModel(folder, providers="cpu").generate(ids, 5, num_beams=3, num_return_sequences=2)
+    monkeypatch.setattr(onnx_steps, "NATIVE", False)
+    public = OnnxModel(folder, providers="cpu").generate(ids, 5, num_beams=3, num_return_sequences=2)
+    assert np.array_equal(native, public)
+    assert np.array_equal(native, model.generate(torch.from_numpy(ids), 5, num_beams=3,
+                                                 num_return_sequences=2).numpy())

@@ -17,6 +17,10 @@ import onnxruntime as ort
 _ONNX_TYPES = {"tensor(float)": 1, "tensor(float16)": 10, "tensor(int64)": 7}  # TensorProto ids
 
 
+#: Whether onnxruntime exposes the native device its binding object takes.
+NATIVE = hasattr(ort.OrtDevice, "_get_c_device")
+
+
 class Binding:
     """One run's inputs and outputs, bound through onnxruntime's native binding object.
 
@@ -24,8 +28,8 @@ class Binding:
     from) and wraps every output in a Python ``OrtValue``: about 50 us a step for a cache of 16
     tensors, 5-10 % of an int4 decoding step here. Decoding binds values this module made for
     this session, so it goes to the native object directly (``_iobinding``, ``_sess`` and
-    ``_ortvalue``: private names of onnxruntime 1.20-1.31, checked at import, with the public
-    path kept where they are missing). Values passed around are native ``OrtValue`` objects.
+    ``_ortvalue``: private names, as in onnxruntime 1.31; where one is missing the public path
+    runs instead). Values passed around are then native ``OrtValue`` objects.
     """
 
     def __init__(self, session: ort.InferenceSession, device: str) -> None:
@@ -79,9 +83,6 @@ def native_value(value: Any) -> Any:
 @functools.cache
 def _native_device(device: str) -> Any:
     return ort.OrtDevice.make(device, 0)._get_c_device()
-
-
-NATIVE = hasattr(ort.OrtDevice, "_get_c_device")
 
 
 @functools.cache

@@ -81,15 +81,17 @@ def _share_graph(proto: onnx.ModelProto, weights: _WeightsFile) -> None:
 
 def share_weights(folder: Path, files: list[str]) -> int:
     """Rewrite the graphs ``files`` in ``folder`` to read their tensors from one
-    ``weights.data``, each distinct tensor stored once; returns that file's size in bytes."""
+    ``weights.data``, each distinct tensor stored once; returns that file's size in bytes.
+    Meant for a staging folder: between the first graph written and the end, the graphs point
+    at a file that is still being written."""
     staged = folder / (WEIGHTS_FILE + ".new")
     weights = _WeightsFile(staged)
-    protos = {}
     try:
-        for file in files:
+        for file in files:  # one graph's tensors in memory at a time
             proto = onnx.load(str(folder / file), load_external_data=True)
             _share_graph(proto, weights)
-            protos[file] = proto
+            onnx.save_model(proto, str(folder / file))  # reads weights.data once renamed below
+            del proto
     finally:
         weights.close()
     for stale in [p for file in files for p in folder.glob(file + ".data")]:
@@ -99,8 +101,6 @@ def share_weights(folder: Path, files: list[str]) -> int:
     else:  # every tensor is small enough to stay in its graph
         staged.unlink()
         (folder / WEIGHTS_FILE).unlink(missing_ok=True)
-    for file, proto in protos.items():
-        onnx.save_model(proto, str(folder / file))
     return weights.offset
 
 
