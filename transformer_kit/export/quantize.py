@@ -73,20 +73,16 @@ def method(quantize: str | Int4 | None) -> str | None:
 
 @contextlib.contextmanager
 def _quiet_root_logger():
-    """onnxruntime's quantizers log advice and progress on the root logger."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    loggers = [logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")]
+    """onnxruntime's quantizers log advice and progress on the root logger and their own."""
+    loggers = [logging.getLogger(), logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        root.setLevel(level)
-        for lg, old in zip(loggers, levels, strict=True):
-            lg.setLevel(old)
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 def quantize_graph(path: Path, quantize: str | Int4, external: bool) -> None:
