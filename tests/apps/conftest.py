@@ -25,8 +25,9 @@ def invoke(*args: str):
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """The command in a real process, as a user runs it (``python -m transformer_kit``)."""
-    env = {**os.environ, "COLUMNS": "200"}
+    """The command in a real process, as a user runs it (``python -m transformer_kit``); its
+    output unbuffered, so a command stopped by the timeout shows how far it got."""
+    env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
     return subprocess.run([sys.executable, "-m", "transformer_kit", *args], capture_output=True,
                           text=True, cwd=cwd, env=env, timeout=600, check=False)
 
