@@ -15,7 +15,8 @@ KINDS: tuple[str, ...] = (*MODEL_KINDS, "logits_processor")
 
 #: Fused lowerings the export layer knows, by kind (see ``Component.lowerings``).
 LOWERINGS: dict[str, frozenset[str]] = {"attention": frozenset({"attention"}),
-                                        "positional": frozenset({"rotary"})}
+                                        "positional": frozenset({"rotary"}),
+                                        "feedforward": frozenset({"gate_up"})}
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 
@@ -44,6 +45,9 @@ class Component:
             turns the halves of each head's first ``rotary_dim`` features (the GPT-NeoX/Llama
             layout) by ``positions * inv_freq`` (attributes ``rotary_dim`` and ``inv_freq``
             (rotary_dim / 2,)), so q and k export as ONNX ``RotaryEmbedding`` ops on packed heads.
+            ``"gate_up"`` (feed-forward): the module has ``nn.Linear`` ``gate`` and ``up`` over the
+            same input and ``forward(x) == gated(gate(x), up(x))``, so a generating model's
+            graphs compute gate and up as one product over the concatenated weights.
             Export verification checks every claim.
     """
 

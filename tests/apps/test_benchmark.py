@@ -63,6 +63,13 @@ def test_interleaved_calls_each_runner_once_per_round_after_a_warm_up():
     assert [t.tokens for t in timings] == [3, 5] and all(len(t.seconds) == 4 for t in timings)
 
 
+def test_the_order_of_runners_rotates_from_round_to_round():
+    order = []
+    runners = [b.Runner(name, lambda name=name: order.append(name)) for name in "abc"]
+    b.interleaved(runners, 3)
+    assert order == [*"abc", *"abc", *"bca", *"cab"]  # warm-ups, then one rotation a round
+
+
 def test_settled_rounds_call_each_runner_twice_and_time_the_second():
     calls = []
     runner = b.Runner("a", lambda: calls.append(len(calls)) or len(calls))

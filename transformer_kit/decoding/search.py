@@ -91,7 +91,7 @@ def _repeat(problem: Problem, times: int) -> tuple[np.ndarray, np.ndarray, np.nd
 def _stopped(problem: Problem, options: GenerationConfig, token: np.ndarray,
              new: list[np.ndarray]) -> np.ndarray:
     """(rows,) True where ``token`` ends its row: an eos id, or a completed stop string."""
-    ended = np.isin(token, problem.eos_ids)
+    ended = (token[:, None] == problem.eos_ids).any(axis=1)  # np.isin: 5x the time a step
     if problem.stop is not None and len(new) >= options.min_new_tokens:
         ended |= problem.stop(np.stack(new, axis=1))
     return ended

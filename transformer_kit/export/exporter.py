@@ -26,6 +26,7 @@ from transformer_kit.export.packed_attention import (
     packed_attention_patch,
     packed_attention_translations,
 )
+from transformer_kit.export.packed_feedforward import packed_feedforward_patch
 from transformer_kit.export.quantize import Int4, method, quantization, quantize_graph
 from transformer_kit.export.report import ExportReport, versions
 from transformer_kit.export.translations import collect_translations
@@ -185,7 +186,7 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
         graphs = {}
         for name, spec in graph_specs(exported).items():
             file = f"{name}.onnx"
-            with packed_attention_patch(exported, enabled=packed):
+            with packed_attention_patch(exported, enabled=packed), packed_feedforward_patch(exported):
                 _export_graph(name, spec, staging / file, opset, translations, external)
             if quantize:
                 quantize_graph(staging / file, quantize, external)

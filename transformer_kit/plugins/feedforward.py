@@ -23,7 +23,11 @@ class FeedForward(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x)) (Shazeer 2020), as in Llama."""
+    """down(silu(gate(x)) * up(x)) (Shazeer 2020), as in Llama.
+
+    ``forward(x) == gated(gate(x), up(x))``: the contract of the ``"gate_up"`` lowering, under
+    which the export computes gate and up as one product over their concatenated weights.
+    """
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, bias: bool = False) -> None:
         super().__init__()
@@ -34,7 +38,11 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (batch, len, d_model) -> (batch, len, d_model)."""
-        return self.down(self.dropout(F.silu(self.gate(x)) * self.up(x)))
+        return self.gated(self.gate(x), self.up(x))
+
+    def gated(self, gate: Tensor, up: Tensor) -> Tensor:
+        """gate, up (batch, len, d_ff) -> (batch, len, d_model)."""
+        return self.down(self.dropout(F.silu(gate) * up))
 
 
 def relu_feedforward(d_model: int, d_ff: int, dropout: float, bias: bool = True) -> FeedForward:
