@@ -146,7 +146,7 @@ class OnnxStepper:
     def __init__(self, session: ort.InferenceSession, graph: Any, fixed: dict[str, ort.OrtValue],
                  first_ids: np.ndarray, keep: np.ndarray | None, empty_cache, vocab: int,
                  logits_dtype: type, gather: RowGather, device: str) -> None:
-        self.session, self.gather, self.device = session, gather, device
+        self.gather = gather
         self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
         self.present_names = [n for n in graph.outputs if n.startswith("present.")]
         self.fixed = {k: v for k, v in fixed.items() if k in graph.inputs}

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import types
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +24,7 @@ from onnxscript import opset23 as op
 from torch import Tensor, nn
 
 from transformer_kit.attention import MultiHeadAttention
+from transformer_kit.export.patching import declares, patched_forwards
 from transformer_kit.heads import repeat_kv_heads, split_heads
 from transformer_kit.interfaces import AttentionInputs, PositionalEncoding
 
@@ -148,47 +147,24 @@ def packed_forward(self: MultiHeadAttention, x: Tensor, inputs: AttentionInputs,
     return self.o_proj(out)
 
 
-def declares(model: nn.Module, kind: str, lowering: str) -> bool:
-    """Whether ``model``'s component of ``kind`` declares ``lowering``."""
-    entry = getattr(model, "components", {}).get(kind)
-    return entry is not None and lowering in entry.component.lowerings
-
-
 def lowers_attention(model: nn.Module) -> bool:
     """Whether ``model``'s attention component declares the packed lowering."""
     return declares(model, "attention", LOWERING)
 
 
-@contextlib.contextmanager
-def packed_attention_patch(model: nn.Module, enabled: bool = True) -> Iterator[int]:
+def packed_attention_patch(model: nn.Module, enabled: bool = True
+                           ) -> contextlib.AbstractContextManager[int]:
     """While active, ``model``'s self-attention modules run :func:`packed_forward` (when
-    ``enabled`` and the attention component declares the lowering); yields how many modules
-    were patched. Every module gets its own forward back on exit, whatever happened."""
+    ``enabled`` and the attention component declares the lowering), with q, k and v weights as
+    one constant matrix in a generating model; yields how many modules were patched. Every
+    module gets its own forward back on exit, whatever happened."""
     patched = []
     if enabled and lowers_attention(model):
         patched = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and not m.is_cross]
     forward = functools.partial(packed_forward, rotary_lowered=declares(model, "positional", ROTARY_LOWERING))
     pack_qkv = getattr(model, "architecture", None) != "encoder"
-    try:
-        for module in patched:
-            module.forward = types.MethodType(forward, module)
-            # q, k, v weights as one constant matrix: the exporter folds its transpose and the
-            # quantizers see a constant weight (a concatenation traced from the parameters
-            # would run at load time, and stay in float)
-            weight = bias = None
-            with torch.no_grad():
-                if pack_qkv:
-                    weight = torch.cat([module.q_proj.weight, module.k_proj.weight, module.v_proj.weight])
-                if pack_qkv and module.q_proj.bias is not None:
-                    bias = torch.cat([module.q_proj.bias, module.k_proj.bias, module.v_proj.bias])
-            module.register_buffer("packed_qkv_weight", weight, persistent=False)
-            module.register_buffer("packed_qkv_bias", bias, persistent=False)
-        yield len(patched)
-    finally:
-        for module in patched:
-            module.__dict__.pop("forward", None)
-            for name in ("packed_qkv_weight", "packed_qkv_bias"):
-                module._buffers.pop(name, None)
+    return patched_forwards(patched, forward, "packed_qkv",
+                            (lambda m: [m.q_proj, m.k_proj, m.v_proj]) if pack_qkv else None)
 
 
 # -- ONNX translations -------------------------------------------------------------------------

@@ -12,12 +12,11 @@ and every export is verified against the unpatched model.
 from __future__ import annotations
 
 import contextlib
-import types
-from collections.abc import Iterator
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from transformer_kit.export.patching import declares, patched_forwards
 
 #: The lowering a feed-forward component declares (see ``Component.lowerings``).
 GATE_UP_LOWERING = "gate_up"
@@ -37,29 +36,14 @@ def _packable(module: nn.Module) -> bool:
             and callable(getattr(module, "gated", None)))
 
 
-@contextlib.contextmanager
-def packed_feedforward_patch(model: nn.Module, enabled: bool = True) -> Iterator[int]:
+def packed_feedforward_patch(model: nn.Module, enabled: bool = True
+                             ) -> contextlib.AbstractContextManager[int]:
     """While active, the feed-forward modules of ``model`` (a generating model whose feed-forward
     component declares ``"gate_up"``, when ``enabled``) run :func:`packed_gate_up_forward`;
     yields how many were patched. Every module gets its own forward back on exit."""
-    entry = getattr(model, "components", {}).get("feedforward")
-    declared = entry is not None and GATE_UP_LOWERING in entry.component.lowerings
     generating = getattr(model, "architecture", None) != "encoder"
     patched = []
-    if enabled and declared and generating:  # the blocks' feed-forward sub-layers
-        found = (getattr(m, "feedforward", None) for m in model.modules())
+    if enabled and generating and declares(model, "feedforward", GATE_UP_LOWERING):
+        found = (getattr(m, "feedforward", None) for m in model.modules())  # the blocks' sub-layers
         patched = [m for m in found if isinstance(m, nn.Module) and _packable(m)]
-    try:
-        for module in patched:
-            with torch.no_grad():
-                weight = torch.cat([module.gate.weight, module.up.weight])
-                bias = None if module.gate.bias is None else torch.cat([module.gate.bias, module.up.bias])
-            module.register_buffer("packed_gate_up_weight", weight, persistent=False)
-            module.register_buffer("packed_gate_up_bias", bias, persistent=False)
-            module.forward = types.MethodType(packed_gate_up_forward, module)
-        yield len(patched)
-    finally:
-        for module in patched:
-            module.__dict__.pop("forward", None)
-            for name in ("packed_gate_up_weight", "packed_gate_up_bias"):
-                module._buffers.pop(name, None)
+    return patched_forwards(patched, packed_gate_up_forward, "packed_gate_up", lambda m: [m.gate, m.up])
