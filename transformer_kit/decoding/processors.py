@@ -50,7 +50,24 @@ class LogitsProcessor:
         raise NotImplementedError
 
 
-Pipeline = Callable[[np.ndarray, DecodingState], np.ndarray]
+class Pipeline:
+    """Processors applied in order: ``pipeline(scores, state) -> scores``.
+
+    ``scores`` (rows, vocab) float32 must be the caller's own copy (a processor may change it
+    in place). An empty pipeline (plain greedy search or sampling) is falsy, so a search can
+    skip the copy and the state it would need.
+    """
+
+    def __init__(self, processors: list[Callable[[np.ndarray, DecodingState], np.ndarray]]) -> None:
+        self.processors = list(processors)
+
+    def __call__(self, scores: np.ndarray, state: DecodingState) -> np.ndarray:
+        for processor in self.processors:
+            scores = processor(scores, state)
+        return scores
+
+    def __len__(self) -> int:
+        return len(self.processors)
 
 
 def _specs(options: GenerationConfig, eos_ids: list[int]) -> list[tuple[str, dict]]:
@@ -91,14 +108,5 @@ def build_pipeline(options: GenerationConfig, vocab_size: int, eos_ids: list[int
         keep = len(eos_ids) + 1
     context = {"vocab_size": vocab_size, "eos_ids": list(eos_ids), "num_beams": options.num_beams,
                "min_tokens_to_keep": keep}
-    names, processors = [], []
-    for name, params in specs:
-        processors.append(registry.create(KIND, name, context=context, **params))
-        names.append(name)
-
-    def pipeline(scores: np.ndarray, state: DecodingState) -> np.ndarray:
-        for processor in processors:
-            scores = processor(scores, state)
-        return scores
-
-    return names, pipeline
+    processors = [registry.create(KIND, name, context=context, **params) for name, params in specs]
+    return [name for name, _ in specs], Pipeline(processors)

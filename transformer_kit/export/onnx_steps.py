@@ -59,6 +59,23 @@ class Binding:
         else:
             self.native.bind_ortvalue_input(name, native_value(value))
 
+    def input_values(self, names: list[str], values: list[Any]) -> None:
+        """Bind each of ``values`` to the input of the same position in ``names`` (one step's
+        cache: a loop without a Python call per value, about 1 us a value less when cold)."""
+        if self.native is None:
+            for name, value in zip(names, values, strict=True):
+                self.io.bind_ortvalue_input(name, value)
+            return
+        bind = self.native.bind_ortvalue_input
+        for name, value in zip(names, values, strict=True):
+            bind(name, getattr(value, "_ortvalue", value))
+
+    def outputs_on_device(self, names: list[str]) -> None:
+        """Bind each output of ``names`` to new memory on the device, allocated by the run."""
+        bind = self.io.bind_output if self.native is None else self.native.bind_output
+        for name in names:
+            bind(name, self.device)
+
     def output(self, name: str, value: Any = None) -> None:
         """Bind output ``name`` to ``value`` (an OrtValue) or to new memory on the device."""
         if self.native is None:
@@ -71,14 +88,14 @@ class Binding:
         else:
             self.native.bind_ortvalue_output(name, native_value(value))
 
-    def run(self) -> list[Any]:
-        """Run the session; the outputs in graph order."""
+    def run(self, first: int = 0) -> list[Any]:
+        """Run the session; the outputs in graph order, from output ``first`` on."""
         if self.native is None:
             self.session.run_with_iobinding(self.io)
-            return self.io.get_outputs()
+            return self.io.get_outputs()[first:]
         self.session._sess.run_with_iobinding(self.native, None)
         outputs = self.native.get_outputs()
-        return [outputs[i] for i in range(len(outputs))]
+        return [outputs[i] for i in range(first, len(outputs))]
 
 
 def native_value(value: Any) -> Any:
@@ -149,7 +166,9 @@ class OnnxStepper:
         self.gather = gather
         self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
         self.present_names = [n for n in graph.outputs if n.startswith("present.")]
-        self.fixed = {k: v for k, v in fixed.items() if k in graph.inputs}
+        self.fixed_names = [k for k in fixed if k in graph.inputs]
+        self.fixed_values = [fixed[k] for k in self.fixed_names]
+        self.fixed_unbound = True  # the encoder's outputs, bound again only after a reorder
         rows = first_ids.shape[0]
         self.past = [empty_cache(rows)] * len(self.past_names)
         self.first_ids = first_ids
@@ -160,11 +179,13 @@ class OnnxStepper:
             self.mask[:, :self.length] = keep
         self.vocab, self.logits_dtype = vocab, logits_dtype
         self.logits: np.ndarray | None = None
-        self.logits_value: ort.OrtValue | None = None
+        self.tokens: np.ndarray | None = None  # (rows, 1) int64, bound as input_ids by its OrtValue
         self.binding = Binding(session, device)
 
     def first(self) -> np.ndarray:
-        return self._run(self.first_ids)
+        self.binding.rebind().input_array("input_ids", self.first_ids)
+        self.tokens = None  # the prompt replaced the token buffer's bind
+        return self._run(len(self.first_ids))
 
     def next(self, tokens: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
         if rows is not None:
@@ -174,32 +195,35 @@ class OnnxStepper:
             grown = np.ones((len(self.mask), 2 * self.mask.shape[1]), np.int64)
             grown[:, :self.mask.shape[1]] = self.mask
             self.mask = grown
-        return self._run(np.ascontiguousarray(tokens, dtype=np.int64)[:, None])
+        self.binding.rebind()
+        if self.tokens is None or len(self.tokens) != len(tokens):
+            # onnxruntime reads the buffer when it runs: later steps only write into it
+            self.tokens = np.empty((len(tokens), 1), np.int64)
+            self.binding.input_value("input_ids", ort.OrtValue.ortvalue_from_numpy(self.tokens))
+        self.tokens[:, 0] = tokens
+        return self._run(len(tokens))
 
     def _reorder(self, rows: np.ndarray) -> None:
         """Every row-indexed state: cache, fixed encoder outputs and mask, gathered by ``rows``."""
-        fixed_names = list(self.fixed)
-        gathered = self.gather([*self.past, *self.fixed.values()], rows)
+        gathered = self.gather([*self.past, *self.fixed_values], rows)
         self.past = gathered[:len(self.past)]
-        self.fixed = dict(zip(fixed_names, gathered[len(self.past):], strict=True))
+        self.fixed_values = gathered[len(self.past):]
+        self.fixed_unbound = True
         if self.mask is not None:
             self.mask = self.mask[rows]
 
-    def _run(self, ids: np.ndarray) -> np.ndarray:
-        rows = ids.shape[0]
-        if self.logits is None or len(self.logits) != rows:
+    def _run(self, rows: int) -> np.ndarray:
+        """Run the step graph on the bound input_ids (rows of them) and the state."""
+        binding = self.binding
+        if self.logits is None or len(self.logits) != rows:  # a bind lasts until replaced
             self.logits = np.empty((rows, self.vocab), self.logits_dtype)
-            self.logits_value = ort.OrtValue.ortvalue_from_numpy(self.logits)
-        binding = self.binding.rebind()
-        binding.input_array("input_ids", ids)
+            binding.output("logits", ort.OrtValue.ortvalue_from_numpy(self.logits))
+        if self.fixed_unbound:
+            binding.input_values(self.fixed_names, self.fixed_values)
+            self.fixed_unbound = False
         if self.mask is not None:
             binding.input_array("attention_mask", np.ascontiguousarray(self.mask[:, :self.length]))
-        for name, value in self.fixed.items():
-            binding.input_value(name, value)
-        for name, value in zip(self.past_names, self.past, strict=True):
-            binding.input_value(name, value)
-        binding.output("logits", self.logits_value)
-        for name in self.present_names:
-            binding.output(name)
-        self.past = binding.run()[1:]
+        binding.input_values(self.past_names, self.past)
+        binding.outputs_on_device(self.present_names)
+        self.past = binding.run(first=1)  # logits came into self.logits
         return self.logits

@@ -76,8 +76,7 @@ class MinNewTokens(LogitsProcessor):
 
     def __call__(self, scores: np.ndarray, state: DecodingState) -> np.ndarray:
         if state.new_tokens < self.count and self.eos_ids:
-            scores = scores.copy()
-            scores[:, self.eos_ids] = NEVER
+            scores[:, self.eos_ids] = NEVER  # the pipeline's scores are the caller's copy
         return scores
 
 
