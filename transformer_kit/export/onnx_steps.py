@@ -109,45 +109,89 @@ def _native_device(device: str) -> Any:
 
 
 @functools.cache
-def _gather_graph(types: tuple[str, ...]) -> bytes:
-    """An ONNX model: ``index`` (n,) int64 and tensors ``t{i}`` (rows, ...) -> ``o{i}`` =
-    t{i}[index] for each, one ``Gather`` along axis 0 per tensor."""
+def _helper_graph(kind: str, types: tuple[str, ...]) -> bytes:
+    """A small ONNX model over tensors ``t{i}`` (rows, heads, length, dim) of ``types``, one node
+    chain per tensor, outputs ``o{i}``:
+
+    - ``gather``: ``index`` (n,) int64 -> t{i}[index] (rows along axis 0);
+    - ``join``: ``u{i}`` too, ``pads_t``/``pads_u`` (8,) int64 -> Concat(Pad(t{i}), Pad(u{i}))
+      along axis 0 (each side padded with zeros on the left of its length axis to one length);
+    - ``trim``: ``start`` (1,) int64 -> t{i}[:, :, start:].
+    """
     from onnx import TensorProto, helper
 
-    nodes, inputs, outputs = [], [helper.make_tensor_value_info("index", TensorProto.INT64, ["n"])], []
-    for i, kind in enumerate(types):
-        elem = _ONNX_TYPES[kind]
+    int64 = TensorProto.INT64
+    scalars = {"gather": [("index", ["n"])], "join": [("pads_t", [8]), ("pads_u", [8])],
+               "trim": [("start", [1]), ("end", [1]), ("axis", [1])]}[kind]
+    inputs = [helper.make_tensor_value_info(name, int64, shape) for name, shape in scalars]
+    nodes, outputs = [], []
+    for i, type_name in enumerate(types):
+        elem = _ONNX_TYPES[type_name]
         inputs.append(helper.make_tensor_value_info(f"t{i}", elem, None))
         outputs.append(helper.make_tensor_value_info(f"o{i}", elem, None))
-        nodes.append(helper.make_node("Gather", [f"t{i}", "index"], [f"o{i}"], axis=0))
-    graph = helper.make_graph(nodes, "gather_rows", inputs, outputs)
+        if kind == "gather":
+            nodes.append(helper.make_node("Gather", [f"t{i}", "index"], [f"o{i}"], axis=0))
+        elif kind == "join":
+            inputs.append(helper.make_tensor_value_info(f"u{i}", elem, None))
+            nodes += [helper.make_node("Pad", [f"t{i}", "pads_t"], [f"pt{i}"]),
+                      helper.make_node("Pad", [f"u{i}", "pads_u"], [f"pu{i}"]),
+                      helper.make_node("Concat", [f"pt{i}", f"pu{i}"], [f"o{i}"], axis=0)]
+        else:
+            nodes.append(helper.make_node("Slice", [f"t{i}", "start", "end", "axis"], [f"o{i}"]))
+    graph = helper.make_graph(nodes, f"cache_{kind}", inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     return model.SerializeToString()
 
 
-class RowGather:
-    """Gathers rows of many onnxruntime values in one call; a session per input signature."""
+class CacheOps:
+    """Moves the rows and columns of many onnxruntime values (a key/value cache) in one run of
+    a small graph each, on the values' device: gather rows (beam search, rows leaving a batch),
+    join two batches (rows joining a running batch), trim leading columns. One session per
+    operation and input signature."""
 
     def __init__(self, providers: list, device: str) -> None:
         self.providers, self.device = providers, device
-        self.sessions: dict[tuple[str, ...], ort.InferenceSession] = {}
+        self.sessions: dict[tuple[str, tuple[str, ...]], ort.InferenceSession] = {}
 
-    def __call__(self, values: list[ort.OrtValue], rows: np.ndarray) -> list[ort.OrtValue]:
+    def _binding(self, kind: str, values: list[Any]) -> Binding:
         types = tuple(v.data_type() for v in values)
-        session = self.sessions.get(types)
+        session = self.sessions.get((kind, types))
         if session is None:
             options = ort.SessionOptions()
             # the calling thread alone: a thread pool of its own would spin after each gather and
             # take the cores from the decoder step that follows (measured: +2.5 ms a step)
             options.intra_op_num_threads = 1
-            session = self.sessions[types] = ort.InferenceSession(
-                _gather_graph(types), options, providers=self.providers)
+            session = self.sessions[kind, types] = ort.InferenceSession(
+                _helper_graph(kind, types), options, providers=self.providers)
         binding = Binding(session, self.device)
-        binding.input_array("index", np.ascontiguousarray(rows, dtype=np.int64))
         for i, value in enumerate(values):
             binding.input_value(f"t{i}", value)
             binding.output(f"o{i}")
+        return binding
+
+    def gather(self, values: list[Any], rows: np.ndarray) -> list[Any]:
+        """values[i][rows] for each value (rows (n,) int64 indices along axis 0)."""
+        binding = self._binding("gather", values)
+        binding.input_array("index", np.ascontiguousarray(rows, dtype=np.int64))
+        return binding.run()
+
+    def join(self, values: list[Any], more: list[Any], pad: int, pad_more: int) -> list[Any]:
+        """Each value with the rows of its match in ``more`` after its own, each side first
+        padded with ``pad`` / ``pad_more`` zero columns on the left of its length axis (2)."""
+        binding = self._binding("join", values)
+        for i, value in enumerate(more):
+            binding.input_value(f"u{i}", value)
+        binding.input_array("pads_t", np.array([0, 0, pad, 0, 0, 0, 0, 0], np.int64))
+        binding.input_array("pads_u", np.array([0, 0, pad_more, 0, 0, 0, 0, 0], np.int64))
+        return binding.run()
+
+    def trim(self, values: list[Any], start: int) -> list[Any]:
+        """Each value without its first ``start`` columns of the length axis (2)."""
+        binding = self._binding("trim", values)
+        binding.input_array("start", np.array([start], np.int64))
+        binding.input_array("end", np.array([np.iinfo(np.int64).max], np.int64))
+        binding.input_array("axis", np.array([2], np.int64))
         return binding.run()
 
 
@@ -162,8 +206,8 @@ class OnnxStepper:
 
     def __init__(self, session: ort.InferenceSession, graph: Any, fixed: dict[str, ort.OrtValue],
                  first_ids: np.ndarray, keep: np.ndarray | None, empty_cache, vocab: int,
-                 logits_dtype: type, gather: RowGather, device: str) -> None:
-        self.gather = gather
+                 logits_dtype: type, cache_ops: CacheOps, device: str) -> None:
+        self.cache_ops = cache_ops
         self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
         self.present_names = [n for n in graph.outputs if n.startswith("present.")]
         self.fixed_names = [k for k in fixed if k in graph.inputs]
@@ -205,7 +249,7 @@ class OnnxStepper:
 
     def _reorder(self, rows: np.ndarray) -> None:
         """Every row-indexed state: cache, fixed encoder outputs and mask, gathered by ``rows``."""
-        gathered = self.gather([*self.past, *self.fixed_values], rows)
+        gathered = self.cache_ops.gather([*self.past, *self.fixed_values], rows)
         self.past = gathered[:len(self.past)]
         self.fixed_values = gathered[len(self.past):]
         self.fixed_unbound = True

@@ -32,8 +32,9 @@ from transformer_kit.decoding.prompts import (
     plan,
 )
 from transformer_kit.errors import ArtifactError, ConfigError, InputError
+from transformer_kit.export.batch_steps import BatchDecoder
 from transformer_kit.export.manifest import Manifest
-from transformer_kit.export.onnx_steps import OnnxStepper, RowGather
+from transformer_kit.export.onnx_steps import CacheOps, OnnxStepper
 from transformer_kit.export.providers import CUDA, resolve_providers
 from transformer_kit.export.weights import check_graph
 from transformer_kit.id_checks import check_id_array, check_positions
@@ -88,7 +89,7 @@ class OnnxModel:
         self.provider: str = self._sessions[eager[0]].get_providers()[0]
         self._device = "cuda" if self.provider == CUDA else "cpu"
         self._kv_dtype = _NUMPY_DTYPES[self.manifest.dtype]
-        self._gather = RowGather(self._providers, self._device)
+        self._cache_ops = CacheOps(self._providers, self._device)
         #: The tokenizer exported with the model (text in, text out), or None.
         self.tokenizer = text.TextTokenizer.from_folder(self.path) if self.manifest.tokenizer else None
 
@@ -216,11 +217,22 @@ class OnnxModel:
         fixed = {} if is_decoder else self._encode(ids, keep)
         return self._stepper(fixed, problem.prompt_ids, keep if is_decoder else None), problem, pipeline
 
+    def batch_decoder(self) -> BatchDecoder:
+        """An empty running batch over this model's step graph, for continuous batching (a
+        server's engine): rows join after their own prefill and leave when they finish. A
+        decoder's only; one caller at a time (the engine's loop)."""
+        if self.manifest.architecture != "decoder":
+            raise InputError("Continuous batching serves decoder models; this model's architecture "
+                             f"is {self.manifest.architecture!r}. Export a decoder to serve it.")
+        return BatchDecoder(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
+                            self._empty_cache, self.manifest.tgt_vocab,
+                            _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device)
+
     def _stepper(self, fixed: dict[str, Any], first_ids: np.ndarray, keep: np.ndarray | None
                  ) -> OnnxStepper:
         return OnnxStepper(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
                            fixed, first_ids, keep, self._empty_cache, self.manifest.tgt_vocab,
-                           _NUMPY_DTYPES[self.manifest.dtype], self._gather, self._device)
+                           _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device)
 
     def _encode(self, src_ids: np.ndarray, keep: np.ndarray) -> dict[str, Any]:
         """Run the encoder once: encoder_attention_mask and every layer's cross keys/values."""

@@ -1,0 +1,139 @@
+"""The continuous-batching engine: requests that join and leave a running batch get the tokens
+``OnnxModel.generate`` gives each alone; cancellation frees the row; bounds and bad requests
+are refused with a sentence."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from transformer_kit.apps.serving import Engine, QueueFull
+from transformer_kit.errors import InputError
+from transformer_kit.export import OnnxModel
+
+
+@pytest.fixture(scope="module")
+def onnx_model(exported) -> OnnxModel:
+    _, folder = exported
+    return OnnxModel(folder / "onnx", providers="cpu")
+
+
+def _prompts(count: int, vocab: int, seed: int = 0) -> list[tuple[np.ndarray, int]]:
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(0, vocab, int(n)), int(m))
+            for n, m in zip(rng.integers(1, 12, count), rng.integers(1, 24, count), strict=True)]
+
+
+def _alone(model: OnnxModel, prompt: np.ndarray, **options) -> np.ndarray:
+    return model.generate(prompt[None], attention_mask=np.ones((1, len(prompt))), **options)[0]
+
+
+def _same_as_alone(tokens: list[int], alone: np.ndarray) -> None:
+    """The engine streams up to and including an eos id; generate fills the row after it."""
+    assert len(tokens) >= 1
+    np.testing.assert_array_equal(tokens, alone[:len(tokens)])
+
+
+def test_concurrent_greedy_requests_get_the_tokens_of_generate_alone(onnx_model):
+    cases = _prompts(12, onnx_model.manifest.src_vocab)
+    with Engine(onnx_model, max_batch=5) as engine:
+        requests: list = [None] * len(cases)
+
+        def submit(i: int) -> None:
+            prompt, new = cases[i]
+            requests[i] = engine.submit(prompt, max_new_tokens=new)
+
+        threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(cases))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        results = [request.result() for request in requests]
+        assert engine.stats["max_batch_size"] > 1  # the rows really ran together
+        assert engine.stats["max_batch_size"] <= 5 and engine.stats["requests"] == len(cases)
+    for (prompt, new), tokens, request in zip(cases, results, requests, strict=True):
+        _same_as_alone(tokens, _alone(onnx_model, prompt, max_new_tokens=new))
+        assert request.finish_reason in ("stop", "length") and request.first_token_s is not None
+        assert len(tokens) == new or request.finish_reason == "stop"
+
+
+def test_sampled_requests_with_a_seed_draw_as_generate_does(onnx_model):
+    cases = _prompts(6, onnx_model.manifest.src_vocab, seed=1)
+    options = {"do_sample": True, "temperature": 0.9, "top_p": 0.95, "repetition_penalty": 1.2}
+    with Engine(onnx_model, max_batch=4) as engine:
+        requests = [engine.submit(p, max_new_tokens=n, seed=i, **options)
+                    for i, (p, n) in enumerate(cases)]
+        results = [request.result() for request in requests]
+    for i, ((prompt, new), tokens) in enumerate(zip(cases, results, strict=True)):
+        _same_as_alone(tokens, _alone(onnx_model, prompt, max_new_tokens=new, seed=i, **options))
+
+
+def test_a_cancelled_request_leaves_the_batch_and_the_others_go_on(onnx_model):
+    vocab = onnx_model.manifest.src_vocab
+    long_prompt, other = np.arange(3) % vocab, np.arange(5) % vocab
+    cancelled: dict = {}
+
+    def client_goes_away(new: np.ndarray) -> np.ndarray:
+        """Called as each token is chosen: the client leaves after the third."""
+        if new.shape[1] == 3:
+            cancelled["request"].cancel()
+        return np.zeros(len(new), bool)
+
+    engine = Engine(onnx_model, max_batch=4, start=False)
+    try:
+        cancelled["request"] = engine.submit(long_prompt, max_new_tokens=50, min_new_tokens=3,
+                                             stop_matcher=client_goes_away)
+        kept = engine.submit(other, max_new_tokens=40, min_new_tokens=40)
+        engine.start()
+        assert cancelled["request"].result() == cancelled["request"].tokens
+        assert cancelled["request"].finish_reason == "cancelled"
+        assert len(cancelled["request"].tokens) == 3  # its row left at the next step boundary
+        _same_as_alone(kept.result(), _alone(onnx_model, other, max_new_tokens=40, min_new_tokens=40))
+        assert len(kept.tokens) == 40
+        assert engine.stats["batch_size"] == 0 and engine.stats["finished"] == {"cancelled": 1, "length": 1}
+    finally:
+        engine.close()
+
+
+def test_a_full_queue_is_refused_and_the_queued_requests_still_run(onnx_model):
+    engine = Engine(onnx_model, max_batch=1, max_queue=2, start=False)
+    try:
+        first = engine.submit([1, 2, 3], max_new_tokens=3)
+        second = engine.submit([4, 5], max_new_tokens=3)
+        with pytest.raises(QueueFull, match="holds 2 requests already"):
+            engine.submit([6], max_new_tokens=3)
+        engine.start()
+        assert len(first.result()) == 3 or first.finish_reason == "stop"
+        assert second.result() and engine.queue_length == 0
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize(("prompt", "options", "message"), [
+    ([1, 2], {"num_beams": 2}, "one sequence per request"),
+    ([1, 2], {"max_new_tokens": -1}, "max_new_tokens"),
+    ([1, 2], {"max_new_tokens": 63}, "context length is 64"),
+    ([1, 99], {"max_new_tokens": 2}, "99"),
+    ([], {"max_new_tokens": 2}, "non-empty prompt"),
+])
+def test_bad_requests_are_refused_at_submit_and_the_engine_keeps_serving(onnx_model, prompt, options,
+                                                                         message):
+    with Engine(onnx_model, max_batch=2) as engine:
+        with pytest.raises(InputError, match=message):
+            engine.submit(prompt, **options)
+        assert engine.submit([1, 2, 3], max_new_tokens=2).result()
+
+
+def test_an_encoder_decoder_export_is_refused_with_a_sentence(tmp_path):
+    import torch
+
+    import transformer_kit as tk
+    from tests.combinations import tiny_config
+    from transformer_kit.export import export_onnx
+
+    torch.manual_seed(0)
+    export_onnx(tk.build_model(tiny_config("encoder_decoder")), tmp_path / "onnx")
+    with pytest.raises(InputError, match="serves decoder models"):
+        Engine(OnnxModel(tmp_path / "onnx", providers="cpu"))
