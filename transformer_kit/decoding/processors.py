@@ -51,12 +51,8 @@ class LogitsProcessor:
 
 
 class Pipeline:
-    """Processors applied in order: ``pipeline(scores, state) -> scores``.
-
-    ``scores`` (rows, vocab) float32 must be the caller's own copy (a processor may change it
-    in place). An empty pipeline (plain greedy search or sampling) is falsy, so a search can
-    skip the copy and the state it would need.
-    """
+    """Processors applied in order: ``pipeline(scores, state) -> scores``, scores (rows, vocab)
+    float32 the caller's own (changed in place); empty (len 0) for plain greedy or sampling."""
 
     def __init__(self, processors: list[Callable[[np.ndarray, DecodingState], np.ndarray]]) -> None:
         self.processors = list(processors)

@@ -91,12 +91,11 @@ def _repeat(problem: Problem, times: int) -> tuple[np.ndarray, np.ndarray, np.nd
 
 def _stopped(problem: Problem, options: GenerationConfig, token: np.ndarray, eos: frozenset[int],
              new: list[np.ndarray]) -> np.ndarray | None:
-    """(rows,) True where ``token`` ends its row (an id of ``eos``, or a completed stop
-    string); None where no row ended. A step's few ids are checked as Python ints: each numpy
-    call on them costs microseconds after a decoding step has evicted the caches."""
-    ended = None
-    if not eos.isdisjoint(token.tolist()):
-        ended = np.fromiter((t in eos for t in token.tolist()), bool, len(token))
+    """(rows,) True where ``token`` ends its row (an id of ``eos``, a completed stop string);
+    None where none did. Ids are checked as Python ints: after a decoding step has evicted the
+    caches, each numpy call on a few ids costs microseconds."""
+    ids = token.tolist()
+    ended = None if eos.isdisjoint(ids) else np.array([t in eos for t in ids])
     if problem.stop is not None and len(new) >= options.min_new_tokens:
         stops = problem.stop(np.stack(new, axis=1))
         ended = stops if ended is None else ended | stops
@@ -104,28 +103,19 @@ def _stopped(problem: Problem, options: GenerationConfig, token: np.ndarray, eos
 
 
 class _History:
-    """Each row's ids and keep flags so far, appended one column a step into buffers that
-    double when full (no copy of the whole history per step, no up-front max_length arrays).
-
-    ids, keep: (rows, prompt_length) int64 and bool, the prompt.
-    """
+    """Each row's ids (rows, length) int64 and keep flags so far, in buffers that double when
+    full (no copy of the whole history per step); ``state`` gives views of the columns so far."""
 
     def __init__(self, ids: np.ndarray, keep: np.ndarray) -> None:
-        self.length = ids.shape[1]
-        self.ids = np.empty((len(ids), 2 * self.length + 8), np.int64)
-        self.keep = np.ones(self.ids.shape, bool)
-        self.ids[:, :self.length], self.keep[:, :self.length] = ids, keep
+        self.length, self.ids, self.keep = ids.shape[1], ids, keep
 
     def state(self, prompt_length: int) -> DecodingState:
-        """Views of the columns so far (valid until the next ``append`` grows the buffers)."""
         return DecodingState(self.ids[:, :self.length], self.keep[:, :self.length], prompt_length)
 
     def append(self, token: np.ndarray) -> None:
-        """token (rows,) int64: the next column (a real token in every row)."""
-        if self.length == self.ids.shape[1]:
-            wider = (len(self.ids), 2 * self.length)
-            self.ids = np.concatenate([self.ids, np.empty(wider, np.int64)], axis=1)
-            self.keep = np.concatenate([self.keep, np.ones(wider, bool)], axis=1)
+        if self.length == self.ids.shape[1]:  # full (first at the prompt's own arrays): double
+            self.ids = np.concatenate([self.ids, np.empty_like(self.ids)], axis=1)
+            self.keep = np.concatenate([self.keep, np.ones_like(self.keep)], axis=1)
         self.ids[:, self.length] = token
         self.length += 1
 
