@@ -14,12 +14,6 @@ from transformer_kit.errors import InputError
 from transformer_kit.export import OnnxModel
 
 
-@pytest.fixture(scope="module")
-def onnx_model(exported) -> OnnxModel:
-    _, folder = exported
-    return OnnxModel(folder / "onnx", providers="cpu")
-
-
 def _prompts(count: int, vocab: int, seed: int = 0) -> list[tuple[np.ndarray, int]]:
     rng = np.random.default_rng(seed)
     return [(rng.integers(0, vocab, int(n)), int(m))

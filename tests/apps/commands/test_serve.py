@@ -1,0 +1,87 @@
+"""transformer-kit serve: the server in a real process, text in and text out through the
+official openai client, as onnxruntime's generate gives it; a folder that is no export is
+refused with a sentence."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+import torch
+import transformers as hf
+
+import transformer_kit as tk
+from tests.apps.conftest import invoke
+from tests.decoding.test_text import VOCAB, byte_level_tokenizer
+from transformer_kit.export import OnnxModel, export_onnx
+
+
+@pytest.fixture(scope="module")
+def text_export(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("serve-text")
+    torch.manual_seed(0)
+    hf.GPT2LMHeadModel(hf.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_head=4,
+                                     n_layer=2, bos_token_id=1, eos_token_id=2,
+                                     initializer_range=0.2)).save_pretrained(folder)
+    byte_level_tokenizer().save(str(folder / "tokenizer.json"))
+    export_onnx(tk.from_hf(folder), folder / "onnx")
+    return folder / "onnx"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_answers_text_completions_in_a_real_process(text_export, tmp_path):
+    port = _free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "transformer_kit", "serve", str(text_export),
+                                "--port", str(port), "--model-name", "tiny-gpt2"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            assert time.monotonic() < deadline, "the server did not answer /health in 120 s"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        om = OnnxModel(text_export, providers="cpu")
+        completion = client.completions.create(model="tiny-gpt2", prompt="the quick", max_tokens=12,
+                                               temperature=0)
+        assert completion.choices[0].text == om.generate("the quick", 12)
+        streamed = "".join(chunk.choices[0].text for chunk in client.completions.create(
+            model="tiny-gpt2", prompt="the quick", max_tokens=12, temperature=0, stream=True))
+        assert streamed == completion.choices[0].text
+        stop = completion.choices[0].text[3:5]  # a stop string the greedy text holds
+        stopped = client.completions.create(model="tiny-gpt2", prompt="the quick", max_tokens=12,
+                                            temperature=0, stop=[stop])
+        assert stopped.choices[0].text == om.generate("the quick", 12, stop=[stop])
+        assert stopped.choices[0].finish_reason == "stop"
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    assert process.returncode is not None
+
+
+def test_serve_refuses_a_folder_that_is_not_an_export(exported):
+    _, folder = exported
+    result = invoke("serve", str(folder / "model"), "--port", "1")
+    assert result.exit_code == 1, result.output
+    assert "export" in result.output and "Traceback" not in result.output

@@ -1,0 +1,212 @@
+"""An HTTP server in the OpenAI completions convention over the continuous-batching engine,
+so existing clients (the ``openai`` package, curl) work unchanged.
+
+``POST /v1/completions`` (prompt as text or token ids, ``max_tokens``, ``temperature`` (0 =
+greedy), ``top_p``, ``seed``, ``stop``, ``stream`` as server-sent events), ``GET /v1/models``,
+``GET /health`` and ``GET /metrics`` (Prometheus text). Each choice also carries ``token_ids``,
+the ids behind its text (a streamed chunk: the ids of that chunk). Errors are OpenAI-style JSON
+(``{"error": {"message", "type", "param", "code"}}``) with the status that fits: 400 for a bad
+request, 404 for an unknown model, 503 when the queue is full; never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import iterate_in_threadpool
+from starlette.exceptions import HTTPException
+
+from transformer_kit.apps.serving.engine import Engine, QueueFull
+from transformer_kit.apps.serving.engine import Request as EngineRequest
+from transformer_kit.decoding.text import TextPieces
+from transformer_kit.errors import InputError
+
+
+class CompletionRequest(BaseModel):
+    """The body of ``POST /v1/completions``: OpenAI's fields this server honours; any other
+    field is refused (400), so a client never believes an option took effect when it did not."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int = Field(16, ge=0)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    n: Literal[1] = 1
+    user: str | None = None
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error",
+           param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
+                        status_code=status)
+
+
+class _Metrics:
+    """Prometheus metrics of one server (a registry of its own, so several apps can live in one
+    process)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("transformer_kit_requests", "Completion requests by outcome",
+                                ["outcome"], registry=self.registry)
+        self.tokens = Counter("transformer_kit_generated_tokens", "Tokens generated",
+                              registry=self.registry)
+        self.ttft = Histogram("transformer_kit_time_to_first_token_seconds",
+                              "From submit to the first token", registry=self.registry,
+                              buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        queue = Gauge("transformer_kit_queue_length", "Requests waiting", registry=self.registry)
+        queue.set_function(lambda: engine.queue_length)
+        batch = Gauge("transformer_kit_batch_size", "Rows in the running batch", registry=self.registry)
+        batch.set_function(lambda: engine.stats["batch_size"])
+        largest = Gauge("transformer_kit_max_batch_size", "Most rows decoded together so far",
+                        registry=self.registry)
+        largest.set_function(lambda: engine.stats["max_batch_size"])
+
+    def finished(self, request: EngineRequest) -> None:
+        self.requests.labels(request.finish_reason or "unknown").inc()
+        self.tokens.inc(len(request.tokens))
+        if request.first_token_s is not None:
+            self.ttft.observe(request.first_token_s)
+
+
+def create_app(engine: Engine, model_name: str) -> FastAPI:
+    """The FastAPI application serving ``engine`` under the model name ``model_name``."""
+    app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None)
+    metrics = _Metrics(engine)
+    model = engine.model
+    created = int(time.time())
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        if first.get("type") == "json_invalid":
+            return _error(400, "The request body is not valid JSON; send a JSON object.")
+        if first.get("type") == "extra_forbidden":
+            return _error(400, f"Unknown field {where!r}; this server takes model, prompt, max_tokens, "
+                          "temperature, top_p, seed, stop, stream, n (1) and user.", param=where)
+        return _error(400, f"Field {where or 'body'!r}: {first.get('msg')} (got "
+                      f"{first.get('input')!r}).", param=where or None)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return _error(500, f"The server failed on this request ({type(exc).__name__}: {exc}); it "
+                      "keeps serving others.", kind="server_error")
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "transformer-kit"}]}
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(metrics.registry).decode(),
+                                 media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest) -> Any:
+        if body.model != model_name:
+            return _error(404, f"The model {body.model!r} does not exist here; this server serves "
+                          f"{model_name!r} (GET /v1/models).", param="model")
+        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        try:
+            ids = _prompt_ids(body.prompt, model)
+            options = {"max_new_tokens": body.max_tokens, "seed": body.seed}
+            if body.temperature > 0:
+                options.update(do_sample=True, temperature=body.temperature, top_p=body.top_p)
+            matcher = model.tokenizer.stop_matcher(stops) if stops and model.tokenizer else None
+            if stops and matcher is None:
+                raise InputError("stop strings need the model's tokenizer, and this export has none; "
+                                 "leave stop out.")
+            request = engine.submit(ids, stop_matcher=matcher, **options)
+        except QueueFull as exc:
+            metrics.requests.labels("queue_full").inc()
+            return _error(503, str(exc), kind="server_busy")
+        except InputError as exc:
+            metrics.requests.labels("refused").inc()
+            return _error(400, str(exc))
+        ident, eos = f"cmpl-{uuid.uuid4().hex}", model.manifest.eos_id
+        pieces = TextPieces(model.tokenizer, [] if eos is None else [eos], stops) if model.tokenizer else None
+        if body.stream:
+            return StreamingResponse(_events(request, pieces, ident, model_name, metrics),
+                                     media_type="text/event-stream")
+        tokens = [t async for t in iterate_in_threadpool(iter(request))]
+        text = "" if pieces is None else "".join(pieces.add(t) for t in tokens) + pieces.finish()
+        metrics.finished(request)
+        if request.finish_reason == "error":
+            return _error(500, f"Decoding failed: {request.error}", kind="server_error")
+        return {"id": ident, "object": "text_completion", "created": int(time.time()),
+                "model": model_name,
+                "choices": [{"index": 0, "text": text, "token_ids": tokens, "logprobs": None,
+                             "finish_reason": _reason(request)}],
+                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(tokens),
+                          "total_tokens": len(ids) + len(tokens)}}
+
+    return app
+
+
+def _reason(request: EngineRequest) -> str:
+    return "length" if request.finish_reason == "length" else "stop"
+
+
+def _prompt_ids(prompt: Any, model) -> list[int]:
+    """One prompt's token ids from text (with the export's tokenizer) or ids."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        raise InputError(f"This server takes one prompt per request; got {len(prompt)}. Send one "
+                         "request per prompt (they are batched together on the server).")
+    if isinstance(prompt, str):
+        if model.tokenizer is None:
+            raise InputError("This export has no tokenizer, so the prompt must be token ids (a list "
+                             "of integers), not text.")
+        ids, _ = model.tokenizer.encode([prompt])
+        return ids[0].tolist()
+    return list(prompt)
+
+
+async def _events(request: EngineRequest, pieces: TextPieces | None, ident: str, model_name: str,
+                  metrics: _Metrics) -> AsyncIterator[str]:
+    """Server-sent events: a chunk per token, the last with the finish reason, then [DONE]. A
+    client that goes away closes this generator: its request is cancelled, its row leaves."""
+
+    def chunk(text: str, ids: list[int], reason: str | None) -> str:
+        data = {"id": ident, "object": "text_completion", "created": int(time.time()),
+                "model": model_name, "choices": [{"index": 0, "text": text, "token_ids": ids,
+                                                  "logprobs": None, "finish_reason": reason}]}
+        return f"data: {json.dumps(data)}\n\n"
+
+    try:
+        async for token in iterate_in_threadpool(iter(request)):
+            yield chunk(pieces.add(token) if pieces else "", [token], None)
+        if request.finish_reason == "error":
+            yield f"data: {json.dumps({'error': {'message': request.error, 'type': 'server_error'}})}\n\n"
+        else:
+            yield chunk(pieces.finish() if pieces else "", [], _reason(request))
+        yield "data: [DONE]\n\n"
+    finally:
+        request.cancel()  # no-op when it ended; frees the row when the client left mid-stream
+        if request.finish_reason is not None:
+            metrics.finished(request)
