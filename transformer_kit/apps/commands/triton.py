@@ -1,0 +1,42 @@
+"""``transformer-kit triton``: a Triton Inference Server model repository from an export folder
+(the forward graph on the onnxruntime backend, streaming generation on the Python backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from transformer_kit.apps.sources import kind_of
+from transformer_kit.apps.terminal import console, fail
+from transformer_kit.errors import ArtifactError, TransformerKitError
+
+_Opt = typer.Option
+
+
+def triton(
+    folder: Annotated[Path, typer.Argument(help="An export folder.")],
+    output: Annotated[Path, _Opt("--output", "-o", help="The model repository (made if missing).")],
+    name: Annotated[str | None, _Opt(help="Model name prefix (default: the folder's name).")] = None,
+    max_batch: Annotated[int, _Opt(help="max_batch_size of the forward model.")] = 16,
+) -> None:
+    """Write {name}_forward (onnxruntime backend, dynamic batching) and {name}_generate (Python
+    backend, decoupled streaming) into a Triton model repository."""
+    from transformer_kit.apps.serving.triton import write_repository
+
+    try:
+        if kind_of(folder) != "export":
+            raise ArtifactError(f"{folder} is not an export folder (no manifest.json written by "
+                                f"transformer-kit export); export a model first: transformer-kit "
+                                f"export SRC -o DIR.")
+        written = write_repository(folder, output, name or folder.resolve().name, max_batch)
+    except TransformerKitError as exc:
+        fail(exc)
+    for config in written:
+        console.print(f"wrote {config.parent}")
+    console.print(f"start Triton with: tritonserver --model-repository {output}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(triton)
