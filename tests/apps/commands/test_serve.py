@@ -85,3 +85,12 @@ def test_serve_refuses_a_folder_that_is_not_an_export(exported):
     result = invoke("serve", str(folder / "model"), "--port", "1")
     assert result.exit_code == 1, result.output
     assert "export" in result.output and "Traceback" not in result.output
+
+
+def test_serve_on_ray_refuses_a_folder_that_is_not_an_export_before_ray_starts(exported):
+    _, folder = exported
+    result = invoke("serve", str(folder / "model"), "--ray", "--replicas", "2")
+    assert result.exit_code == 1, result.output
+    assert "export" in result.output and "Traceback" not in result.output
+    bad = invoke("serve", str(folder / "onnx"), "--ray", "--replicas", "0")
+    assert bad.exit_code == 2 and "--replicas" in bad.output

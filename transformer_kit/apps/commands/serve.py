@@ -3,6 +3,7 @@ continuous batching, in this process (FastAPI + uvicorn; no other service)."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -25,9 +26,16 @@ def serve(
     max_queue: Annotated[int, _Opt(help="Most requests waiting; beyond it the server answers "
                                    "503.")] = 64,
     provider: Annotated[Provider, _Opt(help="Where onnxruntime runs.")] = Provider.auto,
+    ray: Annotated[bool, _Opt("--ray", help="Serve on Ray Serve: the Ray cluster RAY_ADDRESS names, "
+                              "else a local Ray instance (needs the serve-ray extra).")] = False,
+    replicas: Annotated[int, _Opt(help="With --ray: replicas, each with its own engine.")] = 1,
 ) -> None:
     """Serve completions in the OpenAI convention (POST /v1/completions, GET /v1/models,
     /health, /metrics) until interrupted."""
+    name = model_name or folder.resolve().name
+    if ray:
+        _serve_on_ray(folder, name, host, port, replicas, max_batch, max_queue, provider)
+        return
     try:
         import uvicorn
 
@@ -40,13 +48,43 @@ def serve(
         engine = Engine(open_export(folder, provider), max_batch=max_batch, max_queue=max_queue)
     except TransformerKitError as exc:
         fail(exc)
-    name = model_name or folder.resolve().name
     console.print(f"serving {name!r} from {folder} on http://{host}:{port}/v1 "
                   f"(provider {engine.model.provider}, batch <= {max_batch}, queue <= {max_queue})")
     try:
         uvicorn.run(create_app(engine, name), host=host, port=port, log_level="warning")
     finally:
         engine.close()
+
+
+def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, max_batch: int,
+                  max_queue: int, provider: Provider) -> None:
+    try:
+        import ray
+        from ray import serve
+
+        from transformer_kit.apps.serving.ray_serve import application
+    except ImportError as exc:
+        raise typer.BadParameter(f"--ray needs the serve-ray extra ({exc.name} is missing): pip install "
+                                 "'transformer-kit[serve-ray]'.", param_hint="--ray") from None
+    if replicas < 1:
+        raise typer.BadParameter(f"must be at least 1, got {replicas}.", param_hint="--replicas")
+    try:
+        open_export(folder, provider)  # refused here, with a sentence, before Ray starts
+    except TransformerKitError as exc:
+        fail(exc)
+    ray.init()  # RAY_ADDRESS (or a running local instance) when there is one, else a new one
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(application(folder, name, replicas=replicas, max_batch=max_batch, max_queue=max_queue,
+                              providers=provider.value), name="transformer-kit", route_prefix="/")
+        console.print(f"serving {name!r} on Ray Serve at http://{host}:{port}/v1 ({replicas} replicas); "
+                      "Ctrl-C stops it")
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
+        ray.shutdown()
 
 
 def register(app: typer.Typer) -> None:

@@ -83,12 +83,9 @@ class _Metrics:
             self.ttft.observe(request.first_token_s)
 
 
-def create_app(engine: Engine, model_name: str) -> FastAPI:
-    """The FastAPI application serving ``engine`` under the model name ``model_name``."""
-    app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None)
-    metrics = _Metrics(engine)
-    model = engine.model
-    created = int(time.time())
+def install_error_handlers(app: FastAPI) -> None:
+    """OpenAI-style JSON errors for what FastAPI refuses itself (bad JSON, fields, values) and
+    for anything unexpected (500 with a sentence, never a traceback)."""
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -111,25 +108,32 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
         return _error(500, f"The server failed on this request ({type(exc).__name__}: {exc}); it "
                       "keeps serving others.", kind="server_error")
 
-    @app.get("/health")
-    async def health() -> dict:
+
+class CompletionServer:
+    """The endpoints' work over one engine, whatever routes them (``create_app`` here, a Ray
+    Serve deployment in :mod:`.ray_serve`)."""
+
+    def __init__(self, engine: Engine, model_name: str) -> None:
+        self.engine, self.model_name = engine, model_name
+        self.metrics = _Metrics(engine)
+        self.created = int(time.time())
+
+    async def health(self) -> dict:
         return {"status": "ok"}
 
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "transformer-kit"}]}
+    async def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model",
+                                            "created": self.created, "owned_by": "transformer-kit"}]}
 
-    @app.get("/metrics")
-    async def prometheus() -> PlainTextResponse:
-        return PlainTextResponse(generate_latest(metrics.registry).decode(),
+    async def prometheus(self) -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(self.metrics.registry).decode(),
                                  media_type="text/plain; version=0.0.4")
 
-    @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest) -> Any:
-        if body.model != model_name:
+    async def completions(self, body: CompletionRequest) -> Any:
+        model, metrics = self.engine.model, self.metrics
+        if body.model != self.model_name:
             return _error(404, f"The model {body.model!r} does not exist here; this server serves "
-                          f"{model_name!r} (GET /v1/models).", param="model")
+                          f"{self.model_name!r} (GET /v1/models).", param="model")
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         try:
             ids = _prompt_ids(body.prompt, model)
@@ -140,7 +144,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
             if stops and matcher is None:
                 raise InputError("stop strings need the model's tokenizer, and this export has none; "
                                  "leave stop out.")
-            request = engine.submit(ids, stop_matcher=matcher, **options)
+            request = self.engine.submit(ids, stop_matcher=matcher, **options)
         except QueueFull as exc:
             metrics.requests.labels("queue_full").inc()
             return _error(503, str(exc), kind="server_busy")
@@ -150,7 +154,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
         ident, eos = f"cmpl-{uuid.uuid4().hex}", model.manifest.eos_id
         pieces = TextPieces(model.tokenizer, [] if eos is None else [eos], stops) if model.tokenizer else None
         if body.stream:
-            return StreamingResponse(_events(request, pieces, ident, model_name, metrics),
+            return StreamingResponse(_events(request, pieces, ident, self.model_name, metrics),
                                      media_type="text/event-stream")
         tokens = [t async for t in iterate_in_threadpool(iter(request))]
         text = "" if pieces is None else "".join(pieces.add(t) for t in tokens) + pieces.finish()
@@ -158,12 +162,23 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
         if request.finish_reason == "error":
             return _error(500, f"Decoding failed: {request.error}", kind="server_error")
         return {"id": ident, "object": "text_completion", "created": int(time.time()),
-                "model": model_name,
+                "model": self.model_name,
                 "choices": [{"index": 0, "text": text, "token_ids": tokens, "logprobs": None,
                              "finish_reason": _reason(request)}],
                 "usage": {"prompt_tokens": len(ids), "completion_tokens": len(tokens),
                           "total_tokens": len(ids) + len(tokens)}}
 
+
+def create_app(engine: Engine, model_name: str) -> FastAPI:
+    """The FastAPI application serving ``engine`` under the model name ``model_name``."""
+    app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+    server = CompletionServer(engine, model_name)
+    app.get("/health")(server.health)
+    app.get("/v1/models")(server.models)
+    app.get("/metrics")(server.prometheus)
+    app.post("/v1/completions", response_model=None)(server.completions)
+    app.state.server = server
     return app
 
 
