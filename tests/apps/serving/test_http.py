@@ -14,9 +14,9 @@ import numpy as np
 import openai
 import pytest
 
-from tests.apps.serving.conftest import running
 from transformer_kit.apps.serving import Engine
 from transformer_kit.apps.serving.http import create_app
+from transformer_kit.apps.serving.http import serve_in_thread as running
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,13 @@ request, 404 for an unknown model, 503 when the queue is full; never a traceback
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -225,3 +228,27 @@ async def _events(request: EngineRequest, pieces: TextPieces | None, ident: str,
         request.cancel()  # no-op when it ended; frees the row when the client left mid-stream
         if request.finish_reason is not None:
             metrics.finished(request)
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", timeout: float = 30.0) -> Iterator[str]:
+    """Run ``app`` with uvicorn in a thread of this process, on a free port of ``host``; yields
+    its base URL and stops it on exit (tests and benchmarks; ``transformer-kit serve`` for use)."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind((host, 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError(f"the server did not start on {host} within {timeout} s")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        sock.close()
