@@ -1,4 +1,5 @@
-"""Shared by the command tests: typer's runner, a real subprocess, a saved and exported model."""
+"""Shared by the command tests: typer's runner, a real subprocess, a saved and exported model,
+an export with a tokenizer."""
 
 from __future__ import annotations
 
@@ -49,3 +50,21 @@ def exported(tmp_path_factory):
     result = invoke("export", str(folder / "model"), "-o", str(folder / "onnx"))
     assert result.exit_code == 0, result.output
     return model.eval(), folder
+
+
+@pytest.fixture(scope="session")
+def text_export(tmp_path_factory):
+    """An export with a tokenizer (a random GPT-2 with a byte-level BPE): text in, text out."""
+    import transformers as hf
+
+    from tests.decoding.test_text import VOCAB, byte_level_tokenizer
+    from transformer_kit.export import export_onnx
+
+    folder = tmp_path_factory.mktemp("cli-text")
+    torch.manual_seed(0)
+    hf.GPT2LMHeadModel(hf.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_head=4,
+                                     n_layer=2, bos_token_id=1, eos_token_id=2,
+                                     initializer_range=0.2)).save_pretrained(folder)
+    byte_level_tokenizer().save(str(folder / "tokenizer.json"))
+    export_onnx(tk.from_hf(folder), folder / "onnx")
+    return folder / "onnx"

@@ -5,12 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import transformers as hf
 
-import transformer_kit as tk
 from tests.apps.conftest import cli, invoke
-from tests.decoding.test_text import VOCAB, byte_level_tokenizer
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import OnnxModel
 
 
 def test_generate_gives_pytorch_s_tokens(exported):
@@ -58,18 +55,6 @@ def test_bad_options_are_one_line_errors(exported):
         assert named in result.output and "Traceback" not in result.output
     both = invoke("generate", str(folder / "onnx"))
     assert both.exit_code == 2 and "--ids / --prompt" in both.output
-
-
-@pytest.fixture(scope="module")
-def text_export(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("cli-text")
-    torch.manual_seed(0)
-    hf.GPT2LMHeadModel(hf.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_head=4,
-                                     n_layer=2, bos_token_id=1, eos_token_id=2,
-                                     initializer_range=0.2)).save_pretrained(folder)
-    byte_level_tokenizer().save(str(folder / "tokenizer.json"))
-    export_onnx(tk.from_hf(folder), folder / "onnx")
-    return folder / "onnx"
 
 
 def test_a_text_prompt_streams_the_text(text_export):

@@ -13,26 +13,9 @@ import time
 
 import httpx
 import openai
-import pytest
-import torch
-import transformers as hf
 
-import transformer_kit as tk
 from tests.apps.conftest import invoke
-from tests.decoding.test_text import VOCAB, byte_level_tokenizer
-from transformer_kit.export import OnnxModel, export_onnx
-
-
-@pytest.fixture(scope="module")
-def text_export(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("serve-text")
-    torch.manual_seed(0)
-    hf.GPT2LMHeadModel(hf.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_head=4,
-                                     n_layer=2, bos_token_id=1, eos_token_id=2,
-                                     initializer_range=0.2)).save_pretrained(folder)
-    byte_level_tokenizer().save(str(folder / "tokenizer.json"))
-    export_onnx(tk.from_hf(folder), folder / "onnx")
-    return folder / "onnx"
+from transformer_kit.export import OnnxModel
 
 
 def _free_port() -> int:

@@ -6,8 +6,8 @@ server keeps serving."""
 from __future__ import annotations
 
 import re
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -71,19 +71,15 @@ def test_concurrent_streaming_clients_each_get_their_sequential_tokens(server, o
     rng = np.random.default_rng(0)
     cases = [(rng.integers(0, 37, int(n)).tolist(), int(m))
              for n, m in zip(rng.integers(1, 20, 32), rng.integers(1, 40, 32), strict=True)]
-    results: list = [None] * len(cases)
 
-    def stream(i: int) -> None:
-        prompt, new = cases[i]
+    def stream(case: tuple[list[int], int]) -> list[int]:
+        prompt, new = case
         chunks = _client(url).completions.create(model="tiny", prompt=prompt, max_tokens=new,
                                                  temperature=0, stream=True)
-        results[i] = [t for chunk in chunks for t in _ids(chunk.choices[0])]
+        return [t for chunk in chunks for t in _ids(chunk.choices[0])]
 
-    threads = [threading.Thread(target=stream, args=(i,)) for i in range(len(cases))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    with ThreadPoolExecutor(len(cases)) as clients:  # all at once; a client's error is raised here
+        results = list(clients.map(stream, cases, timeout=120))
     for (prompt, new), tokens in zip(cases, results, strict=True):
         assert tokens == _alone(onnx_model, prompt, new)
     assert _metric(url, "transformer_kit_max_batch_size") > 1

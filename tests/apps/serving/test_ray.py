@@ -4,8 +4,8 @@ serve the tokens ``OnnxModel.generate`` gives; after shutdown no Ray process is 
 from __future__ import annotations
 
 import socket
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -66,24 +66,16 @@ def test_two_replicas_serve_generate_s_tokens_and_leave_no_process(exported, onn
         rng = np.random.default_rng(3)
         cases = [(rng.integers(0, 37, int(n)).tolist(), int(m))
                  for n, m in zip(rng.integers(1, 12, 8), rng.integers(1, 20, 8), strict=True)]
-        results: list = [None] * len(cases)
 
-        def ask(i: int) -> None:
-            prompt, new = cases[i]
-            stream = i % 2 == 1
-            try:
-                reply = client.completions.create(model="tiny", prompt=prompt, max_tokens=new,
-                                                  temperature=0, stream=stream)
-                results[i] = ([t for chunk in reply for t in _ids(chunk.choices[0])] if stream
-                              else _ids(reply.choices[0]))
-            except Exception as exc:  # reported below, with the request that failed
-                results[i] = f"{type(exc).__name__}: {exc}"
+        def ask(i: int) -> list[int]:
+            (prompt, new), stream = cases[i], i % 2 == 1
+            reply = client.completions.create(model="tiny", prompt=prompt, max_tokens=new,
+                                              temperature=0, stream=stream)
+            return ([t for chunk in reply for t in _ids(chunk.choices[0])] if stream
+                    else _ids(reply.choices[0]))
 
-        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(cases))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
+        with ThreadPoolExecutor(len(cases)) as clients:  # a client's error is raised here
+            results = list(clients.map(ask, range(len(cases)), timeout=120))
         for (prompt, new), tokens in zip(cases, results, strict=True):
             assert tokens == _alone(onnx_model, prompt, new)
     finally:
