@@ -34,6 +34,8 @@ def test_join_gather_and_trim_move_rows_and_columns_as_numpy_does():
 
 
 def test_rows_joining_and_leaving_decode_as_each_alone(tmp_path):
+    """Rows prefilled together (left-padded), alone, or picked out of a prefilled block join a
+    running batch and leave it; each gets the tokens it gets alone."""
     torch.manual_seed(0)
     export_onnx(tk.build_model(tiny_config("decoder", positional="rotary")), tmp_path / "onnx")
     model = OnnxModel(tmp_path / "onnx", providers="cpu")
@@ -43,14 +45,21 @@ def test_rows_joining_and_leaving_decode_as_each_alone(tmp_path):
     alone = [model.generate(p[None], attention_mask=np.ones((1, len(p))), max_new_tokens=n)[0]
              for p, n in zip(prompts, lengths, strict=True)]
     eos = model.manifest.eos_id
+    # step -> (prompts prefilled together, which of them join)
+    joining = {0: ([0, 1], [0, 1]), 2: ([2], [0]), 4: ([3, 0], [0])}
     batch, tokens, active, step = model.batch_decoder(), {}, [], 0
     while len(tokens) < len(prompts) or active:
-        if len(tokens) < len(prompts) and step % 2 == 0:  # a row joins every other step
-            r = len(tokens)
-            row, logits = batch.prefill(prompts[r])
-            tokens[r] = [int(logits.argmax())]
-            batch.join(row)
-            active.append(r)
+        if step in joining:
+            together, joins = joining[step]
+            rows, logits = batch.prefill([prompts[r] for r in together])
+            assert rows.mask.shape == (len(together), max(len(prompts[r]) for r in together))
+            if len(joins) < len(together):
+                rows = batch.select(rows, np.array(joins))
+                assert rows.mask.shape == (len(joins), len(prompts[together[joins[0]]]))
+            batch.join(rows)
+            for i in joins:
+                tokens[together[i]] = [int(logits[i].argmax())]
+                active.append(together[i])
         logits = batch.step(np.array([tokens[r][-1] for r in active]))
         for i, r in enumerate(active):
             tokens[r].append(int(logits[i].argmax()))

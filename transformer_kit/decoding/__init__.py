@@ -13,8 +13,9 @@ from transformer_kit.decoding.processors import (
     build_pipeline,
 )
 from transformer_kit.decoding.search import Problem, Stepper, generate_tokens, stream_tokens
+from transformer_kit.decoding.sequence import SequenceSearch
 
 __all__ = [
     "KIND", "DecodingState", "GenerationConfig", "LogitsProcessor", "Pipeline", "Problem",
-    "Stepper", "build_pipeline", "generate_tokens", "generation_config", "stream_tokens",
+    "SequenceSearch", "Stepper", "build_pipeline", "generate_tokens", "generation_config", "stream_tokens",
 ]

@@ -89,7 +89,7 @@ def _repeat(problem: Problem, times: int) -> tuple[np.ndarray, np.ndarray, np.nd
     return rows, problem.prompt_ids[rows], problem.prompt_keep[rows]
 
 
-def _stopped(problem: Problem, options: GenerationConfig, token: np.ndarray, eos: frozenset[int],
+def stopped(problem: Problem, options: GenerationConfig, token: np.ndarray, eos: frozenset[int],
              new: list[np.ndarray]) -> np.ndarray | None:
     """(rows,) True where ``token`` ends its row (an id of ``eos``, a completed stop string);
     None where none did. Ids are checked as Python ints: after a decoding step has evicted the
@@ -102,7 +102,7 @@ def _stopped(problem: Problem, options: GenerationConfig, token: np.ndarray, eos
     return ended
 
 
-class _History:
+class History:
     """Each row's ids (rows, length) int64 and keep flags so far, in buffers that double when
     full (no copy of the whole history per step); ``state`` gives views of the columns so far."""
 
@@ -137,7 +137,7 @@ def stream_tokens(stepper: Stepper, problem: Problem, options: GenerationConfig,
     rng = np.random.default_rng(options.seed) if options.do_sample else None
     finished, some_finished = np.zeros(len(ids), dtype=bool), False
     eos = frozenset(problem.eos_ids)
-    history = _History(ids, keep) if len(pipeline) else None
+    history = History(ids, keep) if len(pipeline) else None
     width = problem.prompt_ids.shape[1]
     new: list[np.ndarray] = []
     if options.max_new_tokens == 0:
@@ -151,7 +151,7 @@ def stream_tokens(stepper: Stepper, problem: Problem, options: GenerationConfig,
         token = (np.where(finished, problem.fill_id, chosen) if some_finished else chosen
                  ).astype(np.int64, copy=False)
         new.append(token)
-        ended = _stopped(problem, options, token, eos, new)
+        ended = stopped(problem, options, token, eos, new)
         if ended is not None:
             finished |= ended
             some_finished = True

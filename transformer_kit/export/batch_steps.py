@@ -19,12 +19,13 @@ from transformer_kit.export.onnx_steps import Binding, CacheOps
 
 
 @dataclass
-class PrefilledRow:
-    """One prompt after its prefill: its cache (one value per ``past_key_values.*`` input,
-    (1, kv_heads, length, head_dim)) and its length."""
+class PrefilledRows:
+    """Prompts after their prefill, left-padded to the longest: their cache (one value per
+    ``past_key_values.*`` input, (rows, kv_heads, length, head_dim)) and mask (rows, length),
+    1 = real token."""
 
     cache: list[Any]
-    length: int
+    mask: np.ndarray
 
 
 class BatchDecoder:
@@ -60,25 +61,31 @@ class BatchDecoder:
         binding.outputs_on_device(self.present_names)
         return logits, binding.run(first=1)
 
-    def prefill(self, ids: np.ndarray) -> tuple[PrefilledRow, np.ndarray]:
-        """Run one prompt alone: ids (length,) int64 -> its row and next-token logits (vocab,)."""
-        cache = [self.empty_cache(1)] * len(self.past_names)
-        logits, present = self._run(ids[None], np.ones((1, len(ids)), np.int64), cache)
-        return PrefilledRow(present, len(ids)), logits[0]
+    def prefill(self, prompts: list[np.ndarray]) -> tuple[PrefilledRows, np.ndarray]:
+        """Run prompts (each (length,) int64) together, left-padded to the longest: their rows
+        and next-token logits (len(prompts), vocab)."""
+        longest = max(len(ids) for ids in prompts)
+        ids = np.zeros((len(prompts), longest), np.int64)
+        mask = np.zeros((len(prompts), longest), np.int64)
+        for i, prompt in enumerate(prompts):
+            ids[i, longest - len(prompt):] = prompt
+            mask[i, longest - len(prompt):] = 1
+        cache = [self.empty_cache(len(prompts))] * len(self.past_names)
+        logits, present = self._run(ids, mask, cache)
+        return PrefilledRows(present, mask), logits
 
-    def join(self, row: PrefilledRow) -> int:
-        """Add a prefilled row after the others (left-padding the shorter side); its index."""
+    def join(self, rows: PrefilledRows) -> None:
+        """Add prefilled rows after the others in one copy (left-padding the shorter side)."""
         if self.rows == 0:
-            self.cache, self.mask = row.cache, np.ones((1, row.length), np.int64)
-            return 0
-        length = max(self.mask.shape[1], row.length)
-        self.cache = self.cache_ops.join(self.cache, row.cache, length - self.mask.shape[1],
-                                         length - row.length)
-        mask = np.zeros((self.rows + 1, length), np.int64)
-        mask[:-1, length - self.mask.shape[1]:] = self.mask
-        mask[-1, length - row.length:] = 1
+            self.cache, self.mask = rows.cache, rows.mask
+            return
+        length = max(self.mask.shape[1], rows.mask.shape[1])
+        self.cache = self.cache_ops.join(self.cache, rows.cache, length - self.mask.shape[1],
+                                         length - rows.mask.shape[1])
+        mask = np.zeros((self.rows + len(rows.mask), length), np.int64)
+        mask[:self.rows, length - self.mask.shape[1]:] = self.mask
+        mask[self.rows:, length - rows.mask.shape[1]:] = rows.mask
         self.mask = mask
-        return self.rows - 1
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         """Append one token per row (rows,) int64; next-token logits (rows, vocab)."""
@@ -90,13 +97,19 @@ class BatchDecoder:
     def keep(self, rows: np.ndarray) -> None:
         """Keep only ``rows`` (indices, in their new order) and trim columns that became
         padding in every row."""
-        rows = np.asarray(rows, dtype=np.int64)
         if len(rows) == 0:
             self.cache, self.mask = [], np.zeros((0, 0), np.int64)
             return
-        self.cache = self.cache_ops.gather(self.cache, rows)
-        self.mask = self.mask[rows]
-        start = int(self.mask.any(axis=0).argmax())
+        kept = self.select(PrefilledRows(self.cache, self.mask), rows)
+        self.cache, self.mask = kept.cache, kept.mask
+
+    def select(self, block: PrefilledRows, rows: np.ndarray) -> PrefilledRows:
+        """``rows`` (indices, in their order) of a block of rows, without the columns that are
+        padding in all of them."""
+        rows = np.asarray(rows, dtype=np.int64)
+        cache, mask = self.cache_ops.gather(block.cache, rows), block.mask[rows]
+        start = int(mask.any(axis=0).argmax())
         if start:
-            self.cache = self.cache_ops.trim(self.cache, start)
-            self.mask = np.ascontiguousarray(self.mask[:, start:])
+            cache = self.cache_ops.trim(cache, start)
+            mask = np.ascontiguousarray(mask[:, start:])
+        return PrefilledRows(cache, mask)

@@ -4,6 +4,7 @@ are refused with a sentence."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import numpy as np
@@ -62,6 +63,40 @@ def test_sampled_requests_with_a_seed_draw_as_generate_does(onnx_model):
         results = [request.result() for request in requests]
     for i, ((prompt, new), tokens) in enumerate(zip(cases, results, strict=True)):
         _same_as_alone(tokens, _alone(onnx_model, prompt, max_new_tokens=new, seed=i, **options))
+
+
+@pytest.mark.parametrize(("prefill_tokens", "runs"), [(4096, 1), (24, 3)])
+def test_waiting_requests_are_prefilled_together_and_decode_as_alone(onnx_model, prefill_tokens, runs):
+    """Eight requests waiting when the loop starts: prefilled in one left-padded run (or, with a
+    small ``prefill_tokens``, in groups of similar length); one ends at its first token and
+    leaves its group before the join."""
+    vocab = onnx_model.manifest.src_vocab
+    lengths, new = [7, 2, 11, 4, 4, 9, 1, 6], [9, 14, 1, 12, 3, 20, 8, 5]
+    prompts = [np.arange(3 * i, 3 * i + n) % vocab for i, n in enumerate(lengths)]
+    engine = Engine(onnx_model, max_batch=8, prefill_tokens=prefill_tokens, start=False)
+    try:
+        requests = [engine.submit(p, max_new_tokens=n) for p, n in zip(prompts, new, strict=True)]
+        engine.start()
+        results = [request.result() for request in requests]
+        assert engine.stats["prefills"] == runs and engine.stats["max_batch_size"] == 7
+    finally:
+        engine.close()
+    for prompt, n, tokens in zip(prompts, new, results, strict=True):
+        _same_as_alone(tokens, _alone(onnx_model, prompt, max_new_tokens=n))
+
+
+def test_an_asyncio_reader_gets_every_token_in_order(onnx_model):
+    prompt = np.arange(5) % onnx_model.manifest.src_vocab
+
+    async def read(engine: Engine) -> tuple[list[int], int]:
+        request = engine.submit(prompt, max_new_tokens=30, min_new_tokens=30)
+        arrivals = [tokens async for tokens in request.arrivals()]
+        return [t for tokens in arrivals for t in tokens], len(arrivals)
+
+    with Engine(onnx_model) as engine:
+        tokens, wakes = asyncio.run(read(engine))
+    np.testing.assert_array_equal(tokens, _alone(onnx_model, prompt, max_new_tokens=30, min_new_tokens=30))
+    assert 1 <= wakes <= 30
 
 
 def test_a_cancelled_request_leaves_the_batch_and_the_others_go_on(onnx_model):

@@ -133,6 +133,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_row(onnx_model):
             assert time.monotonic() < deadline, engine.stats
             time.sleep(0.02)
         assert engine.stats["batch_size"] == 0 and _metric(url, "transformer_kit_batch_size") == 0
+        assert _metric(url, re.escape('transformer_kit_requests_total{outcome="cancelled"}')) == 1
         again = httpx.post(f"{url}/v1/completions", json={**body, "stream": False, "max_tokens": 3})
         assert again.status_code == 200
     engine.close()

@@ -1,117 +1,38 @@
 """A continuous-batching engine: many requests decoded together in one running batch.
 
-Each request is prefilled alone, joins the running batch at the next step boundary, streams its
-tokens as they are chosen, and leaves the batch when it ends (an eos id, a stop string,
-``max_new_tokens``) or when its caller cancels it. The batch keeps the step graph's layout
-(left padding and an attention mask, see :class:`~transformer_kit.export.batch_steps.BatchDecoder`),
-so a greedy request gets the tokens ``OnnxModel.generate`` gives it alone (float32; in int4 the
-products of a batch run other kernels than those of one row and may round differently), and a
-sampled one with a seed the same draws.
+Waiting requests are prefilled together (left-padded) and join the running batch at the next
+step boundary in one copy; each streams its tokens as they are chosen and leaves the batch when
+it ends (an eos id, a stop string, ``max_new_tokens``) or when its caller cancels it. The batch
+keeps the step graph's layout (left padding and an attention mask, see
+:class:`~transformer_kit.export.batch_steps.BatchDecoder`), so a greedy request gets the tokens
+``OnnxModel.generate`` gives it alone (float32; in int4 the products of a batch run other
+kernels than those of one row and may round differently), and a sampled one with a seed the
+same draws.
 
 One thread runs the loop; ``submit`` may be called from any thread. Queue and batch are bounded.
+Asynchronous readers (:meth:`Request.arrivals`) are woken once per step per event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import queue
 import threading
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from transformer_kit.decoding import DecodingState, GenerationConfig, generation_config
+from transformer_kit.apps.serving.requests import END, Request, Row, wake_all
+from transformer_kit.decoding import SequenceSearch, generation_config
 from transformer_kit.decoding.prompts import plan
-from transformer_kit.decoding.search import sample_rows
 from transformer_kit.errors import InputError, TransformerKitError
 from transformer_kit.export import OnnxModel
 from transformer_kit.export.runtime import check_ids
 
-_END = object()
-
 
 class QueueFull(TransformerKitError):
     """The engine's queue holds ``max_queue`` requests already; try again later."""
-
-
-@dataclass
-class Request:
-    """A submitted request: iterate it for its new tokens (ints) as they are chosen.
-
-    ``finish_reason`` is set when it ends: ``"stop"`` (an eos id or a stop string), ``"length"``
-    (max_new_tokens), ``"cancelled"`` or ``"error"`` (then ``error`` says what happened).
-    """
-
-    prompt: np.ndarray  # (length,) int64
-    options: GenerationConfig
-    submitted: float = field(default_factory=time.perf_counter)
-    first_token_s: float | None = None
-    finish_reason: str | None = None
-    error: str | None = None
-    tokens: list[int] = field(default_factory=list)
-    _stream: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, repr=False)
-    _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
-    _row: _Row | None = field(default=None, repr=False)  # set by the engine
-
-    def cancel(self) -> None:
-        """Stop decoding this request; its row leaves the batch at the next step boundary."""
-        self._cancelled.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled.is_set()
-
-    def __iter__(self) -> Iterator[int]:
-        while True:
-            item = self._stream.get()
-            if item is _END:
-                return
-            yield item
-
-    def result(self) -> list[int]:
-        """Every new token, after waiting for the end."""
-        for _ in self:
-            pass
-        return list(self.tokens)
-
-
-class _Row:
-    """The decoding state of one request in the batch: its processors, their history, its
-    random generator and its end conditions."""
-
-    def __init__(self, request: Request, pipeline, eos: frozenset[int], stop) -> None:
-        self.request, self.pipeline, self.eos, self.stop = request, pipeline, eos, stop
-        options = request.options
-        self.rng = np.random.default_rng(options.seed) if options.do_sample else None
-        self.ids = list(request.prompt.tolist())
-
-    def choose(self, logits: np.ndarray) -> int:
-        """The next token from this row's logits (vocab,), as ``stream_tokens`` chooses it."""
-        scores = logits[None]
-        if len(self.pipeline):
-            ids = np.asarray(self.ids, np.int64)[None]
-            state = DecodingState(ids, np.ones(ids.shape, bool), len(self.request.prompt))
-            scores = self.pipeline(scores.astype(np.float32, copy=True), state)
-        token = int(sample_rows(scores, self.rng)[0] if self.rng is not None else scores.argmax())
-        self.ids.append(token)
-        return token
-
-    def emit(self, token: int) -> bool:
-        """Stream ``token``; whether the request ended with it."""
-        request = self.request
-        if request.first_token_s is None:
-            request.first_token_s = time.perf_counter() - request.submitted
-        request.tokens.append(token)
-        request._stream.put(token)
-        new = request.tokens
-        if token in self.eos or (self.stop is not None and len(new) >= request.options.min_new_tokens
-                                 and bool(self.stop(np.asarray(new, np.int64)[None])[0])):
-            request.finish_reason = "stop"
-        elif len(new) >= request.options.max_new_tokens:
-            request.finish_reason = "length"
-        return request.finish_reason is not None
 
 
 class Engine:
@@ -121,24 +42,27 @@ class Engine:
         model: an ``OnnxModel`` of a decoder (or its folder).
         max_batch: most rows decoded together; further requests wait in the queue.
         max_queue: most requests waiting; ``submit`` raises :class:`QueueFull` beyond it.
+        prefill_tokens: most tokens (rows x longest prompt) prefilled in one run; waiting
+            prompts are prefilled together up to it (a longer prompt runs alone).
         start: start the loop now (False: call :meth:`start`; tests fill the queue first).
     """
 
     def __init__(self, model: OnnxModel | str, *, max_batch: int = 16, max_queue: int = 64,
-                 start: bool = True) -> None:
-        if max_batch < 1 or max_queue < 1:
-            raise InputError(f"max_batch and max_queue must be at least 1, got {max_batch} and "
-                             f"{max_queue}.")
+                 prefill_tokens: int = 4096, start: bool = True) -> None:
+        if min(max_batch, max_queue, prefill_tokens) < 1:
+            raise InputError(f"max_batch, max_queue and prefill_tokens must be at least 1, got "
+                             f"{max_batch}, {max_queue} and {prefill_tokens}.")
         self.model = model if isinstance(model, OnnxModel) else OnnxModel(model)
         self.batch = self.model.batch_decoder()
-        self.max_batch, self.max_queue = max_batch, max_queue
+        self.max_batch, self.max_queue, self.prefill_tokens = max_batch, max_queue, prefill_tokens
         self._waiting: queue.Queue[Request] = queue.Queue(max_queue)
-        self._rows: list[_Row] = []
+        self._rows: list[Row] = []
+        self._ended: list[Request] = []  # finished since the last wake
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
-        #: Counters for metrics: requests finished by reason, tokens, steps, rows per step.
-        self.stats: dict[str, Any] = {"requests": 0, "tokens": 0, "steps": 0, "batch_size": 0,
-                                      "max_batch_size": 0, "finished": {}}
+        #: Counters for metrics: requests finished by reason, tokens, steps, prefill runs, rows.
+        self.stats: dict[str, Any] = {"requests": 0, "tokens": 0, "steps": 0, "prefills": 0,
+                                      "batch_size": 0, "max_batch_size": 0, "finished": {}}
         if start:
             self.start()
 
@@ -168,7 +92,7 @@ class Engine:
                                     vocab=m.tgt_vocab, context_length=self.model.context_length,
                                     stop_matcher=stop_matcher)
         request = Request(prompt[0], opts)
-        request._row = _Row(request, pipeline, frozenset(problem.eos_ids), problem.stop)
+        request._row = Row(request, SequenceSearch(problem, opts, pipeline))
         try:
             self._waiting.put_nowait(request)
         except queue.Full:
@@ -196,6 +120,7 @@ class Engine:
                 self._finish(self._waiting.get_nowait(), "cancelled")
             except queue.Empty:
                 break
+        self._wake([])
 
     def __enter__(self) -> Engine:
         return self
@@ -211,27 +136,60 @@ class Engine:
         finished = self.stats["finished"]
         finished[request.finish_reason] = finished.get(request.finish_reason, 0) + 1
         self.stats["requests"] += 1
-        request._stream.put(_END)
+        request._stream.put(END)
+        self._ended.append(request)
 
-    def _admit(self) -> None:
-        """Prefill waiting requests into the batch while it has room (blocks briefly when the
-        batch is empty, so an idle engine sleeps)."""
-        while len(self._rows) < self.max_batch:
+    def _wake(self, rows: list[Row]) -> None:
+        """Wake the asyncio readers of ``rows`` and of the requests ended since the last wake:
+        one call per event loop, not one per token."""
+        events: dict[asyncio.AbstractEventLoop, list[asyncio.Event]] = {}
+        for request in [*(row.request for row in rows), *self._ended]:
+            if request._waker is not None:
+                events.setdefault(request._waker[0], []).append(request._waker[1])
+        self._ended.clear()
+        for loop, todo in events.items():
+            with contextlib.suppress(RuntimeError):  # the reader's loop closed: nobody to wake
+                loop.call_soon_threadsafe(wake_all, todo)
+
+    def _admit(self) -> list[Row]:
+        """Prefill waiting requests into the batch while it has room, several in one run of the
+        step graph (at most ``prefill_tokens`` padded tokens each); the rows admitted. Blocks
+        briefly when the batch is empty, so an idle engine sleeps."""
+        waiting: list[Request] = []
+        while len(self._rows) + len(waiting) < self.max_batch:
             try:
-                request = self._waiting.get(timeout=0.05) if not self._rows else self._waiting.get_nowait()
+                wait = not self._rows and not waiting
+                request = self._waiting.get(timeout=0.05) if wait else self._waiting.get_nowait()
             except queue.Empty:
-                return
+                break
             if request.cancelled:
                 self._finish(request, "cancelled")
-                continue
-            row = request._row
-            prefilled, logits = self.batch.prefill(request.prompt)
-            self.stats["tokens"] += 1
-            if row.emit(row.choose(logits)):
-                self._finish(request)
-                continue
-            self.batch.join(prefilled)
-            self._rows.append(row)
+            else:
+                waiting.append(request)
+        admitted: list[Row] = []
+        waiting.sort(key=lambda r: len(r.prompt))  # similar lengths together: little padding
+        while waiting:
+            count = 1
+            while count < len(waiting) and (count + 1) * len(waiting[count].prompt) <= self.prefill_tokens:
+                count += 1
+            group, waiting = waiting[:count], waiting[count:]
+            prefilled, logits = self.batch.prefill([request.prompt for request in group])
+            self.stats["tokens"] += len(group)
+            self.stats["prefills"] += 1
+            keep = []
+            for i, request in enumerate(group):
+                row = request._row
+                admitted.append(row)
+                if row.advance(logits[i]):
+                    self._finish(request)
+                else:
+                    keep.append(i)
+            if keep:
+                if len(keep) < len(group):
+                    prefilled = self.batch.select(prefilled, np.array(keep, np.int64))
+                self.batch.join(prefilled)
+                self._rows.extend(group[i]._row for i in keep)
+        return admitted
 
     def _step(self) -> None:
         gone = [i for i, row in enumerate(self._rows) if row.request.cancelled]
@@ -241,13 +199,13 @@ class Engine:
             self._keep([i for i in range(len(self._rows)) if i not in set(gone)])
         if not self._rows:
             return
-        tokens = np.array([row.ids[-1] for row in self._rows], np.int64)
+        tokens = np.array([row.last for row in self._rows], np.int64)
         logits = self.batch.step(tokens)
         self.stats["steps"] += 1
         self.stats["batch_size"] = len(self._rows)
         self.stats["max_batch_size"] = max(self.stats["max_batch_size"], len(self._rows))
         self.stats["tokens"] += len(self._rows)
-        done = [i for i, row in enumerate(self._rows) if row.emit(row.choose(logits[i]))]
+        done = [i for i, row in enumerate(self._rows) if row.advance(logits[i])]
         for i in done:
             self._finish(self._rows[i].request)
         if done:
@@ -261,14 +219,17 @@ class Engine:
     def _loop(self) -> None:
         while not self._closed.is_set():
             try:
-                self._admit()
+                self._wake(self._admit())
                 self._step()
+                self._wake(self._rows)
             except Exception as exc:  # a failed step ends the batch's requests, not the engine
                 message = f"{type(exc).__name__}: {exc}"
                 for row in self._rows:
                     self._finish(row.request, "error", message)
                 self._rows = []
                 self.batch = self.model.batch_decoder()
+                self._wake([])
         for row in self._rows:
             self._finish(row.request, "cancelled")
         self._rows = []
+        self._wake([])

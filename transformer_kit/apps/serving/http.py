@@ -25,11 +25,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import iterate_in_threadpool
 from starlette.exceptions import HTTPException
 
 from transformer_kit.apps.serving.engine import Engine, QueueFull
-from transformer_kit.apps.serving.engine import Request as EngineRequest
+from transformer_kit.apps.serving.requests import Request as EngineRequest
 from transformer_kit.decoding.text import TextPieces
 from transformer_kit.errors import InputError
 
@@ -80,7 +79,8 @@ class _Metrics:
         largest.set_function(lambda: engine.stats["max_batch_size"])
 
     def finished(self, request: EngineRequest) -> None:
-        self.requests.labels(request.finish_reason or "unknown").inc()
+        """Count a request that ended, or that its client left (then: "cancelled")."""
+        self.requests.labels(request.finish_reason or "cancelled").inc()
         self.tokens.inc(len(request.tokens))
         if request.first_token_s is not None:
             self.ttft.observe(request.first_token_s)
@@ -159,7 +159,7 @@ class CompletionServer:
         if body.stream:
             return StreamingResponse(_events(request, pieces, ident, self.model_name, metrics),
                                      media_type="text/event-stream")
-        tokens = [t async for t in iterate_in_threadpool(iter(request))]
+        tokens = [t async for arrived in request.arrivals() for t in arrived]
         text = "" if pieces is None else "".join(pieces.add(t) for t in tokens) + pieces.finish()
         metrics.finished(request)
         if request.finish_reason == "error":
@@ -209,16 +209,17 @@ async def _events(request: EngineRequest, pieces: TextPieces | None, ident: str,
                   metrics: _Metrics) -> AsyncIterator[str]:
     """Server-sent events: a chunk per token, the last with the finish reason, then [DONE]. A
     client that goes away closes this generator: its request is cancelled, its row leaves."""
+    head = json.dumps({"id": ident, "object": "text_completion", "created": int(time.time()),
+                       "model": model_name})[:-1]
 
     def chunk(text: str, ids: list[int], reason: str | None) -> str:
-        data = {"id": ident, "object": "text_completion", "created": int(time.time()),
-                "model": model_name, "choices": [{"index": 0, "text": text, "token_ids": ids,
-                                                  "logprobs": None, "finish_reason": reason}]}
-        return f"data: {json.dumps(data)}\n\n"
+        choice = json.dumps([{"index": 0, "text": text, "token_ids": ids, "logprobs": None,
+                              "finish_reason": reason}])
+        return f'data: {head}, "choices": {choice}}}\n\n'
 
     try:
-        async for token in iterate_in_threadpool(iter(request)):
-            yield chunk(pieces.add(token) if pieces else "", [token], None)
+        async for arrived in request.arrivals():  # the events of several tokens in one write
+            yield "".join(chunk(pieces.add(t) if pieces else "", [t], None) for t in arrived)
         if request.finish_reason == "error":
             yield f"data: {json.dumps({'error': {'message': request.error, 'type': 'server_error'}})}\n\n"
         else:
@@ -226,9 +227,7 @@ async def _events(request: EngineRequest, pieces: TextPieces | None, ident: str,
         yield "data: [DONE]\n\n"
     finally:
         request.cancel()  # no-op when it ended; frees the row when the client left mid-stream
-        if request.finish_reason is not None:
-            metrics.finished(request)
-
+        metrics.finished(request)  # still running: counted as cancelled, the engine ends it next
 
 @contextlib.contextmanager
 def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", timeout: float = 30.0) -> Iterator[str]:
