@@ -165,9 +165,8 @@ class CacheOps:
             session = self.sessions[kind, types] = ort.InferenceSession(
                 _helper_graph(kind, types), options, providers=self.providers)
         binding = Binding(session, self.device)
-        for i, value in enumerate(values):
-            binding.input_value(f"t{i}", value)
-            binding.output(f"o{i}")
+        binding.input_values([f"t{i}" for i in range(len(values))], values)
+        binding.outputs_on_device([f"o{i}" for i in range(len(values))])
         return binding
 
     def gather(self, values: list[Any], rows: np.ndarray) -> list[Any]:
