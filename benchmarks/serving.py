@@ -5,14 +5,15 @@ A GPT-2-shaped checkpoint (d_model 512, 6 layers, vocabulary 8000; ``--small``: 
 exported in float32 and served by ``transformer-kit serve`` in a process of its own on
 127.0.0.1 (so the clients' Python does not share the server's interpreter). For each
 concurrency, that many client threads each stream requests (a 16-token prompt,
-``--new-tokens`` greedy tokens) until ``--requests`` have been answered; reported: aggregate
+``--new-tokens`` greedy tokens) until ``--requests`` have been answered (default: four per
+client, at least 64, so each level runs past the first wave of prefills); reported: aggregate
 tokens/s, its ratio to one client (one request at a time), time to first token and per-token
 latency (gaps between streamed tokens) at p50 and p99, and the largest batch the engine ran.
 Then ``--memory-requests`` short requests at 16 clients, with the server's RSS every tenth of
 the way.
 
     pip install -e ".[serve,bench]"
-    python benchmarks/serving.py [--requests 64] [--new-tokens 32] [--memory-requests 10000]
+    python benchmarks/serving.py [--requests N] [--new-tokens 32] [--memory-requests 10000]
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ def load(url: str, clients: int, requests: int, prompts: list[list[int]], new: i
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64])
-    parser.add_argument("--requests", type=int, default=64, help="answered per concurrency level")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="answered per concurrency level (default: 4 per client, at least 64)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--memory-requests", type=int, default=10_000)
     parser.add_argument("--max-batch", type=int, default=64)
@@ -134,12 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, vocab - 1, 16).tolist() for _ in range(256)]
     print(f"GPT-2 shape {shape or 'd_model 512, 6 layers, vocab 8000'}, float32, greedy, "
-          f"{args.new_tokens} new tokens, {args.requests} requests per level, max_batch {args.max_batch}")
+          f"{args.new_tokens} new tokens, {args.requests or 'max(64, 4 x clients)'} requests per level, "
+          f"max_batch {args.max_batch}")
     with server(workdir / "onnx", args.max_batch, 4 * max(args.clients) + 64) as (url, process):
         load(url, 4, 8, prompts, args.new_tokens)  # warm-up
         rows = []
         for clients in args.clients:
-            row = load(url, clients, args.requests, prompts, args.new_tokens)
+            row = load(url, clients, args.requests or max(64, 4 * clients), prompts, args.new_tokens)
             row["max_batch"] = largest_batch(url)  # the largest so far: levels only grow
             rows.append(row)
             print(f"  {clients} clients: {row['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
