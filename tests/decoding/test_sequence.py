@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from tests.decoding.conftest import VOCAB
 from transformer_kit.decoding import SequenceSearch, generation_config
 from transformer_kit.decoding.prompts import plan
-from tests.decoding.conftest import VOCAB
 
 
 def _search(model, prompt: list[int], stop_matcher=None, **options) -> tuple[list[int], str]:
