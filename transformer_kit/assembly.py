@@ -83,7 +83,8 @@ class _Parts:
     def attention(self, slot: str, *, is_cross: bool) -> MultiHeadAttention:
         kernel: AttentionKernel = self.create("attention", f"{slot}.kernel")
         return MultiHeadAttention(self.config.d_model, self.config.num_heads, self.config.kv_heads,
-                                  kernel, is_cross=is_cross, bias=self.config.attention_bias)
+                                  kernel, is_cross=is_cross, bias=self.config.attention_bias,
+                                  out_bias=self.config.attention_out_bias)
 
     def stack(self, role: str, num_layers: int, *, cross: bool) -> Stack:
         layers = []

@@ -24,10 +24,12 @@ class MultiHeadAttention(nn.Module):
         kernel: the attention kernel combining q, k, v.
         is_cross: True for encoder-decoder attention (keys and values from the memory).
         bias: whether the projections have biases.
+        out_bias: whether the output projection has one (None: as ``bias``; Qwen2 has biases
+            on q, k and v only).
     """
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, kernel: nn.Module,
-                 *, is_cross: bool = False, bias: bool = True) -> None:
+                 *, is_cross: bool = False, bias: bool = True, out_bias: bool | None = None) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -37,7 +39,7 @@ class MultiHeadAttention(nn.Module):
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
         self.k_proj = nn.Linear(d_model, kv_width, bias=bias)
         self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
-        self.o_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.o_proj = nn.Linear(d_model, d_model, bias=bias if out_bias is None else out_bias)
         self.kernel = kernel
 
     def keys_values(self, source: Tensor) -> tuple[Tensor, Tensor]:

@@ -96,6 +96,7 @@ class ModelConfig(BaseModel):
     tie_embeddings: bool = True
     scale_embeddings: bool = True
     attention_bias: bool = True
+    attention_out_bias: bool | None = None
     embedding_norm: bool = False
     head_bias: bool = False
     lm_head: bool = False

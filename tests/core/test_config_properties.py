@@ -37,6 +37,7 @@ def valid_configs(draw) -> dict:
         "max_len": draw(st.integers(8, 24)), "pad_id": ids[0], "bos_id": ids[1], "eos_id": ids[2],
         "tie_embeddings": draw(st.booleans()), "scale_embeddings": draw(st.booleans()),
         "attention_bias": draw(st.booleans()),
+        "attention_out_bias": draw(st.sampled_from([None, True, False])),
         "attention": draw(st.sampled_from(ATTENTION)),
         "positional": draw(st.sampled_from(POSITIONAL)),
         "mask": draw(st.sampled_from(ENCODER_MASKS if architecture == "encoder" else CAUSAL_MASKS)),

@@ -76,15 +76,6 @@ def _reference(reference, model, ids, mask, options, eos) -> np.ndarray:
         return out[:, ids.shape[1]:].numpy()
 
 
-def _after_eos(tokens: np.ndarray, eos: list[int], fill: int) -> np.ndarray:
-    """Tokens with everything after each row's first eos set to ``fill`` (transformers fills
-    finished beams with eos when the pad id is 0; the kit always fills with the pad id)."""
-    tokens = np.array(tokens)
-    is_eos = np.isin(tokens, eos)
-    tokens[np.cumsum(is_eos, axis=1) - is_eos > 0] = fill
-    return tokens
-
-
 def _eos_ids(reference, model, ids, mask, count: int) -> list[int]:
     """``count`` ids that greedy decoding produces at step 3 or later, none special."""
     greedy = _reference(reference, model, ids, mask, {}, model.config.eos_id)
@@ -104,7 +95,7 @@ def test_tokens_equal_transformers_in_both_runtimes(checkpoint, case):
         eos = _eos_ids(reference, model, ids, mask, options.pop("eos"))
         options["eos_id"] = eos
     hf_options = {k: v for k, v in options.items() if k != "eos_id"}
-    expected = _after_eos(_reference(reference, model, ids, mask, hf_options, eos), eos, cfg.pad_id)
+    expected = parity.after_eos(_reference(reference, model, ids, mask, hf_options, eos), eos, cfg.pad_id)
     ours = model.generate(ids, NEW_TOKENS, attention_mask=mask, **options).numpy()
     np.testing.assert_array_equal(ours, expected)
     ort = onnx_model.generate(ids.numpy(), NEW_TOKENS, attention_mask=mask.numpy(), **options)

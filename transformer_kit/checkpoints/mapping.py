@@ -38,11 +38,12 @@ def copy_linear(out: StateDict, ours: str, weights: Weights, theirs: str, bias: 
 
 
 def copy_attention(out: StateDict, ours: str, weights: Weights, theirs: str,
-                   names: tuple[str, str, str, str], bias: bool) -> None:
+                   names: tuple[str, str, str, str], bias: bool, out_bias: bool | None = None) -> None:
     """Copy the q, k, v and output projections, named ``names`` in the checkpoint, into the
-    ``MultiHeadAttention`` at ``ours``."""
-    for our_name, their_name in zip(ATTENTION_PROJECTIONS, names, strict=True):
-        copy_linear(out, f"{ours}.{our_name}", weights, f"{theirs}.{their_name}", bias)
+    ``MultiHeadAttention`` at ``ours`` (``out_bias``: the output projection's, None = ``bias``)."""
+    biases = (bias, bias, bias, bias if out_bias is None else out_bias)
+    for our_name, their_name, has_bias in zip(ATTENTION_PROJECTIONS, names, biases, strict=True):
+        copy_linear(out, f"{ours}.{our_name}", weights, f"{theirs}.{their_name}", has_bias)
 
 
 def first_id(ids: Any) -> Any:

@@ -81,29 +81,44 @@ def check_onnxruntime(reference, model, folder: Path) -> None:
         check_generation(reference, model, om)
 
 
+def after_eos(tokens: np.ndarray, eos: list[int], fill: int) -> np.ndarray:
+    """Tokens with everything after each row's first eos set to ``fill`` (transformers fills
+    finished beams with eos when the pad id is 0; the kit always fills with the pad id)."""
+    tokens = np.array(tokens)
+    is_eos = np.isin(tokens, eos)
+    tokens[np.cumsum(is_eos, axis=1) - is_eos > 0] = fill
+    return tokens
+
+
 def check_generation(reference, model, om) -> None:
-    """Greedy onnxruntime and PyTorch generation equal transformers' greedy generate."""
+    """Greedy and beam-search generation in onnxruntime and PyTorch equal transformers'
+    ``generate`` (beam search: 3 beams, 2 returned)."""
     cfg = model.config
     ids, mask = batch(model, size=3, length=6, seed=3)
-    gen = hf.GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=12,
-                              pad_token_id=cfg.pad_id, eos_token_id=cfg.eos_id,
-                              bos_token_id=cfg.bos_id, decoder_start_token_id=cfg.bos_id)
-    if model.architecture == "encoder_decoder":
-        # transformers may force eos at the length limit; the kit's greedy decoding does not
-        reference.config.forced_eos_token_id = None
-        reference.generation_config.forced_eos_token_id = None
-        with torch.no_grad():
-            out = reference.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
-        expected = out[:, 1:].numpy()  # transformers keeps the decoder start token
-    else:
-        order = torch.argsort(mask, dim=1, stable=True)  # transformers wants left padding
-        with torch.no_grad():
-            out = reference.generate(input_ids=ids.gather(1, order), attention_mask=mask.gather(1, order),
-                                     generation_config=gen)
-        expected = out[:, ids.shape[1]:].numpy()
-    np.testing.assert_array_equal(om.generate(ids.numpy(), max_new_tokens=12), expected)
-    np.testing.assert_array_equal(model.generate(ids, max_new_tokens=12).numpy(), expected)
-    assert expected.shape[1] >= 3 and len(np.unique(expected)) >= 2  # not one repeated token
+    for options in ({"num_beams": 1}, {"num_beams": 3, "num_return_sequences": 2}):
+        gen = hf.GenerationConfig(do_sample=False, max_new_tokens=12, pad_token_id=cfg.pad_id,
+                                  eos_token_id=cfg.eos_id, bos_token_id=cfg.bos_id,
+                                  decoder_start_token_id=cfg.bos_id, **options)
+        if model.architecture == "encoder_decoder":
+            # transformers may force eos at the length limit; the kit's decoding does not
+            reference.config.forced_eos_token_id = None
+            reference.generation_config.forced_eos_token_id = None
+            with torch.no_grad():
+                out = reference.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
+            expected = out[:, 1:].numpy()  # transformers keeps the decoder start token
+        else:
+            order = torch.argsort(mask, dim=1, stable=True)  # transformers wants left padding
+            with torch.no_grad():
+                out = reference.generate(input_ids=ids.gather(1, order),
+                                         attention_mask=mask.gather(1, order), generation_config=gen)
+            expected = out[:, ids.shape[1]:].numpy()
+        expected = after_eos(expected, [cfg.eos_id], cfg.pad_id)
+        ours = om.generate(ids.numpy(), max_new_tokens=12, **options)
+        np.testing.assert_array_equal(ours[:, :expected.shape[1]], expected, err_msg=str(options))
+        assert (ours[:, expected.shape[1]:] == cfg.pad_id).all()  # transformers stops sooner
+        torch_ours = model.generate(ids, max_new_tokens=12, **options).numpy()
+        np.testing.assert_array_equal(torch_ours, ours, err_msg=str(options))
+        assert expected.shape[1] >= 3 and len(np.unique(expected)) >= 2  # not one repeated token
 
 
 def check_save_and_load(reference, model, folder: Path, saved: Path) -> None:

@@ -7,18 +7,20 @@ from transformer_kit import CheckpointFamily, ModelConfig
 from transformer_kit.checkpoints import StateDict, Weights, copy_attention, copy_linear, first_id, require
 
 
-def _rope_theta(hf: dict) -> float:
+def _rope_theta(hf: dict, family: str) -> float:
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
-    require(kind == "default", "llama", f"rope_type {kind!r} (only 'default' rotary is)")
+    require(kind == "default", family, f"rope_type {kind!r} (only 'default' rotary is)")
     return float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
 
 
-def llama_config(hf: dict) -> dict:
+def llama_config(hf: dict, family: str = "llama") -> dict:
+    """The config of a Llama-layout checkpoint (also Mistral's and Qwen2's); ``family`` names
+    it in refusals."""
     d_model, heads = hf["hidden_size"], hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or d_model // heads
-    require(head_dim * heads == d_model, "llama", f"head_dim {head_dim} != hidden_size / heads")
-    require(hf.get("hidden_act", "silu") == "silu", "llama", f"hidden_act {hf.get('hidden_act')!r}")
+    require(head_dim * heads == d_model, family, f"head_dim {head_dim} != hidden_size / heads")
+    require(hf.get("hidden_act", "silu") == "silu", family, f"hidden_act {hf.get('hidden_act')!r}")
     return {
         "architecture": "decoder", "vocab_size": hf["vocab_size"], "d_model": d_model,
         "num_heads": heads, "num_kv_heads": hf.get("num_key_value_heads") or heads,
@@ -28,7 +30,7 @@ def llama_config(hf: dict) -> dict:
         "eos_id": first_id(hf.get("eos_token_id", 2)),
         "tie_embeddings": hf.get("tie_word_embeddings", False), "scale_embeddings": False,
         "attention_bias": hf.get("attention_bias", False), "attention": "sdpa",
-        "positional": {"name": "rotary", "base": _rope_theta(hf)}, "mask": "causal",
+        "positional": {"name": "rotary", "base": _rope_theta(hf, family)}, "mask": "causal",
         "block": "pre_norm", "feedforward": {"name": "swiglu", "bias": hf.get("mlp_bias", False)},
         "norm": {"name": "rmsnorm", "eps": hf.get("rms_norm_eps", 1e-6)},
     }
@@ -40,7 +42,8 @@ def llama_weights(hf: dict, w: Weights, cfg: ModelConfig) -> StateDict:
     for i in range(cfg.num_layers):
         ours, theirs = f"decoder.layers.{i}", f"layers.{i}"
         copy_attention(out, f"{ours}.self_attention", w, f"{theirs}.self_attn",
-                       ("q_proj", "k_proj", "v_proj", "o_proj"), cfg.attention_bias)
+                       ("q_proj", "k_proj", "v_proj", "o_proj"), cfg.attention_bias,
+                       cfg.attention_out_bias)
         out[f"{ours}.self_norm.weight"] = w.get(f"{theirs}.input_layernorm.weight")
         out[f"{ours}.ff_norm.weight"] = w.get(f"{theirs}.post_attention_layernorm.weight")
         for name in ("gate", "up", "down"):
