@@ -93,6 +93,7 @@ class ModelConfig(BaseModel):
     pad_id: int | None = Field(0, ge=0)
     bos_id: int | None = Field(1, ge=0)
     eos_id: int | None = Field(2, ge=0)
+    forced_bos_id: int | None = Field(None, ge=0)
     tie_embeddings: bool = True
     scale_embeddings: bool = True
     attention_bias: bool = True
@@ -134,7 +135,7 @@ class ModelConfig(BaseModel):
         if kv is not None and (kv > self.num_heads or self.num_heads % kv):
             problems.append(f"'num_kv_heads' ({kv}) must divide 'num_heads' ({self.num_heads})")
         if not problems:
-            for key in ("pad_id", "bos_id", "eos_id"):
+            for key in ("pad_id", "bos_id", "eos_id", "forced_bos_id"):
                 value = getattr(self, key)
                 vocab = self.src_vocab if key == "pad_id" else self.tgt_vocab
                 limit = min(vocab, self.tgt_vocab) if key == "pad_id" else vocab

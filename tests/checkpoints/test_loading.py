@@ -38,8 +38,8 @@ def test_pytorch_bin_checkpoints_load_with_weights_only(tmp_path):
 def test_unsupported_missing_and_broken_checkpoints(tmp_path):
     gptj = tmp_path / "gptj"
     hf.GPTJConfig(vocab_size=10, n_embd=8, n_layer=1, n_head=2, rotary_dim=2).save_pretrained(gptj)
-    with pytest.raises(tk.CheckpointError,
-                       match=r"model_type 'gptj'.*Supported: bert, gpt2, llama, marian, mistral, qwen2"):
+    supported = "bart, bert, gpt2, llama, marian, mistral, qwen2, roberta"
+    with pytest.raises(tk.CheckpointError, match=rf"model_type 'gptj'.*Supported: {supported}"):
         tk.from_hf(gptj)
     with pytest.raises(tk.CheckpointError, match=r"'.*nothing' does not exist"):
         tk.from_hf(tmp_path / "nothing")
@@ -126,4 +126,5 @@ def test_two_plugins_with_the_same_family_name_both_plugins(installed_package, f
     assert "checkpoint family 'gpt2' is provided by both plugin 'builtin'" in failure.error
     assert "distribution 'tk-gpt2-again'" in failure.error
     assert registry.family("gpt2").plugin == "builtin"
-    np.testing.assert_equal(registry.model_types(), ["bert", "gpt2", "llama", "marian", "mistral", "qwen2"])
+    np.testing.assert_equal(registry.model_types(),
+                            ["bart", "bert", "gpt2", "llama", "marian", "mistral", "qwen2", "roberta"])

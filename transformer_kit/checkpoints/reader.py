@@ -21,14 +21,21 @@ from transformer_kit.jsonfile import read_json_object
 
 
 def read_hf_config(folder: str | Path) -> dict[str, Any]:
-    """The checkpoint's ``config.json`` as a dict."""
+    """The checkpoint's ``config.json`` as a dict, with the keys only its
+    ``generation_config.json`` holds (where transformers now saves ``forced_bos_token_id`` and
+    the other generation defaults) filled in from there."""
     path = Path(folder) / "config.json"
     if not Path(folder).exists():
         raise CheckpointError(missing_path(folder, "a Hugging Face checkpoint folder"))
     if not path.is_file():
         raise CheckpointError(f"{str(folder)!r} is not a Hugging Face checkpoint folder: config.json "
                               "is missing.")
-    return read_json_object(path, CheckpointError, "Give a Hugging Face checkpoint folder.")
+    config = read_json_object(path, CheckpointError, "Give a Hugging Face checkpoint folder.")
+    generation = Path(folder) / "generation_config.json"
+    if generation.is_file():
+        defaults = read_json_object(generation, CheckpointError, "Fix or remove generation_config.json.")
+        config = {**defaults, **config}
+    return config
 
 
 def _shards(folder: Path, index_name: str) -> list[Path]:

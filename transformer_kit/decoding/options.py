@@ -48,6 +48,9 @@ class GenerationConfig(BaseModel):
     num_return_sequences: int = Field(1, ge=1, description="Rows returned per prompt.")
     eos_id: int | list[int] | None = Field(
         None, description="Ids that end a row; None: the model's eos_id; []: none.")
+    forced_bos_id: int | None = Field(
+        None, ge=0, description="The first new token of every row, forced (Hugging Face's "
+        "forced_bos_token_id, BART's); None: the model config's forced_bos_id.")
     stop: list[str] = Field(default_factory=list,
                             description="Strings that end a row (needs a tokenizer).")
     seed: int | None = Field(None, ge=0, description="Seed of the sampler: same seed, same tokens.")

@@ -66,7 +66,8 @@ class Pipeline:
         return len(self.processors)
 
 
-def _specs(options: GenerationConfig, eos_ids: list[int]) -> list[tuple[str, dict]]:
+def _specs(options: GenerationConfig, eos_ids: list[int], forced_bos_id: int | None
+           ) -> list[tuple[str, dict]]:
     """The built-in processors the options ask for, in Hugging Face's order: penalties first,
     then the user's processors, then (sampling only) the distribution warpers."""
     specs: list[tuple[str, dict]] = []
@@ -76,6 +77,8 @@ def _specs(options: GenerationConfig, eos_ids: list[int]) -> list[tuple[str, dic
         specs.append(("no_repeat_ngram", {"size": options.no_repeat_ngram_size}))
     if options.min_new_tokens > 0 and eos_ids:
         specs.append(("min_new_tokens", {"count": options.min_new_tokens}))
+    if forced_bos_id is not None:
+        specs.append(("forced_bos", {"token_id": forced_bos_id}))
     specs.extend((spec.name, dict(spec.params)) for spec in options.logits_processors)
     if options.do_sample:
         if options.temperature != 1.0:
@@ -90,12 +93,14 @@ def _specs(options: GenerationConfig, eos_ids: list[int]) -> list[tuple[str, dic
 
 
 def build_pipeline(options: GenerationConfig, vocab_size: int, eos_ids: list[int],
-                   registry=None) -> tuple[list[str], Pipeline]:
-    """The processors ``options`` ask for, created from the registry, as one callable.
+                   registry=None, forced_bos_id: int | None = None) -> tuple[list[str], Pipeline]:
+    """The processors ``options`` ask for, created from the registry, as one callable
+    (``forced_bos_id``: the model's first forced token, when ``options`` names none).
 
     Returns their names (in order) and ``pipeline(scores, state) -> scores``.
     """
-    specs = _specs(options, eos_ids)
+    forced = options.forced_bos_id if options.forced_bos_id is not None else forced_bos_id
+    specs = _specs(options, eos_ids, forced)
     if specs and registry is None:  # no registry (nor plugins, nor torch) for plain greedy/beams
         from transformer_kit.registry import get_registry
         registry = get_registry()

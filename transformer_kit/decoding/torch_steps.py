@@ -110,7 +110,8 @@ def _plan(model, ids: Tensor, attention_mask: Any, options: GenerationConfig, us
     problem, pipeline, keep = plan(
         ids.cpu().numpy(), attention_mask, options, decoder=is_decoder, pad_id=cfg.pad_id,
         eos_id=cfg.eos_id, bos_id=cfg.bos_id, vocab=cfg.tgt_vocab,
-        context_length=model.context_length, stop_matcher=stop_matcher)
+        context_length=model.context_length, stop_matcher=stop_matcher,
+        forced_bos_id=cfg.forced_bos_id)
     keep_tensor = torch.from_numpy(keep).to(ids.device)
     if is_decoder:
         prompt = torch.from_numpy(problem.prompt_ids).to(ids.device)

@@ -213,7 +213,8 @@ class OnnxModel:
         problem, pipeline, keep = plan(
             ids, attention_mask, options, decoder=is_decoder, pad_id=m.pad_id, eos_id=m.eos_id,
             bos_id=m.bos_id, vocab=m.tgt_vocab, context_length=self.context_length,
-            source_positions=None if is_decoder else m.max_positions, stop_matcher=stop_matcher)
+            source_positions=None if is_decoder else m.max_positions, stop_matcher=stop_matcher,
+            forced_bos_id=m.config.get("forced_bos_id"))
         fixed = {} if is_decoder else self._encode(ids, keep)
         return self._stepper(fixed, problem.prompt_ids, keep if is_decoder else None), problem, pipeline
 

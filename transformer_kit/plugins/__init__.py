@@ -14,6 +14,7 @@ from transformer_kit.plugins.feedforward import (
     silu_feedforward,
 )
 from transformer_kit.plugins.logits import (
+    ForcedFirstToken,
     MinNewTokens,
     MinP,
     NoRepeatNGram,
@@ -92,6 +93,8 @@ _LOGITS_PROCESSORS = [
               description="bans the token that would repeat an n-gram of `size`"),
     Component("logits_processor", "min_new_tokens", MinNewTokens,
               description="no end-of-sequence id before `count` new tokens"),
+    Component("logits_processor", "forced_bos", ForcedFirstToken,
+              description="the first new token is `token_id` (BART's forced_bos_token_id)"),
     Component("logits_processor", "temperature", Temperature,
               description="scores / `value` (sampling)"),
     Component("logits_processor", "top_k", TopK, description="keeps the `k` best scores (sampling)"),

@@ -80,6 +80,22 @@ class MinNewTokens(LogitsProcessor):
         return scores
 
 
+class ForcedFirstToken(LogitsProcessor):
+    """The first new token is ``token_id`` in every row (Hugging Face's
+    ForcedBOSTokenLogitsProcessor: every other score -inf, this one 0)."""
+
+    def __init__(self, token_id: int, vocab_size: int) -> None:
+        self.token_id = _count("token_id", token_id, least=0)
+        if self.token_id >= vocab_size:
+            raise ValueError(f"token_id must be below the vocabulary size ({vocab_size}), got {token_id}")
+
+    def __call__(self, scores: np.ndarray, state: DecodingState) -> np.ndarray:
+        if state.new_tokens == 0:
+            scores[:] = NEVER
+            scores[:, self.token_id] = 0.0
+        return scores
+
+
 class Temperature(LogitsProcessor):
     """Scores divided by ``value``: below 1 sharpens the distribution, above 1 flattens it."""
 

@@ -51,18 +51,21 @@ class SinusoidalPositions(PositionalEncoding):
 
 
 class LearnedPositions(PositionalEncoding):
-    """A trained table ``nn.Embedding(max_len, d_model)`` indexed by position.
+    """A trained table ``nn.Embedding(offset + max_len, d_model)``: position p (counted over
+    real tokens from 0) reads row ``offset + p``.
 
     ``token_types > 0`` adds BERT's token-type table, of which row 0 (the type of every token
-    when no types are given) is added to each position.
+    when no types are given) is added to each position. ``offset``: rows before the first
+    position (RoBERTa's ``padding_idx + 1``, BART's 2).
     """
 
-    def __init__(self, d_model: int, max_len: int, token_types: int = 0) -> None:
+    def __init__(self, d_model: int, max_len: int, token_types: int = 0, offset: int = 0) -> None:
         super().__init__()
-        if isinstance(token_types, bool) or not isinstance(token_types, int) or token_types < 0:
-            raise ValueError(f"token_types must be a non-negative integer, got {token_types!r}")
-        self.max_positions = max_len
-        self.table = nn.Embedding(max_len, d_model)
+        for name, value in (("token_types", token_types), ("offset", offset)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        self.max_positions, self.offset = max_len, offset
+        self.table = nn.Embedding(offset + max_len, d_model)
         nn.init.normal_(self.table.weight, std=0.02)
         # BERT's segment embedding; every token is of type 0, so row 0 is added everywhere.
         self.token_type = nn.Embedding(token_types, d_model) if token_types else None
@@ -78,7 +81,7 @@ class LearnedPositions(PositionalEncoding):
                     f"0..{self.max_positions - 1} (max_len={self.max_positions}). Shorten the "
                     "input or build the model with a larger max_len."
                 )
-        x = x + self.table(positions).to(x.dtype)
+        x = x + self.table(positions + self.offset if self.offset else positions).to(x.dtype)
         if self.token_type is not None:
             x = x + self.token_type.weight[0].to(x.dtype)
         return x

@@ -98,7 +98,8 @@ def check_generation(reference, model, om) -> None:
     for options in ({"num_beams": 1}, {"num_beams": 3, "num_return_sequences": 2}):
         gen = hf.GenerationConfig(do_sample=False, max_new_tokens=12, pad_token_id=cfg.pad_id,
                                   eos_token_id=cfg.eos_id, bos_token_id=cfg.bos_id,
-                                  decoder_start_token_id=cfg.bos_id, **options)
+                                  decoder_start_token_id=cfg.bos_id,
+                                  forced_bos_token_id=cfg.forced_bos_id, **options)
         if model.architecture == "encoder_decoder":
             # transformers may force eos at the length limit; the kit's decoding does not
             reference.config.forced_eos_token_id = None
@@ -118,7 +119,7 @@ def check_generation(reference, model, om) -> None:
         assert (ours[:, expected.shape[1]:] == cfg.pad_id).all()  # transformers stops sooner
         torch_ours = model.generate(ids, max_new_tokens=12, **options).numpy()
         np.testing.assert_array_equal(torch_ours, ours, err_msg=str(options))
-        assert expected.shape[1] >= 3 and len(np.unique(expected)) >= 2  # not one repeated token
+        assert expected.shape[1] >= 3 and len(np.unique(expected)) >= 2, expected  # not one repeated token
 
 
 def check_save_and_load(reference, model, folder: Path, saved: Path) -> None:

@@ -8,10 +8,11 @@ from transformer_kit.checkpoints import StateDict, Weights, copy_attention, copy
 from transformer_kit.plugins.feedforward import feedforward_for_activation
 
 
-def bert_config(hf: dict) -> dict:
-    require(hf.get("position_embedding_type", "absolute") == "absolute", "bert",
+def bert_config(hf: dict, family: str = "bert") -> dict:
+    """The config of a BERT-layout checkpoint (also RoBERTa's); ``family`` names it in refusals."""
+    require(hf.get("position_embedding_type", "absolute") == "absolute", family,
             f"position_embedding_type {hf.get('position_embedding_type')!r}")
-    require(not hf.get("is_decoder"), "bert", "is_decoder")
+    require(not hf.get("is_decoder"), family, "is_decoder")
     vocab = hf["vocab_size"]
     return {
         "architecture": "encoder", "vocab_size": vocab, "d_model": hf["hidden_size"],
@@ -23,7 +24,7 @@ def bert_config(hf: dict) -> dict:
         "embedding_norm": True, "attention": "sdpa",
         "positional": {"name": "learned", "token_types": hf.get("type_vocab_size", 2)},
         "mask": "none", "block": "post_norm",
-        "feedforward": feedforward_for_activation(hf.get("hidden_act", "gelu"), "bert"),
+        "feedforward": feedforward_for_activation(hf.get("hidden_act", "gelu"), family),
         "norm": {"name": "layernorm", "eps": hf.get("layer_norm_eps", 1e-12)},
     }
 

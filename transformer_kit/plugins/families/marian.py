@@ -9,11 +9,12 @@ from transformer_kit.checkpoints import StateDict, Weights, copy_attention, copy
 from transformer_kit.plugins.feedforward import feedforward_for_activation
 
 
-def marian_config(hf: dict) -> dict:
+def marian_config(hf: dict, family: str = "marian") -> dict:
+    """The config of a Marian-layout checkpoint (also BART's); ``family`` names it in refusals."""
     for a, b in (("encoder_attention_heads", "decoder_attention_heads"),
                  ("encoder_ffn_dim", "decoder_ffn_dim")):
-        require(hf.get(a) == hf.get(b), "marian", f"{a} != {b}")
-    require(not hf.get("normalize_before"), "marian", "normalize_before")
+        require(hf.get(a) == hf.get(b), family, f"{a} != {b}")
+    require(not hf.get("normalize_before"), family, "normalize_before")
     vocab = hf["vocab_size"]
     decoder_vocab = hf.get("decoder_vocab_size") or vocab
     shared = hf.get("share_encoder_decoder_embeddings", True) and decoder_vocab == vocab
@@ -30,7 +31,7 @@ def marian_config(hf: dict) -> dict:
         "head_bias": True, "attention": "sdpa",
         "positional": {"name": "sinusoidal", "layout": "split"}, "mask": "causal",
         "block": "post_norm",
-        "feedforward": feedforward_for_activation(hf.get("activation_function", "gelu"), "marian"),
+        "feedforward": feedforward_for_activation(hf.get("activation_function", "gelu"), family),
         "norm": {"name": "layernorm", "eps": 1e-5},
     }
 
