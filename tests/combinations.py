@@ -5,10 +5,10 @@ from __future__ import annotations
 import itertools
 
 ATTENTION = ["matmul", "einsum", "sdpa"]
-POSITIONAL = ["sinusoidal", "learned", "rotary", "alibi", "none"]
+POSITIONAL = ["sinusoidal", "learned", "rotary", "alibi", "relative_bias", "none"]
 CAUSAL_MASKS = ["causal", {"name": "sliding_window", "window": 3}]
-BLOCKS = ["post_norm", "pre_norm"]
-FEEDFORWARD = ["relu", "gelu", "silu", "swiglu"]
+BLOCKS = ["post_norm", "pre_norm", "parallel"]
+FEEDFORWARD = ["relu", "gelu", "silu", "swiglu", "geglu"]
 NORMS = ["layernorm", "rmsnorm"]
 
 

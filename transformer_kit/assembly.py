@@ -105,8 +105,10 @@ class _Parts:
     def norm_factory(self, slot: str) -> Callable[[], nn.Module]:
         return lambda: self.create("norm", slot)
 
-    def embedder(self, token: nn.Embedding, slot: str) -> Embedder:
-        positional = self.create("positional", slot)
+    def embedder(self, token: nn.Embedding, slot: str, *, causal: bool) -> Embedder:
+        """Token embedding and the ``positional`` component; ``causal``: whether its stack
+        attends only backwards (decoders), for encodings that differ by direction."""
+        positional = self.create("positional", slot, causal=causal)
         side = slot.rpartition(".")[0] or "embedding"
         norm = self.create("norm", f"{side}.embedding_norm") if self.config.embedding_norm else None
         return Embedder(token, positional, self.config.dropout, self.config.scale_embeddings, norm)
@@ -238,8 +240,8 @@ def _assemble(config: ModelConfig, registry: Registry) -> TransformerModel:
         tgt_token = src_token if share else parts.token_embedding(config.tgt_vocab)
         return EncoderDecoderTransformer(
             config,
-            src_embed=parts.embedder(src_token, "encoder.positional"),
-            tgt_embed=parts.embedder(tgt_token, "decoder.positional"),
+            src_embed=parts.embedder(src_token, "encoder.positional", causal=False),
+            tgt_embed=parts.embedder(tgt_token, "decoder.positional", causal=True),
             encoder=parts.stack("encoder", config.n_encoder_layers, cross=False),
             decoder=parts.stack("decoder", config.n_decoder_layers, cross=True),
             head=parts.head(config.tgt_vocab, tgt_token if config.tie_embeddings else None),
@@ -247,7 +249,7 @@ def _assemble(config: ModelConfig, registry: Registry) -> TransformerModel:
             decoder_mask=mask,
         )
     token = parts.token_embedding(config.vocab_size)
-    embed = parts.embedder(token, "positional")
+    embed = parts.embedder(token, "positional", causal=arch == "decoder")
     tied = token if config.tie_embeddings else None
     if arch == "decoder":
         decoder = parts.stack("decoder", config.num_layers, cross=False)

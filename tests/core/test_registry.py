@@ -32,10 +32,11 @@ def _plugin(*components, name="my_plugin"):
 
 def test_builtin_names_are_sorted_per_kind(fresh_registry):
     assert fresh_registry.names("attention") == ["einsum", "matmul", "sdpa"]
-    assert fresh_registry.names("positional") == ["alibi", "learned", "none", "rotary", "sinusoidal"]
+    assert fresh_registry.names("positional") == ["alibi", "learned", "none", "relative_bias", "rotary",
+                                                  "sinusoidal"]
     assert fresh_registry.names("mask") == ["causal", "none", "sliding_window"]
-    assert fresh_registry.names("block") == ["post_norm", "pre_norm"]
-    assert fresh_registry.names("feedforward") == ["gelu", "relu", "silu", "swiglu"]
+    assert fresh_registry.names("block") == ["parallel", "post_norm", "pre_norm"]
+    assert fresh_registry.names("feedforward") == ["geglu", "gelu", "relu", "silu", "swiglu"]
     assert fresh_registry.names("norm") == ["layernorm", "rmsnorm"]
     assert fresh_registry.names("attention", pattern="*mul") == ["matmul"]
     assert fresh_registry.entry("attention", "sdpa").plugin == "builtin"
@@ -264,7 +265,8 @@ def test_plugins_that_cannot_be_hashed_register_like_modules(fresh_registry):
 
 
 def test_checkpoint_families_come_from_plugins(fresh_registry):
-    assert fresh_registry.model_types() == ["bert", "gpt2", "llama", "marian"]
+    assert fresh_registry.model_types() == ["bart", "bert", "gpt2", "gpt_neox", "llama", "marian",
+                                            "mistral", "qwen2", "roberta", "t5"]
     assert all(f.plugin == "builtin" for f in fresh_registry.families())
     family = tk.CheckpointFamily("tiny", dict, dict, probe="w")
     plugin = types.ModuleType("tiny_family")
@@ -272,7 +274,7 @@ def test_checkpoint_families_come_from_plugins(fresh_registry):
     tk.register_plugin(plugin)
     assert fresh_registry.family("tiny").family is family
     tk.unregister_plugin("tiny_family")
-    with pytest.raises(tk.CheckpointError, match=r"model_type 'tiny' is not supported.*Supported: bert"):
+    with pytest.raises(tk.CheckpointError, match=r"model_type 'tiny' is not supported.*Supported: bart,"):
         fresh_registry.family("tiny")
     wrong = types.ModuleType("wrong_family")
     wrong.transformer_kit_checkpoint_families = tk.hookimpl(lambda: ["gpt2"])

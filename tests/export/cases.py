@@ -15,8 +15,8 @@ def sampled_cases(architecture: str, count: int) -> list[tuple[str, dict]]:
     cases = []
     for i in range(count):
         parts = {
-            "attention": ATTENTION[i % 3], "positional": POSITIONAL[i % 5],
-            "mask": masks[i % len(masks)], "block": BLOCKS[(i // 2) % 2],
+            "attention": ATTENTION[i % 3], "positional": POSITIONAL[i % len(POSITIONAL)],
+            "mask": masks[i % len(masks)], "block": BLOCKS[(i // 2) % 3],
             "feedforward": FEEDFORWARD[(i + 1) % len(FEEDFORWARD)], "norm": NORMS[(i // 3) % 2],
             "num_kv_heads": KV_HEADS[i % 3],
         }
@@ -28,4 +28,4 @@ def sampled_cases(architecture: str, count: int) -> list[tuple[str, dict]]:
     return cases
 
 
-CASES = sampled_cases("decoder", 6) + sampled_cases("encoder_decoder", 6) + sampled_cases("encoder", 5)
+CASES = sampled_cases("decoder", 6) + sampled_cases("encoder_decoder", 6) + sampled_cases("encoder", 6)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from transformer_kit import CheckpointFamily, Component, hookimpl
 from transformer_kit.plugins.attention import EinsumAttention, MatmulAttention, SdpaAttention
-from transformer_kit.plugins.blocks import PostNormBlock, PreNormBlock
+from transformer_kit.plugins.blocks import ParallelBlock, PostNormBlock, PreNormBlock
 from transformer_kit.plugins.families import builtin_families
 from transformer_kit.plugins.feedforward import (
+    GeGLU,
     SwiGLU,
     gelu_feedforward,
     relu_feedforward,
@@ -29,15 +30,17 @@ from transformer_kit.plugins.positional import (
     ALiBiPositions,
     LearnedPositions,
     NoPositions,
+    RelativePositionBias,
     RotaryPositions,
     SinusoidalPositions,
 )
 
 __all__ = [
-    "ALiBiPositions", "CausalMask", "EinsumAttention", "LearnedPositions", "MatmulAttention",
-    "MinNewTokens", "MinP", "NoMask", "NoPositions", "NoRepeatNGram", "PostNormBlock",
-    "PreNormBlock", "RepetitionPenalty", "RotaryPositions", "SdpaAttention",
-    "SinusoidalPositions", "SlidingWindowMask", "SwiGLU", "Temperature", "TopK", "TopP",
+    "ALiBiPositions", "CausalMask", "EinsumAttention", "ForcedFirstToken", "GeGLU",
+    "LearnedPositions", "MatmulAttention", "MinNewTokens", "MinP", "NoMask", "NoPositions",
+    "NoRepeatNGram", "ParallelBlock", "PostNormBlock", "PreNormBlock", "RelativePositionBias",
+    "RepetitionPenalty", "RotaryPositions", "SdpaAttention", "SinusoidalPositions",
+    "SlidingWindowMask", "SwiGLU", "Temperature", "TopK", "TopP",
     "gelu_feedforward", "layer_norm", "relu_feedforward", "rms_norm", "silu_feedforward",
     "transformer_kit_checkpoint_families", "transformer_kit_components",
 ]
@@ -61,6 +64,9 @@ def transformer_kit_components() -> list[Component]:
                   description="a trained table of max_len positions"),
         Component("positional", "rotary", RotaryPositions, lowerings={"rotary"},
                   description="rotates q and k by position (RoFormer, Llama; one ONNX RotaryEmbedding op)"),
+        Component("positional", "relative_bias", RelativePositionBias, requires=_BIAS,
+                  description="T5's learned bias per bucket of key - query distance on the scores "
+                  "(bidirectional in an encoder, causal in a decoder)"),
         Component("positional", "alibi", ALiBiPositions, requires=_BIAS,
                   description="linear distance bias on the scores (ALiBi)"),
         Component("positional", "none", NoPositions, description="no position information"),
@@ -73,6 +79,8 @@ def transformer_kit_components() -> list[Component]:
                   description="Add & Norm after each sub-layer (the paper)"),
         Component("block", "pre_norm", PreNormBlock,
                   description="norm before each sub-layer, final norm after the stack"),
+        Component("block", "parallel", ParallelBlock,
+                  description="attention and feed-forward both read the block's input (GPT-NeoX)"),
         Component("feedforward", "relu", relu_feedforward, description="Linear-ReLU-Linear (the paper)"),
         Component("feedforward", "gelu", gelu_feedforward,
                   description="Linear-GELU-Linear (approximate: none | tanh)"),
@@ -80,6 +88,9 @@ def transformer_kit_components() -> list[Component]:
                   description="Linear-SiLU-Linear (swish; Marian)"),
         Component("feedforward", "swiglu", SwiGLU, lowerings={"gate_up"},
                   description="SiLU-gated linear unit (Llama; gate and up one product in ONNX)"),
+        Component("feedforward", "geglu", GeGLU, lowerings={"gate_up"},
+                  description="GELU-gated linear unit (T5 v1.1, Flan-T5 gated-gelu; approximate: "
+                  "tanh | none)"),
         Component("norm", "layernorm", layer_norm, description="LayerNorm (the paper)"),
         Component("norm", "rmsnorm", rms_norm, description="RMSNorm (Llama)"),
         *_LOGITS_PROCESSORS,

@@ -1,4 +1,5 @@
-"""Encoder/decoder layers: post-norm (the paper, seeds) and pre-norm (GPT-2, Llama)."""
+"""Encoder/decoder layers: post-norm (the paper, seeds), pre-norm (GPT-2, Llama) and parallel
+(GPT-NeoX, GPT-J: the sub-layers read the block's input side by side)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,18 @@ class PreNormBlock(_Layer):
         if self.cross_attention is not None:
             x = x + self.cross_dropout(self.cross_attention(self.cross_norm(x), cross_inputs))
         return x + self.ff_dropout(self.feedforward(self.ff_norm(x)))
+
+
+class ParallelBlock(_Layer):
+    """x = x + dropout(attention(norm1(x))) [+ dropout(cross(norm_c(x)))] + dropout(ff(norm2(x))):
+    every sub-layer reads the block's input, each through its own norm (GPT-NeoX's
+    ``use_parallel_residual``); the stack ends with a final norm."""
+
+    needs_final_norm = True
+
+    def forward(self, x: Tensor, self_inputs: AttentionInputs,
+                cross_inputs: AttentionInputs | None = None) -> Tensor:
+        out = x + self.self_dropout(self.self_attention(self.self_norm(x), self_inputs))
+        if self.cross_attention is not None:
+            out = out + self.cross_dropout(self.cross_attention(self.cross_norm(x), cross_inputs))
+        return out + self.ff_dropout(self.feedforward(self.ff_norm(x)))

@@ -45,6 +45,22 @@ class SwiGLU(nn.Module):
         return self.down(self.dropout(F.silu(gate) * up))
 
 
+class GeGLU(SwiGLU):
+    """down(gelu(gate(x)) * up(x)) (Shazeer 2020), as T5 v1.1 and Flan-T5 (``gated-gelu``, the
+    tanh approximation: ``approximate="tanh"``)."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float, bias: bool = False,
+                 approximate: str = "tanh") -> None:
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+        super().__init__(d_model, d_ff, dropout, bias)
+        self.approximate = approximate
+
+    def gated(self, gate: Tensor, up: Tensor) -> Tensor:
+        """gate, up (batch, len, d_ff) -> (batch, len, d_model)."""
+        return self.down(self.dropout(F.gelu(gate, approximate=self.approximate) * up))
+
+
 def relu_feedforward(d_model: int, d_ff: int, dropout: float, bias: bool = True) -> FeedForward:
     return FeedForward(d_model, d_ff, dropout, nn.ReLU(), bias=bias)
 

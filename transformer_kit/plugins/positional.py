@@ -1,4 +1,4 @@
-"""Positional encodings: sinusoidal (the paper), learned, rotary, ALiBi, none."""
+"""Positional encodings: sinusoidal (the paper), learned, rotary, ALiBi, T5's relative bias, none."""
 
 from __future__ import annotations
 
@@ -143,3 +143,57 @@ class ALiBiPositions(PositionalEncoding):
     def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
         distance = (q_positions[:, :, None] - k_positions[:, None, :]).abs().float()
         return -self.slopes[None, :, None, None] * distance[:, None]
+
+
+class RelativePositionBias(PositionalEncoding):
+    """T5's relative position bias: a learned table (num_buckets, num_heads) indexed by the
+    bucket of each key's distance to the query, added to the scores of every self-attention
+    layer (computed once per stack, as T5's first layer computes it and the others share it).
+
+    Distances below ``num_buckets // 2`` (of the buckets per direction) have a bucket each; longer
+    ones share log-spaced buckets up to ``max_distance``, and any further distance the last.
+    Bidirectional (half the buckets for keys after the query) in an encoder stack, causal in a
+    decoder stack (``causal`` comes from the stack; set it to override).
+
+    Args:
+        num_heads: attention heads (one bias per head); num_buckets, max_distance: as T5's
+            ``relative_attention_num_buckets`` (32) and ``relative_attention_max_distance`` (128).
+    """
+
+    def __init__(self, num_heads: int, causal: bool, num_buckets: int = 32,
+                 max_distance: int = 128) -> None:
+        super().__init__()
+        per_side = num_buckets // (1 if causal else 2)
+        if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or per_side < 2:
+            raise ValueError(f"num_buckets must be an integer of at least {2 if causal else 4}, "
+                             f"got {num_buckets!r}")
+        is_int = isinstance(max_distance, int) and not isinstance(max_distance, bool)
+        if not is_int or max_distance <= per_side // 2:
+            raise ValueError(f"max_distance must be an integer above {per_side // 2} (the exact "
+                             f"buckets), got {max_distance!r}")
+        self.causal, self.num_buckets, self.max_distance = causal, num_buckets, max_distance
+        self.table = nn.Embedding(num_buckets, num_heads)
+        nn.init.normal_(self.table.weight, std=num_heads ** -0.5)
+
+    def buckets(self, relative: Tensor) -> Tensor:
+        """relative (..., ) int64 key - query distances -> their buckets (T5's
+        ``_relative_position_bucket``, term for term)."""
+        buckets = self.num_buckets
+        if self.causal:
+            offset = torch.zeros_like(relative)
+            distance = (-relative).clamp(min=0)
+        else:
+            buckets //= 2
+            offset = (relative > 0).long() * buckets
+            distance = relative.abs()
+        exact = buckets // 2
+        # log of at least 1: the small distances take the exact branch below anyway
+        large = exact + (torch.log(distance.clamp(min=1).float() / exact)
+                         / math.log(self.max_distance / exact) * (buckets - exact)).long()
+        large = large.clamp(max=buckets - 1)
+        return offset + torch.where(distance < exact, distance, large)
+
+    def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+        """(batch, q_len), (batch, k_len) -> (batch, heads, q_len, k_len)."""
+        relative = k_positions[:, None, :] - q_positions[:, :, None]
+        return self.table(self.buckets(relative)).permute(0, 3, 1, 2)

@@ -22,9 +22,8 @@ def _mistral(hidden, heads, kv_heads, layers, window, **extra):
 class TestMistral(parity.FamilyParity):
     CHECKPOINTS: ClassVar = {
         "mistral-6heads-kv2-2layers-window4": lambda: _mistral(24, 6, 2, 2, 4),
-        "mistral-4heads-kv1-3layers-window3-tied": lambda: _mistral(16, 4, 1, 3, 3, tie_word_embeddings=True,
-                                                                     rope_theta=1000000.0),
-        "mistral-4heads-kv4-1layer-no-window": lambda: _mistral(16, 4, 4, 1, None),
+        "mistral-4heads-kv1-3layers-no-window-tied": lambda: _mistral(
+            16, 4, 1, 3, None, tie_word_embeddings=True, rope_theta=1000000.0),
     }
 
 

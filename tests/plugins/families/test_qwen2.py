@@ -22,9 +22,9 @@ def _qwen2(hidden, heads, kv_heads, layers, **extra):
 class TestQwen2(parity.FamilyParity):
     CHECKPOINTS: ClassVar = {
         "qwen2-6heads-kv2-2layers": lambda: _qwen2(24, 6, 2, 2),
-        "qwen2-4heads-kv1-1layer-tied": lambda: _qwen2(16, 4, 1, 1, tie_word_embeddings=True),
-        "qwen2-4heads-kv2-2layers-window3": lambda: _qwen2(16, 4, 2, 2, use_sliding_window=True,
-                                                           max_window_layers=0, sliding_window=3),
+        "qwen2-4heads-kv1-2layers-window3-tied": lambda: _qwen2(
+            16, 4, 1, 2, use_sliding_window=True, max_window_layers=0, sliding_window=3,
+            tie_word_embeddings=True),
     }
 
 
