@@ -70,3 +70,27 @@ def test_layernorm_and_rmsnorm_formulas():
     torch.testing.assert_close(rms(x), x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
     with pytest.raises(tk.ConfigError, match=r"eps"):
         _create("norm", "rmsnorm", eps=0)
+
+
+def test_geglu_formula():
+    ff = _create("feedforward", "geglu")
+    x = torch.randn(2, 3, 8)
+    gate = x @ ff.gate.weight.T
+    expected = (torch.nn.functional.gelu(gate, approximate="tanh") * (x @ ff.up.weight.T)) @ ff.down.weight.T
+    torch.testing.assert_close(ff(x), expected)
+    with pytest.raises(tk.ConfigError, match=r"approximate"):
+        _create("feedforward", "geglu", approximate="erf")
+
+
+def test_parallel_block_adds_both_sub_layers_of_the_input():
+    """x + attention(norm1(x)) + feed-forward(norm2(x)): both read the block's input."""
+    registry = tk.get_registry()
+    ff = torch.nn.Linear(8, 8)
+    norms = iter([torch.nn.LayerNorm(8), torch.nn.LayerNorm(8)])
+    block = registry.create("block", "parallel", context={"d_model": 8, "dropout": 0.0},
+                            self_attention=lambda x, inputs: 2 * x, cross_attention=None,
+                            feedforward=ff, make_norm=lambda: next(norms))
+    x = torch.randn(2, 3, 8)
+    expected = x + 2 * block.self_norm(x) + ff(block.ff_norm(x))
+    torch.testing.assert_close(block(x, None), expected)
+    assert block.needs_final_norm

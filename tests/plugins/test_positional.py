@@ -127,3 +127,31 @@ def test_none_changes_nothing():
     x = torch.randn(1, 2, 4)
     assert torch.equal(enc.embed(x, torch.arange(2)[None]), x)
     assert enc.score_bias(torch.zeros(1, 2), torch.zeros(1, 2)) is None
+
+
+def test_learned_offset_reads_rows_after_the_offset():
+    enc = _create("learned", d_model=4, max_len=3, offset=2)
+    assert enc.table.weight.shape == (5, 4)
+    embedded = enc.embed(torch.zeros(1, 3, 4), torch.arange(3)[None])[0]
+    torch.testing.assert_close(embedded, enc.table.weight[2:])
+    with pytest.raises(tk.InputError, match=r"max_len=3"):
+        enc.embed(torch.zeros(1, 4, 4), torch.arange(4)[None])
+
+
+@pytest.mark.parametrize(("causal", "buckets", "distance"), [(False, 32, 128), (True, 32, 128), (False, 8, 6),
+                                                              (True, 6, 5)])
+def test_relative_bias_buckets_are_t5_s(causal, buckets, distance):
+    """Every distance from -300 to 300 falls in the bucket transformers' T5 puts it in."""
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    enc = _create("relative_bias", num_heads=2, causal=causal, num_buckets=buckets, max_distance=distance)
+    relative = torch.arange(-300, 301)[None, :]
+    expected = T5Attention._relative_position_bucket(relative, bidirectional=not causal,
+                                                     num_buckets=buckets, max_distance=distance)
+    torch.testing.assert_close(enc.buckets(relative), expected, rtol=0, atol=0)
+    q, k = torch.tensor([[0, 1, 2]]), torch.tensor([[0, 1, 2, 3]])
+    bias = enc.score_bias(q, k)  # (1, heads, 3, 4): the table's row of each pair's bucket, per head
+    assert bias.shape == (1, 2, 3, 4)
+    torch.testing.assert_close(bias[0, :, 2, 0], enc.table.weight[int(enc.buckets(torch.tensor(-2)))])
+    with pytest.raises(tk.ConfigError, match=r"num_buckets"):
+        _create("relative_bias", num_heads=2, causal=causal, num_buckets=1)
