@@ -79,7 +79,7 @@ def test_unknown_component_names_list_what_is_registered():
         tk.build_model({"vocab_size": 10, "positional": "rotery"})
     text = str(info.value)
     assert "config key 'positional'" in text and "Did you mean 'rotary'?" in text
-    assert "alibi, learned, none, rotary, sinusoidal" in text
+    assert "alibi, learned, none, relative_bias, rotary, sinusoidal" in text
 
 
 def test_bad_component_params_name_the_component():

@@ -62,7 +62,7 @@ def check_pytorch(reference, model) -> None:
     ids, mask = batch(model)
     expected, inputs = reference_outputs(reference, model, ids, mask)
     with torch.no_grad():
-        ours = model(*inputs)
+        ours = model(*inputs, attention_mask=mask)  # the mask given, not inferred from pad_id
     assert ours.shape == expected.shape
     assert relative_error(real_positions(ours, mask, model),
                           real_positions(expected, mask, model)) <= TOLERANCE
@@ -74,7 +74,7 @@ def check_onnxruntime(reference, model, folder: Path) -> None:
     ids, mask = batch(model, size=2, length=11, seed=2)
     expected, inputs = reference_outputs(reference, model, ids, mask)
     om = OnnxModel(folder, providers="cpu")
-    ours = om(*[x.numpy() for x in inputs])
+    ours = om(*[x.numpy() for x in inputs], attention_mask=mask.numpy())
     assert relative_error(real_positions(ours, mask, model),
                           real_positions(expected, mask, model)) <= TOLERANCE
     if model.architecture != "encoder":
@@ -114,10 +114,10 @@ def check_generation(reference, model, om) -> None:
                                          attention_mask=mask.gather(1, order), generation_config=gen)
             expected = out[:, ids.shape[1]:].numpy()
         expected = after_eos(expected, [cfg.eos_id], cfg.pad_id)
-        ours = om.generate(ids.numpy(), max_new_tokens=12, **options)
+        ours = om.generate(ids.numpy(), max_new_tokens=12, attention_mask=mask.numpy(), **options)
         np.testing.assert_array_equal(ours[:, :expected.shape[1]], expected, err_msg=str(options))
         assert (ours[:, expected.shape[1]:] == cfg.pad_id).all()  # transformers stops sooner
-        torch_ours = model.generate(ids, max_new_tokens=12, **options).numpy()
+        torch_ours = model.generate(ids, max_new_tokens=12, attention_mask=mask, **options).numpy()
         np.testing.assert_array_equal(torch_ours, ours, err_msg=str(options))
         assert expected.shape[1] >= 3 and len(np.unique(expected)) >= 2, expected  # not one repeated token
 
