@@ -229,6 +229,7 @@ async def _events(request: EngineRequest, pieces: TextPieces | None, ident: str,
         request.cancel()  # no-op when it ended; frees the row when the client left mid-stream
         metrics.finished(request)  # still running: counted as cancelled, the engine ends it next
 
+
 @contextlib.contextmanager
 def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", timeout: float = 30.0) -> Iterator[str]:
     """Run ``app`` with uvicorn in a thread of this process, on a free port of ``host``; yields
