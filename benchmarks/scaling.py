@@ -44,7 +44,7 @@ def step_timers(model, session, batch: int, past: int):
     cfg = model.config
     rng = np.random.default_rng(past + batch)
     layers = len(model.decoder.layers)
-    cache = [rng.standard_normal((batch, cfg.kv_heads, past, cfg.head_dim), dtype=np.float32)
+    cache = [rng.standard_normal((batch, cfg.kv_heads, past, cfg.attention_head_dim), dtype=np.float32)
              for _ in range(2 * layers)]
     feeds = {"input_ids": np.full((batch, 1), 5, np.int64),
              "attention_mask": np.ones((batch, past + 1), np.int64)}

@@ -56,7 +56,7 @@ class _Parts:
             "d_model": config.d_model,
             "num_heads": config.num_heads,
             "num_kv_heads": config.kv_heads,
-            "head_dim": config.head_dim,
+            "head_dim": config.attention_head_dim,
             "d_ff": config.d_ff,
             "dropout": config.dropout,
             "max_len": config.max_len,
@@ -84,7 +84,8 @@ class _Parts:
         kernel: AttentionKernel = self.create("attention", f"{slot}.kernel")
         return MultiHeadAttention(self.config.d_model, self.config.num_heads, self.config.kv_heads,
                                   kernel, is_cross=is_cross, bias=self.config.attention_bias,
-                                  out_bias=self.config.attention_out_bias)
+                                  out_bias=self.config.attention_out_bias,
+                                  head_dim=self.config.attention_head_dim)
 
     def stack(self, role: str, num_layers: int, *, cross: bool) -> Stack:
         layers = []

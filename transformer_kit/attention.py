@@ -18,7 +18,8 @@ class MultiHeadAttention(nn.Module):
     """Self- or cross-attention with ``num_heads`` query heads and ``num_kv_heads`` KV heads.
 
     Args:
-        d_model: model width; split into num_heads heads of d_model // num_heads.
+        d_model: model width; projected to num_heads heads of ``head_dim`` (d_model // num_heads
+            by default) and back.
         num_heads: query heads.
         num_kv_heads: key/value heads (grouped-query attention); divides num_heads.
         kernel: the attention kernel combining q, k, v.
@@ -26,20 +27,22 @@ class MultiHeadAttention(nn.Module):
         bias: whether the projections have biases.
         out_bias: whether the output projection has one (None: as ``bias``; Qwen2 has biases
             on q, k and v only).
+        head_dim: each head's width (T5's d_kv); None: d_model // num_heads.
     """
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, kernel: nn.Module,
-                 *, is_cross: bool = False, bias: bool = True, out_bias: bool | None = None) -> None:
+                 *, is_cross: bool = False, bias: bool = True, out_bias: bool | None = None,
+                 head_dim: int | None = None) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
-        self.head_dim = d_model // num_heads
+        self.head_dim = head_dim or d_model // num_heads
         self.is_cross = is_cross
-        kv_width = num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        width, kv_width = num_heads * self.head_dim, num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(d_model, width, bias=bias)
         self.k_proj = nn.Linear(d_model, kv_width, bias=bias)
         self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
-        self.o_proj = nn.Linear(d_model, d_model, bias=bias if out_bias is None else out_bias)
+        self.o_proj = nn.Linear(width, d_model, bias=bias if out_bias is None else out_bias)
         self.kernel = kernel
 
     def keys_values(self, source: Tensor) -> tuple[Tensor, Tensor]:

@@ -84,6 +84,7 @@ class ModelConfig(BaseModel):
     d_model: int = Field(512, gt=0)
     num_heads: int = Field(8, gt=0)
     num_kv_heads: int | None = Field(None, gt=0)
+    head_dim: int | None = Field(None, gt=0)
     num_layers: int = Field(6, gt=0)
     encoder_layers: int | None = Field(None, gt=0)
     decoder_layers: int | None = Field(None, gt=0)
@@ -128,9 +129,9 @@ class ModelConfig(BaseModel):
                                     f"{'vocab_size' if 'vocab' in key else 'num_layers'}")
         if self.lm_head and arch != "encoder":
             problems.append("'lm_head' applies to encoder models (decoders always have one)")
-        if self.d_model % self.num_heads:
+        if self.head_dim is None and self.d_model % self.num_heads:
             problems.append(f"'d_model' ({self.d_model}) must be divisible by 'num_heads' "
-                            f"({self.num_heads})")
+                            f"({self.num_heads}), or give 'head_dim'")
         kv = self.num_kv_heads
         if kv is not None and (kv > self.num_heads or self.num_heads % kv):
             problems.append(f"'num_kv_heads' ({kv}) must divide 'num_heads' ({self.num_heads})")
@@ -166,8 +167,9 @@ class ModelConfig(BaseModel):
         return self.num_kv_heads or self.num_heads
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+    def attention_head_dim(self) -> int:
+        """Each attention head's width: ``head_dim``, or d_model // num_heads."""
+        return self.head_dim or self.d_model // self.num_heads
 
     @property
     def n_encoder_layers(self) -> int:

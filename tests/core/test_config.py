@@ -13,7 +13,8 @@ from transformer_kit.config import ModelConfig
 
 def test_defaults_are_the_paper():
     cfg = tk.load_config({"vocab_size": 37000})
-    assert (cfg.d_model, cfg.num_heads, cfg.num_layers, cfg.d_ff, cfg.head_dim) == (512, 8, 6, 2048, 64)
+    assert (cfg.d_model, cfg.num_heads, cfg.num_layers, cfg.d_ff) == (512, 8, 6, 2048)
+    assert cfg.head_dim is None and cfg.attention_head_dim == 64
     assert [cfg.component(k).name for k in tk.MODEL_KINDS] == [
         "matmul", "sinusoidal", "causal", "post_norm", "relu", "layernorm"]
     assert tk.load_config({"architecture": "encoder", "vocab_size": 9}).mask.name == "none"
@@ -128,3 +129,21 @@ def test_config_is_immutable():
     cfg = ModelConfig(vocab_size=10)
     with pytest.raises(Exception, match=r"frozen"):
         cfg.d_model = 3
+
+
+def test_head_dim_sets_each_head_s_width_apart_from_d_model():
+    """Heads of another width than d_model / num_heads (T5's d_kv, Mistral Nemo's head_dim):
+    d_model need not divide then, and the model generates as with any config."""
+    import torch
+
+    config = {"architecture": "decoder", "vocab_size": 37, "d_model": 18, "num_heads": 4,
+              "num_kv_heads": 2, "head_dim": 6, "num_layers": 1, "d_ff": 24, "positional": "rotary"}
+    model = tk.build_model(config).eval()
+    attention = model.decoder.layers[0].self_attention
+    assert (attention.q_proj.out_features, attention.k_proj.out_features) == (24, 12)
+    assert attention.o_proj.in_features == 24 and model.config.attention_head_dim == 6
+    ids = torch.tensor([[3, 4, 5, 6]])
+    cached = model.generate(ids, max_new_tokens=5)
+    assert torch.equal(cached, model.generate(ids, max_new_tokens=5, use_cache=False))
+    with pytest.raises(tk.ConfigError, match=r"divisible by 'num_heads'.*or give 'head_dim'"):
+        tk.load_config({**config, "head_dim": None})

@@ -196,7 +196,7 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
             architecture=model.architecture, config=cfg.to_dict(), dtype=dtype, opset=opset,
             graphs=graphs,
             num_decoder_layers=len(model.decoder.layers) if hasattr(model, "decoder") else 0,
-            kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, src_vocab=cfg.src_vocab,
+            kv_heads=cfg.kv_heads, head_dim=cfg.attention_head_dim, src_vocab=cfg.src_vocab,
             tgt_vocab=cfg.tgt_vocab, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
             max_positions=model.max_positions, quantization=method(quantize),
             quantization_options=quantize.describe() if isinstance(quantize, Int4) else {},

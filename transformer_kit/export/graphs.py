@@ -124,7 +124,7 @@ def graph_specs(model: TransformerModel) -> dict[str, GraphSpec]:
                                    ["input_ids", "attention_mask"], [output])
         return specs
     layers = len(model.decoder.layers)
-    heads, head_dim = cfg.kv_heads, cfg.head_dim
+    heads, head_dim = cfg.kv_heads, cfg.attention_head_dim
     past_kv = [param.new_zeros(b, heads, p, head_dim).normal_() for _ in range(2 * layers)]
     past_shapes = [{0: batch, 2: past}] * (2 * layers)
     if model.architecture == "decoder":

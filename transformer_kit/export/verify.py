@@ -70,7 +70,7 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
     graph = om.manifest.graphs["decoder_step"]
     layers = om.manifest.num_decoder_layers
     batch = 3
-    empty = [np.zeros((batch, cfg.kv_heads, 0, cfg.head_dim), om._kv_dtype)] * (2 * layers)
+    empty = [np.zeros((batch, cfg.kv_heads, 0, cfg.attention_head_dim), om._kv_dtype)] * (2 * layers)
     caches = model.new_cache(batch, next(model.parameters()))
     errors = []
     if model.architecture == "decoder":

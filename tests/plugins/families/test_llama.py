@@ -18,7 +18,7 @@ def _llama(hidden, heads, kv_heads, layers, **extra):
 
 class TestLlama(parity.FamilyParity):
     CHECKPOINTS: ClassVar = {
-        "llama-6heads-kv2-2layers": lambda: _llama(24, 6, 2, 2),
+        "llama-6heads-of-6-kv2-2layers": lambda: _llama(24, 6, 2, 2, head_dim=6),  # 6 x 6 != 24
         "llama-4heads-kv1-1layer-tied": lambda: _llama(16, 4, 1, 1, tie_word_embeddings=True,
                                                        rope_theta=500000.0),
         "llama-5heads-kv5-3layers": lambda: _llama(20, 5, 5, 3, attention_bias=True),

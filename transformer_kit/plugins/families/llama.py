@@ -19,9 +19,10 @@ def llama_config(hf: dict, family: str = "llama") -> dict:
     it in refusals."""
     d_model, heads = hf["hidden_size"], hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or d_model // heads
-    require(head_dim * heads == d_model, family, f"head_dim {head_dim} != hidden_size / heads")
     require(hf.get("hidden_act", "silu") == "silu", family, f"hidden_act {hf.get('hidden_act')!r}")
+    # heads of another width than d_model / heads (Mistral Nemo) name it; the others need not
     return {
+        **({} if head_dim * heads == d_model else {"head_dim": head_dim}),
         "architecture": "decoder", "vocab_size": hf["vocab_size"], "d_model": d_model,
         "num_heads": heads, "num_kv_heads": hf.get("num_key_value_heads") or heads,
         "num_layers": hf["num_hidden_layers"], "d_ff": hf["intermediate_size"],

@@ -23,9 +23,7 @@ _FEEDFORWARD = {
 
 def t5_config(hf: dict) -> dict:
     d_model, heads = hf["d_model"], hf["num_heads"]
-    require(hf.get("d_kv", d_model // heads) * heads == d_model, "t5",
-            f"d_kv {hf.get('d_kv')} x num_heads {heads} != d_model {d_model} (attention here has "
-            "d_model / num_heads per head)")
+    head_dim = hf.get("d_kv", d_model // heads)  # Flan-T5-small, T5 v1.1: heads x d_kv != d_model
     projection = hf.get("feed_forward_proj", "relu")
     require(projection in _FEEDFORWARD, "t5",
             f"feed_forward_proj {projection!r} (supported: {', '.join(_FEEDFORWARD)})")
@@ -33,7 +31,8 @@ def t5_config(hf: dict) -> dict:
     start = hf.get("decoder_start_token_id", hf.get("pad_token_id", 0))
     return {
         "architecture": "encoder_decoder", "vocab_size": hf["vocab_size"], "d_model": d_model,
-        "num_heads": heads, "encoder_layers": hf["num_layers"],
+        "num_heads": heads, **({} if head_dim * heads == d_model else {"head_dim": head_dim}),
+        "encoder_layers": hf["num_layers"],
         "decoder_layers": hf.get("num_decoder_layers") or hf["num_layers"], "d_ff": hf["d_ff"],
         "dropout": hf.get("dropout_rate", 0.1), "max_len": hf.get("n_positions", 512),
         "pad_id": hf.get("pad_token_id", 0), "bos_id": start, "eos_id": hf.get("eos_token_id", 1),
