@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 
@@ -125,6 +127,22 @@ def top1_agreement(model: TransformerModel, om: OnnxModel, prompts: int = 32, le
     actual = om(*[x.numpy() for x in inputs]).argmax(-1)
     real = keep_from_pad(inputs[-1].numpy(), model.config.pad_id)  # target or decoder positions
     return float((actual == expected)[real].mean())
+
+
+@torch.no_grad()
+def float32_spread(model: TransformerModel) -> float:
+    """PyTorch's own float32 rounding on the verification's inputs: the largest relative error
+    of the float32 model against a float64 copy of it, over :data:`VERIFY_SHAPES`.
+
+    onnxruntime rounds in float32 too, in another order, so a correct export differs from
+    PyTorch by about this much; models whose scores are not scaled (T5) or are deep spread
+    more, and by how much depends on the CPU's kernels."""
+    reference = copy.deepcopy(model).double()
+    spread = 0.0
+    for seed, (batch, length) in enumerate(VERIFY_SHAPES):
+        inputs = _forward_inputs(model, batch, _fit(length, model), seed)
+        spread = max(spread, relative_error(model(*inputs).numpy(), reference(*inputs).numpy()))
+    return spread
 
 
 def verify_export(model: TransformerModel, om: OnnxModel, tolerance: float | None) -> dict:
