@@ -16,7 +16,9 @@ import pytest
 ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "transformer_kit"
 OUTER_LAYERS = ("apps", "export", "plugins")
-CORE_LINE_LIMIT = 2_500
+#: 2,500 until checkpoints were read tensor by tensor (issue 23: deferred tensors that replay a
+#: family's mapping on one tensor, and models that read each layer's weights as it runs).
+CORE_LINE_LIMIT = 2_900
 #: The decoding subsystem (options, logits processors, strategies, text, the PyTorch stepper) is a
 #: core package with a budget of its own, so the model core stays small as decoding grows.
 #: 1,000 lines until the per-token fast path of greedy search and sampling (issue 13: no state

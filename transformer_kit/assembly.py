@@ -9,7 +9,8 @@ parameters, so a config whose weights cannot fit in memory is refused with its s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,9 +202,30 @@ def check_config(config: ModelConfig | dict | str | Path,
                      (name, tuple(largest.shape)))
 
 
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """While active, every parameter a module registers moves to the ``meta`` device as it is
+    registered (buffers stay real: rotary frequencies and position tables are computed)."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and not param.is_meta:
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
 def build_model(config: ModelConfig | dict | str | Path,
-                registry: Registry | None = None) -> TransformerModel:
+                registry: Registry | None = None, *, empty: bool = False) -> TransformerModel:
     """Assemble a model from a config (a :class:`ModelConfig`, a dict, or a YAML/JSON path).
+
+    ``empty``: parameters on the ``meta`` device (shapes only, no memory), for weights that
+    come later (``from_hf`` fills or streams them); buffers are computed as usual.
 
     Raises :class:`ConfigError` (or :class:`UnknownComponentError`) naming the key or the
     component when the config cannot be built, and before allocating when its weights need
@@ -213,12 +235,13 @@ def build_model(config: ModelConfig | dict | str | Path,
     registry = registry or get_registry()
     size = check_config(config, registry)
     memory = available_memory()
-    if size is not None and memory is not None and size.bytes > memory:
+    if not empty and size is not None and memory is not None and size.bytes > memory:
         raise ConfigError(
             f"This config needs {size}, more than the {_size(memory)} of memory available here. "
             "Make vocab_size, d_model, d_ff or the number of layers smaller."
         )
-    model = _assemble(config, registry)
+    with _parameters_on_meta() if empty else contextlib.nullcontext():
+        model = _assemble(config, registry)
     model.components = {kind: registry.entry(kind, config.component(kind).name) for kind in MODEL_KINDS}
     return model
 

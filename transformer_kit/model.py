@@ -40,6 +40,9 @@ class TransformerModel(nn.Module):
         self.components: dict[str, RegisteredComponent] = {}
         #: The checkpoint's tokenizer (text in, text out), kept by save and export; or None.
         self.tokenizer: TextTokenizer | None = None
+        #: ``from_hf(..., stream=True)``: the weights, read from the checkpoint when needed
+        #: (the parameters are on the meta device); None for a model in memory.
+        self.streamed_weights: Any = None
 
     def _lacking(self, flag: str) -> list[str]:
         """Chosen components whose ``flag`` (supports_cache, exportable) is False, named."""

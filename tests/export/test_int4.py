@@ -1,6 +1,7 @@
 """4-bit weights: every weight matrix becomes MatMulNBits blocks whose dequantized values are
-the float32 weights rounded to the nearest step of their block's scale, the embedding gather
-keeps float32, and onnxruntime's int4 graph computes what those dequantized weights give."""
+the float32 weights rounded to the nearest step of their block's scale, the token embedding a
+GatherBlockQuantized table over the same bytes as the tied head (or float32 with
+``embedding=False``), and onnxruntime's int4 graph computes what those dequantized weights give."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from onnx import numpy_helper
 import transformer_kit as tk
 from tests.combinations import tiny_config
 from transformer_kit.export import Int4, OnnxModel, export_onnx
-from transformer_kit.export.quantize import head_matmuls
 from transformer_kit.export.verify import random_ids, relative_error
 
 BLOCK = 16
@@ -63,10 +63,13 @@ def _float_weights(graph: onnx.GraphProto) -> list[np.ndarray]:
     producer = {o: n for n in graph.node for o in n.output}
     found = []
     for node in graph.node:
-        if node.op_type != "MatMul":
+        if node.op_type not in ("MatMul", "FusedMatMul"):
             continue
         b = node.input[1]
-        if b in weights:
+        if node.op_type == "FusedMatMul":  # a tied head: x @ table.T
+            assert {a.name: a.i for a in node.attribute}["transB"] == 1
+            found.append(weights[b].T)
+        elif b in weights:
             found.append(weights[b])
         elif b in producer and producer[b].op_type == "Transpose" and producer[b].input[0] in weights:
             found.append(weights[producer[b].input[0]].T)
@@ -90,22 +93,58 @@ def test_every_weight_matrix_is_rounded_to_its_block_scale(exports):
         assert (approx.T.reshape(blocks.shape) != blocks).any()  # really quantized
 
 
-def test_the_embedding_gather_keeps_float32(exports):
+def _external_bytes(tensor: onnx.TensorProto) -> tuple[str, str]:
+    place = {e.key: e.value for e in tensor.external_data}
+    return place["offset"], place["length"]
+
+
+def test_the_embedding_and_the_tied_head_read_one_4bit_copy(exports):
     _, root, _ = exports
     graph = _graph(root, "int4")
+    weights = {t.name: t for t in onnx.load(str(root / "int4" / "decoder_step.onnx"),
+                                            load_external_data=False).graph.initializer}
+    (gather,) = [n for n in graph.node if n.op_type == "GatherBlockQuantized"]
+    attrs = {a.name: a.i for a in gather.attribute}
+    assert [attrs[k] for k in ("bits", "block_size", "gather_axis", "quantize_axis")] == [4, BLOCK, 0, 1]
+    head = _nbits(graph)[-1][0]  # the product nearest the logits
+    assert head.output[0] in {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    assert _external_bytes(weights[gather.input[0]]) == _external_bytes(weights[head.input[1]])
+    assert _external_bytes(weights[gather.input[2]]) == _external_bytes(weights[head.input[2]])
+    assert not [n for n in graph.node if n.op_type == "Gather" and n.input[0] in weights
+                and weights[n.input[0]].data_type == onnx.TensorProto.FLOAT]
+
+
+def test_a_float_embedding_stays_a_float32_gather(exports, tmp_path):
+    model, _, _ = exports
+    export_onnx(model, tmp_path / "float-embedding", verify=False,
+                quantize=Int4(block_size=BLOCK, accuracy_level=1, embedding=False))
+    graph = _graph(tmp_path, "float-embedding")
     weights = {t.name: t for t in graph.initializer}
     gathers = [n for n in graph.node if n.op_type == "Gather" and n.input[0] in weights]
     assert gathers and all(weights[n.input[0]].data_type == onnx.TensorProto.FLOAT for n in gathers)
+    assert not [n for n in graph.node if n.op_type == "GatherBlockQuantized"]
+    assert len(_nbits(graph)) == 2 * 6 + 1
 
 
 def _with_dequantized_weights(graph: onnx.GraphProto) -> onnx.ModelProto:
-    """The int4 graph with each MatMulNBits replaced by a float MatMul of its dequantized weights."""
+    """The int4 graph with each MatMulNBits replaced by a float MatMul of its dequantized weights,
+    and the GatherBlockQuantized by a float Gather of its dequantized table."""
     for node, matrix, _ in _nbits(graph):
         name = node.name + ".dequantized"
         graph.initializer.append(numpy_helper.from_array(matrix.astype(np.float32), name))
         index = list(graph.node).index(node)
         graph.node.remove(node)
         graph.node.insert(index, onnx.helper.make_node("MatMul", [node.input[0], name], list(node.output)))
+    weights = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    for node in [n for n in graph.node if n.op_type == "GatherBlockQuantized"]:
+        table, scales = weights[node.input[0]], weights[node.input[2]]
+        rows = table.shape[0]
+        name = node.name + ".dequantized"
+        matrix = dequantize(table.reshape(rows, -1, BLOCK // 2), scales, 2 * table.shape[1]).T
+        graph.initializer.append(numpy_helper.from_array(matrix.astype(np.float32), name))
+        index = list(graph.node).index(node)
+        graph.node.remove(node)
+        graph.node.insert(index, onnx.helper.make_node("Gather", [name, node.input[1]], list(node.output)))
     return graph
 
 
@@ -137,8 +176,8 @@ def test_the_report_measures_int4_against_float32(exports):
     actual = OnnxModel(root / "int4", providers="cpu")(ids.numpy()).argmax(-1)
     real = ids.numpy() != 0
     assert report.top1_agreement == pytest.approx(float((actual == expected)[real].mean()))
-    # the float32 embedding table (for the gather) is 28 % of the float32 weights
-    assert report.graph_bytes["weights.data"] < 0.5 * reports["fp32"].graph_bytes["weights.data"]
+    # 4 bits and a float32 scale per 16 weights: 6 bits a weight, the tied table stored once
+    assert report.graph_bytes["weights.data"] < 0.2 * reports["fp32"].graph_bytes["weights.data"]
 
 
 def test_a_float_head_stays_a_float_matmul(exports, tmp_path):
@@ -147,7 +186,10 @@ def test_a_float_head_stays_a_float_matmul(exports, tmp_path):
                 verify=False)
     graph = _graph(tmp_path, "float-head")
     assert len(_nbits(graph)) == 2 * 6
-    assert [n.op_type for n in graph.node if n.name in head_matmuls(graph)] == ["MatMul"]
+    weights = {t.name: t for t in graph.initializer}
+    (head,) = [n for n in graph.node if n.op_type in ("MatMul", "FusedMatMul") and n.input[1] in weights]
+    assert head.op_type == "FusedMatMul"  # the float32 table, read transposed: no second copy
+    assert weights[head.input[1]].data_type == onnx.TensorProto.FLOAT
 
 
 @pytest.mark.parametrize(("options", "message"), [

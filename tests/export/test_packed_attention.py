@@ -18,6 +18,7 @@ from tests.combinations import tiny_config
 from transformer_kit.attention import AttentionInputs, LayerCache, MultiHeadAttention
 from transformer_kit.export import OnnxModel, export_onnx
 from transformer_kit.export.packed_attention import packed_attention_patch, packed_forward
+from transformer_kit.export.patching import packed_parameters
 from transformer_kit.plugins.attention import SdpaAttention
 from transformer_kit.stacks import self_attention_inputs
 
@@ -170,9 +171,9 @@ def test_the_patch_exists_only_inside_the_export(gqa_decoder, tmp_path):
     with packed_attention_patch(gqa_decoder) as patched:
         assert patched == len(layers) == 2
         assert all(m.forward.__func__.func is packed_forward for m in layers)
-        assert all(m.packed_qkv_weight.shape == (16 + 2 * 8, 16) for m in layers)
+        assert all(packed_parameters(m, "packed_qkv")[0].shape == (16 + 2 * 8, 16) for m in layers)
     assert all("forward" not in m.__dict__ for m in layers)  # the class's own forward again
-    assert all("packed_qkv_weight" not in m._buffers for m in layers)
+    assert all(packed_parameters(m, "packed_qkv") == (None, None) for m in layers)
     export_onnx(gqa_decoder, tmp_path / "onnx")
     assert all("forward" not in m.__dict__ for m in layers)
     with torch.no_grad():

@@ -16,6 +16,7 @@ import transformer_kit.export.exporter as exporter
 from tests.combinations import tiny_config
 from transformer_kit.export import OnnxModel, export_onnx
 from transformer_kit.export.packed_feedforward import packed_feedforward_patch
+from transformer_kit.export.patching import packed_parameters
 from transformer_kit.plugins.feedforward import SwiGLU
 
 
@@ -82,10 +83,11 @@ def test_the_patch_exists_only_inside_the_export(swiglu_decoder):
         before = swiglu_decoder(ids)
         with packed_feedforward_patch(swiglu_decoder) as patched:
             assert patched == len(layers) == 2
-            assert all(m.packed_gate_up_weight.shape == (2 * m.gate.out_features, m.gate.in_features)
-                       for m in layers)
+            assert all(packed_parameters(m, "packed_gate_up")[0].shape
+                       == (2 * m.gate.out_features, m.gate.in_features) for m in layers)
             assert torch.allclose(swiglu_decoder(ids), before, atol=1e-6)
-    assert all("forward" not in m.__dict__ and "packed_gate_up_weight" not in m._buffers for m in layers)
+    assert all("forward" not in m.__dict__ and packed_parameters(m, "packed_gate_up") == (None, None)
+               for m in layers)
     with pytest.raises(RuntimeError, match="inside"), packed_feedforward_patch(swiglu_decoder):
         raise RuntimeError("inside")
     assert all("forward" not in m.__dict__ for m in layers)  # undone after an error too

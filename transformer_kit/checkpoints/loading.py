@@ -8,12 +8,17 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import Tensor, nn
+
 from transformer_kit.assembly import build_model
+from transformer_kit.checkpoints.deferred import materialize, open_checkpoint_tensors
 from transformer_kit.checkpoints.reader import Weights, read_hf_config, read_hf_weights
+from transformer_kit.checkpoints.streaming import StreamedWeights, guard_streamed
 from transformer_kit.component import CheckpointFamily
 from transformer_kit.config import ModelConfig, config_from_dict
 from transformer_kit.decoding.text import TextTokenizer
-from transformer_kit.errors import CheckpointError
+from transformer_kit.errors import CheckpointError, InputError
 from transformer_kit.model import TransformerModel
 from transformer_kit.registry import get_registry
 from transformer_kit.registry_entries import RegisteredFamily
@@ -77,7 +82,49 @@ def _config(hf: dict, family: CheckpointFamily, folder: str | Path,
     return config_from_dict({**data, **overrides})
 
 
-def from_hf(folder: str | Path, **overrides: Any) -> TransformerModel:
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _checkpoint_dtype(folder: str | Path, hf: dict) -> torch.dtype:
+    """The dtype config.json says the weights are stored in (float32 when it does not say)."""
+    name = hf.get("torch_dtype") or hf.get("dtype") or "float32"
+    return DTYPES.get(str(name).removeprefix("torch."), torch.float32)
+
+
+def _dtype(dtype: str | torch.dtype, folder: str | Path, hf: dict) -> torch.dtype:
+    if dtype == "auto":
+        return _checkpoint_dtype(folder, hf)
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise InputError(f"dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)} or 'auto' "
+                     "(the checkpoint's own, from config.json).")
+
+
+def _fill(model: TransformerModel, state: dict[str, Tensor], dtype: torch.dtype) -> None:
+    """Give the empty (meta) ``model`` its weights from ``state``, one tensor read at a time;
+    a tied weight stays one parameter."""
+    replaced: dict[int, nn.Parameter] = {}
+    names = {id(p): n for n, p in model.named_parameters()}  # a tied weight: its first name
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            if id(param) not in replaced:
+                tensor = materialize(state[names[id(param)]])
+                tensor = tensor.to(dtype) if tensor.is_floating_point() else tensor
+                if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+                    tensor = tensor.clone(memory_format=torch.contiguous_format)  # a slice: its own copy
+                replaced[id(param)] = nn.Parameter(tensor, requires_grad=param.requires_grad)
+            module._parameters[name] = replaced[id(param)]
+    for name, buffer in model.named_buffers():
+        if name in state:
+            buffer.copy_(materialize(state[name]))
+
+
+def from_hf(folder: str | Path, *, dtype: str | torch.dtype = "float32", stream: bool = False,
+            **overrides: Any) -> TransformerModel:
     """Load a local Hugging Face checkpoint folder as an assembled transformer_kit model.
 
     The folder's ``model_type`` picks the checkpoint family a plugin registered (built in:
@@ -87,13 +134,30 @@ def from_hf(folder: str | Path, **overrides: Any) -> TransformerModel:
     (and its config files) become ``model.tokenizer`` (text in, text out). The result is an
     ordinary model: ``model.save`` / ``tk.load_model`` and ``export_onnx`` work on it, and
     carry the tokenizer along.
+
+    Args:
+        dtype: the parameters' dtype: ``"float32"`` (the default: outputs equal the original's
+            in float32), ``"bfloat16"``, ``"float16"``, or ``"auto"`` for the checkpoint's own
+            (config.json's ``torch_dtype``). The tensors are read and converted one at a time,
+            so loading needs the model's memory in ``dtype`` and one tensor more.
+        stream: keep the weights in the checkpoint (safetensors only): the model's parameters
+            are on the ``meta`` device and ``export_onnx`` reads each weight as it writes it, so
+            a model larger than memory exports. Such a model does not run in PyTorch.
     """
     hf = read_hf_config(folder)
     family = _family(hf, folder).family
     config = _config(hf, family, folder, overrides)
-    weights = Weights(read_hf_weights(folder), folder, family.prefixes, family.probe)
+    dtype = _dtype(dtype, folder, hf)
+    tensors = open_checkpoint_tensors(folder)
+    if tensors is None:
+        if stream:
+            raise CheckpointError(f"stream=True reads safetensors checkpoints; {str(folder)!r} holds "
+                                  "PyTorch .bin weights. Load it without stream=True, or save it "
+                                  "with safetensors.")
+        tensors = read_hf_weights(folder)
+    weights = Weights(tensors, folder, family.prefixes, family.probe)
     state = family.to_state_dict(hf, weights, config)
-    model = build_model(config)
+    model = build_model(config, empty=True)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     if missing:
@@ -105,6 +169,10 @@ def from_hf(folder: str | Path, **overrides: Any) -> TransformerModel:
                 f"Checkpoint tensor for {name!r} has shape {tuple(tensor.shape)}, the model built "
                 f"from its config.json expects {shape}. config.json and the weights disagree."
             )
-    model.load_state_dict(state, strict=True)
+    if stream:
+        model.streamed_weights = StreamedWeights(state, str(folder))
+        guard_streamed(model)
+    else:
+        _fill(model, state, dtype)
     model.tokenizer = TextTokenizer.from_folder(folder)
     return model.eval()

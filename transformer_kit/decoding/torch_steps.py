@@ -45,7 +45,8 @@ class DecoderStepper:
 
     def __init__(self, model, ids: Tensor, keep: Tensor, use_cache: bool) -> None:
         self.model, self.ids, self.keep, self.use_cache = model, ids, keep, use_cache
-        self.caches = model.new_cache(ids.shape[0], model.head.weight) if use_cache else None
+        like = torch.empty(0, dtype=model.head.weight.dtype, device=ids.device)  # weights may be streamed
+        self.caches = model.new_cache(ids.shape[0], like) if use_cache else None
 
     def first(self) -> np.ndarray:
         return _logits(self.model.step(self.ids, self.keep, self.caches, last_only=True)[:, -1])

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import io
-import logging
-import re
+import functools
 import shutil
 import tempfile
 import time
-import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import onnx
 import torch
 
 from transformer_kit.errors import ExportError, InputError, TransformerKitError
 from transformer_kit.export.files import follow_umask
-from transformer_kit.export.graphs import GraphSpec, graph_specs
+from transformer_kit.export.graphs import graph_specs
 from transformer_kit.export.manifest import MANIFEST_FILE, GraphInfo, Manifest
 from transformer_kit.export.packed_attention import (
     PACKED_ATTENTION_OPSET,
@@ -29,13 +24,14 @@ from transformer_kit.export.packed_attention import (
 from transformer_kit.export.packed_feedforward import packed_feedforward_patch
 from transformer_kit.export.quantize import Int4, method, quantization, quantize_graph
 from transformer_kit.export.report import ExportReport, versions
+from transformer_kit.export.tracing import skeleton, trace_graph
 from transformer_kit.export.translations import collect_translations
+from transformer_kit.export.weight_writer import WeightWriter, weight_source
 from transformer_kit.export.weights import WEIGHTS_FILE, share_weights
 from transformer_kit.model import TransformerModel
 
 DEFAULT_OPSET = 23  # scaled_dot_product_attention becomes the single ONNX Attention op
 MIN_OPSET = 18  # the oldest opset torch's dynamo exporter writes
-MAX_IR_VERSION = 13  # the newest ONNX IR onnxruntime 1.31 reads
 TOLERANCES = {"float32": 1e-4, "float16": 2e-2}
 #: The default float32 tolerance is at least this many times PyTorch's own float32 spread on the
 #: verification's inputs (against float64): onnxruntime's error and PyTorch's each reach about
@@ -46,47 +42,6 @@ DTYPES = ("float32", "float16")
 _EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf files stop at 2 GB
 
 
-@contextlib.contextmanager
-def _quiet_exporter():
-    """The dynamo exporter prints progress and logs warnings for every graph; silence both."""
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export",
-                                              "onnxscript")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
-
-
-def _export_graph(name: str, spec: GraphSpec, path: Path, opset: int, translations: dict,
-                  external: bool) -> None:
-    with _quiet_exporter():
-        try:
-            torch.onnx.export(
-                spec.module, spec.args, str(path), dynamo=True, opset_version=opset,
-                dynamic_shapes=spec.dynamic_shapes, input_names=spec.inputs,
-                output_names=spec.outputs, external_data=external,
-                custom_translation_table=translations or None, verbose=False,
-            )
-        except Exception as exc:
-            text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # the exporter colours its text
-            first = text.splitlines()[0] if text else type(exc).__name__
-            raise ExportError(
-                f"torch.onnx.export failed for graph {name!r}: {type(exc).__name__}: {first}. "
-                "If a component calls a custom op, its plugin can map the op to ONNX through the "
-                "transformer_kit_onnx_translations hook."
-            ) from exc
-    proto = onnx.load(str(path), load_external_data=False)
-    if proto.ir_version > MAX_IR_VERSION:
-        proto.ir_version = MAX_IR_VERSION
-        onnx.save(proto, str(path))
-
-
 def _file_bytes(folder: Path, graphs: dict[str, GraphInfo]) -> dict[str, int]:
     """Bytes of each graph file and of the weights they share."""
     sizes = {name: (folder / g.file).stat().st_size for name, g in graphs.items()}
@@ -95,13 +50,9 @@ def _file_bytes(folder: Path, graphs: dict[str, GraphInfo]) -> dict[str, int]:
 
 
 def tensor_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's distinct parameters and buffers (a tied weight counts once)."""
-    seen, total = set(), 0
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if tensor.data_ptr() not in seen:
-            seen.add(tensor.data_ptr())
-            total += tensor.numel() * tensor.element_size()
-    return total
+    """Bytes of the model's distinct parameters and buffers (a tied weight counts once), on
+    any device (``meta`` included)."""
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
 
 def _check_arguments(model: Any, opset: int, dtype: str, quantize: str | Int4 | None) -> None:
@@ -147,7 +98,8 @@ def _publish(staging: Path, out_dir: Path) -> None:
 
 def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | None = None,
                 dtype: str = "float32", verify: bool = True, quantize: str | Int4 | None = None,
-                optimize: bool = False, tolerance: float | None = None) -> ExportReport:
+                optimize: bool = False, tolerance: float | None = None,
+                progress: Callable[[str, int, int], None] | None = None) -> ExportReport:
     """Export ``model`` to ONNX in ``out_dir`` and (by default) verify it against PyTorch.
 
     Args:
@@ -166,11 +118,19 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
         optimize: also apply onnxruntime's offline graph optimizations; the report gives the
             measured latency with and without, and the optimized graphs are kept only when they
             verify and are faster.
+        progress: called as ``progress(step, done, total)`` while the export works (the
+            command line draws it as a progress bar): each graph traced, each weight written,
+            then verification.
     Returns:
         an :class:`ExportReport` with the measured errors, the sizes and the times.
     """
     from transformer_kit.export.runtime import OnnxModel
-    from transformer_kit.export.verify import float32_spread, verify_export
+    from transformer_kit.export.verify import (
+        describe_reference,
+        float32_spread,
+        reference,
+        verify_export,
+    )
 
     opset = DEFAULT_OPSET if opset is None else opset
     quantize = quantization(quantize)
@@ -181,23 +141,31 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
     staging = _prepare_folder(out_dir)
     was_training = model.training
     try:
-        exported = copy.deepcopy(model).half() if dtype == "float16" else model
-        exported.eval()
+        traced, buffers = skeleton(model, half=dtype == "float16")
         translations = collect_translations()
         packed = opset >= PACKED_ATTENTION_OPSET
         if packed:
             translations = {**packed_attention_translations(), **translations}
-        weight_bytes = tensor_bytes(exported)
-        external = weight_bytes > _EXTERNAL_DATA_BYTES
+        weight_bytes = tensor_bytes(traced)
+        source = weight_source(model)
+        writer = WeightWriter(staging, source, quantize if isinstance(quantize, Int4) else None)
         graphs = {}
-        for name, spec in graph_specs(exported).items():
+        report_progress = progress or (lambda step, done, total: None)
+        for name, spec in graph_specs(traced).items():
             file = f"{name}.onnx"
-            with packed_attention_patch(exported, enabled=packed), packed_feedforward_patch(exported):
-                _export_graph(name, spec, staging / file, opset, translations, external)
-            if quantize:
-                quantize_graph(staging / file, quantize, external)
+            prefix = "" if spec.module is traced else "model."
+            report_progress(f"tracing {name}", 0, 1)
+            with packed_attention_patch(traced, enabled=packed), packed_feedforward_patch(traced):
+                graph = trace_graph(name, spec, opset, translations, buffers, prefix)
+            writer.write(graph, prefix, staging / file, functools.partial(
+                report_progress, f"writing the weights of {name}"))
+            del graph
             graphs[name] = GraphInfo(file, spec.inputs, spec.outputs)
-        share_weights(staging, [g.file for g in graphs.values()])
+        writer.close()
+        if quantize == "int8":  # onnxruntime's dynamic quantizer reads each whole graph
+            for info in graphs.values():
+                quantize_graph(staging / info.file, weight_bytes > _EXTERNAL_DATA_BYTES)
+            share_weights(staging, [g.file for g in graphs.values()])
         manifest = Manifest(
             architecture=model.architecture, config=cfg.to_dict(), dtype=dtype, opset=opset,
             graphs=graphs,
@@ -216,25 +184,30 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
                               weight_bytes=weight_bytes)
         model.eval()
         if verify:
+            report_progress("verifying against PyTorch", 0, 1)
             verify_start = time.perf_counter()
             report.tolerance = tolerance
             if tolerance is None and not quantize:
                 report.tolerance = TOLERANCES[dtype]
                 if dtype == "float32":
-                    report.float32_spread = float32_spread(model)
+                    report.float32_spread = float32_spread(model, source)
                     report.tolerance = max(report.tolerance, SPREAD_FACTOR * report.float32_spread)
-            result = verify_export(model, OnnxModel(staging, providers="auto"), report.tolerance)
+            report.reference = describe_reference(model)
+            with reference(model, source):
+                result = verify_export(model, OnnxModel(staging, providers="auto"), report.tolerance)
             report.errors, report.tokens_match = result["errors"], result["tokens_match"]
             report.top1_agreement = result["top1_agreement"]
             report.verify_seconds = time.perf_counter() - verify_start
             manifest.verification = {"errors": report.errors, "tolerance": report.tolerance,
                                      "float32_spread": report.float32_spread,
+                                     "reference": report.reference,
                                      "tokens_match": report.tokens_match,
                                      "top1_agreement": report.top1_agreement}
         if optimize:
             from transformer_kit.export.optimize import optimize_graphs
 
-            report.optimization = optimize_graphs(model, staging, manifest, report.tolerance)
+            with reference(model, source):
+                report.optimization = optimize_graphs(model, staging, manifest, report.tolerance)
             report.graph_bytes = _file_bytes(staging, graphs)
         manifest.write(staging)
         _publish(staging, out_dir)

@@ -24,7 +24,7 @@ from onnxscript import opset23 as op
 from torch import Tensor, nn
 
 from transformer_kit.attention import MultiHeadAttention
-from transformer_kit.export.patching import declares, patched_forwards
+from transformer_kit.export.patching import declares, packed_parameters, patched_forwards
 from transformer_kit.heads import repeat_kv_heads, split_heads
 from transformer_kit.interfaces import AttentionInputs, PositionalEncoding
 
@@ -118,11 +118,12 @@ def packed_forward(self: MultiHeadAttention, x: Tensor, inputs: AttentionInputs,
     if inputs.bias is not None or (rotates and not rotary_lowered):
         return MultiHeadAttention.forward(self, x, inputs)
     cache = inputs.cache
-    if self.packed_qkv_weight is None:  # an encoder: one compute-bound graph, three products
+    weight, bias = packed_parameters(self, "packed_qkv")
+    if weight is None:  # an encoder: one compute-bound graph, three products
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
     else:
         kv_width = self.num_kv_heads * self.head_dim
-        q, k, v = F.linear(x, self.packed_qkv_weight, self.packed_qkv_bias).split(
+        q, k, v = F.linear(x, weight, bias).split(
             [self.q_proj.out_features, kv_width, kv_width], -1)
     if rotates:
         positional = inputs.positional

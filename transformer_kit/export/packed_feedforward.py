@@ -16,7 +16,7 @@ import contextlib
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_kit.export.patching import declares, patched_forwards
+from transformer_kit.export.patching import declares, packed_parameters, patched_forwards
 
 #: The lowering a feed-forward component declares (see ``Component.lowerings``).
 GATE_UP_LOWERING = "gate_up"
@@ -24,7 +24,7 @@ GATE_UP_LOWERING = "gate_up"
 
 def packed_gate_up_forward(self: nn.Module, x: Tensor) -> Tensor:
     """``gated(gate(x), up(x))`` with one product: x (batch, len, d_model) -> (batch, len, d_model)."""
-    gate, up = F.linear(x, self.packed_gate_up_weight, self.packed_gate_up_bias).split(
+    gate, up = F.linear(x, *packed_parameters(self, "packed_gate_up")).split(
         [self.gate.out_features, self.up.out_features], -1)
     return self.gated(gate, up)
 

@@ -17,31 +17,32 @@ def declares(model: nn.Module, kind: str, lowering: str) -> bool:
     return entry is not None and lowering in entry.component.lowerings
 
 
+def packed_parameters(module: nn.Module, packed: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The weights (sum of outs, in) and biases (or None) of the linear layers a patch packs
+    as ``packed`` in ``module``, concatenated along the output dimension; (None, None) when
+    it packs none. Traced as a concatenation of the parameters, which the weight writer folds
+    into one matrix in ``weights.data`` (so the quantizers see one constant weight)."""
+    layers = module.__dict__.get(f"{packed}_linears")
+    if layers is None:
+        return None, None
+    weight = torch.cat([layer.weight for layer in layers])
+    bias = torch.cat([layer.bias for layer in layers]) if layers[0].bias is not None else None
+    return weight, bias
+
+
 @contextlib.contextmanager
 def patched_forwards(modules: list[nn.Module], forward: Callable, packed: str,
                      linears: Callable[[nn.Module], list[nn.Linear]] | None) -> Iterator[int]:
-    """While active, each of ``modules`` runs ``forward`` (bound to it) and holds buffers
-    ``{packed}_weight`` (sum of outs, in) and ``{packed}_bias`` (or None): the weights and biases
-    of ``linears(module)`` concatenated along the output dimension, or both None without
-    ``linears``. As a constant, the exporter folds the weight's transpose and the quantizers see
-    it (a concatenation traced from the parameters would run at load time, and stay in float).
-    Yields how many modules were patched; every module gets its own forward back and loses the
-    buffers on exit, whatever happened."""
+    """While active, each of ``modules`` runs ``forward`` (bound to it), which reads the layers
+    ``linears(module)`` packed into one product through :func:`packed_parameters` (``packed``
+    names them; without ``linears`` it packs none). Yields how many modules were patched; every
+    module gets its own forward back on exit, whatever happened."""
     try:
         for module in modules:
-            weight = bias = None
-            if linears is not None:
-                layers = linears(module)
-                with torch.no_grad():
-                    weight = torch.cat([layer.weight for layer in layers])
-                    if layers[0].bias is not None:
-                        bias = torch.cat([layer.bias for layer in layers])
-            module.register_buffer(f"{packed}_weight", weight, persistent=False)
-            module.register_buffer(f"{packed}_bias", bias, persistent=False)
+            module.__dict__[f"{packed}_linears"] = linears(module) if linears is not None else None
             module.forward = types.MethodType(forward, module)
         yield len(modules)
     finally:
         for module in modules:
             module.__dict__.pop("forward", None)
-            for name in (f"{packed}_weight", f"{packed}_bias"):
-                module._buffers.pop(name, None)
+            module.__dict__.pop(f"{packed}_linears", None)

@@ -1,9 +1,11 @@
 """Weight quantization of exported graphs with onnxruntime's quantizers.
 
 - ``"int8"``: dynamic int8 (``MatMulInteger`` with activations quantized per call).
-- ``"int4"`` or :class:`Int4`: 4-bit weight-only blocks (onnxruntime's ``MatMulNBits``, as
-  onnxruntime-genai writes them). Every ``MatMul`` with a constant weight is quantized; the
-  embedding ``Gather`` keeps full precision; the output head is quantized unless ``head=False``.
+- ``"int4"`` or :class:`Int4`: 4-bit weight-only blocks (onnxruntime's ``MatMulNBits`` and
+  ``GatherBlockQuantized``, as onnxruntime-genai writes them), done tensor by tensor as the
+  weights are written (``weight_writer.py``). Every ``MatMul`` with a constant weight is
+  quantized, the token embedding unless ``embedding=False``, the output head unless
+  ``head=False``.
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-
-import onnx
 
 from transformer_kit.errors import InputError
 
@@ -34,12 +34,16 @@ class Int4:
         symmetric: a scale per block (zero point 8) rather than a scale and a zero point.
         head: also quantize the output head (the vocabulary projection). It is the largest
             single matrix of small models; onnxruntime-genai quantizes it too.
+        embedding: also quantize the token embedding (``GatherBlockQuantized``, blocks along
+            the hidden dimension, when it is a multiple of ``block_size``); a tied head then
+            reads the same 4-bit bytes. False keeps the table in float32.
     """
 
     block_size: int = 32
     accuracy_level: int = 4
     symmetric: bool = True
     head: bool = True
+    embedding: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or self.block_size not in BLOCK_SIZES:
@@ -48,7 +52,7 @@ class Int4:
         if isinstance(self.accuracy_level, bool) or self.accuracy_level not in ACCURACY_LEVELS:
             raise InputError(f"Int4 accuracy_level={self.accuracy_level!r} is not supported; choose "
                              "0 (kernel default), 1 (float32), 2 (float16), 3 (bfloat16) or 4 (int8).")
-        for name in ("symmetric", "head"):
+        for name in ("symmetric", "head", "embedding"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"Int4 {name}={getattr(self, name)!r} must be True or False.")
 
@@ -74,7 +78,7 @@ def method(quantize: str | Int4 | None) -> str | None:
 @contextlib.contextmanager
 def _quiet_root_logger():
     """onnxruntime's quantizers log advice and progress on the root logger and their own."""
-    loggers = [logging.getLogger(), logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")]
+    loggers = [logging.getLogger(), logging.getLogger("onnxruntime.quantization")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
@@ -85,15 +89,9 @@ def _quiet_root_logger():
             lg.setLevel(level)
 
 
-def quantize_graph(path: Path, quantize: str | Int4, external: bool) -> None:
-    """Quantize the graph file ``path`` in place."""
-    if isinstance(quantize, Int4):
-        _quantize_int4(path, quantize, external)
-    else:
-        _quantize_int8(path, external)
-
-
-def _quantize_int8(path: Path, external: bool) -> None:
+def quantize_graph(path: Path, external: bool) -> None:
+    """Quantize the graph file ``path`` in place with dynamic int8 (int4 is done by the weight
+    writer, tensor by tensor)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantized = path.with_suffix(".int8.onnx")
@@ -113,76 +111,3 @@ def _quantize_int8(path: Path, external: bool) -> None:
     data = path.with_name(path.name + ".data")
     if data.exists() and not external:
         data.unlink()
-
-
-def head_matmuls(graph: onnx.GraphProto, output: str = "logits") -> list[str]:
-    """Names of the MatMul nodes nearest to graph output ``output`` (the output head)."""
-    producer = {out: node for node in graph.node for out in node.output}
-    found, seen, todo = [], set(), [output]
-    while todo:
-        node = producer.get(todo.pop())
-        if node is None or node.name in seen:
-            continue
-        seen.add(node.name)
-        if node.op_type == "MatMul":
-            found.append(node.name)
-        else:
-            todo.extend(node.input)
-    return found
-
-
-def _nbits_quantizer() -> type:
-    """onnxruntime's MatMulNBitsQuantizer, imported without the ``logging.basicConfig`` its
-    module calls (which would send every library's INFO records to the user's terminal)."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-    finally:
-        for handler in [h for h in root.handlers if h not in handlers]:
-            root.removeHandler(handler)
-        root.setLevel(level)
-    return MatMulNBitsQuantizer
-
-
-def transposed_weights(graph: onnx.GraphProto, skip: list[str]) -> None:
-    """Give each MatMul (but those in ``skip``) that multiplies by ``Transpose(initializer)``
-    the transposed matrix as an initializer of its own, so the quantizer sees a constant weight.
-    A tied output head reads the embedding table this way; the ``Gather`` keeps the original."""
-    from onnx import numpy_helper
-
-    initializers = {t.name: t for t in graph.initializer}
-    producer = {out: node for node in graph.node for out in node.output}
-    for node in graph.node:
-        if node.op_type != "MatMul" or node.name in skip or len(node.input) < 2:
-            continue
-        transpose = producer.get(node.input[1])
-        if transpose is None or transpose.op_type != "Transpose" or transpose.input[0] not in initializers:
-            continue
-        perm = [list(a.ints) for a in transpose.attribute if a.name == "perm"]
-        matrix = numpy_helper.to_array(initializers[transpose.input[0]])
-        if matrix.ndim != 2 or perm not in ([], [[1, 0]]):
-            continue
-        name = f"{transpose.input[0]}.transposed_for_{node.name}"
-        graph.initializer.append(numpy_helper.from_array(matrix.T.copy(), name))
-        node.input[1] = name
-        used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-        if transpose.output[0] not in used:  # nothing else reads it: no transposed copy at load
-            graph.node.remove(transpose)
-
-
-def _quantize_int4(path: Path, options: Int4, external: bool) -> None:
-    MatMulNBitsQuantizer = _nbits_quantizer()
-    proto = onnx.load(str(path), load_external_data=True)
-    exclude = [] if options.head else head_matmuls(proto.graph)
-    transposed_weights(proto.graph, exclude)
-    with _quiet_root_logger():
-        quantizer = MatMulNBitsQuantizer(
-            proto, bits=4, block_size=options.block_size, is_symmetric=options.symmetric,
-            accuracy_level=options.accuracy_level, nodes_to_exclude=exclude,
-            op_types_to_quantize=("MatMul",))
-        quantizer.process()
-    for stale in path.parent.glob(path.name + ".data"):
-        stale.unlink()
-    onnx.save_model(quantizer.model.model, str(path), save_as_external_data=external,
-                    location=path.name + ".data")

@@ -26,6 +26,8 @@ class ExportReport:
     #: PyTorch's own float32 error against float64 on the verification's inputs, which the
     #: default float32 tolerance allows for (None when not measured).
     float32_spread: float | None = None
+    #: What the export was verified against (PyTorch float32 in memory, or layer by layer).
+    reference: str | None = None
     tokens_match: bool | None = None
     export_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -54,6 +56,8 @@ class ExportReport:
             lines.append(f"  {'total':14s} {self.folder_bytes / 1e6:9.2f} MB "
                          f"({self.folder_bytes / self.weight_bytes:.2f}x the model's "
                          f"{self.weight_bytes / 1e6:.2f} MB of weights)")
+        if self.reference is not None:
+            lines.append(f"  verified against {self.reference}")
         for name, error in self.errors.items():
             lines.append(f"  error {name:20s} {error:.3g}")
         if self.tolerance is not None:

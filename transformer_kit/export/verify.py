@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import copy
+import contextlib
 
 import numpy as np
 import torch
 
+from transformer_kit.checkpoints.streaming import weights_per_module
 from transformer_kit.decoding.prompts import keep_from_pad, left_align
 from transformer_kit.errors import ExportError
 from transformer_kit.export.graphs import EXAMPLE_LEN
 from transformer_kit.export.runtime import OnnxModel
+from transformer_kit.export.weight_writer import WeightSource
 from transformer_kit.model import TransformerModel
 
 #: Shapes (batch, length) checked after every export; none equals the export example.
@@ -73,7 +75,7 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
     layers = om.manifest.num_decoder_layers
     batch = 3
     empty = [np.zeros((batch, cfg.kv_heads, 0, cfg.attention_head_dim), om._kv_dtype)] * (2 * layers)
-    caches = model.new_cache(batch, next(model.parameters()))
+    caches = model.new_cache(batch, torch.empty(0))  # float32 on the CPU, as the reference
     errors = []
     if model.architecture == "decoder":
         prompts = random_ids(batch, _fit(EXAMPLE_LEN + 2, model, room=2), cfg.vocab_size, cfg.pad_id,
@@ -129,20 +131,43 @@ def top1_agreement(model: TransformerModel, om: OnnxModel, prompts: int = 32, le
     return float((actual == expected)[real].mean())
 
 
+def in_memory_float32(model: TransformerModel) -> bool:
+    """Whether ``model`` runs as it is for the reference: float32 weights in memory."""
+    return getattr(model, "streamed_weights", None) is None and all(
+        p.dtype == torch.float32 for p in model.parameters())
+
+
+def reference(model: TransformerModel, source: WeightSource) -> contextlib.AbstractContextManager:
+    """While active, ``model`` computes PyTorch's float32 reference: as it is when its weights
+    are float32 in memory, else with each layer's weights read (from ``source``) and turned to
+    float32 as it runs (a streamed or bfloat16 model)."""
+    if in_memory_float32(model):
+        return contextlib.nullcontext()
+    return weights_per_module(model, source.load, torch.float32)
+
+
+def describe_reference(model: TransformerModel) -> str:
+    """How :func:`reference` computes, for the report."""
+    if in_memory_float32(model):
+        return "PyTorch float32, in memory"
+    return "PyTorch float32, each layer's weights read as it runs"
+
+
 @torch.no_grad()
-def float32_spread(model: TransformerModel) -> float:
+def float32_spread(model: TransformerModel, source: WeightSource) -> float:
     """PyTorch's own float32 rounding on the verification's inputs: the largest relative error
-    of the float32 model against a float64 copy of it, over :data:`VERIFY_SHAPES`.
+    of the float32 reference against float64 (weights read layer by layer: no float64 copy of
+    the model), over :data:`VERIFY_SHAPES`.
 
     onnxruntime rounds in float32 too, in another order, so a correct export differs from
     PyTorch by about this much; models whose scores are not scaled (T5) or are deep spread
     more, and by how much depends on the CPU's kernels."""
-    reference = copy.deepcopy(model).double()
-    spread = 0.0
-    for seed, (batch, length) in enumerate(VERIFY_SHAPES):
-        inputs = _forward_inputs(model, batch, _fit(length, model), seed)
-        spread = max(spread, relative_error(model(*inputs).numpy(), reference(*inputs).numpy()))
-    return spread
+    inputs = [_forward_inputs(model, batch, _fit(length, model), seed)
+              for seed, (batch, length) in enumerate(VERIFY_SHAPES)]
+    with weights_per_module(model, source.load, torch.float64):
+        exact = [model(*x).numpy() for x in inputs]
+    with reference(model, source):
+        return max(relative_error(model(*x).numpy(), e) for x, e in zip(inputs, exact, strict=True))
 
 
 def verify_export(model: TransformerModel, om: OnnxModel, tolerance: float | None) -> dict:

@@ -31,10 +31,11 @@ ALIGN_BYTES, PAGE = 1 << 20, 4096
 
 
 def _content_key(array: np.ndarray) -> tuple:
-    return array.dtype.str, array.shape, hashlib.sha256(np.ascontiguousarray(array).tobytes()).digest()
+    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)  # no copy when contiguous
+    return array.dtype.str, array.shape, hashlib.sha256(data).digest()
 
 
-class _WeightsFile:
+class WeightsFile:
     """Appends tensors to ``weights.data`` once each and remembers where they went."""
 
     def __init__(self, path: Path) -> None:
@@ -47,14 +48,14 @@ class _WeightsFile:
         key = _content_key(array)
         if key in self.stored:
             return self.stored[key]
-        data = np.ascontiguousarray(array).tobytes()
-        if len(data) >= ALIGN_BYTES and self.offset % PAGE:
+        array = np.ascontiguousarray(array)
+        if array.nbytes >= ALIGN_BYTES and self.offset % PAGE:
             padding = PAGE - self.offset % PAGE
             self.file.write(b"\0" * padding)
             self.offset += padding
-        self.stored[key] = (self.offset, len(data))
-        self.file.write(data)
-        self.offset += len(data)
+        self.stored[key] = (self.offset, array.nbytes)
+        self.file.write(array.reshape(-1).view(np.uint8).data)  # written as it lies in memory
+        self.offset += array.nbytes
         return self.stored[key]
 
     def close(self) -> None:
@@ -72,7 +73,7 @@ def _externalize(tensor: TensorProto, offset: int, length: int) -> None:
     tensor.data_location = TensorProto.EXTERNAL
 
 
-def _share_graph(proto: onnx.ModelProto, weights: _WeightsFile) -> None:
+def _share_graph(proto: onnx.ModelProto, weights: WeightsFile) -> None:
     for tensor in proto.graph.initializer:
         array = numpy_helper.to_array(tensor)
         if array.nbytes >= INLINE_BYTES:
@@ -85,7 +86,7 @@ def share_weights(folder: Path, files: list[str]) -> int:
     Meant for a staging folder: between the first graph written and the end, the graphs point
     at a file that is still being written."""
     staged = folder / (WEIGHTS_FILE + ".new")
-    weights = _WeightsFile(staged)
+    weights = WeightsFile(staged)
     try:
         for file in files:  # one graph's tensors in memory at a time
             proto = onnx.load(str(folder / file), load_external_data=True)

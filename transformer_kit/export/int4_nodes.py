@@ -1,0 +1,63 @@
+"""4-bit blocks as onnxruntime reads them: ``MatMulNBits`` for products and
+``GatherBlockQuantized`` for embedding tables, over the same bytes.
+
+A matrix W (N, K) whose rows are quantized in blocks of ``block_size`` along K becomes packed
+uint8 nibbles (N, K / block_size, block_size / 2), a float scale per block (N, K / block_size)
+and, for asymmetric blocks, packed zero points (N, ceil(K / block_size / 2)); symmetric blocks
+have the zero point 8. ``MatMulNBits`` reads them as the weight of ``x @ W.T``;
+``GatherBlockQuantized`` reads the same bytes as a (N, K / 2) table whose rows it gathers, so a
+tied output head and its embedding share one quantized copy (as onnxruntime-genai's do).
+The numbers come from onnxruntime's own kernel (``quantize_matmul_4bits``), the one its
+``MatMulNBitsQuantizer`` calls: the same bits as that quantizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Rows quantized per kernel call (the kernel wants them transposed: one chunk's copy at a time).
+CHUNK_ROWS = 4096
+
+
+@dataclass
+class QuantizedRows:
+    """A (N, K) matrix in 4-bit blocks along K."""
+
+    packed: np.ndarray  # (N, K / block_size, block_size / 2) uint8
+    scales: np.ndarray  # (N, K / block_size) float32
+    zero_points: np.ndarray | None  # (N, ceil(K / block_size / 2)) uint8, or None: symmetric
+    block_size: int
+    k: int  # the matrix's K (the blocks may pad it)
+
+
+def quantize_rows(rows: np.ndarray, block_size: int, symmetric: bool) -> QuantizedRows:
+    """Quantize ``rows`` (N, K) float32 in blocks of ``block_size`` along K."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+
+    n, k = rows.shape
+    blocks = (k + block_size - 1) // block_size
+    packed = np.zeros((n, blocks, block_size // 2), dtype=np.uint8)
+    scales = np.zeros((n, blocks), dtype=np.float32)
+    zero_points = np.zeros((n, (blocks + 1) // 2), dtype=np.uint8)
+    for start in range(0, n, CHUNK_ROWS):  # rows are independent: a transposed copy of a chunk only
+        stop = min(n, start + CHUNK_ROWS)
+        # the kernel reads the weight of x @ B as B (K, N), row-major
+        weight = np.ascontiguousarray(rows[start:stop].T, dtype=np.float32)
+        quantize_matmul_4bits(packed[start:stop], weight, scales[start:stop], zero_points[start:stop],
+                              block_size, stop - start, k, symmetric)
+    return QuantizedRows(packed, scales, None if symmetric else zero_points, block_size, k)
+
+
+def dequantize_rows(q: QuantizedRows) -> np.ndarray:
+    """The float32 (N, K) matrix the blocks stand for (for the reports' quantization error)."""
+    n, blocks, _ = q.packed.shape
+    nibbles = np.stack([q.packed & 0x0F, q.packed >> 4], axis=-1).reshape(n, blocks, q.block_size)
+    if q.zero_points is None:
+        zero = np.full((n, blocks, 1), 8.0, np.float32)
+    else:
+        pairs = np.stack([q.zero_points & 0x0F, q.zero_points >> 4], axis=-1).reshape(n, -1)
+        zero = pairs[:, :blocks, None].astype(np.float32)
+    values = (nibbles.astype(np.float32) - zero) * q.scales[..., None]
+    return values.reshape(n, blocks * q.block_size)[:, :q.k]

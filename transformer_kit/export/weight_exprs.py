@@ -1,0 +1,70 @@
+"""What the weight writer folds: expressions over a graph's weights, and the output head.
+
+An expression is a tuple: ``("weight", name)`` for a weight by state-dict name,
+``("transpose", expr, perm)`` and ``("concat", (expr, ...), axis)`` for the ONNX operations on
+weights alone that the exporter leaves in a traced graph (a linear layer reads its matrix
+transposed; the packed q/k/v and gate/up matrices are concatenations). The writer evaluates
+them on one weight at a time and writes the result's bytes instead of the operation.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+#: ("weight", name) | ("transpose", expr, perm) | ("concat", (expr, ...), axis)
+Expr = tuple
+#: Operations on weights alone that the writer does to the bytes instead of the runtime.
+FOLDED_OPS = ("Transpose", "Concat", "Identity")
+
+
+def simplify(expr: Expr) -> Expr:
+    """A transpose of a transpose of a matrix is the matrix."""
+    if expr[0] == "transpose" and expr[1][0] == "transpose" and expr[2] == expr[1][2] == (1, 0):
+        return expr[1][1]
+    return expr
+
+
+def fold(node: ir.Node, inputs: list[Expr], rank: int | None) -> Expr:
+    if node.op_type == "Identity":
+        return inputs[0]
+    if node.op_type == "Transpose":
+        perm = node.attributes.get("perm")
+        perm = tuple(perm.as_ints()) if perm is not None else tuple(reversed(range(rank or 2)))
+        return simplify(("transpose", inputs[0], perm))
+    return ("concat", tuple(inputs), node.attributes["axis"].as_int())
+
+
+def _shared_length(lists: list[list[str]]) -> int:
+    """How many leading items all of ``lists`` share."""
+    length = 0
+    while all(len(items) > length and items[length] == lists[0][length] for items in lists):
+        length += 1
+    return length
+
+
+def name_of(expr: Expr) -> str:
+    if expr[0] == "weight":
+        return expr[1]
+    if expr[0] == "transpose":
+        return f"{name_of(expr[1])}.transposed"
+    parts = [name_of(e).split(".") for e in expr[1]]  # a.b.q.weight, a.b.k.weight -> a.b.{q,k}.weight
+    common = _shared_length(parts)
+    tail = _shared_length([p[common:][::-1] for p in parts])
+    middles = ",".join(".".join(p[common:len(p) - tail]) for p in parts)
+    return ".".join([*parts[0][:common], "{" + middles + "}", *parts[0][len(parts[0]) - tail:]])
+
+
+def head_matmuls(graph: ir.Graph, output: str = "logits") -> set[ir.Node]:
+    """The MatMul nodes nearest to graph output ``output`` (the output head)."""
+    outputs = [v for v in graph.outputs if v.name == output]
+    found, seen, todo = set(), set(), list(outputs)
+    while todo:
+        node = todo.pop().producer()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if node.op_type == "MatMul":
+            found.add(node)
+        else:
+            todo.extend(v for v in node.inputs if v is not None)
+    return found
