@@ -72,9 +72,10 @@ def special_id_overrides(pad_id: str | None, bos_id: str | None, eos_id: str | N
 
 
 def load_model(source: Path, *, from_hf: bool = False, weights: Path | None = None,
-               overrides: dict[str, Any] | None = None):
+               overrides: dict[str, Any] | None = None, stream: bool = False):
     """A model from a config file (random weights unless ``weights``), a folder saved with
-    model.save, or (``from_hf``) a Hugging Face checkpoint folder, in eval mode."""
+    model.save, or (``from_hf``) a Hugging Face checkpoint folder, in eval mode. ``stream``: a
+    safetensors checkpoint's weights stay on disk until an export writes them."""
     import transformer_kit as tk
     from transformer_kit.config import config_from_dict
     from transformer_kit.serialization import load_saved_weights, read_saved_config
@@ -84,7 +85,9 @@ def load_model(source: Path, *, from_hf: bool = False, weights: Path | None = No
     if from_hf:
         if kind != "checkpoint":
             _refuse(source, kind, "a Hugging Face checkpoint folder with --from-hf", CheckpointError)
-        return tk.from_hf(source, **overrides)
+        safetensors = any((source / name).is_file() for name in
+                          ("model.safetensors", "model.safetensors.index.json"))
+        return tk.from_hf(source, stream=stream and safetensors, **overrides)
     if kind == "checkpoint":
         _refuse(source, kind, "a config file or a folder saved with model.save", CheckpointError,
                 "Add --from-hf to load a Hugging Face checkpoint.")

@@ -13,11 +13,19 @@ errors = Console(stderr=True)
 settings = {"debug": False}
 
 
+#: The width of output to a pipe or a file: wide enough that no row of a table wraps.
+PLAIN_WIDTH = 10_000
+
+
 def fit_to_terminal() -> None:
     """Size both consoles for this invocation: a Console reads COLUMNS once, when it is made,
-    and the command may run many times in one process (tests, notebooks), in other terminals."""
-    Console.__init__(console)
-    Console.__init__(errors, stderr=True)
+    and the command may run many times in one process (tests, notebooks), in other terminals.
+    Output to a pipe or a file is plain and unwrapped (``components | grep NAME`` finds whole
+    rows); a terminal gets colours and its own width."""
+    for target, stderr in ((console, False), (errors, True)):
+        Console.__init__(target, stderr=stderr)
+        if not target.is_terminal:
+            Console.__init__(target, stderr=stderr, width=PLAIN_WIDTH, soft_wrap=True)
 
 
 def fail(exc: BaseException | str) -> NoReturn:

@@ -37,3 +37,13 @@ def test_components_in_a_real_process(tmp_path):
     result = cli("components", "--kind", "block", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "pre_norm" in result.stdout and "post_norm" in result.stdout
+
+
+def test_output_to_a_pipe_is_plain_and_unwrapped(tmp_path):
+    """``components | grep NAME`` finds a whole row: no table row wraps at 80 columns, no colour."""
+    result = cli("components", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if "│" in line and "rmsnorm" in line]
+    assert rows and all("rmsnorm" in row and "built-in" in row for row in rows[:1])
+    assert max(len(line) for line in result.stdout.splitlines()) > 80  # wider than a terminal's 80
+    assert "\x1b[" not in result.stdout

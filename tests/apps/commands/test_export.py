@@ -92,13 +92,13 @@ def test_from_hf_with_int8_and_special_id_overrides(tmp_path):
 def test_int4_options_reach_the_graph(tmp_path):
     checkpoint = _small_gpt2(tmp_path / "gpt2", n_embd=32)
     result = invoke("export", str(checkpoint), "--from-hf", "-o", str(tmp_path / "int4"),
-                    "--quantize", "int4", "--block-size", "16", "--float-head")
+                    "--quantize", "int4", "--block-size", "16", "--float-head", "--float-embedding")
     assert result.exit_code == 0, result.output
     assert "int4" in result.output and "top-1 agreement" in result.output
     manifest = OnnxModel(tmp_path / "int4").manifest
     assert manifest.quantization == "int4"
     assert manifest.quantization_options == {"method": "int4", "block_size": 16, "accuracy_level": 4,
-                                             "symmetric": True, "head": False}
+                                             "symmetric": True, "head": False, "embedding": False}
     float_head = _nbits_blocks(tmp_path / "int4" / "decoder_step.onnx")
     assert set(float_head) == {16}
     result = invoke("export", str(checkpoint), "--from-hf", "-o", str(tmp_path / "int4-head"),

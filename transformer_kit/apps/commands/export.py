@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from transformer_kit.apps.sources import kind_of, load_model, special_id_overrides
 from transformer_kit.apps.terminal import console, fail, warn
@@ -26,7 +27,7 @@ class Quantization(str, Enum):
     int4 = "int4"
 
 
-INT4_OPTIONS = ("--block-size", "--accuracy-level", "--asymmetric", "--float-head")
+INT4_OPTIONS = ("--block-size", "--accuracy-level", "--asymmetric", "--float-head", "--float-embedding")
 
 
 def export(
@@ -40,8 +41,10 @@ def export(
     accuracy_level: Annotated[int | None, typer.Option(help="int4: compute type on the CPU, 4 = int8 (default), 1 = float32, 0 = the kernel's default.")] = None,
     asymmetric: Annotated[bool, typer.Option("--asymmetric", help="int4: a zero point per block besides the scale.")] = False,
     float_head: Annotated[bool, typer.Option("--float-head", help="int4: keep the output head in float32.")] = False,
+    float_embedding: Annotated[bool, typer.Option("--float-embedding", help="int4: keep the token embedding in float32 (else 4-bit, shared with a tied head).")] = False,
     opset: Annotated[int | None, typer.Option(min=18, max=23, help="ONNX opset, 18..23 (default 23).")] = None,
     optimize: Annotated[bool, typer.Option(help="Measure and keep onnxruntime's offline optimizations.")] = False,
+    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the graphs against PyTorch (the default; each layer's weights read as it runs for a checkpoint).")] = True,
     pad_id: Annotated[str | None, typer.Option("--pad-id", help=SPECIAL_ID_HELP.format("padding id"))] = None,
     bos_id: Annotated[str | None, typer.Option("--bos-id", help=SPECIAL_ID_HELP.format("start id"))] = None,
     eos_id: Annotated[str | None, typer.Option("--eos-id", help=SPECIAL_ID_HELP.format("end id"))] = None,
@@ -55,7 +58,8 @@ def export(
         raise typer.BadParameter(f"--quantize {quantize.value} starts from float32 weights; leave out "
                                  "--dtype.", param_hint="--quantize")
     given = [name for name, value in zip(INT4_OPTIONS, (block_size, accuracy_level, asymmetric or None,
-                                                       float_head or None), strict=True) if value is not None]
+                                                       float_head or None, float_embedding or None),
+                                         strict=True) if value is not None]
     if given and quantize is not Quantization.int4:
         raise typer.BadParameter(f"{', '.join(given)} set int4 quantization; add --quantize int4.",
                                  param_hint=given[0])
@@ -64,20 +68,25 @@ def export(
         try:
             method = Int4(block_size=32 if block_size is None else block_size,
                           accuracy_level=4 if accuracy_level is None else accuracy_level,
-                          symmetric=not asymmetric, head=not float_head)
+                          symmetric=not asymmetric, head=not float_head, embedding=not float_embedding)
         except InputError as exc:
             flag = "--block-size" if "block_size" in str(exc) else "--accuracy-level"
             raise typer.BadParameter(str(exc), param_hint=flag) from None
     try:
-        model = load_model(source, from_hf=from_hf, weights=weights, overrides=overrides)
+        model = load_model(source, from_hf=from_hf, weights=weights, overrides=overrides, stream=True)
         if kind_of(source) == "config file" and weights is None:
             warn(f"{source} is a config file and no --weights were given: the export holds "
                  "randomly initialised weights. Pass --weights FILE.safetensors, or export a folder "
                  "saved with model.save.")
-        with console.status(f"exporting {model.architecture} to {output} ..."):
-            report = export_onnx(model, output, dtype=dtype.value,
-                                 quantize=method, opset=opset,
-                                 optimize=optimize)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=True) as bar:
+            task = bar.add_task(f"exporting {model.architecture} to {output}", total=None)
+
+            def progress(step: str, done: int, total: int) -> None:
+                bar.update(task, description=step, completed=done, total=total)
+
+            report = export_onnx(model, output, dtype=dtype.value, quantize=method, opset=opset,
+                                 optimize=optimize, verify=verify, progress=progress)
     except TransformerKitError as exc:
         fail(exc)
     console.print(str(report), highlight=False)
