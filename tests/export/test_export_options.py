@@ -210,3 +210,20 @@ def test_re_export_replaces_an_earlier_export(tmp_path):
     export_onnx(_model("encoder", d_model=16), tmp_path / "out")
     assert OnnxModel(tmp_path / "out").manifest.config["d_model"] == 16
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_an_export_that_would_not_fit_in_memory_is_refused_before_it_starts(tmp_path, monkeypatch):
+    """The estimate (the largest tensor in copies, the tracing, verification's session and
+    layers) against the memory available: refused with the estimate and what would fit, and
+    nothing written."""
+    from transformer_kit.export import memory_estimate
+
+    model = _model("decoder")
+    needs = memory_estimate.estimate(model, None, "float32")
+    assert needs.writing < needs.verifying  # verification holds the session over the export too
+    monkeypatch.setattr(memory_estimate, "available_memory", lambda: (needs.writing + needs.verifying) // 2)
+    with pytest.raises(tk.ExportError, match=r"needs about [\d.]+ GB of memory at its peak .* more than the "
+                       r"[\d.]+ GB available now\. What would fit: verify=False \(--no-verify\) needs about"):
+        export_onnx(model, tmp_path / "out")
+    assert not list(tmp_path.iterdir())
+    assert export_onnx(model, tmp_path / "out", verify=False).errors == {}  # what the message said fits

@@ -16,6 +16,7 @@ from transformer_kit.errors import ExportError, InputError, TransformerKitError
 from transformer_kit.export.files import follow_umask
 from transformer_kit.export.graphs import graph_specs
 from transformer_kit.export.manifest import MANIFEST_FILE, GraphInfo, Manifest
+from transformer_kit.export.memory_estimate import refuse_if_too_large
 from transformer_kit.export.packed_attention import (
     PACKED_ATTENTION_OPSET,
     packed_attention_patch,
@@ -135,6 +136,7 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
     opset = DEFAULT_OPSET if opset is None else opset
     quantize = quantization(quantize)
     _check_arguments(model, opset, dtype, quantize)
+    refuse_if_too_large(model, quantize, dtype, verify)
     out_dir = Path(out_dir)
     cfg = model.config
     start = time.perf_counter()
