@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from transformer_kit.apps.genai_peer import TOKENIZER_CORPUS, _builder_python
+from transformer_kit.apps.genai_peer import _builder_python, write_tokenizer
 from transformer_kit.apps.random_checkpoints import SHAPES, write_random_checkpoint
 
 SPECIAL_IDS = {"qwen2.5-0.5b": (151643, 151645), "llama-3.1-8b": (128000, 128001),
@@ -41,24 +41,9 @@ def checkpoint(workdir: Path, shape: str) -> tuple[Path, int]:
         config = json.loads((folder / "config.json").read_text())
         config["bos_token_id"], config["eos_token_id"] = SPECIAL_IDS[shape]
         (folder / "config.json").write_text(json.dumps(config, indent=2))
-        _tokenizer(folder)
+        write_tokenizer(folder, 1000)  # the builder copies a tokenizer
     weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     return folder, weights
-
-
-def _tokenizer(folder: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(TOKENIZER_CORPUS, trainer)
-    tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-        "pad_token": "<pad>", "model_max_length": 2048}))
 
 
 def measured(command: list[str], out: Path) -> dict[str, float]:

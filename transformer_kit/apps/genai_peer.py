@@ -39,7 +39,6 @@ def llama_checkpoint(folder: Path, hidden: int = 512, layers: int = 8, heads: in
     """A random Llama checkpoint (transformers' save_pretrained) with a byte-level BPE
     tokenizer trained here (tokenizer.json, tokenizer_config.json), as the builder needs."""
     import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if (folder / "config.json").exists():
         return folder
@@ -50,6 +49,15 @@ def llama_checkpoint(folder: Path, hidden: int = 512, layers: int = 8, heads: in
         max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0,
         tie_word_embeddings=False)
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    write_tokenizer(folder, vocab)
+    return folder
+
+
+def write_tokenizer(folder: Path, vocab: int) -> None:
+    """A byte-level BPE tokenizer of ``vocab`` tokens trained here (<pad> 0, <s> 1, </s> 2), as
+    tokenizer.json and tokenizer_config.json in ``folder``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -60,7 +68,6 @@ def llama_checkpoint(folder: Path, hidden: int = 512, layers: int = 8, heads: in
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
         "pad_token": "<pad>", "model_max_length": 2048}))
-    return folder
 
 
 def _builder_python(workdir: Path) -> str:
