@@ -66,6 +66,25 @@ def _guard(module: nn.Module) -> None:
     module._streaming_guard = module.register_forward_pre_hook(_refuse_meta_call)
 
 
+def _read_per_call(module: nn.Module, own: list[tuple[str, nn.Parameter]],
+                   read: Callable[[nn.Parameter], nn.Parameter], dtype: torch.dtype) -> list:
+    """Give ``module`` its weights (``own``) just before each call and shapes only between
+    calls (meta, in ``dtype``: caches are made like them); returns the hooks' handles."""
+    originals = dict(own)
+    empty = {name: nn.Parameter(torch.empty_like(p, device="meta", dtype=dtype), requires_grad=False)
+             for name, p in own}
+    module._parameters.update(empty)
+
+    def before(mod: nn.Module, args: tuple) -> None:
+        for name, param in originals.items():
+            mod._parameters[name] = read(param)
+
+    def after(mod: nn.Module, args: tuple, output: object) -> None:
+        mod._parameters.update(empty)
+
+    return [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+
+
 @contextlib.contextmanager
 def weights_per_module(model: nn.Module, load: Callable[[str], Tensor],
                        dtype: torch.dtype) -> Iterator[None]:
@@ -75,54 +94,37 @@ def weights_per_module(model: nn.Module, load: Callable[[str], Tensor],
     every parameter and buffer is as before, whatever happened."""
     saved_params: list[tuple[nn.Module, str, nn.Parameter]] = []
     saved_buffers: list[tuple[nn.Module, str, Tensor]] = []
-    handles = []
+    handles: list = []
+    unguarded: list[nn.Module] = []  # streamed models' layers, guarded again on exit
     owner = {id(p): name for name, p in model.named_parameters()}  # a tied weight: one name
 
     def read(param: nn.Parameter) -> nn.Parameter:
         return nn.Parameter(load(owner[id(param)]).to(dtype), requires_grad=False)
 
-    for module in model.modules():
-        own = [(name, p) for name, p in module._parameters.items() if p is not None]
-        saved_params.extend((module, name, p) for name, p in own)
-        for name, buffer in module._buffers.items():
-            if buffer is not None and buffer.is_floating_point():
-                saved_buffers.append((module, name, buffer))
-                module._buffers[name] = buffer.to(dtype)
-        if not own:
-            continue
-        guard = module.__dict__.pop("_streaming_guard", None)
-        if guard is not None:
-            guard.remove()
-            handles.append(("guard", module))
-        if isinstance(module, STREAMED_LAYERS) and sum(p.numel() for _, p in own) >= STREAMED_MIN_ELEMENTS:
-            originals = dict(own)
-            # between calls: shapes only, in the dtype the block runs in (caches are made like them)
-            empty = {name: nn.Parameter(torch.empty_like(p, device="meta", dtype=dtype), requires_grad=False)
-                     for name, p in own}
-            module._parameters.update(empty)
-
-            def before(mod: nn.Module, args: tuple, originals: dict = originals) -> None:
-                for name, param in originals.items():
-                    mod._parameters[name] = read(param)
-
-            def after(mod: nn.Module, args: tuple, output: object, empty: dict = empty) -> None:
-                mod._parameters.update(empty)
-
-            handles.append(module.register_forward_pre_hook(before))
-            handles.append(module.register_forward_hook(after))
-        else:
-            for name, param in own:
-                module._parameters[name] = read(param)
     try:
+        for module in model.modules():
+            own = [(name, p) for name, p in module._parameters.items() if p is not None]
+            saved_params.extend((module, name, p) for name, p in own)
+            for name, buffer in module._buffers.items():
+                if buffer is not None and buffer.is_floating_point():
+                    saved_buffers.append((module, name, buffer))
+                    module._buffers[name] = buffer.to(dtype)
+            if "_streaming_guard" in module.__dict__:
+                module.__dict__.pop("_streaming_guard").remove()
+                unguarded.append(module)
+            large = sum(p.numel() for _, p in own) >= STREAMED_MIN_ELEMENTS
+            if own and isinstance(module, STREAMED_LAYERS) and large:
+                handles.extend(_read_per_call(module, own, read, dtype))
+            else:
+                for name, param in own:
+                    module._parameters[name] = read(param)
         yield
     finally:
         for handle in handles:
-            if isinstance(handle, tuple):
-                _guard(handle[1])
-            else:
-                handle.remove()
+            handle.remove()
+        for module in unguarded:
+            _guard(module)
         for module, name, param in saved_params:
             module._parameters[name] = param
         for module, name, buffer in saved_buffers:
             module._buffers[name] = buffer
-

@@ -103,29 +103,31 @@ class WeightWriter:
 
     def _initializer(self, graph: ir.Graph, name: str, dtype: ir.DataType, offset: int,
                      length: int, shape: tuple[int, ...]) -> ir.Value:
+        """The initializer ``name`` of ``graph`` reading ``length`` bytes at ``offset`` of
+        weights.data (created, or given its value when the trace left it without one)."""
+        return self._holding(graph, name, dtype, shape,
+                             lambda: self._external(name, dtype, offset, length, shape))
+
+    @staticmethod
+    def _holding(graph: ir.Graph, name: str, dtype: ir.DataType, shape: tuple[int, ...],
+                 tensor: Callable[[], ir.TensorProtocol]) -> ir.Value:
         value = graph.initializers.get(name)
         if value is None:
             value = ir.Value(name=name, shape=ir.Shape(shape), type=ir.TensorType(dtype),
-                             const_value=self._external(name, dtype, offset, length, shape))
+                             const_value=tensor())
             graph.register_initializer(value)
         elif value.const_value is None:
-            value.const_value = self._external(name, dtype, offset, length, shape)
+            value.const_value = tensor()
         return value
 
     def _materialize(self, graph: ir.Graph, expr: Expr, like: ir.Value) -> ir.Value:
-        """A graph initializer holding ``expr`` in ``like``'s dtype."""
+        """A graph initializer holding ``expr`` in ``like``'s dtype (inside the graph when small)."""
         dtype = like.dtype or ir.DataType.FLOAT
         placed = self._place(expr, dtype)
         if not isinstance(placed, np.ndarray):
             return self._initializer(graph, name_of(expr), dtype, *placed)
-        value = graph.initializers.get(name_of(expr))
-        if value is None:
-            value = ir.Value(name=name_of(expr), shape=ir.Shape(placed.shape), type=ir.TensorType(dtype),
-                             const_value=ir.Tensor(placed, name=name_of(expr)))
-            graph.register_initializer(value)
-        elif value.const_value is None:
-            value.const_value = ir.Tensor(placed, name=value.name)
-        return value
+        return self._holding(graph, name_of(expr), dtype, placed.shape,
+                             lambda: ir.Tensor(placed, name=name_of(expr)))
 
     def _quantize(self, rows: Expr) -> dict:
         """``rows`` (N, K) in 4-bit blocks, written once: offsets and shapes of each part."""
