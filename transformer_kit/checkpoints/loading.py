@@ -85,15 +85,15 @@ def _config(hf: dict, family: CheckpointFamily, folder: str | Path,
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _checkpoint_dtype(folder: str | Path, hf: dict) -> torch.dtype:
+def _checkpoint_dtype(hf: dict) -> torch.dtype:
     """The dtype config.json says the weights are stored in (float32 when it does not say)."""
     name = hf.get("torch_dtype") or hf.get("dtype") or "float32"
     return DTYPES.get(str(name).removeprefix("torch."), torch.float32)
 
 
-def _dtype(dtype: str | torch.dtype, folder: str | Path, hf: dict) -> torch.dtype:
+def _dtype(dtype: str | torch.dtype, hf: dict) -> torch.dtype:
     if dtype == "auto":
-        return _checkpoint_dtype(folder, hf)
+        return _checkpoint_dtype(hf)
     if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
         return dtype
     if isinstance(dtype, str) and dtype in DTYPES:
@@ -147,7 +147,7 @@ def from_hf(folder: str | Path, *, dtype: str | torch.dtype = "float32", stream:
     hf = read_hf_config(folder)
     family = _family(hf, folder).family
     config = _config(hf, family, folder, overrides)
-    dtype = _dtype(dtype, folder, hf)
+    dtype = _dtype(dtype, hf)
     tensors = open_checkpoint_tensors(folder)
     if tensors is None:
         if stream:
