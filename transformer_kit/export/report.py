@@ -37,6 +37,9 @@ class ExportReport:
     #: Quantized exports: share of positions whose top-1 token equals PyTorch's float32 one
     #: (the verification's random prompts, every real position).
     top1_agreement: float | None = None
+    #: Graphs whose stack of identical layers was traced with only a few layers and then
+    #: repeated in the graph (``layer_replication.py``): how many were traced. Others: all.
+    layers_traced: dict[str, int] = field(default_factory=dict)
 
     @property
     def folder_bytes(self) -> int:

@@ -26,7 +26,9 @@ from torch import Tensor, nn
 
 from transformer_kit.checkpoints.streaming import drop_guards
 from transformer_kit.errors import ExportError
-from transformer_kit.export.graphs import GraphSpec
+from transformer_kit.export.graphs import GraphSpec, graph_specs
+from transformer_kit.export.layer_replication import extend_layers
+from transformer_kit.export.layer_stacks import TRACED_LAYERS, truncated
 
 MAX_IR_VERSION = 13  # the newest ONNX IR onnxruntime 1.31 reads
 
@@ -95,16 +97,37 @@ def trace_graph(name: str, spec: GraphSpec, opset: int, translations: dict,
                 "to ONNX through the transformer_kit_onnx_translations hook."
             ) from exc
         model = program.model
-        for key, value in model.graph.initializers.items():
-            state_name = key[len(prefix):] if key.startswith(prefix) else key
-            raw = getattr(value.const_value, "raw", None)
-            if state_name in buffers:  # real values: folded where torch's export folded them
-                value.const_value = ir.Tensor(_numpy(buffers[state_name], value.dtype), name=key)
-            elif isinstance(raw, Tensor) and raw.is_meta:
-                value.const_value = None  # a weight: the writer streams it
+        bind_buffers(model, buffers, prefix)
         _optimize(model)
     model.ir_version = min(model.ir_version, MAX_IR_VERSION)
     return model
+
+
+def bind_buffers(model: ir.Model, buffers: dict[str, Tensor], prefix: str) -> None:
+    """Give the buffers' initializers their values; take the weights' (meta) values away."""
+    for key, value in model.graph.initializers.items():
+        state_name = key[len(prefix):] if key.startswith(prefix) else key
+        raw = getattr(value.const_value, "raw", None)
+        if state_name in buffers:  # real values: folded where torch's export folded them
+            value.const_value = ir.Tensor(_numpy(buffers[state_name], value.dtype), name=key)
+        elif isinstance(raw, Tensor) and raw.is_meta:
+            value.const_value = None  # a weight: the writer streams it
+
+
+def trace_stack_once(name: str, model: nn.Module, stack: str, opset: int, translations: dict,
+                     buffers: dict[str, Tensor]) -> ir.Model | None:
+    """Graph ``name`` of ``model`` (a :func:`skeleton`) traced with the first
+    :data:`TRACED_LAYERS` layers of ``stack`` and extended to all of them; ``None`` when the
+    traced graph does not repeat (trace it whole then)."""
+    total = len(getattr(model, stack).layers)
+    with truncated(model, stack, TRACED_LAYERS):
+        spec = graph_specs(model)[name]
+        prefix = "" if spec.module is model else "model."
+        graph = trace_graph(name, spec, opset, translations, buffers, prefix)
+    if not extend_layers(graph, stack, TRACED_LAYERS, total):
+        return None
+    bind_buffers(graph, buffers, prefix)
+    return graph
 
 
 def _numpy(tensor: Tensor, dtype: ir.DataType | None) -> np.ndarray:
