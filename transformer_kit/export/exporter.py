@@ -10,11 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import onnx_ir as ir
 import torch
 
 from transformer_kit.errors import ExportError, InputError, TransformerKitError
 from transformer_kit.export.files import follow_umask
 from transformer_kit.export.graphs import graph_specs
+from transformer_kit.export.kept_weights import reference_source
+from transformer_kit.export.layer_stacks import TRACED_LAYERS, repeatable_stack
 from transformer_kit.export.manifest import MANIFEST_FILE, GraphInfo, Manifest
 from transformer_kit.export.memory_estimate import refuse_if_too_large
 from transformer_kit.export.packed_attention import (
@@ -25,7 +28,8 @@ from transformer_kit.export.packed_attention import (
 from transformer_kit.export.packed_feedforward import packed_feedforward_patch
 from transformer_kit.export.quantize import Int4, method, quantization, quantize_graph
 from transformer_kit.export.report import ExportReport, versions
-from transformer_kit.export.tracing import skeleton, trace_graph
+from transformer_kit.export.traced_ahead import TracedAhead, can_trace_ahead
+from transformer_kit.export.tracing import skeleton, trace_graph, trace_stack_once
 from transformer_kit.export.translations import collect_translations
 from transformer_kit.export.weight_writer import WeightWriter, weight_source
 from transformer_kit.export.weights import WEIGHTS_FILE, share_weights
@@ -97,6 +101,47 @@ def _publish(staging: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _trace_and_write(traced: torch.nn.Module, stack: str | None, writer: WeightWriter, staging: Path,
+                     opset: int, translations: dict, buffers: dict[str, torch.Tensor], packed: bool,
+                     report_progress: Callable[[str, int, int], None],
+                     ) -> tuple[dict[str, GraphInfo], dict[str, int]]:
+    """Trace each graph of ``traced`` (a skeleton) and write its weights: the graphs, and how
+    many layers were traced of those whose stack was repeated. The graphs after the first are
+    traced ahead in a forked process while this one traces and writes the first."""
+    specs = graph_specs(traced)
+
+    def trace(name: str) -> tuple[ir.Model, int | None]:
+        spec = specs[name]
+        prefix = "" if spec.module is traced else "model."
+        with packed_attention_patch(traced, enabled=packed), packed_feedforward_patch(traced):
+            once = trace_stack_once(name, traced, stack, opset, translations, buffers) if stack else None
+            if once is not None:
+                return once, TRACED_LAYERS
+            return trace_graph(name, spec, opset, translations, buffers, prefix), None
+
+    names = list(specs)
+    ahead = TracedAhead(trace, names[1:], staging) if len(names) > 1 and can_trace_ahead() else None
+    graphs: dict[str, GraphInfo] = {}
+    layers_traced: dict[str, int] = {}
+    try:
+        for name in names:
+            spec = specs[name]
+            report_progress(f"tracing {name}", 0, 1)
+            taken = ahead.take(name) if ahead is not None and name in ahead.names else None
+            graph, layers = taken or trace(name)
+            if layers is not None:
+                layers_traced[name] = layers
+            file = f"{name}.onnx"
+            writer.write(graph, "" if spec.module is traced else "model.", staging / file,
+                         functools.partial(report_progress, f"writing the weights of {name}"))
+            del graph
+            graphs[name] = GraphInfo(file, spec.inputs, spec.outputs)
+    finally:
+        if ahead is not None:
+            ahead.close()
+    return graphs, layers_traced
+
+
 def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | None = None,
                 dtype: str = "float32", verify: bool = True, quantize: str | Int4 | None = None,
                 optimize: bool = False, tolerance: float | None = None,
@@ -144,6 +189,7 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
     was_training = model.training
     try:
         traced, buffers = skeleton(model, half=dtype == "float16")
+        stack = repeatable_stack(model)
         translations = collect_translations()
         packed = opset >= PACKED_ATTENTION_OPSET
         if packed:
@@ -151,18 +197,9 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
         weight_bytes = tensor_bytes(traced)
         source = weight_source(model)
         writer = WeightWriter(staging, source, quantize if isinstance(quantize, Int4) else None)
-        graphs = {}
         report_progress = progress or (lambda step, done, total: None)
-        for name, spec in graph_specs(traced).items():
-            file = f"{name}.onnx"
-            prefix = "" if spec.module is traced else "model."
-            report_progress(f"tracing {name}", 0, 1)
-            with packed_attention_patch(traced, enabled=packed), packed_feedforward_patch(traced):
-                graph = trace_graph(name, spec, opset, translations, buffers, prefix)
-            writer.write(graph, prefix, staging / file, functools.partial(
-                report_progress, f"writing the weights of {name}"))
-            del graph
-            graphs[name] = GraphInfo(file, spec.inputs, spec.outputs)
+        graphs, layers_traced = _trace_and_write(traced, stack, writer, staging, opset, translations,
+                                                 buffers, packed, report_progress)
         writer.close()
         if quantize == "int8":  # onnxruntime's dynamic quantizer reads each whole graph
             for info in graphs.values():
@@ -183,8 +220,10 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
         export_seconds = time.perf_counter() - start
         report = ExportReport(out_dir, model.architecture, opset, dtype, method(quantize),
                               _file_bytes(staging, graphs), export_seconds=export_seconds,
-                              weight_bytes=weight_bytes)
+                              weight_bytes=weight_bytes, layers_traced=layers_traced)
         model.eval()
+        if verify or optimize:
+            source = reference_source(source, model, quantize, dtype)
         if verify:
             report_progress("verifying against PyTorch", 0, 1)
             verify_start = time.perf_counter()
