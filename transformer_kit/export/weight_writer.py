@@ -132,7 +132,7 @@ class WeightWriter:
     def _quantize(self, rows: Expr) -> dict:
         """``rows`` (N, K) in 4-bit blocks, written once: offsets and shapes of each part."""
         if rows not in self.quantized:
-            q: QuantizedRows = quantize_rows(self.evaluate(rows).astype(np.float32),
+            q: QuantizedRows = quantize_rows(np.asarray(self.evaluate(rows), dtype=np.float32),
                                              self.int4.block_size, self.int4.symmetric)
             parts = {"packed": q.packed, "scales": q.scales}
             if q.zero_points is not None:
