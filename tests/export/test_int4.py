@@ -14,7 +14,7 @@ from onnx import numpy_helper
 import transformer_kit as tk
 from tests.combinations import tiny_config
 from transformer_kit.export import Int4, OnnxModel, export_onnx
-from transformer_kit.export.verify import random_ids, relative_error
+from transformer_kit.export.verify import TOP1_PROMPTS, random_ids, relative_error
 
 BLOCK = 16
 
@@ -170,7 +170,7 @@ def test_the_report_measures_int4_against_float32(exports):
     assert report.quantization == "int4" and report.tolerance is None
     assert 0 < report.max_error < 0.5
     assert 0 <= report.top1_agreement <= 1
-    ids = random_ids(32, 16, 300, 0, seed=11)
+    ids = random_ids(*TOP1_PROMPTS, 300, 0, seed=11)
     with torch.no_grad():
         expected = model(ids).argmax(-1).numpy()
     actual = OnnxModel(root / "int4", providers="cpu")(ids.numpy()).argmax(-1)

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from transformer_kit.apps import commands
-from transformer_kit.apps.terminal import fit_to_terminal, settings, warn
+from transformer_kit.apps.terminal import end_process, fit_to_terminal, settings, warn
 
 
 def command_modules() -> list[str]:
@@ -46,4 +46,9 @@ app = build_app()
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit as done:
+        if settings["exit_without_teardown"]:
+            end_process(done.code)
+        raise

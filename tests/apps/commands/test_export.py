@@ -130,3 +130,6 @@ def test_export_in_a_real_process(tmp_path, exported):
     result = cli("export", str(folder / "model"), "-o", str(tmp_path / "onnx"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "passed" in result.stdout
+    # the process ends without Python's teardown: the report's last line is out, the folder whole
+    assert result.stdout.splitlines()[-1].strip().startswith("export ")
+    assert (tmp_path / "onnx" / "manifest.json").exists() and not list(tmp_path.glob(".*onnx*"))

@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from transformer_kit.apps.sources import kind_of, load_model, special_id_overrides
-from transformer_kit.apps.terminal import console, fail, warn
+from transformer_kit.apps.terminal import console, fail, settings, warn
 from transformer_kit.errors import InputError, TransformerKitError
 
 SPECIAL_ID_HELP = "Override the model's {} (a token id, or 'none'), e.g. for a checkpoint whose config.json has none."
@@ -90,6 +90,7 @@ def export(
     except TransformerKitError as exc:
         fail(exc)
     console.print(str(report), highlight=False)
+    settings["exit_without_teardown"] = True  # the folder is complete and every file closed
 
 
 def register(app: typer.Typer) -> None:
