@@ -10,7 +10,10 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
+import transformer_kit as tk
+from tests.combinations import tiny_config
 from transformer_kit.errors import ExportError
+from transformer_kit.export import export_onnx
 from transformer_kit.export.traced_ahead import TracedAhead, can_trace_ahead
 
 pytestmark = pytest.mark.skipif(not can_trace_ahead(), reason="graphs are traced ahead on Linux only")
@@ -67,3 +70,13 @@ def test_a_child_that_dies_leaves_the_graph_to_be_traced_here(tmp_path):
     assert ahead.take("step") is None
     ahead.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_export_that_cannot_fork_traces_every_graph_here(tmp_path, monkeypatch):
+    def no_fork():
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    model = tk.build_model(tiny_config("decoder")).eval()
+    report = export_onnx(model, tmp_path / "onnx")
+    assert report.max_error < report.tolerance and report.tokens_match

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
 import tempfile
@@ -120,7 +121,10 @@ def _trace_and_write(traced: torch.nn.Module, stack: str | None, writer: WeightW
             return trace_graph(name, spec, opset, translations, buffers, prefix), None
 
     names = list(specs)
-    ahead = TracedAhead(trace, names[1:], staging) if len(names) > 1 and can_trace_ahead() else None
+    ahead = None
+    if len(names) > 1 and can_trace_ahead():
+        with contextlib.suppress(OSError):  # no fork (strict overcommit, a process limit): trace here
+            ahead = TracedAhead(trace, names[1:], staging)
     graphs: dict[str, GraphInfo] = {}
     layers_traced: dict[str, int] = {}
     try:
