@@ -36,6 +36,13 @@ from transformer_kit.export.weight_writer import WeightWriter, weight_source
 from transformer_kit.export.weights import WEIGHTS_FILE, share_weights
 from transformer_kit.model import TransformerModel
 
+#: How long an export waits, at least, for a graph traced ahead once it needs it (or 4x the time
+#: it took to trace one here, when longer) before it stops that process and traces the graph.
+AHEAD_PATIENCE_SECONDS = 60.0
+#: Smaller models trace every graph here: their export takes seconds, and a process forked from
+#: one that has run onnxruntime inherits its sessions without their threads (the child leaves
+#: them alone, and is stopped if it waits on one, but that wait would cost more than it saves).
+TRACE_AHEAD_MIN_PARAMETERS = 50_000_000
 DEFAULT_OPSET = 23  # scaled_dot_product_attention becomes the single ONNX Attention op
 MIN_OPSET = 18  # the oldest opset torch's dynamo exporter writes
 TOLERANCES = {"float32": 1e-4, "float16": 2e-2}
@@ -122,17 +129,23 @@ def _trace_and_write(traced: torch.nn.Module, stack: str | None, writer: WeightW
 
     names = list(specs)
     ahead = None
-    if len(names) > 1 and can_trace_ahead():
+    large = sum(p.numel() for p in traced.parameters()) >= TRACE_AHEAD_MIN_PARAMETERS
+    if len(names) > 1 and large and can_trace_ahead():
         with contextlib.suppress(OSError):  # no fork (strict overcommit, a process limit): trace here
             ahead = TracedAhead(trace, names[1:], staging)
     graphs: dict[str, GraphInfo] = {}
     layers_traced: dict[str, int] = {}
+    traced_here = 0.0
     try:
         for name in names:
             spec = specs[name]
             report_progress(f"tracing {name}", 0, 1)
-            taken = ahead.take(name) if ahead is not None and name in ahead.names else None
+            taken = None
+            if ahead is not None and name in ahead.names:  # it traces what this process did
+                taken = ahead.take(name, patience=max(AHEAD_PATIENCE_SECONDS, 4 * traced_here))
+            tracing = time.perf_counter()
             graph, layers = taken or trace(name)
+            traced_here = max(traced_here, time.perf_counter() - tracing)
             if layers is not None:
                 layers_traced[name] = layers
             file = f"{name}.onnx"

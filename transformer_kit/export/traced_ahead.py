@@ -4,17 +4,21 @@ torch.export runs Python on one core for seconds per graph. While this process t
 first graph and writes its weights, a child forked from it traces the others (it has the
 skeleton, the plugins and the patches already: nothing is pickled or imported again) and saves
 each graph without weights; this process loads them when it gets to them. A child that dies
-without a word leaves its graphs to be traced here; one that fails says why, as tracing here
-would. Only where ``fork`` is safe and cheap (Linux); elsewhere the graphs are traced in turn.
+without a word, or is still at work well after this process traced a graph of its own (a lock
+that another thread held at the fork would keep it waiting for ever), is stopped and leaves its
+graphs to be traced here; one that fails says why, as tracing here would. Only where ``fork``
+is safe and cheap (Linux); elsewhere the graphs are traced in turn.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,8 +41,12 @@ class TracedAhead:
                  folder: Path) -> None:
         self.names, self.folder = list(names), folder
         self.status: int | None = None
+        self.started = time.monotonic()
         self.pid = os.fork()
         if self.pid == 0:  # the child: trace, save, and leave without running this process's exit code
+            # What the parent left for its garbage collector (an onnxruntime session in a cycle)
+            # is not collected here: freeing a session whose threads did not come along blocks.
+            gc.freeze()
             code = 0
             try:
                 for name in self.names:
@@ -56,16 +64,27 @@ class TracedAhead:
     def _file(self, name: str, suffix: str = ".onnx") -> Path:
         return self.folder / f".{name}.traced{suffix}"
 
-    def _wait(self) -> int:
-        if self.status is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.status = os.waitstatus_to_exitcode(status)
+    def _wait(self, patience: float | None = None) -> int | None:
+        """The child's exit code, waiting at most ``patience`` seconds (None: until it ends)."""
+        deadline = None if patience is None else time.monotonic() + patience
+        while self.status is None:
+            pid, status = os.waitpid(self.pid, 0 if deadline is None else os.WNOHANG)
+            if pid:
+                self.status = os.waitstatus_to_exitcode(status)
+            elif time.monotonic() >= deadline:
+                return None
+            else:
+                time.sleep(0.02)
         return self.status
 
-    def take(self, name: str) -> tuple[ir.Model, int | None] | None:
+    def take(self, name: str, patience: float) -> tuple[ir.Model, int | None] | None:
         """Graph ``name`` and its layers traced as the child left them; ``None`` when the child
-        died before saving it (trace it here). Raises the child's :class:`ExportError`."""
-        code = self._wait()
+        died before saving it or is still at work after ``patience`` seconds (stopped then):
+        trace it here. Raises the child's :class:`ExportError`."""
+        code = self._wait(patience)
+        if code is None:  # stuck (a lock another thread held when it was forked): stop it
+            self.close()
+            return None
         error = self._file("error", ".txt")
         if code == 1 and error.exists():
             said = json.loads(error.read_text())
@@ -83,7 +102,7 @@ class TracedAhead:
 
     def close(self) -> None:
         """Stop the child if it still runs (an export interrupted here) and remove its files."""
-        if self.status is None:
+        if self._wait(patience=0) is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
             self._wait()
