@@ -27,6 +27,7 @@ import numpy as np
 import transformer_kit as tk
 from transformer_kit.apps.benchmark import Runner, exported, interleaved, random_prompts, ratio_to
 from transformer_kit.apps.genai_peer import GenaiGenerator, build_genai, genai_version, llama_checkpoint
+from transformer_kit.export.quantize import Int4
 
 PRECISIONS = ("float32", "int4")
 # VmHWM (peak resident set of this process image; ru_maxrss would carry the parent's over exec)
@@ -147,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                "int4": (workdir / "kit-int4", workdir / "genai-int4")}
     models = {}
     for precision, (kit, genai) in folders.items():
-        options = {"quantize": "int4"} if precision == "int4" else {}
+        # genai's builder quantizes the embedding only when a tied head shares it: the same recipe
+        options = {"quantize": Int4(embedding=model.config.tie_embeddings)} if precision == "int4" else {}
         om = exported(model, kit, providers="cpu", **options)
         build_genai(checkpoint, genai, "fp32" if precision == "float32" else "int4", workdir)
         models[precision] = (om, GenaiGenerator(genai))
