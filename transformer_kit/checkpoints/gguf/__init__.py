@@ -1,0 +1,1 @@
+"""GGUF files (llama.cpp, Ollama) as assembled models."""
