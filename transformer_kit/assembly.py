@@ -34,7 +34,7 @@ from transformer_kit.model import (
 )
 from transformer_kit.registry import Registry, get_registry, origin
 from transformer_kit.serialization import load_saved_weights, read_saved_config
-from transformer_kit.stacks import Embedder, Stack
+from transformer_kit.stacks import Embedder, LayerVariants, Stack
 
 #: The type each kind's factory must return.
 _EXPECTED: dict[str, type | tuple[type, ...]] = {
@@ -64,8 +64,9 @@ class _Parts:
             "max_len": config.max_len,
         }
 
-    def create(self, kind: str, slot: str, **extra: Any) -> Any:
-        spec = self.config.component(kind)
+    def create(self, kind: str, slot: str, *, layer: int | None = None, **extra: Any) -> Any:
+        """The component of ``kind`` (of self-attention layer ``layer``'s variant, if any)."""
+        spec = self.config.layer_component(kind, layer)
         entry = self.registry.entry(kind, spec.name)
         try:
             obj = self.registry.create(kind, spec.name, context={**self.context, **extra},
@@ -82,33 +83,53 @@ class _Parts:
             )
         return obj
 
-    def attention(self, slot: str, *, is_cross: bool) -> MultiHeadAttention:
-        kernel: AttentionKernel = self.create("attention", f"{slot}.kernel")
+    def attention(self, slot: str, *, is_cross: bool, layer: int | None = None) -> MultiHeadAttention:
+        own = None if is_cross else layer  # layer variants replace self-attention's parts only
+        kernel: AttentionKernel = self.create("attention", f"{slot}.kernel", layer=own)
         qk_norm = None if is_cross or self.config.qk_norm is None else self.create(
-            "qk_norm", f"{slot}.qk_norm")
+            "qk_norm", f"{slot}.qk_norm", layer=own)
         return MultiHeadAttention(self.config.d_model, self.config.num_heads, self.config.kv_heads,
                                   kernel, is_cross=is_cross, bias=self.config.attention_bias,
                                   out_bias=self.config.attention_out_bias,
                                   head_dim=self.config.attention_head_dim, qk_norm=qk_norm)
 
     def stack(self, role: str, num_layers: int, *, cross: bool) -> Stack:
+        varies = self.config.layer_types is not None and not cross
         layers = []
         for i in range(num_layers):
-            slot = f"{role} layer {i}"
-            norm_slot = f"{slot}.norm"
+            slot, layer = f"{role} layer {i}", i if varies else None
             layers.append(self.create(
                 "block", slot, role=role,
-                self_attention=self.attention(f"{slot}.self_attention", is_cross=False),
+                self_attention=self.attention(f"{slot}.self_attention", is_cross=False, layer=layer),
                 cross_attention=self.attention(f"{slot}.cross_attention", is_cross=True)
                 if cross else None,
-                feedforward=self.create("feedforward", f"{slot}.feedforward"),
-                make_norm=self.norm_factory(norm_slot),
+                feedforward=self.create("feedforward", f"{slot}.feedforward", layer=layer),
+                make_norm=self.norm_factory(f"{slot}.norm", layer),
             ))
         final = self.create("norm", f"{role}.final_norm") if layers[0].needs_final_norm else None
-        return Stack(layers, final)
+        return Stack(layers, final, self.variants(role) if varies else None)
 
-    def norm_factory(self, slot: str) -> Callable[[], nn.Module]:
-        return lambda: self.create("norm", slot)
+    def variants(self, role: str) -> LayerVariants:
+        """The masks and positional encodings the layer variants replace."""
+        masks: dict[str, AttentionMask | None] = {}
+        positionals: dict[str, PositionalEncoding | None] = {}
+        types = self.config.layer_types
+        for name, kinds in self.config.variant_components().items():
+            slot, layer = f"{role} layer_variants.{name}", types.index(name)
+            masks[name] = self.create("mask", f"{slot}.mask", layer=layer) if "mask" in kinds else None
+            positional = None if "positional" not in kinds else self.create(
+                "positional", f"{slot}.positional", layer=layer,
+                causal=self.config.architecture == "decoder")
+            if positional is not None and type(positional).embed is not PositionalEncoding.embed:
+                raise ConfigError(
+                    f"{slot}: positional {kinds['positional'].name!r} adds to the embeddings, "
+                    "which all layers share; a layer variant's positional encoding may only "
+                    "rotate q and k or bias the scores (rotary, alibi, relative_bias, none).")
+            positionals[name] = positional
+        return LayerVariants(types, masks, positionals)
+
+    def norm_factory(self, slot: str, layer: int | None = None) -> Callable[[], nn.Module]:
+        return lambda: self.create("norm", slot, layer=layer)
 
     def embedder(self, token: nn.Embedding, slot: str, *, causal: bool) -> Embedder:
         """Token embedding and the ``positional`` component; ``causal``: whether its stack
@@ -133,22 +154,31 @@ class _Parts:
 
 
 def check_capabilities(config: ModelConfig, registry: Registry) -> None:
-    """Refuse a combination of components that cannot work together, with a sentence."""
-    chosen = {kind: registry.get(kind, spec.name) for kind, spec in config.components().items()}
+    """Refuse a combination of components that cannot work together, with a sentence: the
+    top-level components, and each layer variant's with them."""
+    combinations = {"": config.components()}
+    for name, kinds in config.variant_components().items():
+        combinations[f" (in layer_variants.{name})"] = {**config.components(), **kinds}
+    for where, specs in combinations.items():
+        _check_combination(config, registry, specs, where)
+
+
+def _check_combination(config: ModelConfig, registry: Registry, specs: dict, where: str) -> None:
+    chosen = {kind: registry.get(kind, spec.name) for kind, spec in specs.items()}
     provided = set().union(*(c.provides for c in chosen.values()))
     for kind, comp in chosen.items():
         for need in sorted(comp.requires - provided):
             offering = [f"{k} {c.name!r}" for k in MODEL_KINDS for c in
                         (registry.get(k, n) for n in registry.names(k)) if need in c.provides]
             raise ConfigError(
-                f"{kind} {comp.name!r} needs {need!r}, which the chosen components do not "
+                f"{kind} {comp.name!r}{where} needs {need!r}, which the chosen components do not "
                 f"provide. Components that provide it: {', '.join(offering) or '(none)'}."
             )
     if config.architecture != "encoder" and "causal" not in chosen["mask"].provides:
         causal = [n for n in registry.names("mask") if "causal" in registry.get("mask", n).provides]
         raise ConfigError(
-            f"mask {chosen['mask'].name!r} is not causal, but a {config.architecture} model's "
-            f"decoder must not see future tokens. Causal masks: {', '.join(causal)}."
+            f"mask {chosen['mask'].name!r}{where} is not causal, but a {config.architecture} "
+            f"model's decoder must not see future tokens. Causal masks: {', '.join(causal)}."
         )
 
 
@@ -187,11 +217,14 @@ def check_config(config: ModelConfig | dict | str | Path,
     """
     config = load_config(config)
     registry = registry or get_registry()
-    for kind, spec in config.components().items():
+    named = [(kind, kind, spec) for kind, spec in config.components().items()]
+    named += [(f"layer_variants.{name}.{kind}", kind, spec)
+              for name, kinds in config.variant_components().items() for kind, spec in kinds.items()]
+    for key, kind, spec in named:
         try:
             registry.entry(kind, spec.name)
         except ConfigError as exc:
-            raise type(exc)(f"config key {kind!r}: {exc}") from None
+            raise type(exc)(f"config key {key!r}: {exc}") from None
     check_capabilities(config, registry)
     try:
         with torch.device("meta"):
@@ -245,6 +278,8 @@ def build_model(config: ModelConfig | dict | str | Path,
     with _parameters_on_meta() if empty else contextlib.nullcontext():
         model = _assemble(config, registry)
     model.components = {kind: registry.entry(kind, spec.name) for kind, spec in config.components().items()}
+    model.layer_components = {name: {kind: registry.entry(kind, spec.name) for kind, spec in kinds.items()}
+                              for name, kinds in config.variant_components().items()}
     return model
 
 

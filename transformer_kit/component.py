@@ -11,6 +11,8 @@ from typing import Any
 #: The kinds of component a model is assembled from (``qk_norm`` is optional: none by default).
 MODEL_KINDS: tuple[str, ...] = ("attention", "positional", "mask", "block", "feedforward", "norm",
                                 "qk_norm")
+#: The kinds a config's ``layer_variants`` may replace in single layers.
+LAYER_KINDS: tuple[str, ...] = ("attention", "positional", "mask", "feedforward", "norm", "qk_norm")
 #: Every kind a plugin may register: the model's, and logits processors (used by decoding).
 KINDS: tuple[str, ...] = (*MODEL_KINDS, "logits_processor")
 

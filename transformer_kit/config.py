@@ -23,7 +23,7 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from transformer_kit.component import MODEL_KINDS
+from transformer_kit.component import LAYER_KINDS, MODEL_KINDS
 from transformer_kit.errors import ConfigError, did_you_mean, missing_path
 
 Architecture = Literal["encoder_decoder", "encoder", "decoder"]
@@ -114,6 +114,13 @@ class ModelConfig(BaseModel):
     qk_norm: ComponentSpec | None = Field(
         None, description="A norm of the self-attention queries and keys after their projections, "
         "before rotary (Qwen3, OLMo2); null: none.")
+    layer_types: list[str] | None = Field(
+        None, description="One variant name per layer of the self-attention stack (decoder and "
+        "encoder models), each a key of layer_variants; null: every layer alike.")
+    layer_variants: dict[str, dict[str, ComponentSpec]] = Field(
+        default_factory=dict, description="Per variant name, the components that replace the "
+        f"top-level ones in its layers (kinds: {', '.join(LAYER_KINDS)}); e.g. "
+        "{local: {mask: {name: sliding_window, window: 512}}}.")
 
     @property
     def eos_ids(self) -> list[int]:
@@ -159,12 +166,57 @@ class ModelConfig(BaseModel):
                         problems.append(f"{key!r} ({one}) must not be negative")
                     elif one is not None and one >= limit:
                         problems.append(f"{key!r} ({one}) must be below the vocabulary size ({limit})")
+        problems += self._layer_type_problems()
         if problems:
             raise ValueError("; ".join(problems))
         if self.mask is None:
             default = "none" if arch == "encoder" else "causal"
             object.__setattr__(self, "mask", ComponentSpec(name=default))
         return self
+
+    def _layer_type_problems(self) -> list[str]:
+        types, variants = self.layer_types, self.layer_variants
+        if types is None:
+            return ["'layer_variants' is given without 'layer_types'; name each layer's variant "
+                    "in 'layer_types' (one entry per layer)"] if variants else []
+        problems = []
+        if self.architecture == "encoder_decoder":
+            problems.append("'layer_types' applies to decoder and encoder models, not "
+                            "encoder_decoder; remove it")
+        elif len(types) != self.num_layers:
+            problems.append(f"'layer_types' has {len(types)} entries but the model has "
+                            f"{self.num_layers} layers ('num_layers'); give one per layer")
+        unknown = sorted(set(types) - set(variants))
+        if unknown:
+            problems.append(f"'layer_types' names {', '.join(map(repr, unknown))}, not a key of "
+                            f"'layer_variants' (keys: {', '.join(map(repr, variants)) or 'none'}); "
+                            "add it there, with {} for the top-level components")
+        unused = sorted(set(variants) - set(types))
+        if unused:
+            problems.append(f"'layer_variants' has {', '.join(map(repr, unused))}, which no entry "
+                            "of 'layer_types' names; remove it or use it")
+        for name, kinds in variants.items():
+            for kind in sorted(set(kinds) - set(LAYER_KINDS)):
+                problems.append(f"'layer_variants.{name}' replaces {kind!r}, which cannot vary by "
+                                f"layer.{did_you_mean(kind, LAYER_KINDS)} Kinds that can: "
+                                f"{', '.join(LAYER_KINDS)}")
+            if "qk_norm" in kinds and self.qk_norm is None:
+                problems.append(f"'layer_variants.{name}' replaces 'qk_norm', but the model has "
+                                "none; set the top-level 'qk_norm' first")
+        return problems
+
+    def layer_component(self, kind: str, layer: int | None) -> ComponentSpec | None:
+        """The spec of ``kind`` in self-attention layer ``layer`` (its variant's, else the
+        top-level one); ``layer`` None: the top-level spec."""
+        if layer is not None and self.layer_types is not None:
+            spec = self.layer_variants[self.layer_types[layer]].get(kind)
+            if spec is not None:
+                return spec
+        return self.component(kind)
+
+    def variant_components(self) -> dict[str, dict[str, ComponentSpec]]:
+        """The components each layer variant replaces, by variant name (empty: none vary)."""
+        return {name: dict(kinds) for name, kinds in self.layer_variants.items()}
 
     # -- resolved values -------------------------------------------------------------------
     @property

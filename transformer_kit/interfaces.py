@@ -78,6 +78,9 @@ class AttentionKernel(nn.Module):
     #: The factor on q . k scores, or None for 1/sqrt(head_dim). A kernel whose component
     #: declares the ``"attention"`` lowering must compute with exactly this scale.
     scale: float | None = None
+    #: c in c * tanh(score / c), bounding the scaled scores before the mask (Gemma 2), or
+    #: None for none; a kernel declaring the ``"attention"`` lowering computes it exactly.
+    softcap: float | None = None
 
     def forward(  # pragma: no cover - interface
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,

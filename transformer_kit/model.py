@@ -39,6 +39,8 @@ class TransformerModel(nn.Module, Chats):
         self.config = config
         #: The registered component of each kind, with its plugin (set by build_model).
         self.components: dict[str, RegisteredComponent] = {}
+        #: Per layer variant (``layer_types``), the registered components it replaces.
+        self.layer_components: dict[str, dict[str, RegisteredComponent]] = {}
         #: The checkpoint's tokenizer (text in, text out), kept by save and export; or None.
         self.tokenizer: TextTokenizer | None = None
         #: ``from_hf(..., stream=True)``: the weights, read from the checkpoint when needed
@@ -47,8 +49,11 @@ class TransformerModel(nn.Module, Chats):
 
     def _lacking(self, flag: str) -> list[str]:
         """Chosen components whose ``flag`` (supports_cache, exportable) is False, named."""
+        chosen = [(kind, e) for kind, e in self.components.items()]
+        chosen += [(f"{kind} of layer variant {name!r}", e)
+                   for name, kinds in self.layer_components.items() for kind, e in kinds.items()]
         return [f"{kind} {e.component.name!r} (plugin {e.plugin!r})"
-                for kind, e in self.components.items() if not getattr(e.component, flag)]
+                for kind, e in chosen if not getattr(e.component, flag)]
 
     @property
     def uncacheable(self) -> list[str]:
@@ -210,8 +215,9 @@ class DecoderTransformer(TransformerModel):
             last_only: return the logits of the last position only, (batch, 1, vocab).
         """
         input_ids = check_token_ids(input_ids, self.config.vocab_size, "input_ids")
-        inputs = self_attention_inputs(keep, input_ids.shape[1], self.embed.positional, self.mask)
-        x = self.decoder(self.embed(input_ids, inputs.q_positions), inputs, None, caches)
+        inputs = self.decoder.attention_inputs(keep, input_ids.shape[1], self.embed.positional,
+                                               self.mask)
+        x = self.decoder(self.embed(input_ids, inputs[0].q_positions), inputs, None, caches)
         return self.head(x[:, -1:] if last_only else x)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
@@ -245,6 +251,7 @@ class EncoderTransformer(TransformerModel):
         where ``pad_id`` is) -> hidden states (batch, len, d_model) or logits."""
         input_ids = check_token_ids(input_ids, self.config.vocab_size, "input_ids")
         keep = token_keep(input_ids, attention_mask, self.config.pad_id)
-        inputs = self_attention_inputs(keep, input_ids.shape[1], self.embed.positional, self.mask)
-        hidden = self.encoder(self.embed(input_ids, inputs.q_positions), inputs)
+        inputs = self.encoder.attention_inputs(keep, input_ids.shape[1], self.embed.positional,
+                                               self.mask)
+        hidden = self.encoder(self.embed(input_ids, inputs[0].q_positions), inputs)
         return self.head(hidden) if self.head is not None else hidden

@@ -4,6 +4,7 @@ the self-attention inputs (mask, positions, score bias) built once per stack cal
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 
 from torch import Tensor, nn
@@ -34,22 +35,72 @@ class Embedder(nn.Module):
         return self.dropout(self.norm(x) if self.norm is not None else x)
 
 
-class Stack(nn.Module):
-    """N layers, then a final norm when the layers need one (pre-norm)."""
+class LayerVariants(nn.Module):
+    """The masks and positional encodings of a stack's layers where they differ by layer (a
+    config's ``layer_types``): each variant's own, or None for the stack's.
 
-    def __init__(self, layers: list[nn.Module], final_norm: nn.Module | None) -> None:
+    Args:
+        layer_types: the variant name of each layer.
+        masks: per variant name, its mask (None: the stack's).
+        positionals: per variant name, its positional encoding (None: the stack's); it acts
+            inside attention only (rotation, score bias): the embeddings get the stack's.
+    """
+
+    def __init__(self, layer_types: list[str], masks: dict[str, AttentionMask | None],
+                 positionals: dict[str, PositionalEncoding | None]) -> None:
+        super().__init__()
+        self.layer_types = list(layer_types)
+        self.masks = masks
+        self.positionals = nn.ModuleDict({n: p for n, p in positionals.items() if p is not None})
+
+    def inputs(self, shared: AttentionInputs, keep: Tensor, q_len: int,
+               positional: PositionalEncoding, mask: AttentionMask) -> list[AttentionInputs]:
+        """Each layer's self-attention inputs: ``shared`` (the stack's) where its variant
+        replaces neither the mask nor the positional encoding, else its own (built once per
+        variant)."""
+        by_variant: dict[str, AttentionInputs] = {}
+        for name in dict.fromkeys(self.layer_types):
+            own_mask = self.masks.get(name)
+            own_positional = dict(self.positionals.items()).get(name)
+            if own_mask is None and own_positional is None:
+                by_variant[name] = shared
+            else:
+                by_variant[name] = self_attention_inputs(
+                    keep, q_len, own_positional or positional, own_mask or mask)
+        return [by_variant[name] for name in self.layer_types]
+
+
+class Stack(nn.Module):
+    """N layers, then a final norm when the layers need one (pre-norm); ``variants``: the
+    masks and positional encodings of layers that differ (``layer_types``), or None."""
+
+    def __init__(self, layers: list[nn.Module], final_norm: nn.Module | None,
+                 variants: LayerVariants | None = None) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm
+        self.variants = variants
 
-    def forward(self, x: Tensor, self_inputs: AttentionInputs,
+    def attention_inputs(self, keep: Tensor, q_len: int, positional: PositionalEncoding,
+                         mask: AttentionMask) -> list[AttentionInputs]:
+        """Each layer's self-attention inputs for the last ``q_len`` of ``keep`` (batch,
+        k_len) bool; the first entry's ``q_positions`` are the embeddings' positions."""
+        shared = self_attention_inputs(keep, q_len, positional, mask)
+        if self.variants is None:
+            return [shared] * len(self.layers)
+        return self.variants.inputs(shared, keep, q_len, positional, mask)
+
+    def forward(self, x: Tensor, self_inputs: AttentionInputs | Sequence[AttentionInputs],
                 cross_inputs: AttentionInputs | None = None,
                 caches: list[LayerCache] | None = None) -> Tensor:
-        """x (batch, len, d_model) -> (batch, len, d_model); caches are updated in place."""
+        """x (batch, len, d_model) -> (batch, len, d_model); ``self_inputs``: one for every
+        layer, or each layer's (:meth:`attention_inputs`); caches are updated in place."""
+        if isinstance(self_inputs, AttentionInputs):
+            self_inputs = [self_inputs] * len(self.layers)
         for i, layer in enumerate(self.layers):
-            s, c = self_inputs, cross_inputs
+            s, c = self_inputs[i], cross_inputs
             if caches is not None:
-                s = replace(self_inputs, cache=caches[i])
+                s = replace(s, cache=caches[i])
                 c = None if cross_inputs is None else replace(cross_inputs, cache=caches[i])
             x = layer(x, s, c)
         return self.final_norm(x) if self.final_norm is not None else x

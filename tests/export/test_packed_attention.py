@@ -127,7 +127,7 @@ def test_the_custom_op_computes_what_the_eager_layer_computes(gqa_decoder):
     expected = layer(x, AttentionInputs(**{**inputs.__dict__, "cache": cache}))
     q, k, v = layer.q_proj(x), layer.k_proj(x), layer.v_proj(x)
     out, key, value = torch.ops.transformer_kit.packed_cached_attention(
-        q, k, v, inputs.mask.expand(2, 1, 3, 7), past_k, past_v, 4, 2, 0.5)
+        q, k, v, inputs.mask.expand(2, 1, 3, 7), past_k, past_v, 4, 2, 0.5, 0.0)
     torch.testing.assert_close(layer.o_proj(out), expected, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(key, cache.key)
     torch.testing.assert_close(value, cache.value)

@@ -5,7 +5,8 @@ decompositions dominate), so a 24- or 32-layer model spent most of its export th
 of a stack are one module repeated, so the exporter traces the model with :data:`TRACED_LAYERS`
 layers (:func:`truncated`) and ``layer_replication.extend_layers`` repeats the last of them in
 the graph. :func:`repeatable_stack` first compares every layer after the first with the second
-(module types, attributes, parameter shapes, buffer values, hooks): a stack whose layers differ
+(module types, attributes, parameter shapes, buffer values, hooks) and their layer variants
+(``layer_types``: the masks and positions they attend with): a stack whose layers differ
 anywhere is traced whole.
 """
 
@@ -34,6 +35,9 @@ def repeatable_stack(model: nn.Module) -> str | None:
     name = stack_name(model)
     layers = getattr(getattr(model, name, None), "layers", None) if name else None
     if not isinstance(layers, nn.ModuleList) or len(layers) <= TRACED_LAYERS:
+        return None
+    variants = getattr(getattr(model, name), "variants", None)
+    if variants is not None and len(set(variants.layer_types[1:])) > 1:
         return None
     template = _signature(layers[1])
     if all(_same(_signature(layer), template) for layer in layers[2:]):

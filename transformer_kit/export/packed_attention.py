@@ -24,7 +24,7 @@ from onnxscript import opset23 as op
 from torch import Tensor, nn
 
 from transformer_kit.attention import MultiHeadAttention
-from transformer_kit.export.patching import declares, packed_parameters, patched_forwards
+from transformer_kit.export.patching import declares, entries, packed_parameters, patched_forwards
 from transformer_kit.heads import repeat_kv_heads, split_heads
 from transformer_kit.interfaces import AttentionInputs, PositionalEncoding
 
@@ -57,44 +57,51 @@ def _(x: Tensor, cos: Tensor, sin: Tensor, num_heads: int, rotary_dim: int) -> T
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, num_heads: int,
-            scale: float) -> Tensor:
-    """q (batch, heads, q_len, dim), k, v (batch, kv_heads, k_len, dim) -> (batch, q_len, width)."""
+            scale: float, softcap: float) -> Tensor:
+    """q (batch, heads, q_len, dim), k, v (batch, kv_heads, k_len, dim) -> (batch, q_len, width);
+    ``softcap`` > 0 bounds the scaled scores as softcap * tanh(score / softcap) (0: none)."""
     groups = num_heads // k.shape[1]
     k, v = repeat_kv_heads(k, groups), repeat_kv_heads(v, groups)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    if softcap > 0:
+        scores = torch.tanh(torch.matmul(q, k.transpose(-2, -1)) * scale / softcap) * softcap
+        if mask is not None:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        out = torch.matmul(scores.softmax(-1), v)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
 
 @torch.library.custom_op("transformer_kit::packed_attention", mutates_args=())
 def packed_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, num_heads: int,
-                     kv_heads: int, scale: float) -> Tensor:
+                     kv_heads: int, scale: float, softcap: float) -> Tensor:
     """q (batch, q_len, num_heads * dim), k, v (batch, k_len, kv_heads * dim), mask (batch, 1,
     q_len, k_len) bool (True = may attend; every row has a visible key) -> (batch, q_len, width)."""
     return _attend(split_heads(q, num_heads), split_heads(k, kv_heads), split_heads(v, kv_heads),
-                   mask, num_heads, scale)
+                   mask, num_heads, scale, softcap)
 
 
 @packed_attention.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, num_heads: int, kv_heads: int,
-      scale: float) -> Tensor:
+      scale: float, softcap: float) -> Tensor:
     return torch.empty_like(q)
 
 
 @torch.library.custom_op("transformer_kit::packed_cached_attention", mutates_args=())
 def packed_cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                             past_key: Tensor, past_value: Tensor, num_heads: int, kv_heads: int,
-                            scale: float) -> tuple[Tensor, Tensor, Tensor]:
+                            scale: float, softcap: float) -> tuple[Tensor, Tensor, Tensor]:
     """As :func:`packed_attention` after the cache: past_key, past_value (batch, kv_heads,
     past_len, dim); the mask covers past_len + q_len keys. Returns the output and the cache
     extended by the new keys and values (batch, kv_heads, past_len + q_len, dim)."""
     key = torch.cat([past_key, split_heads(k, kv_heads)], dim=2)
     value = torch.cat([past_value, split_heads(v, kv_heads)], dim=2)
-    return _attend(split_heads(q, num_heads), key, value, mask, num_heads, scale), key, value
+    return _attend(split_heads(q, num_heads), key, value, mask, num_heads, scale, softcap), key, value
 
 
 @packed_cached_attention.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, past_key: Tensor, past_value: Tensor,
-      num_heads: int, kv_heads: int, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+      num_heads: int, kv_heads: int, scale: float, softcap: float) -> tuple[Tensor, Tensor, Tensor]:
     batch, new, _ = k.shape
     _, heads, past, dim = past_key.shape
     total = past + new
@@ -143,15 +150,28 @@ def packed_forward(self: MultiHeadAttention, x: Tensor, inputs: AttentionInputs,
         mask = mask | ~has_key  # no all-masked row; its output is zeroed below, as the kernel does
         mask = mask.expand(mask.shape[0], 1, x.shape[1], mask.shape[-1])
     scale = self.kernel.scale if self.kernel.scale is not None else self.head_dim ** -0.5
+    softcap = getattr(self.kernel, "softcap", None) or 0.0
     if cache is None:
         out = torch.ops.transformer_kit.packed_attention(
-            q, k, v, mask, self.num_heads, self.num_kv_heads, scale)
+            q, k, v, mask, self.num_heads, self.num_kv_heads, scale, softcap)
     else:
         out, cache.key, cache.value = torch.ops.transformer_kit.packed_cached_attention(
-            q, k, v, mask, cache.key, cache.value, self.num_heads, self.num_kv_heads, scale)
+            q, k, v, mask, cache.key, cache.value, self.num_heads, self.num_kv_heads, scale, softcap)
     if has_key is not None:
         out = out.masked_fill(~has_key[:, 0], 0.0)
     return self.o_proj(out)
+
+
+def rotations_lowered(model: nn.Module) -> bool:
+    """Whether every positional encoding of ``model`` that rotates q and k (the top-level one
+    and each layer variant's) declares the ``"rotary"`` lowering; one that does not rotate (a
+    layer without positions) needs none."""
+    def rotates(entry) -> bool:
+        factory = entry.component.factory
+        return not (isinstance(factory, type) and issubclass(factory, PositionalEncoding)
+                    and factory.rotate is PositionalEncoding.rotate)
+    return all(ROTARY_LOWERING in entry.component.lowerings
+               for entry in entries(model, "positional") if rotates(entry))
 
 
 def lowers_attention(model: nn.Module) -> bool:
@@ -168,24 +188,25 @@ def packed_attention_patch(model: nn.Module, enabled: bool = True
     patched = []
     if enabled and lowers_attention(model):
         patched = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and not m.is_cross]
-    forward = functools.partial(packed_forward, rotary_lowered=declares(model, "positional", ROTARY_LOWERING))
+    forward = functools.partial(packed_forward, rotary_lowered=rotations_lowered(model))
     pack_qkv = getattr(model, "architecture", None) != "encoder"
     return patched_forwards(patched, forward, "packed_qkv",
                             (lambda m: [m.q_proj, m.k_proj, m.v_proj]) if pack_qkv else None)
 
 
 # -- ONNX translations -------------------------------------------------------------------------
-def packed_attention_onnx(q, k, v, mask, num_heads: int, kv_heads: int, scale: float):
+def packed_attention_onnx(q, k, v, mask, num_heads: int, kv_heads: int, scale: float,
+                          softcap: float):
     out, _, _, _ = op.Attention(q, k, v, mask, q_num_heads=num_heads, kv_num_heads=kv_heads,
-                                scale=scale)
+                                scale=scale, softcap=softcap)
     return out
 
 
 def packed_cached_attention_onnx(q, k, v, mask, past_key, past_value, num_heads: int,
-                                 kv_heads: int, scale: float):
+                                 kv_heads: int, scale: float, softcap: float):
     out, present_key, present_value, _ = op.Attention(
         q, k, v, mask, past_key, past_value, q_num_heads=num_heads, kv_num_heads=kv_heads,
-        scale=scale)
+        scale=scale, softcap=softcap)
     return out, present_key, present_value
 
 

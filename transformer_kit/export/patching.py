@@ -11,10 +11,19 @@ import torch
 from torch import nn
 
 
+def entries(model: nn.Module, kind: str) -> list:
+    """``model``'s registered components of ``kind``: the top-level one and each layer
+    variant's (empty when it has none)."""
+    found = [getattr(model, "components", {}).get(kind)]
+    found += [kinds.get(kind) for kinds in getattr(model, "layer_components", {}).values()]
+    return [entry for entry in found if entry is not None]
+
+
 def declares(model: nn.Module, kind: str, lowering: str) -> bool:
-    """Whether ``model``'s component of ``kind`` declares ``lowering``."""
-    entry = getattr(model, "components", {}).get(kind)
-    return entry is not None and lowering in entry.component.lowerings
+    """Whether ``model``'s components of ``kind`` (the top-level one and every layer variant's)
+    all declare ``lowering``."""
+    found = entries(model, kind)
+    return bool(found) and all(lowering in entry.component.lowerings for entry in found)
 
 
 def packed_parameters(module: nn.Module, packed: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:

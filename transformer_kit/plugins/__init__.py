@@ -10,6 +10,7 @@ from transformer_kit.plugins.blocks import (
     PostNormBlock,
     PostSublayerNormBlock,
     PreNormBlock,
+    SandwichBlock,
 )
 from transformer_kit.plugins.families import builtin_families
 from transformer_kit.plugins.feedforward import (
@@ -51,8 +52,8 @@ __all__ = [
     "ALiBiPositions", "CausalMask", "EinsumAttention", "ForcedFirstToken", "GeGLU",
     "LearnedPositions", "MatmulAttention", "MinNewTokens", "MinP", "NoMask", "NoPositions",
     "NoRepeatNGram", "ParallelBlock", "PostNormBlock", "PostSublayerNormBlock", "PreNormBlock",
-    "QKNorm", "RelativePositionBias",
-    "RepetitionPenalty", "RotaryPositions", "SdpaAttention", "SinusoidalPositions",
+    "QKNorm", "RelativePositionBias", "RepetitionPenalty", "RotaryPositions", "SandwichBlock",
+    "SdpaAttention", "SinusoidalPositions",
     "SlidingWindowMask", "SwiGLU", "Temperature", "TopK", "TopP",
     "gelu_feedforward", "layer_norm", "per_head_rms_norm", "projection_rms_norm",
     "relu_feedforward", "rms_norm", "silu_feedforward",
@@ -97,6 +98,8 @@ def transformer_kit_components() -> list[Component]:
                   description="attention and feed-forward both read the block's input (GPT-NeoX)"),
         Component("block", "post_sublayer_norm", PostSublayerNormBlock,
                   description="x + norm(sublayer(x)): the norm on each sub-layer's output (OLMo2)"),
+        Component("block", "sandwich", SandwichBlock,
+                  description="x + norm(sublayer(norm(x))): norms before and after (Gemma 2, 3)"),
         Component("feedforward", "relu", relu_feedforward, description="Linear-ReLU-Linear (the paper)"),
         Component("feedforward", "gelu", gelu_feedforward,
                   description="Linear-GELU-Linear (approximate: none | tanh)"),

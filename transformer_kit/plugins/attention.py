@@ -1,7 +1,9 @@
 """Attention kernels: matrix products (the paper's formula), einsum, PyTorch's fused SDPA.
 
 All three compute softmax(q k^T / sqrt(head_dim) + bias) v over the keys a boolean mask allows
-(True = may attend) and return zeros for a query with no visible key. float16/bfloat16 inputs
+(True = may attend) and return zeros for a query with no visible key. ``scale`` replaces
+1/sqrt(head_dim) (Gemma's ``query_pre_attn_scalar`` ** -0.5, Granite's attention multiplier);
+``softcap`` c bounds each score as c * tanh(score / c) before the mask (Gemma 2). float16/bfloat16 inputs
 are computed in float32 and rounded once at the end by the reference kernels, and by ``sdpa``
 on the CPU (which has no fast half-precision attention); ``sdpa`` runs natively elsewhere.
 """
@@ -25,14 +27,21 @@ def _upcast(*tensors: Tensor) -> list[Tensor]:
 
 
 class _ScaledKernel(AttentionKernel):
-    def __init__(self, scale: float | None = None) -> None:
+    def __init__(self, scale: float | None = None, softcap: float | None = None) -> None:
         super().__init__()
-        if scale is not None and not scale > 0:
-            raise ValueError(f"scale must be a positive number or null, got {scale!r}")
-        self.scale = scale
+        for name, value in (("scale", scale), ("softcap", softcap)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not value > 0 or not math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number or null, got {value!r}")
+        self.scale = None if scale is None else float(scale)
+        self.softcap = None if softcap is None else float(softcap)
 
     def _scale_for(self, q: Tensor) -> float:
         return self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])
+
+    def _capped(self, scores: Tensor) -> Tensor:
+        """Scores (..., q_len, k_len) bounded to (-softcap, softcap) by tanh, when configured."""
+        return scores if self.softcap is None else torch.tanh(scores / self.softcap) * self.softcap
 
 
 class MatmulAttention(_ScaledKernel):
@@ -42,7 +51,7 @@ class MatmulAttention(_ScaledKernel):
                 bias: Tensor | None = None) -> Tensor:
         """Attention weights (batch, heads, q_len, k_len), in float32 for half inputs."""
         q, k = _upcast(q, k)
-        scores = torch.matmul(q, k.transpose(-2, -1)) * self._scale_for(q)
+        scores = self._capped(torch.matmul(q, k.transpose(-2, -1)) * self._scale_for(q))
         return masked_softmax(scores, mask, bias)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
@@ -58,17 +67,21 @@ class EinsumAttention(_ScaledKernel):
                 bias: Tensor | None = None) -> Tensor:
         scale = self._scale_for(q)
         queries, keys, values = (t.transpose(1, 2) for t in _upcast(q, k, v))  # (n, len, h, d)
-        energy = torch.einsum("nqhd,nkhd->nhqk", queries, keys) * scale
+        energy = self._capped(torch.einsum("nqhd,nkhd->nhqk", queries, keys) * scale)
         weights = masked_softmax(energy, mask, bias)
         out = torch.einsum("nhql,nlhd->nqhd", weights, values)
         return out.transpose(1, 2).to(v.dtype)
 
 
 class SdpaAttention(_ScaledKernel):
-    """PyTorch's fused ``scaled_dot_product_attention``; exports to ONNX ``Attention``."""
+    """PyTorch's fused ``scaled_dot_product_attention``; exports to ONNX ``Attention``. With a
+    ``softcap`` (which PyTorch's fused kernel lacks) it computes as ``matmul`` does."""
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 bias: Tensor | None = None) -> Tensor:
+        if self.softcap is not None:
+            weights = MatmulAttention.weights(self, q, k, mask, bias)  # type: ignore[arg-type]
+            return torch.matmul(weights, _upcast(v)[0]).to(v.dtype)
         if q.device.type == "cpu" and q.dtype in _HALF:
             return self._attend(*_upcast(q, k, v), mask, bias).to(v.dtype)
         return self._attend(q, k, v, mask, bias)

@@ -1,6 +1,7 @@
 """Encoder/decoder layers: post-norm (the paper, seeds), pre-norm (GPT-2, Llama), parallel
-(GPT-NeoX, GPT-J: the sub-layers read the block's input side by side) and post-sublayer-norm
-(OLMo2: each sub-layer's output normed before the residual)."""
+(GPT-NeoX, GPT-J: the sub-layers read the block's input side by side), post-sublayer-norm
+(OLMo2: each sub-layer's output normed before the residual) and sandwich (Gemma 2 and 3: a
+norm before and after each sub-layer)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,27 @@ class PostSublayerNormBlock(_Layer):
         if self.cross_attention is not None:
             x = x + self.cross_dropout(self.cross_norm(self.cross_attention(x, cross_inputs)))
         return x + self.ff_dropout(self.ff_norm(self.feedforward(x)))
+
+
+class SandwichBlock(_Layer):
+    """x = x + dropout(post_norm(sublayer(norm(x)))) for each sub-layer: a norm before and one
+    after (Gemma 2 and 3: input/post_attention and pre/post_feedforward layernorms); the stack
+    ends with a final norm."""
+
+    needs_final_norm = True
+
+    def __init__(self, d_model: int, dropout: float, self_attention: nn.Module,
+                 cross_attention: nn.Module | None, feedforward: nn.Module,
+                 make_norm: NormFactory) -> None:
+        super().__init__(d_model, dropout, self_attention, cross_attention, feedforward, make_norm)
+        self.self_post_norm = make_norm()
+        self.cross_post_norm = make_norm() if cross_attention is not None else None
+        self.ff_post_norm = make_norm()
+
+    def forward(self, x: Tensor, self_inputs: AttentionInputs,
+                cross_inputs: AttentionInputs | None = None) -> Tensor:
+        x = x + self.self_dropout(self.self_post_norm(self.self_attention(self.self_norm(x), self_inputs)))
+        if self.cross_attention is not None:
+            attended = self.cross_attention(self.cross_norm(x), cross_inputs)
+            x = x + self.cross_dropout(self.cross_post_norm(attended))
+        return x + self.ff_dropout(self.ff_post_norm(self.feedforward(self.ff_norm(x))))

@@ -51,14 +51,15 @@ class QKNorm(nn.Module):
     ``head_dim`` given: each head's features are normalised on their own, with weights
     ``q_norm.weight``, ``k_norm.weight`` (head_dim,) shared by the heads (Qwen3, Gemma 3);
     None: each projection's whole output is, with weights of its width (OLMo2).
+    ``unit_offset``: scale by (1 + weight), as Gemma 3's.
     """
 
-    def __init__(self, q_width: int, k_width: int, eps: float, head_dim: int | None = None) -> None:
+    def __init__(self, q_width: int, k_width: int, eps: float, head_dim: int | None = None,
+                 unit_offset: bool = False) -> None:
         super().__init__()
-        _check_eps(eps)
         self.head_dim = head_dim
-        self.q_norm = nn.RMSNorm(head_dim or q_width, eps=eps)
-        self.k_norm = nn.RMSNorm(head_dim or k_width, eps=eps)
+        self.q_norm = rms_norm(head_dim or q_width, eps, unit_offset)
+        self.k_norm = rms_norm(head_dim or k_width, eps, unit_offset)
 
     def _norm(self, norm: nn.RMSNorm, x: Tensor) -> Tensor:
         if self.head_dim is None:
@@ -69,8 +70,8 @@ class QKNorm(nn.Module):
         return self._norm(self.q_norm, q), self._norm(self.k_norm, k)
 
 
-def per_head_rms_norm(head_dim: int, eps: float = 1e-6) -> QKNorm:
-    return QKNorm(head_dim, head_dim, eps, head_dim=head_dim)
+def per_head_rms_norm(head_dim: int, eps: float = 1e-6, unit_offset: bool = False) -> QKNorm:
+    return QKNorm(head_dim, head_dim, eps, head_dim=head_dim, unit_offset=unit_offset)
 
 
 def projection_rms_norm(head_dim: int, num_heads: int, num_kv_heads: int,
