@@ -7,7 +7,7 @@ import itertools
 ATTENTION = ["matmul", "einsum", "sdpa"]
 POSITIONAL = ["sinusoidal", "learned", "rotary", "alibi", "relative_bias", "none"]
 CAUSAL_MASKS = ["causal", {"name": "sliding_window", "window": 3}]
-BLOCKS = ["post_norm", "pre_norm", "parallel", "post_sublayer_norm"]
+BLOCKS = ["post_norm", "pre_norm", "parallel", "post_sublayer_norm", "sandwich"]
 FEEDFORWARD = ["relu", "gelu", "silu", "swiglu", "geglu"]
 NORMS = ["layernorm", "rmsnorm"]
 QK_NORMS = [None, "per_head_rmsnorm", "rmsnorm"]  # optional; None: the default (none)

@@ -41,5 +41,30 @@ SCALED_CASES = [(f"decoder-sdpa-rotary_{name}-causal-pre_norm-swiglu-rmsnorm-kv2
                  tiny_config("decoder", attention="sdpa", block="pre_norm", feedforward="swiglu",
                              norm="rmsnorm", positional={"name": "rotary", "scaling": scaling}))
                 for name, scaling in SCALED_ROTARY.items()]
+
+#: Layers that differ (``layer_types``): sliding-window layers with a rotary base of their own,
+#: global ones, one without positions; soft-capped, rescaled scores; (1 + weight) norms.
+LAYER_VARIANTS = {
+    "layer_types": ["local", "global", "local", "nope"],
+    "layer_variants": {
+        "local": {"mask": {"name": "sliding_window", "window": 3},
+                  "positional": {"name": "rotary", "base": 100.0}},
+        "global": {},
+        "nope": {"positional": "none", "attention": {"name": "sdpa", "scale": 0.2}},
+    },
+}
+VARIANT_CASES = [
+    ("decoder-sdpa_softcap-rotary-causal-sandwich-geglu-rmsnorm_unit_offset-kv2-layer_types",
+     tiny_config("decoder", num_layers=4, attention={"name": "sdpa", "scale": 0.3, "softcap": 2.0},
+                 positional="rotary", mask="causal", block="sandwich", feedforward="geglu",
+                 norm={"name": "rmsnorm", "unit_offset": True},
+                 qk_norm={"name": "per_head_rmsnorm", "unit_offset": True}, **LAYER_VARIANTS)),
+    ("encoder-matmul_softcap-alibi-none-pre_norm-gelu-layernorm-kv1-layer_types",
+     tiny_config("encoder", num_layers=3, num_kv_heads=1, attention={"name": "matmul", "softcap": 1.5},
+                 positional="alibi", mask="none", block="pre_norm", feedforward="gelu", norm="layernorm",
+                 layer_types=["windowed", "plain", "windowed"],
+                 layer_variants={"windowed": {"mask": {"name": "sliding_window", "window": 2}},
+                                 "plain": {}})),
+]
 CASES = (sampled_cases("decoder", 6) + sampled_cases("encoder_decoder", 6) + sampled_cases("encoder", 6)
-         + SCALED_CASES)
+         + SCALED_CASES + VARIANT_CASES)

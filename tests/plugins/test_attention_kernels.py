@@ -180,3 +180,28 @@ def test_float16_fully_masked_is_finite(name):
 def test_scale_parameter_is_validated():
     with pytest.raises(tk.ConfigError, match=r"scale"):
         tk.get_registry().create("attention", "matmul", scale=-1.0)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_softcapped_scores_equal_the_formula(name, dtype):
+    """softcap c: scores c * tanh(q k^T * scale / c) (Gemma 2), within 1e-5 of float64 for
+    float32 and within float16's rounding (plus 1e-3) for half inputs."""
+    q, k, v, mask = _random_case(0, dtype)
+    q = q * 3  # large scores, so the cap bites
+    qd, kd, vd = q.double(), k.double(), v.double()
+    scores = torch.tanh(qd @ kd.transpose(-2, -1) * 0.3 / 1.5) * 1.5
+    weights = torch.softmax(scores.masked_fill(~mask, -math.inf), dim=-1).nan_to_num(0.0)
+    expected = weights @ vd
+    out = tk.get_registry().create("attention", name, scale=0.3, softcap=1.5)(q, k, v, mask=mask)
+    assert out.dtype == dtype
+    atol = 1e-5 if dtype == torch.float32 else 1e-3
+    torch.testing.assert_close(out.double(), expected, rtol=0, atol=atol, msg=name)
+    uncapped = tk.get_registry().create("attention", name, scale=0.3)(q, k, v, mask=mask)
+    assert (uncapped.double() - expected).abs().max() > 10 * atol  # the cap changes the result
+
+
+@pytest.mark.parametrize("bad", [0, -2.0, float("inf"), True, "1"])
+def test_softcap_parameter_is_validated(bad):
+    with pytest.raises(tk.ConfigError, match=r"softcap must be a positive number or null"):
+        tk.get_registry().create("attention", "sdpa", softcap=bad)

@@ -24,7 +24,7 @@ def load(name: str, make: Callable[[], torch.nn.Module], folder: Path):
     torch.manual_seed(sum(map(ord, name)))
     reference = make().eval()
     reference.save_pretrained(folder)
-    overrides = {"pad_id": 0} if reference.config.pad_token_id is None else {}
+    overrides = {"pad_id": 0} if reference.config.get_text_config().pad_token_id is None else {}
     return reference, tk.from_hf(folder, **overrides), folder
 
 
@@ -135,7 +135,7 @@ def check_generation(reference, model, om) -> None:
 
 
 def check_save_and_load(reference, model, folder: Path, saved: Path) -> None:
-    overrides = {"pad_id": 0} if reference.config.pad_token_id is None else {}
+    overrides = {"pad_id": 0} if reference.config.get_text_config().pad_token_id is None else {}
     assert tk.config_from_hf(folder, **overrides) == model.config
     model.save(saved)
     loaded = tk.load_model(saved).eval()

@@ -44,3 +44,23 @@ def test_sliding_layers_have_their_own_rotary_base(tmp_path):
     assert config.positional.params["base"] == 1_000_000.0
     assert config.layer_variants["sliding_attention"]["positional"].params["base"] == 10_000.0
     assert config.qk_norm.params["unit_offset"] is True
+
+
+def _gemma3_with_vision(**text):
+    text = dict(vocab_size=parity.VOCAB, hidden_size=16, intermediate_size=38, num_attention_heads=2,
+                num_key_value_heads=1, num_hidden_layers=3, head_dim=8, max_position_embeddings=64,
+                bos_token_id=1, eos_token_id=2, pad_token_id=0, **text)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  image_size=28, patch_size=14)
+    return gemma_norms(hf.Gemma3ForConditionalGeneration(hf.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=60,
+        boi_token_index=58, eoi_token_index=59)))
+
+
+class TestGemma3LanguageModel(parity.FamilyParity):
+    """model_type gemma3: the language model of Gemma3ForConditionalGeneration, given text."""
+
+    CHECKPOINTS: ClassVar = {
+        "gemma3-multimodal-3layers-window3": lambda: _gemma3_with_vision(
+            sliding_window=3, sliding_window_pattern=3),
+    }
