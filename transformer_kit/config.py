@@ -1,5 +1,8 @@
 """The model config: validated with pydantic, read from a dict, YAML or JSON.
 
+Longer than 300 lines because every key a config may hold is declared here, in one class with
+its type, range and description (the published JSON schema is generated from it).
+
 Every key is listed in :class:`ModelConfig`; unknown keys, out-of-range values and impossible
 combinations raise :class:`ConfigError` naming the key and what is allowed.
 """
@@ -25,6 +28,7 @@ from pydantic_core import CoreSchema
 
 from transformer_kit.component import LAYER_KINDS, MODEL_KINDS
 from transformer_kit.errors import ConfigError, did_you_mean, missing_path
+from transformer_kit.layer_types import layer_type_problems
 
 Architecture = Literal["encoder_decoder", "encoder", "decoder"]
 
@@ -166,44 +170,13 @@ class ModelConfig(BaseModel):
                         problems.append(f"{key!r} ({one}) must not be negative")
                     elif one is not None and one >= limit:
                         problems.append(f"{key!r} ({one}) must be below the vocabulary size ({limit})")
-        problems += self._layer_type_problems()
+        problems += layer_type_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
         if self.mask is None:
             default = "none" if arch == "encoder" else "causal"
             object.__setattr__(self, "mask", ComponentSpec(name=default))
         return self
-
-    def _layer_type_problems(self) -> list[str]:
-        types, variants = self.layer_types, self.layer_variants
-        if types is None:
-            return ["'layer_variants' is given without 'layer_types'; name each layer's variant "
-                    "in 'layer_types' (one entry per layer)"] if variants else []
-        problems = []
-        if self.architecture == "encoder_decoder":
-            problems.append("'layer_types' applies to decoder and encoder models, not "
-                            "encoder_decoder; remove it")
-        elif len(types) != self.num_layers:
-            problems.append(f"'layer_types' has {len(types)} entries but the model has "
-                            f"{self.num_layers} layers ('num_layers'); give one per layer")
-        unknown = sorted(set(types) - set(variants))
-        if unknown:
-            problems.append(f"'layer_types' names {', '.join(map(repr, unknown))}, not a key of "
-                            f"'layer_variants' (keys: {', '.join(map(repr, variants)) or 'none'}); "
-                            "add it there, with {} for the top-level components")
-        unused = sorted(set(variants) - set(types))
-        if unused:
-            problems.append(f"'layer_variants' has {', '.join(map(repr, unused))}, which no entry "
-                            "of 'layer_types' names; remove it or use it")
-        for name, kinds in variants.items():
-            for kind in sorted(set(kinds) - set(LAYER_KINDS)):
-                problems.append(f"'layer_variants.{name}' replaces {kind!r}, which cannot vary by "
-                                f"layer.{did_you_mean(kind, LAYER_KINDS)} Kinds that can: "
-                                f"{', '.join(LAYER_KINDS)}")
-            if "qk_norm" in kinds and self.qk_norm is None:
-                problems.append(f"'layer_variants.{name}' replaces 'qk_norm', but the model has "
-                                "none; set the top-level 'qk_norm' first")
-        return problems
 
     def layer_component(self, kind: str, layer: int | None) -> ComponentSpec | None:
         """The spec of ``kind`` in self-attention layer ``layer`` (its variant's, else the

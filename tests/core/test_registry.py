@@ -35,7 +35,8 @@ def test_builtin_names_are_sorted_per_kind(fresh_registry):
     assert fresh_registry.names("positional") == ["alibi", "learned", "none", "relative_bias", "rotary",
                                                   "sinusoidal"]
     assert fresh_registry.names("mask") == ["causal", "none", "sliding_window"]
-    assert fresh_registry.names("block") == ["parallel", "post_norm", "post_sublayer_norm", "pre_norm"]
+    assert fresh_registry.names("block") == ["parallel", "post_norm", "post_sublayer_norm", "pre_norm",
+                                             "sandwich"]
     assert fresh_registry.names("feedforward") == ["geglu", "gelu", "relu", "silu", "swiglu"]
     assert fresh_registry.names("norm") == ["layernorm", "rmsnorm"]
     assert fresh_registry.names("qk_norm") == ["per_head_rmsnorm", "rmsnorm"]
@@ -266,9 +267,9 @@ def test_plugins_that_cannot_be_hashed_register_like_modules(fresh_registry):
 
 
 def test_checkpoint_families_come_from_plugins(fresh_registry):
-    assert fresh_registry.model_types() == ["bart", "bert", "gemma", "gpt2", "gpt_neox", "llama",
-                                            "marian", "mistral", "olmo2", "qwen2", "qwen3", "roberta",
-                                            "t5"]
+    assert fresh_registry.model_types() == [
+        "bart", "bert", "gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "gpt_neox", "llama",
+        "marian", "mistral", "olmo2", "qwen2", "qwen3", "roberta", "smollm3", "t5"]
     assert all(f.plugin == "builtin" for f in fresh_registry.families())
     family = tk.CheckpointFamily("tiny", dict, dict, probe="w")
     plugin = types.ModuleType("tiny_family")
