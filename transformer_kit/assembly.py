@@ -10,6 +10,7 @@ parameters, so a config whose weights cannot fit in memory is refused with its s
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from transformer_kit.model import (
 )
 from transformer_kit.registry import Registry, get_registry, origin
 from transformer_kit.serialization import load_saved_weights, read_saved_config
-from transformer_kit.stacks import Embedder, LayerVariants, Stack
+from transformer_kit.stacks import Embedder, LayerVariants, OutputHead, Stack
 
 #: The type each kind's factory must return.
 _EXPECTED: dict[str, type | tuple[type, ...]] = {
@@ -137,15 +138,18 @@ class _Parts:
         positional = self.create("positional", slot, causal=causal)
         side = slot.rpartition(".")[0] or "embedding"
         norm = self.create("norm", f"{side}.embedding_norm") if self.config.embedding_norm else None
-        return Embedder(token, positional, self.config.dropout, self.config.scale_embeddings, norm)
+        cfg = self.config
+        scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else cfg.embedding_scale or 1.0
+        return Embedder(token, positional, cfg.dropout, scale, norm)
 
     def token_embedding(self, vocab: int) -> nn.Embedding:
         embedding = nn.Embedding(vocab, self.config.d_model)
         nn.init.normal_(embedding.weight, std=self.config.d_model ** -0.5)
         return embedding
 
-    def head(self, vocab: int, tied: nn.Embedding | None) -> nn.Linear:
-        head = nn.Linear(self.config.d_model, vocab, bias=self.config.head_bias)
+    def head(self, vocab: int, tied: nn.Embedding | None) -> OutputHead:
+        cfg = self.config
+        head = OutputHead(cfg.d_model, vocab, cfg.head_bias, cfg.logit_scale, cfg.logit_softcap)
         if head.bias is not None:
             nn.init.zeros_(head.bias)
         if tied is not None:

@@ -108,6 +108,32 @@ class ModelConfig(BaseModel):
     embedding_norm: bool = False
     head_bias: bool = False
     lm_head: bool = False
+    embedding_scale: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="Multiplies the token embeddings (Granite's "
+        "embedding_multiplier); instead of scale_embeddings' sqrt(d_model); null: none.")
+    logit_scale: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="Multiplies the output head's logits (Granite: "
+        "1 / logits_scaling); null: none.")
+    logit_softcap: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="Caps the output head's logits at +-cap: "
+        "cap * tanh(logits / cap), after logit_scale (Gemma 2's final_logit_softcapping); null: none.")
+
+    @model_validator(mode="after")
+    def _scales(self) -> ModelConfig:
+        """One scale of the embeddings; logit transforms only where there is a head."""
+        if self.embedding_scale is not None:
+            if self.scale_embeddings and "scale_embeddings" in self.model_fields_set:
+                raise ValueError(
+                    f"'embedding_scale' ({self.embedding_scale}) and 'scale_embeddings' true both "
+                    "scale the token embeddings; give one (for both, set scale_embeddings false "
+                    "and embedding_scale to their product)")
+            object.__setattr__(self, "scale_embeddings", False)  # the default gives way
+        has_head = self.architecture != "encoder" or self.lm_head
+        for key in ("logit_scale", "logit_softcap"):
+            if getattr(self, key) is not None and not has_head:
+                raise ValueError(f"{key!r} applies to the output head's logits; an encoder has "
+                                 "a head only with 'lm_head' true")
+        return self
 
     attention: ComponentSpec = ComponentSpec(name="matmul")
     positional: ComponentSpec = ComponentSpec(name="sinusoidal")

@@ -1,12 +1,13 @@
-"""The parts every assembled model shares: token + position embedding, a stack of layers, and
-the self-attention inputs (mask, positions, score bias) built once per stack call."""
+"""The parts every assembled model shares: token + position embedding, a stack of layers, the
+output head, and the self-attention inputs (mask, positions, score bias) built once per stack
+call."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 
+import torch
 from torch import Tensor, nn
 
 from transformer_kit.interfaces import AttentionInputs, AttentionMask, LayerCache, PositionalEncoding
@@ -14,15 +15,15 @@ from transformer_kit.masks import positions_from_keep
 
 
 class Embedder(nn.Module):
-    """Token embedding (scaled by sqrt(d_model) as in the paper, if configured) + positions,
-    then a norm when configured (``embedding_norm``, as BERT)."""
+    """Token embedding times ``scale`` (the paper's sqrt(d_model), ``scale_embeddings``; or
+    ``embedding_scale``) + positions, then a norm when configured (``embedding_norm``, as BERT)."""
 
     def __init__(self, token: nn.Embedding, positional: PositionalEncoding, dropout: float,
-                 scale: bool, norm: nn.Module | None = None) -> None:
+                 scale: float = 1.0, norm: nn.Module | None = None) -> None:
         super().__init__()
         self.token = token
         self.positional = positional
-        self.scale = math.sqrt(token.embedding_dim) if scale else 1.0
+        self.scale = float(scale)
         self.norm = norm
         self.dropout = nn.Dropout(dropout)
 
@@ -33,6 +34,31 @@ class Embedder(nn.Module):
             x = x * self.scale
         x = self.positional.embed(x, positions)
         return self.dropout(self.norm(x) if self.norm is not None else x)
+
+
+class OutputHead(nn.Linear):
+    """The output projection (d_model -> vocab; its parameters ``weight``, ``bias`` as
+    ``nn.Linear``'s), then the configured transforms of its logits: times ``scale``
+    (``logit_scale``), then ``softcap * tanh(logits / softcap)`` (``logit_softcap``)."""
+
+    def __init__(self, d_model: int, vocab: int, bias: bool = False, scale: float | None = None,
+                 softcap: float | None = None) -> None:
+        super().__init__(d_model, vocab, bias=bias)
+        self.scale, self.softcap = scale, softcap
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (batch, len, d_model) -> logits (batch, len, vocab)."""
+        logits = super().forward(x)
+        if self.scale is not None and self.scale != 1.0:
+            logits = logits * self.scale
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def extra_repr(self) -> str:
+        extra = "".join(f", {k}={v}" for k, v in (("scale", self.scale), ("softcap", self.softcap))
+                        if v is not None)
+        return super().extra_repr() + extra
 
 
 class LayerVariants(nn.Module):

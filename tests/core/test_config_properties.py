@@ -54,6 +54,14 @@ def valid_configs(draw) -> dict:
     }
     if architecture == "encoder":
         config["lm_head"] = draw(st.booleans())
+    residual = draw(st.sampled_from([1.0, 0.5, 2.0]))
+    if residual != 1.0:
+        config["block"] = {"name": config["block"], "residual_scale": residual}
+    if not config["scale_embeddings"]:
+        config["embedding_scale"] = draw(st.sampled_from([None, 0.5, 12.0]))
+    if architecture != "encoder" or config["lm_head"]:
+        config["logit_scale"] = draw(st.sampled_from([None, 0.125, 3.0]))
+        config["logit_softcap"] = draw(st.sampled_from([None, 0.5, 30.0]))
     return config
 
 

@@ -49,7 +49,7 @@ def test_layer_types_apply_to_one_stack_models_only():
 def test_a_variant_is_checked_like_the_top_level_components():
     with pytest.raises(tk.ConfigError, match=r"mask 'none' \(in layer_variants.global\) is not causal"):
         tk.build_model(_config(layer_variants={**VARIANTS, "global": {"mask": "none"}}))
-    with pytest.raises(tk.ConfigError, match="layer_variants.nope.positional"):
+    with pytest.raises(tk.ConfigError, match=r"layer_variants\.nope\.positional"):
         tk.build_model(_config(layer_variants={**VARIANTS, "nope": {"positional": "rotaryy"}}))
     with pytest.raises(tk.ConfigError, match="adds to the embeddings"):
         tk.build_model(_config(layer_variants={**VARIANTS, "nope": {"positional": "learned"}}))
@@ -70,9 +70,9 @@ def test_each_layer_attends_with_its_own_mask_and_positions():
     with torch.no_grad():
         x = model.embed(ids, torch.arange(7).expand(2, 7))
         keep = torch.ones(2, 7, dtype=torch.bool)
-        rotary, local_rotary = model.embed.positional, model.decoder.variants.positionals["local"]
+        own = model.decoder.variants.positionals
         windows = {"local": SlidingWindowMask(2), "global": model.mask, "nope": model.mask}
-        positionals = {"local": local_rotary, "global": rotary, "nope": model.decoder.variants.positionals["nope"]}
+        positionals = {"local": own["local"], "global": model.embed.positional, "nope": own["nope"]}
         for layer, name in zip(model.decoder.layers, ["local", "global", "nope"], strict=True):
             x = layer(x, self_attention_inputs(keep, 7, positionals[name], windows[name]))
         expected = model.head(model.decoder.final_norm(x))

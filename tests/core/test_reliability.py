@@ -26,7 +26,8 @@ WRONG_TYPES = {
     "scale_embeddings": 1, "attention_bias": "true", "attention_out_bias": "false",
     "forced_bos_id": "0", "embedding_norm": 0, "head_bias": None,
     "lm_head": "no", "attention": 5, "positional": 1.5, "mask": ["causal"], "block": True,
-    "feedforward": {"params": {}}, "norm": 0, "qk_norm": 7,
+    "feedforward": {"params": {}}, "norm": 0, "qk_norm": 7, "embedding_scale": "12",
+    "logit_scale": [0.5], "logit_softcap": True,
 }
 SIZES = ["vocab_size", "d_model", "num_heads", "num_kv_heads", "num_layers", "d_ff", "max_len"]
 

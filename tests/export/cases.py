@@ -66,5 +66,26 @@ VARIANT_CASES = [
                  layer_variants={"windowed": {"mask": {"name": "sliding_window", "window": 2}},
                                  "plain": {}})),
 ]
+#: The multipliers (Granite's, Gemma 2's logit cap) in each architecture with an output head:
+#: embedding_scale, every block's residual_scale, an attention kernel's scale, logit_scale and
+#: logit_softcap (tight enough to bite on tiny models' logits).
+MULTIPLIER_CASES = [
+    ("decoder-sdpa-rotary-causal-pre_norm-swiglu-rmsnorm-kv2-multipliers", tiny_config(
+        "decoder", attention={"name": "sdpa", "scale": 0.3}, positional="rotary",
+        block={"name": "pre_norm", "residual_scale": 0.22}, feedforward="swiglu", norm="rmsnorm",
+        embedding_scale=12.0, logit_scale=0.125, logit_softcap=0.05, tie_embeddings=True)),
+    ("decoder-matmul-alibi-sliding_window-post_sublayer_norm-gelu-layernorm-kv1-multipliers",
+     tiny_config("decoder", attention="matmul", positional="alibi", num_kv_heads=1,
+                 mask={"name": "sliding_window", "window": 3}, feedforward="gelu",
+                 block={"name": "post_sublayer_norm", "residual_scale": 0.5}, logit_softcap=0.3)),
+    ("encoder_decoder-einsum-sinusoidal-causal-post_norm-relu-layernorm-kv4-multipliers", tiny_config(
+        "encoder_decoder", attention={"name": "einsum", "scale": 0.7}, num_kv_heads=4,
+        block={"name": "post_norm", "residual_scale": 0.6}, embedding_scale=3.0, logit_scale=2.0,
+        logit_softcap=1.5)),
+    ("encoder-sdpa-learned-none-parallel-geglu-rmsnorm-kv2-multipliers", tiny_config(
+        "encoder", attention="sdpa", positional="learned", mask="none", feedforward="geglu",
+        norm="rmsnorm", block={"name": "parallel", "residual_scale": 1.7}, lm_head=True,
+        embedding_scale=0.5, logit_scale=0.25, logit_softcap=0.2)),
+]
 CASES = (sampled_cases("decoder", 6) + sampled_cases("encoder_decoder", 6) + sampled_cases("encoder", 6)
-         + SCALED_CASES + VARIANT_CASES)
+         + SCALED_CASES + VARIANT_CASES + MULTIPLIER_CASES)

@@ -85,12 +85,25 @@ def test_generation_matches_pytorch_token_for_token(exported):
 @pytest.mark.parametrize("architecture", ["decoder", "encoder_decoder", "encoder"])
 def test_the_sampled_cases_hold_every_value_of_every_kind(architecture):
     from tests.combinations import ATTENTION, BLOCKS, FEEDFORWARD, NORMS, POSITIONAL, QK_NORMS
-    from tests.export.cases import SCALED_CASES, VARIANT_CASES
+    from tests.export.cases import MULTIPLIER_CASES, SCALED_CASES, VARIANT_CASES
 
-    # rotary scalings and layer variants, on top of the sample
-    scaled = {case_id for case_id, _ in SCALED_CASES + VARIANT_CASES}
+    # rotary scalings, layer variants and multipliers, on top of the sample
+    scaled = {case_id for case_id, _ in SCALED_CASES + VARIANT_CASES + MULTIPLIER_CASES}
     configs = [c for case_id, c in CASES if case_id.startswith(architecture + "-") and case_id not in scaled]
     for key, values in (("attention", ATTENTION), ("positional", POSITIONAL), ("block", BLOCKS),
                         ("feedforward", FEEDFORWARD), ("norm", NORMS), ("num_kv_heads", [1, 2, 4]),
                         ("qk_norm", QK_NORMS)):
         assert {c[key] for c in configs} == set(values), key
+
+
+def test_the_multiplier_cases_hold_every_multiplier_in_every_architecture_with_a_head():
+    from tests.combinations import BLOCKS
+    from tests.export.cases import MULTIPLIER_CASES
+
+    configs = [c for _, c in MULTIPLIER_CASES]
+    assert {c["architecture"] for c in configs} == {"decoder", "encoder_decoder", "encoder"}
+    assert {c["block"]["name"] for c in configs} == set(BLOCKS)
+    assert all(c["block"]["residual_scale"] != 1.0 for c in configs)
+    for key in ("embedding_scale", "logit_scale", "logit_softcap"):
+        assert {c["architecture"] for c in configs if c.get(key)} == {
+            "decoder", "encoder_decoder", "encoder"}, key

@@ -201,3 +201,23 @@ def test_a_float_head_stays_a_float_matmul(exports, tmp_path):
 def test_bad_int4_options_are_refused(options, message):
     with pytest.raises(tk.InputError, match=message):
         Int4(**options)
+
+
+def test_the_head_is_found_behind_the_logit_transforms(tmp_path):
+    """With logit_scale and logit_softcap after the head's product, int4 still quantizes the head
+    (13 MatMulNBits), keeps it float with head=False (12), and the transforms run in the graph."""
+    torch.manual_seed(0)
+    model = tk.build_model(tiny_config("decoder", vocab_size=300, d_model=64, d_ff=96, pad_id=0,
+                                       positional="rotary", norm="rmsnorm", logit_scale=0.5,
+                                       logit_softcap=2.0)).eval()
+    int4 = export_onnx(model, tmp_path / "int4", quantize=Int4(block_size=BLOCK, accuracy_level=1))
+    assert len(_nbits(_graph(tmp_path, "int4"))) == 2 * 6 + 1
+    assert 0 < int4.max_error < 0.5
+    export_onnx(model, tmp_path / "float-head", verify=False,
+                quantize=Int4(block_size=BLOCK, accuracy_level=1, head=False))
+    graph = _graph(tmp_path, "float-head")
+    assert len(_nbits(graph)) == 2 * 6
+    assert "Tanh" in {n.op_type for n in graph.node}
+    ids = random_ids(2, 9, 300, 0, seed=4).numpy()
+    logits = OnnxModel(tmp_path / "float-head", providers="cpu")(ids)
+    assert np.abs(logits).max() <= 2.0

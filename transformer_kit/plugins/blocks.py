@@ -1,9 +1,14 @@
 """Encoder/decoder layers: post-norm (the paper, seeds), pre-norm (GPT-2, Llama), parallel
 (GPT-NeoX, GPT-J: the sub-layers read the block's input side by side), post-sublayer-norm
 (OLMo2: each sub-layer's output normed before the residual) and sandwich (Gemma 2 and 3: a
-norm before and after each sub-layer)."""
+norm before and after each sub-layer).
+
+Every block takes ``residual_scale`` (1.0): what each sub-layer adds to the residual stream is
+multiplied by it first (Granite's residual_multiplier: x = x + scale * sublayer(norm(x)))."""
 
 from __future__ import annotations
+
+import math
 
 from torch import Tensor, nn
 
@@ -13,8 +18,13 @@ from transformer_kit.interfaces import AttentionInputs, Block, NormFactory
 class _Layer(Block):
     def __init__(self, d_model: int, dropout: float, self_attention: nn.Module,
                  cross_attention: nn.Module | None, feedforward: nn.Module,
-                 make_norm: NormFactory) -> None:
+                 make_norm: NormFactory, residual_scale: float = 1.0) -> None:
         super().__init__()
+        if (isinstance(residual_scale, bool) or not isinstance(residual_scale, (int, float))
+                or not math.isfinite(residual_scale) or residual_scale <= 0):
+            raise ValueError(f"residual_scale must be a positive number (what multiplies each "
+                             f"sub-layer's output before the residual; 1.0: none), got {residual_scale!r}")
+        self.residual_scale = float(residual_scale)
         self.self_attention = self_attention
         self.cross_attention = cross_attention
         self.feedforward = feedforward
@@ -25,16 +35,20 @@ class _Layer(Block):
         self.cross_dropout = nn.Dropout(dropout)
         self.ff_dropout = nn.Dropout(dropout)
 
+    def scaled(self, x: Tensor) -> Tensor:
+        """A sub-layer's output (batch, len, d_model) times ``residual_scale`` (untouched at 1)."""
+        return x if self.residual_scale == 1.0 else x * self.residual_scale
+
 
 class PostNormBlock(_Layer):
     """x = norm(x + dropout(sublayer(x))) for each sub-layer ("Add & Norm", the paper)."""
 
     def forward(self, x: Tensor, self_inputs: AttentionInputs,
                 cross_inputs: AttentionInputs | None = None) -> Tensor:
-        x = self.self_norm(x + self.self_dropout(self.self_attention(x, self_inputs)))
+        x = self.self_norm(x + self.scaled(self.self_dropout(self.self_attention(x, self_inputs))))
         if self.cross_attention is not None:
-            x = self.cross_norm(x + self.cross_dropout(self.cross_attention(x, cross_inputs)))
-        return self.ff_norm(x + self.ff_dropout(self.feedforward(x)))
+            x = self.cross_norm(x + self.scaled(self.cross_dropout(self.cross_attention(x, cross_inputs))))
+        return self.ff_norm(x + self.scaled(self.ff_dropout(self.feedforward(x))))
 
 
 class PreNormBlock(_Layer):
@@ -44,10 +58,10 @@ class PreNormBlock(_Layer):
 
     def forward(self, x: Tensor, self_inputs: AttentionInputs,
                 cross_inputs: AttentionInputs | None = None) -> Tensor:
-        x = x + self.self_dropout(self.self_attention(self.self_norm(x), self_inputs))
+        x = x + self.scaled(self.self_dropout(self.self_attention(self.self_norm(x), self_inputs)))
         if self.cross_attention is not None:
-            x = x + self.cross_dropout(self.cross_attention(self.cross_norm(x), cross_inputs))
-        return x + self.ff_dropout(self.feedforward(self.ff_norm(x)))
+            x = x + self.scaled(self.cross_dropout(self.cross_attention(self.cross_norm(x), cross_inputs)))
+        return x + self.scaled(self.ff_dropout(self.feedforward(self.ff_norm(x))))
 
 
 class ParallelBlock(_Layer):
@@ -59,10 +73,11 @@ class ParallelBlock(_Layer):
 
     def forward(self, x: Tensor, self_inputs: AttentionInputs,
                 cross_inputs: AttentionInputs | None = None) -> Tensor:
-        out = x + self.self_dropout(self.self_attention(self.self_norm(x), self_inputs))
+        out = x + self.scaled(self.self_dropout(self.self_attention(self.self_norm(x), self_inputs)))
         if self.cross_attention is not None:
-            out = out + self.cross_dropout(self.cross_attention(self.cross_norm(x), cross_inputs))
-        return out + self.ff_dropout(self.feedforward(self.ff_norm(x)))
+            cross = self.cross_attention(self.cross_norm(x), cross_inputs)
+            out = out + self.scaled(self.cross_dropout(cross))
+        return out + self.scaled(self.ff_dropout(self.feedforward(self.ff_norm(x))))
 
 
 class PostSublayerNormBlock(_Layer):
@@ -74,10 +89,10 @@ class PostSublayerNormBlock(_Layer):
 
     def forward(self, x: Tensor, self_inputs: AttentionInputs,
                 cross_inputs: AttentionInputs | None = None) -> Tensor:
-        x = x + self.self_dropout(self.self_norm(self.self_attention(x, self_inputs)))
+        x = x + self.scaled(self.self_dropout(self.self_norm(self.self_attention(x, self_inputs))))
         if self.cross_attention is not None:
-            x = x + self.cross_dropout(self.cross_norm(self.cross_attention(x, cross_inputs)))
-        return x + self.ff_dropout(self.ff_norm(self.feedforward(x)))
+            x = x + self.scaled(self.cross_dropout(self.cross_norm(self.cross_attention(x, cross_inputs))))
+        return x + self.scaled(self.ff_dropout(self.ff_norm(self.feedforward(x))))
 
 
 class SandwichBlock(_Layer):
@@ -89,16 +104,18 @@ class SandwichBlock(_Layer):
 
     def __init__(self, d_model: int, dropout: float, self_attention: nn.Module,
                  cross_attention: nn.Module | None, feedforward: nn.Module,
-                 make_norm: NormFactory) -> None:
-        super().__init__(d_model, dropout, self_attention, cross_attention, feedforward, make_norm)
+                 make_norm: NormFactory, residual_scale: float = 1.0) -> None:
+        super().__init__(d_model, dropout, self_attention, cross_attention, feedforward, make_norm,
+                         residual_scale)
         self.self_post_norm = make_norm()
         self.cross_post_norm = make_norm() if cross_attention is not None else None
         self.ff_post_norm = make_norm()
 
     def forward(self, x: Tensor, self_inputs: AttentionInputs,
                 cross_inputs: AttentionInputs | None = None) -> Tensor:
-        x = x + self.self_dropout(self.self_post_norm(self.self_attention(self.self_norm(x), self_inputs)))
+        attended = self.self_attention(self.self_norm(x), self_inputs)
+        x = x + self.scaled(self.self_dropout(self.self_post_norm(attended)))
         if self.cross_attention is not None:
             attended = self.cross_attention(self.cross_norm(x), cross_inputs)
-            x = x + self.cross_dropout(self.cross_post_norm(attended))
-        return x + self.ff_dropout(self.ff_post_norm(self.feedforward(self.ff_norm(x))))
+            x = x + self.scaled(self.cross_dropout(self.cross_post_norm(attended)))
+        return x + self.scaled(self.ff_dropout(self.ff_post_norm(self.feedforward(self.ff_norm(x)))))
