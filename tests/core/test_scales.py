@@ -86,7 +86,8 @@ def test_residual_scale_multiplies_what_each_sublayer_adds(block):
     config = tiny_config("decoder", block={"name": block, "residual_scale": 0.3})
     model = tk.build_model(config).eval()
     layer = model.decoder.layers[0]
-    seen, _ = _outputs(layer, ["self_attention", "feedforward", "self_norm", "ff_norm"])
+    names = ["self_attention", "feedforward", "self_norm", "ff_norm"]
+    seen, _ = _outputs(layer, names + (["self_post_norm", "ff_post_norm"] if block == "sandwich" else []))
     x = torch.randn(2, 5, 16)
     keep = torch.ones(2, 5, dtype=torch.bool)
     with torch.no_grad():
@@ -97,6 +98,8 @@ def test_residual_scale_multiplies_what_each_sublayer_adds(block):
         torch.testing.assert_close(seen["ff_norm"][0], seen["self_norm"][1] + 0.3 * ff)
     elif block == "post_sublayer_norm":  # x + s norm(attention(x)) + s norm(ff(h))
         torch.testing.assert_close(out, x + 0.3 * seen["self_norm"][1] + 0.3 * seen["ff_norm"][1])
+    elif block == "sandwich":  # x + s post_norm(attention(norm(x))) + s post_norm(ff(norm(h)))
+        torch.testing.assert_close(out, x + 0.3 * seen["self_post_norm"][1] + 0.3 * seen["ff_post_norm"][1])
     else:  # pre_norm, parallel: x + s attention(norm(x)) + s ff(norm(.))
         torch.testing.assert_close(out, x + 0.3 * attention + 0.3 * ff)
 

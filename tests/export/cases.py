@@ -86,6 +86,10 @@ MULTIPLIER_CASES = [
         "encoder", attention="sdpa", positional="learned", mask="none", feedforward="geglu",
         norm="rmsnorm", block={"name": "parallel", "residual_scale": 1.7}, lm_head=True,
         embedding_scale=0.5, logit_scale=0.25, logit_softcap=0.2)),
+    ("decoder-einsum-rotary-causal-sandwich-geglu-rmsnorm-kv1-multipliers", tiny_config(
+        "decoder", attention={"name": "einsum", "softcap": 3.0}, positional="rotary", num_kv_heads=1,
+        block={"name": "sandwich", "residual_scale": 0.4}, feedforward="geglu", norm="rmsnorm",
+        embedding_scale=4.0, logit_softcap=0.5)),
 ]
 CASES = (sampled_cases("decoder", 6) + sampled_cases("encoder_decoder", 6) + sampled_cases("encoder", 6)
          + SCALED_CASES + VARIANT_CASES + MULTIPLIER_CASES)

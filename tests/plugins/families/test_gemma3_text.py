@@ -29,7 +29,8 @@ class TestGemma3Text(parity.FamilyParity):
             rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
                                                 "rope_theta": 10_000.0},
                              "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}}),
-        # soft-capped, untied, one global layer between two sliding ones
+        # soft-capped logits (the scores' cap is ignored, as by transformers), untied, one
+        # global layer between two sliding ones
         "gemma3-2heads-kv1-3layers-capped-untied": lambda: _gemma3(
             16, 2, 1, 3, 8, sliding_window=3, attn_logit_softcapping=4.0,
             final_logit_softcapping=5.0, tie_word_embeddings=False,

@@ -2,7 +2,9 @@
 with each query and key head normalised by a (1 + weight) RMSNorm before rotary
 (``qk_norm: per_head_rmsnorm``), sliding-window layers with a rotary base of their own
 (``rope_parameters.sliding_attention`` or ``rope_local_base_freq``; the global layers' may be
-scaled), no soft-capping unless configured. Bidirectional attention is refused."""
+scaled), logits soft-capped when ``final_logit_softcapping`` says so. ``attn_logit_softcapping``
+is ignored, as transformers' Gemma 3 ignores it (its attention never passes it on; Gemma 3's
+checkpoints leave it null). Bidirectional attention is refused."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def gemma3_text_config(hf: dict, family: str = "gemma3_text") -> dict:
              if key not in ("rope_parameters", "rope_scaling", "rope_theta")}
     config = gemma_config(plain, family)
     config.update(
-        block="sandwich", attention=attention_spec(hf),
+        block="sandwich", attention=attention_spec({**hf, "attn_logit_softcapping": None}),
         positional=rotary_spec({**plain, "rope_parameters": {"rope_type": "default", **full}}, family),
         qk_norm={"name": "per_head_rmsnorm", "eps": hf.get("rms_norm_eps", 1e-6), "unit_offset": True},
         **sliding_variants(hf, family, default_every=hf.get("sliding_window_pattern", 6),
