@@ -20,8 +20,9 @@ OUTER_LAYERS = ("apps", "export", "plugins")
 #: family's mapping on one tensor, and models that read each layer's weights as it runs).
 #: 2,900 until a model's end ids became a list (issue 24: end ids read from the config, the
 #: generation config and the tokenizer, and checked one by one).
-#: 3,000 until layers could differ (issue 25: layer_types and layer_variants validated and
-#: built layer by layer, each layer's attention inputs) and the output head's logit transforms.
+#: 3,000 until layers could differ and took multipliers (issue 25: layer_types and
+#: layer_variants validated and built layer by layer, each layer's attention inputs; Granite's
+#: and Gemma 2's embedding_scale, logit_scale, logit_softcap and the output head applying them).
 CORE_LINE_LIMIT = 3_300
 #: The decoding subsystem (options, logits processors, strategies, text, the PyTorch stepper) is a
 #: core package with a budget of its own, so the model core stays small as decoding grows.

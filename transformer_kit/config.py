@@ -9,11 +9,9 @@ combinations raise :class:`ConfigError` naming the key and what is allowed.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -27,8 +25,11 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
 from transformer_kit.component import LAYER_KINDS, MODEL_KINDS
-from transformer_kit.errors import ConfigError, did_you_mean, missing_path
+from transformer_kit.config_files import read_config_file
+from transformer_kit.errors import ConfigError, did_you_mean
 from transformer_kit.layer_types import layer_type_problems
+
+__all__ = ["ComponentSpec", "ModelConfig", "config_from_dict", "load_config", "read_config_file"]
 
 Architecture = Literal["encoder_decoder", "encoder", "decoder"]
 
@@ -292,48 +293,6 @@ def config_from_dict(data: Any) -> ModelConfig:
         return ModelConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(exc)) from None
-
-
-def _syntax_error(path: Path, exc: Exception) -> str:
-    """One line: the file, the line and column, what is wrong there, and how to fix it."""
-    if isinstance(exc, json.JSONDecodeError):
-        return (f"Config file {str(path)!r} is not valid JSON at line {exc.lineno}, column "
-                f"{exc.colno}: {exc.msg}. Fix the JSON there (strings in double quotes, no "
-                "trailing commas), or write the config as YAML.")
-    mark = getattr(exc, "problem_mark", None)
-    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    if "'\\t'" in problem or "\t" in problem:
-        return (f"Config file {str(path)!r} is not valid YAML{where}: a tab character. YAML "
-                "indents with spaces only; replace the tab with spaces.")
-    return (f"Config file {str(path)!r} is not valid YAML{where}: {problem}. Fix the YAML there "
-            "(indent with spaces, 'key: value' pairs, quote values holding ': ' or '#').")
-
-
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a .yaml/.yml/.json file into a dict; raises :class:`ConfigError` on any problem."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in (".yaml", ".yml", ".json"):
-        raise ConfigError(f"Config file {str(path)!r} has suffix {suffix!r}; use .yaml, .yml or .json.")
-    if not path.exists():
-        raise ConfigError(missing_path(path, "a .yaml, .yml or .json config file"))
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or exc
-        raise ConfigError(f"Cannot read config file {str(path)!r}: {reason}.") from None
-    if not text.strip():
-        raise ConfigError(f"Config file {str(path)!r} is empty; it must hold a mapping of keys.")
-    try:
-        data = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(_syntax_error(path, exc)) from None
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"Config file {str(path)!r} holds a {type(data).__name__}; it must hold a mapping of keys."
-        )
-    return data
 
 
 def load_config(source: ModelConfig | dict[str, Any] | str | Path) -> ModelConfig:
