@@ -150,10 +150,12 @@ def kit_blocks(state: dict[str, Tensor], tensors: GgufTensors) -> dict[str, Gguf
     """Kit parameter name -> :class:`GgufBlocks` for every parameter the family mapping took
     unchanged from a quantized GGUF matrix (one it sliced or scaled has none)."""
     out: dict[str, GgufBlocks] = {}
+    found: dict[str, GgufBlocks | None] = {}  # a tied weight: one GgufBlocks under both names
     for ours, tensor in state.items():
         recipe = getattr(tensor, "recipe", None)
         if recipe is not None and recipe[0] == "read" and recipe[1] == tensors.read:
-            blocks = tensors.blocks(recipe[2])
-            if blocks is not None:
-                out[ours] = blocks
+            if recipe[2] not in found:
+                found[recipe[2]] = tensors.blocks(recipe[2])
+            if found[recipe[2]] is not None:
+                out[ours] = found[recipe[2]]
     return out

@@ -1,0 +1,89 @@
+"""Writing a transformers model as llama.cpp's convert_hf_to_gguf.py writes it (a test helper):
+llama.cpp's tensor names (gguf's own TensorNameMap), dims in GGUF's order, Llama's q/k rows
+permuted for llama.cpp's rotary, Gemma's norms stored as 1 + weight, the head left out when it is
+the embedding, and a tiny byte-level BPE vocabulary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+#: The architectures whose converter permutes the q and k rows (LlamaModel.permute).
+PERMUTED = {"llama", "mistral"}
+NORM_PLUS_ONE = {"gemma", "gemma2", "gemma3"}
+#: The vocabulary of the written files: three special tokens, single characters, then one merge.
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def permute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's ``LlamaModel.permute`` (each head's halves interleaved)."""
+    return (weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def vocabulary(size: int) -> list[str]:
+    letters = [chr(c) for c in range(ord("!"), ord("~") + 1)]
+    return [*SPECIALS, *letters[:size - len(SPECIALS) - 1], '!"']
+
+
+def _metadata(writer: gguf.GGUFWriter, cfg, vocab: int) -> None:
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_vocab_size(vocab)
+    tokens = vocabulary(vocab)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    writer.add_token_merges(['! "'])
+    writer.add_bos_token_id(cfg.bos_token_id)
+    writer.add_eos_token_id(cfg.eos_token_id)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
+
+
+def write_gguf(model: torch.nn.Module, path: Path, arch: str,
+               quantized: dict[str, gguf.GGMLQuantizationType] | None = None) -> Path:
+    """``model`` (a transformers CausalLM) as the GGUF file ``path``; ``quantized``: GGUF tensor
+    name -> the type it is stored in (the others: F32)."""
+    cfg = model.config
+    quantized = quantized or {}
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg.num_hidden_layers)
+    writer = gguf.GGUFWriter(path, arch)
+    _metadata(writer, cfg, cfg.vocab_size)
+    for hf_name, tensor in model.state_dict().items():
+        if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        assert name is not None, hf_name
+        data = tensor.float().numpy().copy()
+        if arch in PERMUTED and ".q_proj." in hf_name:
+            data = permute(data, cfg.num_attention_heads)
+        if arch in PERMUTED and ".k_proj." in hf_name:
+            data = permute(data, cfg.num_key_value_heads)
+        if arch in NORM_PLUS_ONE and hf_name.endswith("norm.weight"):
+            data = data + 1
+        if name in quantized:
+            writer.add_tensor(name, gguf.quants.quantize(data, quantized[name]), raw_dtype=quantized[name])
+        else:
+            writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
