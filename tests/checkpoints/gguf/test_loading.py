@@ -37,6 +37,10 @@ def _sizes(**extra) -> dict:
 
 MODELS = {
     "llama": lambda: hf.LlamaForCausalLM(hf.LlamaConfig(**_sizes(rope_theta=5e4))),
+    # Llama 3.1's rotary scaling, which llama.cpp writes as a rope_freqs tensor of factors
+    "llama3.1": lambda: hf.LlamaForCausalLM(hf.LlamaConfig(**_sizes(rope_parameters={
+        "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}))),
     "qwen2": lambda: hf.Qwen2ForCausalLM(hf.Qwen2Config(**_sizes(tie_word_embeddings=True))),
     # head_dim 128: transformers reads no head_dim for qwen3 from GGUF, it takes its default
     "qwen3": lambda: hf.Qwen3ForCausalLM(hf.Qwen3Config(**_sizes(head_dim=128))),
@@ -84,10 +88,17 @@ def test_quantized_file_equals_transformers_loading_it(arch, tmp_path):
 @pytest.mark.parametrize("arch", sorted(MODELS))
 def test_float_file_equals_the_source_checkpoint(arch, tmp_path):
     source = _make(arch)
-    model = tk.from_gguf(write_gguf(source, tmp_path / "model.gguf", arch), pad_id=0)
+    model = tk.from_gguf(write_gguf(source, tmp_path / "model.gguf", arch.removesuffix("3.1")), pad_id=0)
     assert model.config.model_dump() == tk.config_from_gguf(tmp_path / "model.gguf", pad_id=0).model_dump()
     assert _error(source, model) <= TOLERANCE
     assert model.gguf_blocks == {}  # nothing stored quantized
+
+
+def test_llama3_scaling_is_read_back_from_the_rope_freqs_factors(tmp_path):
+    path = write_gguf(_make("llama3.1"), tmp_path / "model.gguf", "llama")
+    scaling = tk.config_from_gguf(path, pad_id=0).positional.params["scaling"]
+    assert scaling == {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8192}
 
 
 def test_blocks_are_the_files_rows_in_the_kits_order(tmp_path):

@@ -68,17 +68,17 @@ def test_an_architecture_without_a_family_gets_the_registrys_refusal(tmp_path, m
         tk.from_gguf(path)
 
 
-def test_rotary_frequency_factors_are_refused_not_ignored(tmp_path):
+def test_rotary_frequency_factors_other_than_llama3s_are_refused_not_ignored(tmp_path):
     writer = gguf.GGUFWriter(tmp_path / "llama31.gguf", "llama")
     for add, value in ((writer.add_block_count, 1), (writer.add_embedding_length, 8),
                        (writer.add_head_count, 2)):
         add(value)
     writer.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
-    writer.add_tensor("rope_freqs.weight", np.ones(2, np.float32))
+    writer.add_tensor("rope_freqs.weight", np.array([1, 3], np.float32))  # 1 then 3: not llama3
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(tk.CheckpointError, match=r"rope_freqs tensor .* is not supported; load the "
+    with pytest.raises(tk.CheckpointError, match=r"rope_freqs tensor .* that are not Llama 3's llama3 scaling is not supported; load the "
                        r"Hugging Face checkpoint with tk\.from_hf"):
         tk.from_gguf(tmp_path / "llama31.gguf")

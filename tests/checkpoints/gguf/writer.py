@@ -5,6 +5,7 @@ the embedding, and a tiny byte-level BPE vocabulary."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import gguf
@@ -22,6 +23,27 @@ def permute(weights: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's ``LlamaModel.permute`` (each head's halves interleaved)."""
     return (weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
             .swapaxes(1, 2).reshape(weights.shape))
+
+
+def rope_freqs(cfg) -> np.ndarray:
+    """llama.cpp's ``rope_freqs`` of a llama3 rotary scaling (as generate_extra_tensors writes it,
+    in float32 as it computes it)."""
+    rope = cfg.rope_parameters
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    freqs = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    context, low, high = (rope["original_max_position_embeddings"], rope["low_freq_factor"],
+                          rope["high_freq_factor"])
+    factors = []
+    for freq in freqs.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < context / high:
+            factors.append(1.0)
+        elif wavelen > context / low:
+            factors.append(rope["factor"])
+        else:
+            smooth = (context / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / rope["factor"] + smooth))
+    return np.array(factors, np.float32)
 
 
 def vocabulary(size: int) -> list[str]:
@@ -82,6 +104,9 @@ def write_gguf(model: torch.nn.Module, path: Path, arch: str,
             writer.add_tensor(name, gguf.quants.quantize(data, quantized[name]), raw_dtype=quantized[name])
         else:
             writer.add_tensor(name, data)
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if rope.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", rope_freqs(cfg))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

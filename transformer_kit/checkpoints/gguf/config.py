@@ -4,8 +4,11 @@ config.json has ``hidden_size``; ``convert_hf_to_gguf.py`` is the other directio
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from transformer_kit.errors import CheckpointError
 
@@ -90,12 +93,40 @@ _EXTRA: dict[str, Callable[[dict, dict, str], None]] = {
 }
 
 
-def _rope_scaling(meta: dict, hf: dict, arch: str, tensors: dict[str, tuple[int, ...]]) -> None:
-    kind = _key(meta, arch, "rope.scaling.type", "none")
-    if "rope_freqs.weight" in tensors:
+#: Llama 3.1-3.3's rotary scaling, but the factor: the only one llama.cpp's converter is given.
+_LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def llama3_factors(base: float, dim: int, factor: float, low_freq_factor: float,
+                   high_freq_factor: float, original_max_position_embeddings: int) -> np.ndarray:
+    """(dim / 2,) the rotary wavelength factors llama.cpp's converter writes as ``rope_freqs``
+    for a ``llama3`` scaling (``LlamaModel.generate_extra_tensors``)."""
+    wavelen = 2 * math.pi * base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    context = original_max_position_embeddings
+    low, high = context / low_freq_factor, context / high_freq_factor
+    smooth = (context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    between = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelen < high, 1.0, np.where(wavelen > low, factor, between))
+
+
+def _from_rope_freqs(hf: dict, arch: str, rope_freqs: np.ndarray) -> None:
+    """Llama 3.1's scaling from the factors llama.cpp stored for it (the factor is their largest,
+    the other parameters Llama 3's), or refused when the factors are not those."""
+    spec = {**_LLAMA3, "factor": float(rope_freqs.max())}
+    expected = llama3_factors(hf.get("rope_theta", 10000.0), hf["head_dim"], **spec)
+    if expected.shape != rope_freqs.shape or not np.allclose(expected, rope_freqs, rtol=1e-5):
         raise CheckpointError(
-            f"{arch} GGUF file with a rope_freqs tensor (precomputed rotary frequency factors, "
-            "Llama 3.1's scaling) is not supported; load the Hugging Face checkpoint with tk.from_hf.")
+            f"{arch} GGUF file with a rope_freqs tensor (precomputed rotary frequency factors) that "
+            "are not Llama 3's llama3 scaling is not supported; load the Hugging Face checkpoint "
+            "with tk.from_hf.")
+    hf["rope_scaling"] = {"rope_type": "llama3", **spec}
+
+
+def _rope_scaling(meta: dict, hf: dict, arch: str, rope_freqs: np.ndarray | None) -> None:
+    kind = _key(meta, arch, "rope.scaling.type", "none")
+    if rope_freqs is not None:
+        _from_rope_freqs(hf, arch, rope_freqs)
+        return
     if kind in ("none", None):
         return
     if kind not in _ROPE_TYPES:
@@ -109,13 +140,15 @@ def _rope_scaling(meta: dict, hf: dict, arch: str, tensors: dict[str, tuple[int,
     hf["rope_scaling"] = scaling
 
 
-def hf_config(meta: dict[str, Any], tensors: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+def hf_config(meta: dict[str, Any], tensors: dict[str, tuple[int, ...]],
+              rope_freqs: np.ndarray | None = None) -> dict[str, Any]:
     """The config.json dict of the model a GGUF file holds.
 
     Args:
         meta: the file's metadata (``general.architecture``, ``{arch}.block_count``, ...).
         tensors: GGUF tensor name -> shape in PyTorch's order (``attn_q.weight``: (out, in)),
             for what the metadata leaves out (tied head, head width, vocabulary size).
+        rope_freqs: (head_dim / 2,) the file's ``rope_freqs`` tensor, where it has one.
 
     Raises:
         CheckpointError: an architecture outside :data:`MODEL_TYPES`, or metadata it needs
@@ -148,7 +181,7 @@ def hf_config(meta: dict[str, Any], tensors: dict[str, tuple[int, ...]]) -> dict
         if meta.get(f"tokenizer.ggml.{gguf_name}") is not None:
             hf[hf_name] = meta[f"tokenizer.ggml.{gguf_name}"]
     hf.setdefault("eos_token_id", None)
-    _rope_scaling(meta, hf, arch, tensors)
+    _rope_scaling(meta, hf, arch, rope_freqs)
     if arch in _EXTRA:
         _EXTRA[arch](meta, hf, arch)
     return hf

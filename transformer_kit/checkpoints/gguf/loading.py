@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from transformer_kit.checkpoints.gguf.config import hf_config
@@ -33,8 +34,9 @@ class _Opened:
         self.reader = open_gguf(path)
         meta = read_metadata(self.reader)
         shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in self.reader.tensors}
+        freqs = [np.asarray(t.data, np.float32) for t in self.reader.tensors if t.name == "rope_freqs.weight"]
         try:
-            self.hf = hf_config(meta, shapes)
+            self.hf = hf_config(meta, shapes, freqs[0] if freqs else None)
         except CheckpointError as exc:
             raise CheckpointError(f"{self.path!r}: {exc}") from None
         self.family = checkpoint_family(self.hf, path).family
