@@ -79,6 +79,6 @@ def test_rotary_frequency_factors_other_than_llama3s_are_refused_not_ignored(tmp
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(tk.CheckpointError, match=r"rope_freqs tensor .* that are not Llama 3's llama3 scaling is not supported; load the "
-                       r"Hugging Face checkpoint with tk\.from_hf"):
+    with pytest.raises(tk.CheckpointError, match=r"rope_freqs tensor .* that are not Llama 3's llama3 "
+                       r"scaling is not supported; load the Hugging Face checkpoint with tk\.from_hf"):
         tk.from_gguf(tmp_path / "llama31.gguf")
