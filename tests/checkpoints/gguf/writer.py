@@ -67,6 +67,9 @@ def _metadata(writer: gguf.GGUFWriter, cfg, vocab: int) -> None:
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(vocab)
+    for name in ("attn_logit_softcapping", "final_logit_softcapping", "sliding_window"):
+        if getattr(cfg, name, None) is not None:  # Gemma 2's
+            getattr(writer, f"add_{name}")(getattr(cfg, name))
     tokens = vocabulary(vocab)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
@@ -75,6 +78,8 @@ def _metadata(writer: gguf.GGUFWriter, cfg, vocab: int) -> None:
     writer.add_token_merges(['! "'])
     writer.add_bos_token_id(cfg.bos_token_id)
     writer.add_eos_token_id(cfg.eos_token_id)
+    if cfg.pad_token_id is not None:
+        writer.add_pad_token_id(cfg.pad_token_id)
     writer.add_add_bos_token(False)
     writer.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
 
