@@ -38,7 +38,7 @@ CHAT_LINE_LIMIT = 900
 #: GGUF files (tk.from_gguf: metadata to config.json, tensors dequantized, the tokenizer rebuilt
 #: from the metadata) are a core package with a budget of its own too.
 GGUF = ("checkpoints", "gguf")
-GGUF_LINE_LIMIT = 700
+GGUF_LINE_LIMIT = 800
 MODULE_LINE_LIMIT = 300
 
 

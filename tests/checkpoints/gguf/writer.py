@@ -1,7 +1,8 @@
 """Writing a transformers model as llama.cpp's convert_hf_to_gguf.py writes it (a test helper):
 llama.cpp's tensor names (gguf's own TensorNameMap), dims in GGUF's order, Llama's q/k rows
 permuted for llama.cpp's rotary, Gemma's norms stored as 1 + weight, the head left out when it is
-the embedding, and a tiny byte-level BPE vocabulary."""
+the embedding, and a tiny byte-level BPE vocabulary (or, for a model with as many tokens as
+:func:`sentencepiece_vocabulary`, that Llama-style sentencepiece one)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,31 @@ def vocabulary(size: int) -> list[str]:
     return [*SPECIALS, *letters[:size - len(SPECIALS) - 1], '!"']
 
 
+#: A sentencepiece vocabulary (Llama's kind): unknown, control, the 256 byte tokens, then pieces,
+#: each with its score (higher merges first).
+PIECES = {"\u2581": -1.0, "a": -2.0, "b": -3.0, "c": -4.0, "h": -5.0, "i": -6.0, "\u2581a": -7.0,
+          "ab": -8.0, "\u2581ab": -9.0, "bc": -10.0, "\u2581h": -11.0, "\u2581hi": -12.0, "abc": -13.0}
+
+
+def sentencepiece_vocabulary() -> tuple[list[str], list[float], list[int]]:
+    """(tokens, scores, token types) of a small Llama-style sentencepiece vocabulary."""
+    tokens = ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)], *PIECES]
+    scores = [0.0] * 259 + list(PIECES.values())
+    types = [2, 3, 3] + [6] * 256 + [1] * len(PIECES)  # UNKNOWN, CONTROL, BYTE, NORMAL
+    return tokens, scores, types
+
+
+def _sentencepiece(writer: gguf.GGUFWriter) -> None:
+    tokens, scores, types = sentencepiece_vocabulary()
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+
 def _metadata(writer: gguf.GGUFWriter, cfg, vocab: int) -> None:
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -67,6 +93,9 @@ def _metadata(writer: gguf.GGUFWriter, cfg, vocab: int) -> None:
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(vocab)
+    if vocab == len(sentencepiece_vocabulary()[0]):
+        _sentencepiece(writer)
+        return
     for name in ("attn_logit_softcapping", "final_logit_softcapping", "sliding_window"):
         if getattr(cfg, name, None) is not None:  # Gemma 2's
             getattr(writer, f"add_{name}")(getattr(cfg, name))

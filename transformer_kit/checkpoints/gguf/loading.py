@@ -41,7 +41,8 @@ class _Opened:
             raise CheckpointError(f"{self.path!r}: {exc}") from None
         self.family = checkpoint_family(self.hf, path).family
         self.tensors = GgufTensors(self.reader, meta["general.architecture"], self.hf)
-        self.tokenizer: TextTokenizer | None = gguf_tokenizer(self.reader, self.path)
+        self.tokenizer: TextTokenizer | None = gguf_tokenizer(self.reader, self.path,
+                                                              meta["general.architecture"])
 
     def config(self, overrides: dict[str, Any]) -> ModelConfig:
         return kit_config(self.hf, self.family, self.path, overrides, self.tokenizer)
