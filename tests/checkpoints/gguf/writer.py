@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 #: The architectures whose converter permutes the q and k rows (LlamaModel.permute).
-PERMUTED = {"llama", "mistral"}
+PERMUTED = {"llama", "mistral", "granite", "smollm3"}
 NORM_PLUS_ONE = {"gemma", "gemma2", "gemma3"}
 #: The vocabulary of the written files: three special tokens, single characters, then one merge.
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -88,6 +88,7 @@ def _metadata(writer: gguf.GGUFWriter, cfg, vocab: int) -> None:
     writer.add_head_count_kv(cfg.num_key_value_heads)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     rope = getattr(cfg, "rope_parameters", None) or {}
+    rope = rope.get("full_attention", rope)  # Gemma 3's by layer type: llama.cpp writes the global one
     writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
@@ -99,6 +100,12 @@ def _metadata(writer: gguf.GGUFWriter, cfg, vocab: int) -> None:
     for name in ("attn_logit_softcapping", "final_logit_softcapping", "sliding_window"):
         if getattr(cfg, name, None) is not None:  # Gemma 2's
             getattr(writer, f"add_{name}")(getattr(cfg, name))
+    for theirs, ours in (("attention_multiplier", "attention_scale"),
+                         ("logits_scaling", "logit_scale"),
+                         ("embedding_multiplier", "embedding_scale"),
+                         ("residual_multiplier", "residual_scale")):
+        if getattr(cfg, theirs, None) is not None:  # Granite's, as granite.py writes them
+            getattr(writer, f"add_{ours}")(getattr(cfg, theirs))
     tokens = vocabulary(vocab)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
