@@ -67,12 +67,26 @@ def config_from_hf(path, **overrides):
     return _config_from_hf(path, **overrides)
 
 
+def from_gguf(path, **overrides):
+    """Load a GGUF file (llama.cpp); see :func:`transformer_kit.checkpoints.gguf.from_gguf`."""
+    from transformer_kit.checkpoints.gguf import from_gguf as _from_gguf
+
+    return _from_gguf(path, **overrides)
+
+
+def config_from_gguf(path, **overrides):
+    """The config of a GGUF file; see :func:`transformer_kit.checkpoints.gguf.config_from_gguf`."""
+    from transformer_kit.checkpoints.gguf import config_from_gguf as _config_from_gguf
+
+    return _config_from_gguf(path, **overrides)
+
+
 __all__ = [
     "KINDS", "MODEL_KINDS", "ArtifactError", "ChatTemplateError", "CheckpointError",
     "CheckpointFamily", "Component",
     "ComponentError", "ComponentSpec", "ConfigError", "ExportError", "GenerationConfig",
     "InputError", "LogitsProcessor", "MaskError", "ModelConfig", "PluginError", "ProviderError",
     "Registry", "TransformerKitError", "UnknownComponentError", "__version__", "build_model",
-    "config_from_hf", "from_hf", "get_registry", "hookimpl", "hookspec", "load_config",
-    "load_model", "register_plugin", "reset_registry", "unregister_plugin",
+    "config_from_gguf", "config_from_hf", "from_gguf", "from_hf", "get_registry", "hookimpl",
+    "hookspec", "load_config", "load_model", "register_plugin", "reset_registry", "unregister_plugin",
 ]

@@ -46,6 +46,9 @@ class TransformerModel(nn.Module, Chats):
         #: ``from_hf(..., stream=True)``: the weights, read from the checkpoint when needed
         #: (the parameters are on the meta device); None for a model in memory.
         self.streamed_weights: Any = None
+        #: ``tk.from_gguf``: parameter name -> its GgufBlocks (the file's quantized blocks), for
+        #: every weight matrix the file stores quantized; empty for other models.
+        self.gguf_blocks: dict[str, Any] = {}
 
     def _lacking(self, flag: str) -> list[str]:
         """Chosen components whose ``flag`` (supports_cache, exportable) is False, named."""

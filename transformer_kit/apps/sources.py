@@ -13,7 +13,7 @@ from transformer_kit.errors import ArtifactError, CheckpointError, ConfigError, 
 from transformer_kit.export.manifest import MANIFEST_FILE
 
 ACCEPTED = ("a config file (.yaml, .yml, .json), a folder saved with model.save, a Hugging Face "
-            "checkpoint folder or an export folder")
+            "checkpoint folder, a GGUF file or an export folder")
 
 
 class Provider(str, Enum):
@@ -25,7 +25,7 @@ class Provider(str, Enum):
 
 
 def kind_of(path: Path) -> str:
-    """'missing', 'export', 'saved model', 'checkpoint', 'config file' or 'other'."""
+    """'missing', 'export', 'saved model', 'checkpoint', 'gguf', 'config file' or 'other'."""
     from transformer_kit.serialization import is_saved_model
 
     if not path.exists():
@@ -36,6 +36,8 @@ def kind_of(path: Path) -> str:
         if is_saved_model(path):
             return "saved model"
         return "checkpoint" if (path / "config.json").is_file() else "other"
+    if path.suffix.lower() == ".gguf":
+        return "gguf"
     return "config file" if path.suffix.lower() in (".yaml", ".yml", ".json") else "other"
 
 
@@ -43,6 +45,7 @@ def _refuse(path: Path, kind: str, wanted: str, error: type[Exception], hint: st
     described = {"missing": "does not exist", "export": "is an export folder (ONNX)",
                  "saved model": "is a saved PyTorch model folder",
                  "checkpoint": "is a Hugging Face checkpoint folder",
+                 "gguf": "is a GGUF file (read without --from-hf)",
                  "config file": "is a config file",
                  "other": "is neither a config file nor a model folder"}[kind]
     raise error(f"{str(path)!r} {described}; give {wanted}.{' ' + hint if hint else ''}")
@@ -74,8 +77,9 @@ def special_id_overrides(pad_id: str | None, bos_id: str | None, eos_id: str | N
 def load_model(source: Path, *, from_hf: bool = False, weights: Path | None = None,
                overrides: dict[str, Any] | None = None, stream: bool = False):
     """A model from a config file (random weights unless ``weights``), a folder saved with
-    model.save, or (``from_hf``) a Hugging Face checkpoint folder, in eval mode. ``stream``: a
-    safetensors checkpoint's weights stay on disk until an export writes them."""
+    model.save, a GGUF file (llama.cpp), or (``from_hf``) a Hugging Face checkpoint folder, in
+    eval mode. ``stream``: a safetensors checkpoint's weights stay on disk until an export writes
+    them."""
     import transformer_kit as tk
     from transformer_kit.config import config_from_dict
     from transformer_kit.serialization import load_saved_weights, read_saved_config
@@ -88,12 +92,17 @@ def load_model(source: Path, *, from_hf: bool = False, weights: Path | None = No
         safetensors = any((source / name).is_file() for name in
                           ("model.safetensors", "model.safetensors.index.json"))
         return tk.from_hf(source, stream=stream and safetensors, **overrides)
+    if kind == "gguf":
+        if weights is not None:
+            raise CheckpointError(f"{str(source)!r} is a GGUF file, which holds its weights; leave "
+                                  "out --weights.")
+        return tk.from_gguf(source, **overrides)
     if kind == "checkpoint":
         _refuse(source, kind, "a config file or a folder saved with model.save", CheckpointError,
                 "Add --from-hf to load a Hugging Face checkpoint.")
     if kind not in ("config file", "saved model"):
-        _refuse(source, kind, "a config file or a folder saved with model.save (or a Hugging "
-                "Face checkpoint folder with --from-hf)", ConfigError)
+        _refuse(source, kind, "a config file, a folder saved with model.save or a GGUF file (or "
+                "a Hugging Face checkpoint folder with --from-hf)", ConfigError)
     config = tk.load_config(source) if kind == "config file" else read_saved_config(source)
     if overrides:
         config = config_from_dict({**config.to_dict(), **overrides})
@@ -118,6 +127,8 @@ def resolve_config(source: Path):
         return read_saved_config(source)
     if kind == "checkpoint":
         return tk.config_from_hf(source)
+    if kind == "gguf":
+        return tk.config_from_gguf(source)
     if kind == "config file":
         return tk.load_config(source)
     _refuse(source, kind, ACCEPTED, ConfigError)

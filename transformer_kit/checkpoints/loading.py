@@ -36,7 +36,9 @@ def _caller_level() -> int:
     return level
 
 
-def _family(hf: dict, folder: str | Path) -> RegisteredFamily:
+def checkpoint_family(hf: dict, folder: str | Path) -> RegisteredFamily:
+    """The registered family of config dict ``hf``'s ``model_type`` (refused naming ``folder``
+    and the model types there are)."""
     try:
         return get_registry().family(hf.get("model_type"))
     except CheckpointError as exc:
@@ -72,12 +74,13 @@ def config_from_hf(folder: str | Path, **overrides: Any) -> ModelConfig:
     ``eos_token`` (a list when they differ: a chat model's end of turn).
     """
     hf = read_hf_config(folder)
-    return _config(hf, _family(hf, folder).family, folder, overrides,
+    return kit_config(hf, checkpoint_family(hf, folder).family, folder, overrides,
                    TextTokenizer.from_folder(folder))
 
 
-def _config(hf: dict, family: CheckpointFamily, folder: str | Path,
-            overrides: dict[str, Any], tokenizer: TextTokenizer | None) -> ModelConfig:
+def kit_config(hf: dict, family: CheckpointFamily, folder: str | Path,
+               overrides: dict[str, Any], tokenizer: TextTokenizer | None) -> ModelConfig:
+    """``family``'s kit config of config dict ``hf``, its eos ids completed, ``overrides`` applied."""
     try:
         data = family.to_config(hf)
     except KeyError as exc:
@@ -155,9 +158,9 @@ def from_hf(folder: str | Path, *, dtype: str | torch.dtype = "float32", stream:
             a model larger than memory exports. Such a model does not run in PyTorch.
     """
     hf = read_hf_config(folder)
-    family = _family(hf, folder).family
+    family = checkpoint_family(hf, folder).family
     tokenizer = TextTokenizer.from_folder(folder)
-    config = _config(hf, family, folder, overrides, tokenizer)
+    config = kit_config(hf, family, folder, overrides, tokenizer)
     dtype = _dtype(dtype, hf)
     tensors = open_checkpoint_tensors(folder)
     if tensors is None:
@@ -166,13 +169,21 @@ def from_hf(folder: str | Path, *, dtype: str | torch.dtype = "float32", stream:
                                   "PyTorch .bin weights. Load it without stream=True, or save it "
                                   "with safetensors.")
         tensors = read_hf_weights(folder)
-    weights = Weights(tensors, folder, family.prefixes, family.probe)
+    state = family_state(hf, family, tensors, folder, config)
+    return assemble(config, state, folder, dtype, tokenizer, stream)
+
+
+def family_state(hf: dict, family: CheckpointFamily, tensors: dict[str, Tensor], where: str | Path,
+                 config: ModelConfig) -> dict[str, Tensor]:
+    """The kit's state dict: ``family``'s mapping of the checkpoint's tensors (by Hugging Face
+    name; :class:`~transformer_kit.checkpoints.deferred.DeferredTensor` s stay deferred), each
+    name and shape checked against the model ``config`` builds (an empty one, on ``meta``)."""
+    weights = Weights(tensors, where, family.prefixes, family.probe)
     state = family.to_state_dict(hf, weights, config)
-    model = build_model(config, empty=True)
-    expected = model.state_dict()
+    expected = build_model(config, empty=True).state_dict()
     missing = sorted(set(expected) - set(state))
     if missing:
-        raise CheckpointError(f"Converting {str(folder)!r} left {missing[:5]} unset.")
+        raise CheckpointError(f"Converting {str(where)!r} left {missing[:5]} unset.")
     for name, tensor in state.items():
         if name not in expected or expected[name].shape != tensor.shape:
             shape = tuple(expected[name].shape) if name in expected else "no such parameter"
@@ -180,8 +191,16 @@ def from_hf(folder: str | Path, *, dtype: str | torch.dtype = "float32", stream:
                 f"Checkpoint tensor for {name!r} has shape {tuple(tensor.shape)}, the model built "
                 f"from its config.json expects {shape}. config.json and the weights disagree."
             )
+    return state
+
+
+def assemble(config: ModelConfig, state: dict[str, Tensor], where: str | Path, dtype: torch.dtype,
+             tokenizer: TextTokenizer | None, stream: bool = False) -> TransformerModel:
+    """The model of ``config`` with the weights of ``state`` (read one at a time into
+    ``dtype``, or kept in the checkpoint with ``stream``) and ``tokenizer``, in eval mode."""
+    model = build_model(config, empty=True)
     if stream:
-        model.streamed_weights = StreamedWeights(state, str(folder))
+        model.streamed_weights = StreamedWeights(state, str(where))
         guard_streamed(model)
     else:
         _fill(model, state, dtype)

@@ -89,6 +89,29 @@ def test_from_hf_with_int8_and_special_id_overrides(tmp_path):
     assert (manifest.pad_id, manifest.bos_id, manifest.eos_id) == (0, None, 7)
 
 
+def test_a_gguf_file_is_exported_with_its_tokenizer(tmp_path):
+    from tests.checkpoints.gguf.writer import write_gguf
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=61, hidden_size=32, intermediate_size=48, num_attention_heads=2,
+        num_key_value_heads=1, num_hidden_layers=1, max_position_embeddings=32,
+        bos_token_id=1, eos_token_id=2)).eval()
+    path = write_gguf(model, tmp_path / "tiny.gguf", "llama")
+    shown = invoke("config", "show", str(path))
+    assert shown.exit_code == 0 and "num_kv_heads: 1" in shown.output, shown.output
+    result = invoke("export", str(path), "-o", str(tmp_path / "onnx"), "--pad-id", "0")
+    assert result.exit_code == 0, result.output
+    onnx_model = OnnxModel(tmp_path / "onnx")
+    assert (tmp_path / "onnx" / "tokenizer.json").is_file() and onnx_model.manifest.eos_id == 2
+    ids = torch.randint(3, 59, (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits.numpy()
+    assert abs(onnx_model(ids.numpy()) - expected).max() <= 1e-4 * abs(expected).max()
+    wrong = invoke("export", str(path), "--from-hf", "-o", str(tmp_path / "x"))
+    assert wrong.exit_code == 1 and "is a GGUF file (read without --from-hf)" in wrong.output
+
+
 def test_int4_options_reach_the_graph(tmp_path):
     checkpoint = _small_gpt2(tmp_path / "gpt2", n_embd=32)
     result = invoke("export", str(checkpoint), "--from-hf", "-o", str(tmp_path / "int4"),

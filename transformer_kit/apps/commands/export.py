@@ -31,7 +31,7 @@ INT4_OPTIONS = ("--block-size", "--accuracy-level", "--asymmetric", "--float-hea
 
 
 def export(
-    source: Annotated[Path, typer.Argument(help="Config file, saved model folder, or checkpoint folder with --from-hf.")],
+    source: Annotated[Path, typer.Argument(help="Config file, saved model folder, GGUF file, or checkpoint folder with --from-hf.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Export folder (new, empty, or an earlier export to replace).")],
     weights: Annotated[Path | None, typer.Option(help="safetensors weights for a config file.")] = None,
     from_hf: Annotated[bool, typer.Option("--from-hf", help="SOURCE is a Hugging Face checkpoint folder.")] = False,

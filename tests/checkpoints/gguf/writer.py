@@ -1,0 +1,155 @@
+"""Writing a transformers model as llama.cpp's convert_hf_to_gguf.py writes it (a test helper):
+llama.cpp's tensor names (gguf's own TensorNameMap), dims in GGUF's order, Llama's q/k rows
+permuted for llama.cpp's rotary, Gemma's norms stored as 1 + weight, the head left out when it is
+the embedding, and a tiny byte-level BPE vocabulary (or, for a model with as many tokens as
+:func:`sentencepiece_vocabulary`, that Llama-style sentencepiece one)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+#: The architectures whose converter permutes the q and k rows (LlamaModel.permute).
+PERMUTED = {"llama", "mistral", "granite", "smollm3"}
+NORM_PLUS_ONE = {"gemma", "gemma2", "gemma3"}
+#: The vocabulary of the written files: three special tokens, single characters, then one merge.
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def permute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's ``LlamaModel.permute`` (each head's halves interleaved)."""
+    return (weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def rope_freqs(cfg) -> np.ndarray:
+    """llama.cpp's ``rope_freqs`` of a llama3 rotary scaling (as generate_extra_tensors writes it,
+    in float32 as it computes it)."""
+    rope = cfg.rope_parameters
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    freqs = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    context, low, high = (rope["original_max_position_embeddings"], rope["low_freq_factor"],
+                          rope["high_freq_factor"])
+    factors = []
+    for freq in freqs.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < context / high:
+            factors.append(1.0)
+        elif wavelen > context / low:
+            factors.append(rope["factor"])
+        else:
+            smooth = (context / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / rope["factor"] + smooth))
+    return np.array(factors, np.float32)
+
+
+def vocabulary(size: int) -> list[str]:
+    letters = [chr(c) for c in range(ord("!"), ord("~") + 1)]
+    return [*SPECIALS, *letters[:size - len(SPECIALS) - 1], '!"']
+
+
+#: A sentencepiece vocabulary (Llama's kind): unknown, control, the 256 byte tokens, then pieces,
+#: each with its score (higher merges first).
+PIECES = {"\u2581": -1.0, "a": -2.0, "b": -3.0, "c": -4.0, "h": -5.0, "i": -6.0, "\u2581a": -7.0,
+          "ab": -8.0, "\u2581ab": -9.0, "bc": -10.0, "\u2581h": -11.0, "\u2581hi": -12.0, "abc": -13.0}
+
+
+def sentencepiece_vocabulary() -> tuple[list[str], list[float], list[int]]:
+    """(tokens, scores, token types) of a small Llama-style sentencepiece vocabulary."""
+    tokens = ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)], *PIECES]
+    scores = [0.0] * 259 + list(PIECES.values())
+    types = [2, 3, 3] + [6] * 256 + [1] * len(PIECES)  # UNKNOWN, CONTROL, BYTE, NORMAL
+    return tokens, scores, types
+
+
+def _sentencepiece(writer: gguf.GGUFWriter) -> None:
+    tokens, scores, types = sentencepiece_vocabulary()
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+
+def _metadata(writer: gguf.GGUFWriter, cfg, vocab: int) -> None:
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    rope = rope.get("full_attention", rope)  # Gemma 3's by layer type: llama.cpp writes the global one
+    writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_vocab_size(vocab)
+    if vocab == len(sentencepiece_vocabulary()[0]):
+        _sentencepiece(writer)
+        return
+    for name in ("attn_logit_softcapping", "final_logit_softcapping", "sliding_window"):
+        if getattr(cfg, name, None) is not None:  # Gemma 2's
+            getattr(writer, f"add_{name}")(getattr(cfg, name))
+    for theirs, ours in (("attention_multiplier", "attention_scale"),
+                         ("logits_scaling", "logit_scale"),
+                         ("embedding_multiplier", "embedding_scale"),
+                         ("residual_multiplier", "residual_scale")):
+        if getattr(cfg, theirs, None) is not None:  # Granite's, as granite.py writes them
+            getattr(writer, f"add_{ours}")(getattr(cfg, theirs))
+    tokens = vocabulary(vocab)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    writer.add_token_merges(['! "'])
+    writer.add_bos_token_id(cfg.bos_token_id)
+    writer.add_eos_token_id(cfg.eos_token_id)
+    if cfg.pad_token_id is not None:
+        writer.add_pad_token_id(cfg.pad_token_id)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
+
+
+def write_gguf(model: torch.nn.Module, path: Path, arch: str,
+               quantized: dict[str, gguf.GGMLQuantizationType] | None = None) -> Path:
+    """``model`` (a transformers CausalLM) as the GGUF file ``path``; ``quantized``: GGUF tensor
+    name -> the type it is stored in (the others: F32)."""
+    cfg = model.config
+    quantized = quantized or {}
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg.num_hidden_layers)
+    writer = gguf.GGUFWriter(path, arch)
+    _metadata(writer, cfg, cfg.vocab_size)
+    for hf_name, tensor in model.state_dict().items():
+        if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        assert name is not None, hf_name
+        data = tensor.float().numpy().copy()
+        if arch in PERMUTED and ".q_proj." in hf_name:
+            data = permute(data, cfg.num_attention_heads)
+        if arch in PERMUTED and ".k_proj." in hf_name:
+            data = permute(data, cfg.num_key_value_heads)
+        if arch in NORM_PLUS_ONE and hf_name.endswith("norm.weight"):
+            data = data + 1
+        if name in quantized:
+            writer.add_tensor(name, gguf.quants.quantize(data, quantized[name]), raw_dtype=quantized[name])
+        else:
+            writer.add_tensor(name, data)
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if rope.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", rope_freqs(cfg))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -1,0 +1,90 @@
+"""``from_gguf``: a GGUF file (llama.cpp, Ollama) as an assembled model, through the same
+checkpoint family ``from_hf`` uses for its architecture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from transformer_kit.checkpoints.gguf.config import hf_config
+from transformer_kit.checkpoints.gguf.file import open_gguf, read_metadata
+from transformer_kit.checkpoints.gguf.tensors import GgufTensors, kit_blocks
+from transformer_kit.checkpoints.gguf.tokenizer import gguf_tokenizer
+from transformer_kit.checkpoints.loading import (
+    _dtype,
+    assemble,
+    checkpoint_family,
+    family_state,
+    kit_config,
+)
+from transformer_kit.config import ModelConfig
+from transformer_kit.decoding.text import TextTokenizer
+from transformer_kit.errors import CheckpointError
+from transformer_kit.model import TransformerModel
+
+
+class _Opened:
+    """An opened GGUF file: its config dict, tensors, family and tokenizer."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self.reader = open_gguf(path)
+        meta = read_metadata(self.reader)
+        shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in self.reader.tensors}
+        freqs = [np.asarray(t.data, np.float32) for t in self.reader.tensors if t.name == "rope_freqs.weight"]
+        try:
+            self.hf = hf_config(meta, shapes, freqs[0] if freqs else None)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{self.path!r}: {exc}") from None
+        self.family = checkpoint_family(self.hf, path).family
+        self.tensors = GgufTensors(self.reader, meta["general.architecture"], self.hf)
+        self.tokenizer: TextTokenizer | None = gguf_tokenizer(self.reader, self.path,
+                                                              meta["general.architecture"])
+
+    def config(self, overrides: dict[str, Any]) -> ModelConfig:
+        return kit_config(self.hf, self.family, self.path, overrides, self.tokenizer)
+
+
+def config_from_gguf(path: str | Path, **overrides: Any) -> ModelConfig:
+    """The transformer_kit config of the model in GGUF file ``path`` (``overrides`` replace
+    keys, as in :func:`~transformer_kit.config_from_hf`)."""
+    return _Opened(path).config(overrides)
+
+
+def from_gguf(path: str | Path, *, dtype: str | torch.dtype = "float32",
+              **overrides: Any) -> TransformerModel:
+    """Load a GGUF file (llama.cpp's format) as an assembled transformer_kit model.
+
+    The file's metadata becomes the Hugging Face config.json of its architecture
+    (``general.architecture``: llama (SmolLM2, most Mistral files), qwen2, qwen3, gemma,
+    olmo2; gemma2, gemma3, phi3, granite, smollm3 once the kit has their families), which the
+    checkpoint family ``from_hf`` uses maps, with the file's tensors dequantized to float32 (one
+    at a time) under their Hugging Face names. The model equals transformers' own loading of the
+    file (``from_pretrained(folder, gguf_file=...)``).
+
+    Besides ``model.tokenizer`` (rebuilt from ``tokenizer.ggml.*``, with the chat template), the
+    model keeps ``model.gguf_blocks``: for every weight matrix stored quantized, its
+    :class:`~transformer_kit.checkpoints.gguf.blocks.GgufBlocks` (the file's own blocks), by
+    parameter name.
+
+    Args:
+        path: the ``.gguf`` file.
+        dtype: the parameters' dtype: ``"float32"`` (the default), ``"bfloat16"`` or
+            ``"float16"``.
+        overrides: config keys to replace (``attention="matmul"``, ``eos_id=...``).
+
+    Raises:
+        CheckpointError: a missing, truncated or non-GGUF file, an architecture or tensor type
+            the kit does not read, or one whose family is not registered.
+    """
+    opened = _Opened(path)
+    config = opened.config(overrides)
+    dtype = _dtype(dtype, {"torch_dtype": "float32"})
+    state = family_state(opened.hf, opened.family, opened.tensors.deferred(), opened.path, config)
+    blocks = kit_blocks(state, opened.tensors)
+    model = assemble(config, state, opened.path, dtype, opened.tokenizer)
+    model.gguf_blocks = blocks
+    return model
