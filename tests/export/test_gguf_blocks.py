@@ -65,7 +65,7 @@ def matmul_nbits(rows, level: int) -> ort.InferenceSession:
                    domain="com.microsoft", name="nbits")
     nodes = [node]
     if rows.offsets is not None:
-        offsets = np.ascontiguousarray(rows.offsets.T)
+        offsets = rows.offsets
         value = ir.Value(name="offsets", shape=ir.Shape(offsets.shape), type=ir.TensorType(ir.DataType.FLOAT),
                          const_value=ir.tensor(offsets, name="offsets"))
         inits.append(value)

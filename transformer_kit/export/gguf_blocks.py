@@ -37,10 +37,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import torch
 
 from transformer_kit.checkpoints.gguf.blocks import GgufBlocks
 from transformer_kit.errors import ExportError
-from transformer_kit.export.int4_nodes import QuantizedRows
+from transformer_kit.export.int4_nodes import QuantizedRows, dequantize_rows
+from transformer_kit.export.weight_exprs import Expr, name_of
 
 #: type name -> (bytes per block, weights per block)
 BLOCK_BYTES = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q5_0": (22, 32), "Q5_1": (24, 32),
@@ -170,3 +172,68 @@ def stacked(parts: list[QuantizedRows]) -> QuantizedRows | None:
     return QuantizedRows(np.concatenate([p.packed for p in parts]),
                          np.concatenate([p.scales for p in parts]), None, first.block_size, first.k,
                          bits=first.bits, offsets=offsets)
+
+
+def _row_names(rows: Expr) -> list[str] | None:
+    """The parameters whose rows ``rows`` stacks (a weight, or a concatenation of weights along
+    rows as the packed q/k/v and gate/up products read them), or None for anything else."""
+    if rows[0] == "weight":
+        return [rows[1]]
+    if rows[0] == "concat" and rows[2] == 0 and all(part[0] == "weight" for part in rows[1]):
+        return [part[1] for part in rows[1]]
+    return None
+
+
+class FileBlocks:
+    """The GGUF blocks of a model's weights (``model.gguf_blocks``, by parameter name; a tied
+    weight under any of its names), as the int4 weight writer asks for them: by the rows
+    expression of a product or an embedding table. ``origins`` says, for each rows expression
+    asked for, whether the file's blocks were written or the weights were quantized, and why."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        given: dict[str, GgufBlocks] = dict(getattr(model, "gguf_blocks", None) or {})
+        parameters = dict(model.named_parameters(remove_duplicate=False))
+        unknown = sorted(set(given) - set(parameters))
+        if unknown:
+            raise ExportError(f"model.gguf_blocks names {', '.join(unknown[:3])}, which the model has "
+                              "no parameter of; key it by the model's parameter names "
+                              "(model.named_parameters()).")
+        self.blocks: dict[str, GgufBlocks] = {}
+        for name, blocks in given.items():
+            if tuple(blocks.shape) != tuple(parameters[name].shape):
+                raise ExportError(f"model.gguf_blocks[{name!r}] stands for a {tuple(blocks.shape)} "
+                                  f"matrix but the parameter is {tuple(parameters[name].shape)}.")
+            for alias, p in parameters.items():  # a tied weight is read under any of its names
+                if p is parameters[name]:
+                    self.blocks[alias] = blocks
+        self.origins: dict[str, str] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.blocks)
+
+    def rows(self, rows: Expr, floats: Callable[[], np.ndarray]) -> QuantizedRows | None:
+        """The file's blocks of ``rows`` (N, K), or None when the writer should quantize
+        ``floats()`` itself (recorded in ``origins`` with the reason)."""
+        name, names = name_of(rows), _row_names(rows) or []
+        found = [self.blocks[n] for n in names if n in self.blocks]
+        if not found:
+            self.origins[name] = "quantized here (no GGUF blocks)"
+            return None
+        types = sorted({b.type_name for b in found})
+        unmapped = sorted({b.type_name for b in found if not mappable(b)})
+        if len(found) < len(names) or unmapped:
+            reason = (f"GGUF {', '.join(unmapped)} has no exact MatMulNBits layout" if unmapped
+                      else "some of its parts have no GGUF blocks")
+            self.origins[name] = f"quantized here ({reason})"
+            return None
+        q = stacked([gguf_rows(b) for b in found])
+        if q is None:
+            self.origins[name] = f"quantized here (its parts' GGUF types {', '.join(types)} differ in layout)"
+            return None
+        weights = np.asarray(floats(), dtype=np.float32)
+        if np.abs(dequantize_rows(q) - weights).max() > 1e-6 * max(float(np.abs(weights).max()), 1e-30):
+            self.origins[name] = ("quantized here (the model's weights are not the GGUF blocks' "
+                                  "values: changed after loading)")
+            return None
+        self.origins[name] = f"GGUF {'+'.join(types)} blocks"
+        return q

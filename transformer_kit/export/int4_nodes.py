@@ -74,23 +74,50 @@ def dequantize_rows(q: QuantizedRows) -> np.ndarray:
     return values.reshape(n, blocks * q.block_size)[:, :q.k]
 
 
+
+def _constant(values: list[int], name: str) -> ir.Node:
+    return ir.node("Constant", [], {"value": ir.tensor(np.array(values, np.int64))}, name=name)
+
+
+def _rank(value: ir.Value, name: str) -> int:
+    rank = value.shape.rank() if value.shape is not None else None
+    if rank is None:
+        raise ExportError(f"{name}: weights with block offsets (a GGUF file's mins) need the "
+                          "input's rank, which the traced graph left unknown. Export with "
+                          "quantize='int4' from float weights instead, or report this graph.")
+    return rank
+
+
 def offset_nodes(x: ir.Value, product: ir.Value, offsets: ir.Value, k: int, block_size: int,
                  name: str) -> list[ir.Node]:
     """Nodes adding the blocks' offsets to ``product`` = MatMulNBits(x) (..., N):
-    ``product + (block sums of x) @ offsets`` with x (..., K) of known rank, ``offsets``
-    (K / block_size, N) float32 (the rows' offsets transposed). The last node's output is
-    the sum."""
-    rank = x.shape.rank() if x.shape is not None else None
-    if rank is None:
-        raise ExportError(f"{name}: a product with block offsets needs its input's rank; the "
-                          "traced graph left it unknown. Export with quantize=Int4() on weights "
-                          "without offsets, or report this graph.")
-    shape = ir.node("Constant", [], {"value": ir.tensor(
-        np.array([0] * (rank - 1) + [k // block_size, block_size], np.int64))}, name=f"{name}_shape")
-    axes = ir.node("Constant", [], {"value": ir.tensor(np.array([-1], np.int64))}, name=f"{name}_axes")
+    ``product + (block sums of x) @ offsets.T``, x (..., K) of known rank, ``offsets``
+    (N, K / block_size) float32. The last node's output is the sum."""
+    rank = _rank(x, name)
+    shape = _constant([0] * (rank - 1) + [k // block_size, block_size], f"{name}_shape")
+    axes = _constant([-1], f"{name}_axes")
     blocks = ir.node("Reshape", [x, shape.outputs[0]], name=f"{name}_blocks")
     sums = ir.node("ReduceSum", [blocks.outputs[0], axes.outputs[0]], {"keepdims": 0},
                    name=f"{name}_sums")
-    correction = ir.node("MatMul", [sums.outputs[0], offsets], name=f"{name}_offsets")
+    correction = ir.node("FusedMatMul", [sums.outputs[0], offsets],
+                         {"transA": 0, "transB": 1, "alpha": 1.0}, domain="com.microsoft",
+                         name=f"{name}_offsets")
     total = ir.node("Add", [product, correction.outputs[0]], name=f"{name}_total")
     return [shape, axes, blocks, sums, correction, total]
+
+
+def gather_offset_nodes(ids: ir.Value, rows: ir.Value, offsets: ir.Value, k: int, block_size: int,
+                        name: str) -> list[ir.Node]:
+    """Nodes adding the blocks' offsets to ``rows`` = GatherBlockQuantized(table, ids)
+    (..., K): each gathered row's (K / block_size) offsets, ``offsets`` (N, K / block_size),
+    repeated over its blocks. The last node's output is the sum."""
+    rank = _rank(ids, name)
+    axes = _constant([-1], f"{name}_axes")
+    blocked = _constant([0] * rank + [k // block_size, block_size], f"{name}_blocked")
+    flat = _constant([0] * rank + [k], f"{name}_flat")
+    gathered = ir.node("Gather", [offsets, ids], {"axis": 0}, name=f"{name}_offsets")
+    column = ir.node("Unsqueeze", [gathered.outputs[0], axes.outputs[0]], name=f"{name}_column")
+    blocks = ir.node("Reshape", [rows, blocked.outputs[0]], name=f"{name}_blocks")
+    added = ir.node("Add", [blocks.outputs[0], column.outputs[0]], name=f"{name}_added")
+    total = ir.node("Reshape", [added.outputs[0], flat.outputs[0]], name=f"{name}_total")
+    return [axes, blocked, flat, gathered, column, blocks, added, total]
