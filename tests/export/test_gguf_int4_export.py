@@ -112,7 +112,7 @@ def test_the_report_says_which_matrices_came_from_the_file(exports):
     origins = reports["gguf"].weight_origins
     assert origins["decoder.layers.0.self_attention.q_proj.weight"] == "GGUF Q4_1 blocks"
     assert origins["decoder.layers.0.feedforward.{gate,up}.weight"] == "GGUF Q4_0 blocks"
-    assert origins["decoder.layers.1.feedforward.down.weight"] == "GGUF Q8_0 blocks"
+    assert origins["decoder.layers.1.feedforward.down.weight"].startswith("GGUF Q8_0 values")
     assert origins["head.weight"] == "GGUF Q4_1 blocks"
     assert origins["decoder.layers.1.self_attention.o_proj.weight"] == (
         "quantized here (GGUF Q5_K has no exact MatMulNBits layout)")
@@ -120,18 +120,35 @@ def test_the_report_says_which_matrices_came_from_the_file(exports):
     assert reports["kit"].weight_origins == {}
 
 
-def test_the_graph_reads_the_files_bits(exports):
-    _, root, _ = exports
-    graph = onnx.load(str(root / "gguf" / "decoder_step.onnx"), load_external_data=False).graph
-    bits = sorted(a.i for n in graph.node if n.op_type == "MatMulNBits"
+def _graph(folder) -> onnx.GraphProto:
+    return onnx.load(str(folder / "decoder_step.onnx"), load_external_data=False).graph
+
+
+def _bits(graph: onnx.GraphProto) -> list[int]:
+    return sorted(a.i for n in graph.node if n.op_type == "MatMulNBits"
                   for a in n.attribute if a.name == "bits")
-    assert bits == [4] * 11 + [8] * 2  # q, k, v, o, gate+up per layer, the head; down in 8 bits
+
+
+def test_the_graph_reads_the_files_bits(exports):
+    _, root, reports = exports
+    graph = _graph(root / "gguf")
+    assert _bits(graph) == [4] * 11  # q, k, v, o, gate+up per layer (but layer 1's o), the head
     (gather,) = [n for n in graph.node if n.op_type == "GatherBlockQuantized"]
     assert {a.name: a.i for a in gather.attribute}["bits"] == 4
     # the Q4_1 mins: an offsets product after each Q4_1 product (q, k, v, o of layer 0, q, k, v
-    # of layer 1, the head), a gathered offset after the table
-    assert sum(n.op_type == "FusedMatMul" for n in graph.node) == 8
+    # of layer 1, the head), a gathered offset after the table; the Q8_0 down products in
+    # float32 at accuracy_level 1 (2 more FusedMatMul)
+    assert sum(n.op_type == "FusedMatMul" for n in graph.node) == 8 + 2
     assert any(n.op_type == "Gather" and n.input[0].endswith(".offsets") for n in graph.node)
+    assert reports["gguf"].weight_origins["decoder.layers.0.feedforward.down.weight"].startswith(
+        "GGUF Q8_0 values in float32")
+
+
+def test_at_accuracy_level_4_8_bit_blocks_stay_8_bits(exports, tmp_path):
+    model, _, _ = exports
+    report = export_onnx(model, tmp_path / "level4", quantize=Int4(accuracy_level=4), verify=False)
+    assert _bits(_graph(tmp_path / "level4")) == [4] * 11 + [8] * 2  # the Q8_0 down products
+    assert report.weight_origins["decoder.layers.1.feedforward.down.weight"] == "GGUF Q8_0 blocks"
 
 
 def test_weights_changed_after_loading_are_quantized_not_replaced_by_the_file(tmp_path):

@@ -44,6 +44,11 @@ from transformer_kit.errors import ExportError
 from transformer_kit.export.int4_nodes import QuantizedRows, dequantize_rows
 from transformer_kit.export.weight_exprs import Expr, name_of
 
+#: Types written in 8 bits: onnxruntime 1.31's CPU MatMulNBits computes 8 bits on its packed
+#: kernel only at accuracy_level 4 (int8 activations); below, it dequantizes the whole matrix
+#: on every call (measured 18x a float32 MatMul for one token), so their products are written
+#: as float32 MatMuls of the same (exact) values there; their embedding table stays 8 bits.
+EIGHT_BITS = ("Q5_0", "Q5_1", "Q8_0", "Q6_K")
 #: type name -> (bytes per block, weights per block)
 BLOCK_BYTES = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q5_0": (22, 32), "Q5_1": (24, 32),
                "Q8_0": (34, 32), "Q4_K": (144, 256), "Q6_K": (210, 256)}
@@ -237,3 +242,17 @@ class FileBlocks:
             return None
         self.origins[name] = f"GGUF {'+'.join(types)} blocks"
         return q
+
+    def float_product(self, rows: Expr, accuracy_level: int, floats: Callable[[], np.ndarray]) -> bool:
+        """Whether the product by ``rows`` is written as a float32 MatMul of the file's values
+        (8-bit types below accuracy_level 4, see :data:`EIGHT_BITS`): when the file's blocks of
+        ``rows`` are 8 bits and the model holds their values."""
+        names = _row_names(rows) or []
+        if (accuracy_level == 4 or not names or any(n not in self.blocks for n in names)
+                or any(self.blocks[n].type_name not in EIGHT_BITS for n in names)
+                or self.rows(rows, floats) is None):
+            return False
+        types = "+".join(sorted({self.blocks[n].type_name for n in names}))
+        self.origins[name_of(rows)] = (f"GGUF {types} values in float32 (8-bit MatMulNBits below "
+                                       "accuracy_level 4 dequantizes the matrix every call)")
+        return True

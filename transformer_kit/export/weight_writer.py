@@ -177,6 +177,9 @@ class WeightWriter:
 
     def _matmul_nbits(self, graph: ir.Graph, node: ir.Node, weight: Expr) -> None:
         rows = simplify(("transpose", weight, (1, 0)))  # x @ B reads B.T's rows
+        if self.file_blocks and self.file_blocks.float_product(rows, self.int4.accuracy_level,
+                                                               lambda: self.evaluate(rows)):
+            return self._fused_transposed(graph, node, rows, node.inputs[1])
         inputs = self._quantized_inputs(graph, rows, table=False)
         q = self.quantized[rows]
         attributes = {"K": q["k"], "N": q["n"], "bits": q["bits"], "block_size": q["block_size"]}
