@@ -172,11 +172,13 @@ def worker(kind: str, folder: str, new_tokens: int) -> None:
 
 
 class Peer:
-    def __init__(self, name: str, kind: str, folder: Path, prompt: list[int], new_tokens: int) -> None:
+    def __init__(self, name: str, kind: str, folder: Path, prompt: list[int], new_tokens: int,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         self.process = subprocess.Popen(
             [sys.executable, __file__, "--worker", kind, "--folder", str(folder),
-             "--new-tokens", str(new_tokens)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             "--new-tokens", str(new_tokens)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, **(env or {})})
         self._send(json.dumps(prompt))
         json.loads(self.process.stdout.readline())
         self.seconds: list[float] = []
@@ -224,7 +226,12 @@ def main() -> None:
     prompt = Llama(model_path=str(gguf_file()), vocab_only=True, verbose=False).tokenize(
         PROMPT.encode(), add_bos=False)
     llama_name = f"llama.cpp (llama-cpp-python {llama_version})"
-    peers = [Peer(llama_name, "llama.cpp", gguf_file(), prompt, args.new_tokens)]
+    peers = [Peer(llama_name, "llama.cpp", gguf_file(), prompt, args.new_tokens),
+             # llama.cpp's OpenMP threads spin while they wait: on a shared, loaded machine that
+             # costs it most of its speed (8.6 tok/s against 42 passive, load average 6 on 2
+             # cores), so it is timed both ways
+             Peer(f"{llama_name}, OMP_WAIT_POLICY=PASSIVE", "llama.cpp", gguf_file(), prompt,
+                  args.new_tokens, env={"OMP_WAIT_POLICY": "PASSIVE"})]
     peers += [Peer(name, "kit", folder, prompt, args.new_tokens) for name, folder in folders.items()]
     ratios: dict[str, list[float]] = {p.name: [] for p in peers}
     load = os.getloadavg()

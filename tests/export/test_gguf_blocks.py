@@ -19,7 +19,7 @@ from gguf.quants import dequantize, quantize
 from transformer_kit.checkpoints.gguf.blocks import GgufBlocks
 from transformer_kit.errors import ExportError
 from transformer_kit.export.gguf_blocks import BLOCK_BYTES, gguf_rows, stacked
-from transformer_kit.export.int4_nodes import dequantize_rows, offset_nodes
+from transformer_kit.export.int4_nodes import dequantize_rows, gather_offset_nodes, offset_nodes
 
 N, K = 48, 512
 QUANTIZED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # gguf.quants.quantize writes these
@@ -53,28 +53,32 @@ def reference(blocks: GgufBlocks) -> np.ndarray:
     return dequantize(blocks.data, GGMLQuantizationType[blocks.type_name]).reshape(blocks.shape)
 
 
+def _initializer(name: str, array: np.ndarray) -> ir.Value:
+    return ir.Value(name=name, shape=ir.Shape(array.shape), const_value=ir.tensor(array, name=name),
+                    type=ir.TensorType(ir.DataType.from_numpy(array.dtype)))
+
+
+def _session(inputs: list[ir.Value], nodes: list[ir.Node], inits: list[ir.Value]) -> ort.InferenceSession:
+    graph = ir.Graph(inputs, [nodes[-1].outputs[0]], nodes=nodes, initializers=inits,
+                     opset_imports={"": 21, "com.microsoft": 1})
+    nodes[-1].outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+    proto = ir.serde.serialize_model(ir.Model(graph, ir_version=10))
+    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
 def matmul_nbits(rows, level: int) -> ort.InferenceSession:
     """A graph of x (M, K) -> x @ W.T through MatMulNBits (and the offsets' product)."""
     n = rows.packed.shape[0]
     x = ir.Value(name="x", shape=ir.Shape(["M", rows.k]), type=ir.TensorType(ir.DataType.FLOAT))
-    inits = [ir.Value(name=name, shape=ir.Shape(a.shape), type=ir.TensorType(ir.DataType.from_numpy(a.dtype)),
-                      const_value=ir.tensor(a, name=name))
-             for name, a in (("packed", rows.packed), ("scales", rows.scales))]
+    inits = [_initializer("packed", rows.packed), _initializer("scales", rows.scales)]
     node = ir.node("MatMulNBits", [x, *inits], {"K": rows.k, "N": n, "bits": rows.bits,
                                                 "block_size": rows.block_size, "accuracy_level": level},
                    domain="com.microsoft", name="nbits")
     nodes = [node]
     if rows.offsets is not None:
-        offsets = rows.offsets
-        value = ir.Value(name="offsets", shape=ir.Shape(offsets.shape), type=ir.TensorType(ir.DataType.FLOAT),
-                         const_value=ir.tensor(offsets, name="offsets"))
-        inits.append(value)
-        nodes += offset_nodes(x, node.outputs[0], value, rows.k, rows.block_size, "nbits")
-    graph = ir.Graph([x], [nodes[-1].outputs[0]], nodes=nodes, initializers=inits,
-                     opset_imports={"": 21, "com.microsoft": 1})
-    nodes[-1].outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
-    proto = ir.serde.serialize_model(ir.Model(graph, ir_version=10))
-    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        inits.append(_initializer("offsets", rows.offsets))
+        nodes += offset_nodes(x, node.outputs[0], inits[-1], rows.k, rows.block_size, "nbits")
+    return _session([x], nodes, inits)
 
 
 @pytest.mark.parametrize("type_name", QUANTIZED + RANDOM_BLOCKS)
@@ -106,6 +110,33 @@ def test_onnxruntime_multiplies_by_ggufs_values(type_name):
     if type_name == "Q4_0":
         coarse = matmul_nbits(gguf_rows(blocks), level=4).run(None, {"x": x})[0]
         assert np.abs(coarse - expected).max() / scale > 100 * error
+
+
+def gather_block_quantized(rows) -> ort.InferenceSession:
+    """A graph of ids (M,) -> W[ids] through GatherBlockQuantized (and the gathered offsets)."""
+    n = rows.packed.shape[0]
+    ids = ir.Value(name="ids", shape=ir.Shape(["M"]), type=ir.TensorType(ir.DataType.INT64))
+    table = rows.packed.reshape(n, -1)  # (N, K / 2) for 4 bits, (N, K) for 8
+    inits = [_initializer("table", table), _initializer("scales", rows.scales)]
+    node = ir.node("GatherBlockQuantized", [inits[0], ids, inits[1]],
+                   {"bits": rows.bits, "block_size": rows.block_size, "gather_axis": 0, "quantize_axis": 1},
+                   domain="com.microsoft", name="gather")
+    nodes = [node]
+    if rows.offsets is not None:
+        inits.append(_initializer("offsets", rows.offsets))
+        nodes += gather_offset_nodes(ids, node.outputs[0], inits[-1], rows.k, rows.block_size, "gather")
+    return _session([ids], nodes, inits)
+
+
+@pytest.mark.parametrize("type_name", QUANTIZED + RANDOM_BLOCKS)
+def test_the_embedding_gathers_ggufs_rows(type_name):
+    blocks = gguf_matrix(type_name, seed=7)
+    ids = np.array([5, 0, 47, 5, 30])
+    got = gather_block_quantized(gguf_rows(blocks)).run(None, {"ids": ids})[0]
+    expected = reference(blocks)[ids]
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6 * np.abs(expected).max())
+    if type_name in ("Q4_0", "Q8_0", "Q5_0", "Q6_K"):  # no offsets: bit for bit
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_q_k_and_v_rows_stack_when_their_layouts_agree():

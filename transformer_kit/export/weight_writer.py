@@ -10,6 +10,8 @@ matrix, the packed q/k/v and gate/up matrices) are folded into the bytes written
 ``MatMul`` becomes ``MatMulNBits`` and the token embedding's ``Gather`` becomes
 ``GatherBlockQuantized`` over the same 4-bit bytes when the head is tied; a tied float head
 reads the embedding table once through ``FusedMatMul(transB=1)`` instead of a transposed copy.
+A model read from a GGUF file (``model.gguf_blocks``) has the file's own blocks written instead
+of a second quantization wherever they map exactly (``gguf_blocks.py``).
 Each distinct tensor is stored once (by content), whichever graphs read it.
 """
 
@@ -133,7 +135,8 @@ class WeightWriter:
                              lambda: ir.Tensor(placed, name=name_of(expr)))
 
     def _quantize(self, rows: Expr) -> dict:
-        """``rows`` (N, K) in 4-bit blocks, written once: offsets and shapes of each part."""
+        """``rows`` (N, K) in 4-bit blocks (or a GGUF file's own), written once: where each part
+        is, and the bits and block size."""
         if rows not in self.quantized:
             floats = lambda: np.asarray(self.evaluate(rows), dtype=np.float32)  # noqa: E731
             q: QuantizedRows | None = self.file_blocks.rows(rows, floats) if self.file_blocks else None
