@@ -226,14 +226,16 @@ def main() -> None:
     prompt = Llama(model_path=str(gguf_file()), vocab_only=True, verbose=False).tokenize(
         PROMPT.encode(), add_bos=False)
     llama_name = f"llama.cpp (llama-cpp-python {llama_version})"
+    passive_name = f"{llama_name}, OMP_WAIT_POLICY=PASSIVE"
     peers = [Peer(llama_name, "llama.cpp", gguf_file(), prompt, args.new_tokens),
              # llama.cpp's OpenMP threads spin while they wait: on a shared, loaded machine that
              # costs it most of its speed (8.6 tok/s against 42 passive, load average 6 on 2
              # cores), so it is timed both ways
-             Peer(f"{llama_name}, OMP_WAIT_POLICY=PASSIVE", "llama.cpp", gguf_file(), prompt,
+             Peer(passive_name, "llama.cpp", gguf_file(), prompt,
                   args.new_tokens, env={"OMP_WAIT_POLICY": "PASSIVE"})]
     peers += [Peer(name, "kit", folder, prompt, args.new_tokens) for name, folder in folders.items()]
     ratios: dict[str, list[float]] = {p.name: [] for p in peers}
+    passive_ratios: dict[str, list[float]] = {p.name: [] for p in peers}
     load = os.getloadavg()
     for index in range(args.rounds):
         shift = index % len(peers)
@@ -243,6 +245,7 @@ def main() -> None:
             peer.seconds.append(times[peer.name])
         for name in ratios:
             ratios[name].append(times[llama_name] / times[name])
+            passive_ratios[name].append(times[passive_name] / times[name])
     for peer in peers:
         peer.close()
     by_name = {p.name: p for p in peers}
@@ -250,12 +253,13 @@ def main() -> None:
           f"(load average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after), {THREADS} threads "
           f"a runner, {args.rounds} rounds, prompt {len(prompt)} tokens + {args.new_tokens} new"
           f"\n    {' '.join(['python', *sys.argv])}\n")
-    print("| runner | tokens/s | speed vs llama.cpp | greedy tokens shared with llama.cpp | "
-          "with kit float32 |")
-    print("|---|---:|---:|---:|---:|")
+    print("| runner | tokens/s | speed vs llama.cpp | vs llama.cpp passive | greedy tokens shared "
+          "with llama.cpp | with kit float32 |")
+    print("|---|---:|---:|---:|---:|---:|")
     for peer in peers:
         rate = args.new_tokens / statistics.median(peer.seconds)
         print(f"| {peer.name} | {rate:.1f} | {statistics.median(ratios[peer.name]):.2f}x | "
+              f"{statistics.median(passive_ratios[peer.name]):.2f}x | "
               f"{shared_prefix(peer.tokens, by_name[llama_name].tokens)}/{args.new_tokens} | "
               f"{shared_prefix(peer.tokens, by_name['kit float32'].tokens)}/{args.new_tokens} |")
     origins = json.loads((workdir / "blocks-level1.origins.json").read_text())
