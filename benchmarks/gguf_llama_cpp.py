@@ -228,9 +228,9 @@ def main() -> None:
     llama_name = f"llama.cpp (llama-cpp-python {llama_version})"
     passive_name = f"{llama_name}, OMP_WAIT_POLICY=PASSIVE"
     peers = [Peer(llama_name, "llama.cpp", gguf_file(), prompt, args.new_tokens),
-             # llama.cpp's OpenMP threads spin while they wait: on a shared, loaded machine that
-             # costs it most of its speed (8.6 tok/s against 42 passive, load average 6 on 2
-             # cores), so it is timed both ways
+             # llama.cpp's OpenMP threads spin while they wait: faster on an idle machine (93
+             # tok/s against 37 passive here), far slower on a loaded one (3.9 against 42 with
+             # a load average of 5 on 2 cores), so it is timed both ways
              Peer(passive_name, "llama.cpp", gguf_file(), prompt,
                   args.new_tokens, env={"OMP_WAIT_POLICY": "PASSIVE"})]
     peers += [Peer(name, "kit", folder, prompt, args.new_tokens) for name, folder in folders.items()]
