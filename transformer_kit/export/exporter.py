@@ -16,6 +16,7 @@ import torch
 
 from transformer_kit.errors import ExportError, InputError, TransformerKitError
 from transformer_kit.export.files import follow_umask
+from transformer_kit.export.gguf_blocks import FileBlocks
 from transformer_kit.export.graphs import graph_specs
 from transformer_kit.export.kept_weights import reference_source
 from transformer_kit.export.layer_stacks import TRACED_LAYERS, repeatable_stack
@@ -213,7 +214,9 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
             translations = {**packed_attention_translations(), **translations}
         weight_bytes = tensor_bytes(traced)
         source = weight_source(model)
-        writer = WeightWriter(staging, source, quantize if isinstance(quantize, Int4) else None)
+        int4 = quantize if isinstance(quantize, Int4) else None
+        file_blocks = FileBlocks(model) if int4 is not None else None
+        writer = WeightWriter(staging, source, int4, file_blocks)
         report_progress = progress or (lambda step, done, total: None)
         graphs, layers_traced = _trace_and_write(traced, stack, writer, staging, opset, translations,
                                                  buffers, packed, report_progress)
@@ -237,7 +240,8 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
         export_seconds = time.perf_counter() - start
         report = ExportReport(out_dir, model.architecture, opset, dtype, method(quantize),
                               _file_bytes(staging, graphs), export_seconds=export_seconds,
-                              weight_bytes=weight_bytes, layers_traced=layers_traced)
+                              weight_bytes=weight_bytes, layers_traced=layers_traced,
+                              weight_origins=dict(file_blocks.origins) if file_blocks else {})
         model.eval()
         if verify or optimize:
             source = reference_source(source, model, quantize, dtype)

@@ -16,6 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import onnx_ir as ir
+
+from transformer_kit.errors import ExportError
 
 #: Rows quantized per kernel call (the kernel wants them transposed: one chunk's copy at a time).
 CHUNK_ROWS = 4096
@@ -23,13 +26,18 @@ CHUNK_ROWS = 4096
 
 @dataclass
 class QuantizedRows:
-    """A (N, K) matrix in 4-bit blocks along K."""
+    """A (N, K) matrix in 4-bit (or 8-bit) blocks along K:
+    ``w = (q - zero_point) * scale + offset`` per block."""
 
-    packed: np.ndarray  # (N, K / block_size, block_size / 2) uint8
+    packed: np.ndarray  # (N, K / block_size, block_size / 2) uint8; 8 bits: (.., block_size)
     scales: np.ndarray  # (N, K / block_size) float32
-    zero_points: np.ndarray | None  # (N, ceil(K / block_size / 2)) uint8, or None: symmetric
+    zero_points: np.ndarray | None  # (N, ceil(K / block_size / 2)) uint8, or None: 8 (128 for 8 bits)
     block_size: int
     k: int  # the matrix's K (the blocks may pad it)
+    bits: int = 4
+    #: (N, K / block_size) float32 added to every weight of a block (a GGUF file's mins,
+    #: ``gguf_blocks.py``), or None; written as a separate product (:func:`offset_nodes`).
+    offsets: np.ndarray | None = None
 
 
 def quantize_rows(rows: np.ndarray, block_size: int, symmetric: bool) -> QuantizedRows:
@@ -53,11 +61,63 @@ def quantize_rows(rows: np.ndarray, block_size: int, symmetric: bool) -> Quantiz
 def dequantize_rows(q: QuantizedRows) -> np.ndarray:
     """The float32 (N, K) matrix the blocks stand for (for the reports' quantization error)."""
     n, blocks, _ = q.packed.shape
-    nibbles = np.stack([q.packed & 0x0F, q.packed >> 4], axis=-1).reshape(n, blocks, q.block_size)
+    nibbles = (q.packed if q.bits == 8 else
+               np.stack([q.packed & 0x0F, q.packed >> 4], axis=-1)).reshape(n, blocks, q.block_size)
     if q.zero_points is None:
-        zero = np.full((n, blocks, 1), 8.0, np.float32)
+        zero = np.full((n, blocks, 1), 2.0 ** (q.bits - 1), np.float32)
     else:
         pairs = np.stack([q.zero_points & 0x0F, q.zero_points >> 4], axis=-1).reshape(n, -1)
         zero = pairs[:, :blocks, None].astype(np.float32)
     values = (nibbles.astype(np.float32) - zero) * q.scales[..., None]
+    if q.offsets is not None:
+        values += q.offsets[..., None]
     return values.reshape(n, blocks * q.block_size)[:, :q.k]
+
+
+
+def _constant(values: list[int], name: str) -> ir.Node:
+    return ir.node("Constant", [], {"value": ir.tensor(np.array(values, np.int64))}, name=name)
+
+
+def _rank(value: ir.Value, name: str) -> int:
+    rank = value.shape.rank() if value.shape is not None else None
+    if rank is None:
+        raise ExportError(f"{name}: weights with block offsets (a GGUF file's mins) need the "
+                          "input's rank, which the traced graph left unknown. Export with "
+                          "quantize='int4' from float weights instead, or report this graph.")
+    return rank
+
+
+def offset_nodes(x: ir.Value, product: ir.Value, offsets: ir.Value, k: int, block_size: int,
+                 name: str) -> list[ir.Node]:
+    """Nodes adding the blocks' offsets to ``product`` = MatMulNBits(x) (..., N):
+    ``product + (block sums of x) @ offsets.T``, x (..., K) of known rank, ``offsets``
+    (N, K / block_size) float32. The last node's output is the sum."""
+    rank = _rank(x, name)
+    shape = _constant([0] * (rank - 1) + [k // block_size, block_size], f"{name}_shape")
+    axes = _constant([-1], f"{name}_axes")
+    blocks = ir.node("Reshape", [x, shape.outputs[0]], name=f"{name}_blocks")
+    sums = ir.node("ReduceSum", [blocks.outputs[0], axes.outputs[0]], {"keepdims": 0},
+                   name=f"{name}_sums")
+    correction = ir.node("FusedMatMul", [sums.outputs[0], offsets],
+                         {"transA": 0, "transB": 1, "alpha": 1.0}, domain="com.microsoft",
+                         name=f"{name}_offsets")
+    total = ir.node("Add", [product, correction.outputs[0]], name=f"{name}_total")
+    return [shape, axes, blocks, sums, correction, total]
+
+
+def gather_offset_nodes(ids: ir.Value, rows: ir.Value, offsets: ir.Value, k: int, block_size: int,
+                        name: str) -> list[ir.Node]:
+    """Nodes adding the blocks' offsets to ``rows`` = GatherBlockQuantized(table, ids)
+    (..., K): each gathered row's (K / block_size) offsets, ``offsets`` (N, K / block_size),
+    repeated over its blocks. The last node's output is the sum."""
+    rank = _rank(ids, name)
+    axes = _constant([-1], f"{name}_axes")
+    blocked = _constant([0] * rank + [k // block_size, block_size], f"{name}_blocked")
+    flat = _constant([0] * rank + [k], f"{name}_flat")
+    gathered = ir.node("Gather", [offsets, ids], {"axis": 0}, name=f"{name}_offsets")
+    column = ir.node("Unsqueeze", [gathered.outputs[0], axes.outputs[0]], name=f"{name}_column")
+    blocks = ir.node("Reshape", [rows, blocked.outputs[0]], name=f"{name}_blocks")
+    added = ir.node("Add", [blocks.outputs[0], column.outputs[0]], name=f"{name}_added")
+    total = ir.node("Reshape", [added.outputs[0], flat.outputs[0]], name=f"{name}_total")
+    return [axes, blocked, flat, gathered, column, blocks, added, total]

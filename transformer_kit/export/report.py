@@ -40,6 +40,15 @@ class ExportReport:
     #: Graphs whose stack of identical layers was traced with only a few layers and then
     #: repeated in the graph (``layer_replication.py``): how many were traced. Others: all.
     layers_traced: dict[str, int] = field(default_factory=dict)
+    #: int4 exports of a model with GGUF blocks (``model.gguf_blocks``): for each quantized
+    #: matrix, "GGUF Q4_1 blocks" when the file's own blocks were written (not quantized
+    #: again), else "quantized here (why)". Empty for other models.
+    weight_origins: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def from_file_blocks(self) -> list[str]:
+        """The matrices written from the GGUF file's own blocks."""
+        return [name for name, origin in self.weight_origins.items() if origin.startswith("GGUF ")]
 
     @property
     def folder_bytes(self) -> int:
@@ -71,6 +80,12 @@ class ExportReport:
             lines.append(f"  next-token top-1 agreement with PyTorch float32: {self.top1_agreement:.1%}")
         if self.tokens_match is not None:
             lines.append(f"  generated tokens equal PyTorch's: {self.tokens_match}")
+        if self.weight_origins:
+            kept = len(self.from_file_blocks)
+            lines.append(f"  int4 matrices: {kept} written from the GGUF file's blocks, "
+                         f"{len(self.weight_origins) - kept} quantized here")
+            lines += [f"    {name}: {origin}" for name, origin in self.weight_origins.items()
+                      if not origin.startswith("GGUF ")]
         if self.optimization:
             lines.append(f"  optimization: {self.optimization}")
         lines.append(f"  export {self.export_seconds:.1f} s, verify {self.verify_seconds:.1f} s")

