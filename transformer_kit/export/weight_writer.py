@@ -9,10 +9,9 @@ here, on each weight: ``Transpose`` and ``Concat`` of weights (a linear layer's 
 matrix, the packed q/k/v and gate/up matrices) are folded into the bytes written; with int4,
 ``MatMul`` becomes ``MatMulNBits`` and the token embedding's ``Gather`` becomes
 ``GatherBlockQuantized`` over the same 4-bit bytes when the head is tied; a tied float head
-reads the embedding table once through ``FusedMatMul(transB=1)`` instead of a transposed copy.
-A model read from a GGUF file (``model.gguf_blocks``) has the file's own blocks written instead
-of a second quantization wherever they map exactly (``gguf_blocks.py``).
-Each distinct tensor is stored once (by content), whichever graphs read it.
+reads the embedding table once through ``FusedMatMul(transB=1)`` instead of a transposed copy;
+a GGUF model's own blocks where they map exactly (``gguf_blocks.py``). Each distinct tensor is
+stored once (by content), whichever graphs read it.
 """
 
 from __future__ import annotations
@@ -175,7 +174,6 @@ class WeightWriter:
 
     # -- rewrites -------------------------------------------------------------------------------
     def _replace(self, graph: ir.Graph, node: ir.Node, new: list[ir.Node]) -> None:
-        """``node`` replaced by ``new``, whose last node gives its outputs."""
         ir.convenience.replace_nodes_and_values(graph, node, [node], new, node.outputs, new[-1].outputs)
 
     def _matmul_nbits(self, graph: ir.Graph, node: ir.Node, weight: Expr) -> None:
