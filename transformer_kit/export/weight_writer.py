@@ -134,8 +134,7 @@ class WeightWriter:
                              lambda: ir.Tensor(placed, name=name_of(expr)))
 
     def _quantize(self, rows: Expr) -> dict:
-        """``rows`` (N, K) in 4-bit blocks (or a GGUF file's own), written once: where each part
-        is, and the bits and block size."""
+        """``rows`` (N, K) in 4-bit blocks (or a GGUF file's own), written once: parts, sizes."""
         if rows not in self.quantized:
             floats = lambda: np.asarray(self.evaluate(rows), dtype=np.float32)  # noqa: E731
             q: QuantizedRows | None = self.file_blocks.rows(rows, floats) if self.file_blocks else None
