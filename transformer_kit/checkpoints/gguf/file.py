@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from transformer_kit.errors import CheckpointError, missing_path
 
 #: The 4 bytes every GGUF file starts with.
@@ -53,10 +55,21 @@ def field_value(reader: Any, key: str, default: Any = None) -> Any:
     field = reader.fields.get(key)
     if field is None or not field.types:
         return default
+    from gguf import GGUFValueType
+
     value = field.contents()
     if hasattr(value, "tolist"):
         value = value.tolist()
+    if field.types[-1] == GGUFValueType.FLOAT32:  # the shortest decimal of the float32: 1e-06,
+        value = _shortest(value)                  # as the source config said, not 9.99999997e-07
     return value
+
+
+def _shortest(value: Any) -> Any:
+    """float32 values (a number or a list) as the shortest decimals that read back to them."""
+    if isinstance(value, list):
+        return [_shortest(one) for one in value]
+    return float(str(np.float32(value))) if isinstance(value, float) else value
 
 
 def read_metadata(reader: Any) -> dict[str, Any]:

@@ -11,12 +11,14 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 
 def hf_layer_types(hf: dict, family: str, default_every: int | None = None) -> list[str]:
     """config.json's ``layer_types`` (or, when absent, a sliding layer except every
-    ``default_every``-th one, as transformers' configs default); refuses other types."""
+    ``default_every``-th one, as transformers' configs default; None: every layer global);
+    refuses other types."""
     layers = hf["num_hidden_layers"]
     types = hf.get("layer_types")
-    if types is None:
-        every = default_every or layers + 1
-        types = [SLIDING if (i + 1) % every else FULL for i in range(layers)]
+    if types is None and default_every is None:
+        types = [FULL] * layers
+    elif types is None:
+        types = [SLIDING if (i + 1) % default_every else FULL for i in range(layers)]
     require(len(types) == layers, family,
             f"layer_types of {len(types)} entries for num_hidden_layers {layers}")
     unknown = sorted(set(types) - {SLIDING, FULL})
