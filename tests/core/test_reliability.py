@@ -27,7 +27,8 @@ WRONG_TYPES = {
     "forced_bos_id": "0", "embedding_norm": 0, "head_bias": None,
     "lm_head": "no", "attention": 5, "positional": 1.5, "mask": ["causal"], "block": True,
     "feedforward": {"params": {}}, "norm": 0, "qk_norm": 7, "embedding_scale": "12",
-    "logit_scale": [0.5], "logit_softcap": True,
+    "logit_scale": [0.5], "logit_softcap": True, "layer_types": "local",
+    "layer_variants": ["local"],
 }
 SIZES = ["vocab_size", "d_model", "num_heads", "num_kv_heads", "num_layers", "d_ff", "max_len"]
 
