@@ -34,6 +34,7 @@ from transformer_kit.model import (
     TransformerModel,
 )
 from transformer_kit.registry import Registry, get_registry, origin
+from transformer_kit.sentence_heads import sentence_outputs
 from transformer_kit.serialization import load_saved_weights, read_saved_config
 from transformer_kit.stacks import Embedder, LayerVariants, OutputHead, Stack
 
@@ -46,6 +47,7 @@ _EXPECTED: dict[str, type | tuple[type, ...]] = {
     "feedforward": nn.Module,
     "norm": nn.Module,
     "qk_norm": nn.Module,
+    "pooling": nn.Module,
 }
 
 
@@ -292,4 +294,5 @@ def _assemble(config: ModelConfig, registry: Registry) -> TransformerModel:
         return DecoderTransformer(config, embed, decoder, parts.head(config.vocab_size, tied), mask)
     encoder = parts.stack("encoder", config.num_layers, cross=False)
     head = parts.head(config.vocab_size, tied) if config.lm_head else None
-    return EncoderTransformer(config, embed, encoder, head, mask)
+    pooling = parts.create("pooling", "pooling") if config.pooling is not None else None
+    return EncoderTransformer(config, embed, encoder, head, mask, **sentence_outputs(config, pooling))

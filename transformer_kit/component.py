@@ -8,9 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-#: The kinds of component a model is assembled from (``qk_norm`` is optional: none by default).
+#: The kinds of component a model is assembled from (``qk_norm`` and ``pooling`` are optional:
+#: none by default; ``pooling`` makes an encoder's sentence embedding).
 MODEL_KINDS: tuple[str, ...] = ("attention", "positional", "mask", "block", "feedforward", "norm",
-                                "qk_norm")
+                                "qk_norm", "pooling")
 #: The kinds a config's ``layer_variants`` may replace in single layers.
 LAYER_KINDS: tuple[str, ...] = ("attention", "positional", "mask", "feedforward", "norm", "qk_norm")
 #: Every kind a plugin may register: the model's, and logits processors (used by decoding).

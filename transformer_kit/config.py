@@ -28,6 +28,7 @@ from transformer_kit.component import LAYER_KINDS, MODEL_KINDS
 from transformer_kit.config_files import read_config_file
 from transformer_kit.errors import ConfigError, did_you_mean
 from transformer_kit.layer_types import layer_type_problems
+from transformer_kit.sentence_config import Classifier, SentenceEmbedding, sentence_problems
 
 __all__ = ["ComponentSpec", "ModelConfig", "config_from_dict", "load_config", "read_config_file"]
 
@@ -152,6 +153,18 @@ class ModelConfig(BaseModel):
         default_factory=dict, description="Per variant name, the components that replace the "
         f"top-level ones in its layers (kinds: {', '.join(LAYER_KINDS)}); e.g. "
         "{local: {mask: {name: sliding_window, window: 512}}}.")
+    pooling: ComponentSpec | None = Field(
+        None, description="Encoders: pools the last hidden states into a sentence embedding "
+        "(cls, mean, max, mean_sqrt_len, weightedmean, lasttoken); null: none.")
+    sentence_embedding: SentenceEmbedding | None = Field(
+        None, description="What follows pooling: dense layers, normalize, prompts.")
+    classifier: Classifier | None = Field(
+        None, description="Encoders: a sequence-classification head (a cross-encoder's scores).")
+    max_seq_length: int | None = Field(
+        None, gt=0, description="Tokens per input of embed and rerank (longer ones are cut); "
+        "null: max_len.")
+    lowercase: bool = Field(False, description="Lower-case texts before tokenizing them "
+                            "(sentence-transformers' do_lower_case).")
 
     @property
     def eos_ids(self) -> list[int]:
@@ -198,6 +211,8 @@ class ModelConfig(BaseModel):
                     elif one is not None and one >= limit:
                         problems.append(f"{key!r} ({one}) must be below the vocabulary size ({limit})")
         problems += layer_type_problems(self)
+        problems += sentence_problems(arch, self.lm_head, self.pooling, self.sentence_embedding,
+                                      self.classifier, self.d_model)
         if problems:
             raise ValueError("; ".join(problems))
         if self.mask is None:

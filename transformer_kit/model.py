@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -20,11 +21,13 @@ from transformer_kit.config import ModelConfig
 from transformer_kit.decoding import GenerationConfig
 from transformer_kit.decoding.text import TextTokenizer
 from transformer_kit.decoding.torch_steps import generate, stream
+from transformer_kit.embedding import Embeds
 from transformer_kit.errors import InputError
 from transformer_kit.inputs import check_token_ids, tracing
 from transformer_kit.interfaces import AttentionInputs, AttentionMask, LayerCache
 from transformer_kit.masks import token_keep
 from transformer_kit.registry_entries import RegisteredComponent
+from transformer_kit.sentence_heads import ClassifierHead, SentenceHead
 from transformer_kit.serialization import save_model
 from transformer_kit.stacks import Embedder, Stack, self_attention_inputs
 
@@ -234,27 +237,88 @@ class DecoderTransformer(TransformerModel):
         return self._empty_cache(self.decoder, batch, like)
 
 
-class EncoderTransformer(TransformerModel):
+class EncoderTransformer(TransformerModel, Embeds):
     """Encoder-only model: ``model(input_ids) -> hidden states`` (batch, len, d_model), or
-    logits (batch, len, vocab) when ``lm_head`` is configured."""
+    logits (batch, len, vocab) when ``lm_head`` is configured. With ``pooling`` it also gives
+    sentence embeddings (:meth:`sentence_embedding`, :meth:`embed`); with ``classifier`` a
+    cross-encoder's scores (:meth:`classify`, :meth:`rerank`)."""
 
     architecture = "encoder"
 
     def __init__(self, config: ModelConfig, embed: Embedder, encoder: Stack,
-                 head: nn.Linear | None, mask: AttentionMask) -> None:
+                 head: nn.Linear | None, mask: AttentionMask, *,
+                 sentence_head: SentenceHead | None = None,
+                 classifier: ClassifierHead | None = None) -> None:
         super().__init__(config)
+        # Registered as "embed" (the weights' names, as in every model); read as ``embedder``,
+        # since ``embed`` is the sentence-embedding method here.
         self.embed, self.encoder, self.head, self.mask = embed, encoder, head, mask
+        self.sentence_head, self.classifier = sentence_head, classifier
+
+    @property
+    def embedder(self) -> Embedder:
+        """The token embedding, positions and embedding norm (weights ``embed.*``)."""
+        return self._modules["embed"]
 
     @property
     def max_positions(self) -> int | None:
-        return self.embed.positional.max_positions
+        return self.embedder.positional.max_positions
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                      token_type_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """input_ids (batch, len), attention_mask (batch, len) 1 = real token (else padding is
-        where ``pad_id`` is) -> hidden states (batch, len, d_model) or logits."""
+        where ``pad_id`` is), token_type_ids (batch, len) segment ids (a pair's second text: 1)
+        -> last hidden states (batch, len, d_model), keep (batch, len) bool."""
         input_ids = check_token_ids(input_ids, self.config.vocab_size, "input_ids")
         keep = token_keep(input_ids, attention_mask, self.config.pad_id)
-        inputs = self.encoder.attention_inputs(keep, input_ids.shape[1], self.embed.positional,
+        inputs = self.encoder.attention_inputs(keep, input_ids.shape[1], self.embedder.positional,
                                                self.mask)
-        hidden = self.encoder(self.embed(input_ids, inputs[0].q_positions), inputs)
+        x = self.embedder(input_ids, inputs[0].q_positions, token_type_ids)
+        return self.encoder(x, inputs), keep
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None) -> Tensor:
+        """input_ids (batch, len), attention_mask (batch, len) 1 = real token (else padding is
+        where ``pad_id`` is) -> hidden states (batch, len, d_model) or logits."""
+        hidden, _ = self.hidden_states(input_ids, attention_mask, token_type_ids)
         return self.head(hidden) if self.head is not None else hidden
+
+    def sentence_embedding(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                           pooling_mask: Tensor | None = None) -> Tensor:
+        """(batch, len) ids and masks -> sentence embeddings (batch, dim). ``pooling_mask``
+        (batch, len), 1 = pooled: the real tokens less the prompt (default: every real token)."""
+        if self.sentence_head is None:
+            raise InputError("This encoder has no sentence embedding; its config names no "
+                             "'pooling'. Load a sentence-transformers folder, or add pooling.")
+        hidden, keep = self.hidden_states(input_ids, attention_mask)
+        pooled = keep if pooling_mask is None else keep & (pooling_mask != 0)
+        return self.sentence_head(hidden, pooled)
+
+    def classify(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                 token_type_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(batch, len) ids, masks and segment ids -> (logits, scores), each (batch, num_labels)."""
+        if self.classifier is None:
+            raise InputError("This encoder has no classifier; its config names no 'classifier'. "
+                             "Load a cross-encoder (a *ForSequenceClassification checkpoint).")
+        hidden, _ = self.hidden_states(input_ids, attention_mask, token_type_ids)
+        return self.classifier(hidden)
+
+    # -- Embeds: the runtime's arrays --------------------------------------------------------
+    def _embedding_settings(self) -> tuple[dict, int | None]:
+        return self.config.to_dict(), self.max_positions
+
+    def _run_embedding(self, ids: np.ndarray, keep: np.ndarray, pooled: np.ndarray) -> np.ndarray:
+        device = next(self.parameters()).device
+        with torch.inference_mode():
+            out = self.sentence_embedding(torch.from_numpy(ids).to(device),
+                                          torch.from_numpy(keep).to(device),
+                                          torch.from_numpy(pooled).to(device))
+        return out.float().cpu().numpy()
+
+    def _run_scores(self, ids: np.ndarray, keep: np.ndarray, types: np.ndarray) -> np.ndarray:
+        device = next(self.parameters()).device
+        with torch.inference_mode():
+            _, scores = self.classify(torch.from_numpy(ids).to(device),
+                                      torch.from_numpy(keep).to(device),
+                                      torch.from_numpy(types).to(device))
+        return scores.float().cpu().numpy()

@@ -10,6 +10,8 @@ from dataclasses import replace
 import torch
 from torch import Tensor, nn
 
+from transformer_kit.errors import InputError
+from transformer_kit.inputs import check_token_ids
 from transformer_kit.interfaces import AttentionInputs, AttentionMask, LayerCache, PositionalEncoding
 from transformer_kit.masks import positions_from_keep
 
@@ -27,12 +29,22 @@ class Embedder(nn.Module):
         self.norm = norm
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
-        """ids, positions (batch, len) -> (batch, len, d_model)."""
+    def forward(self, ids: Tensor, positions: Tensor, token_types: Tensor | None = None) -> Tensor:
+        """ids, positions (batch, len) -> (batch, len, d_model). ``token_types`` (batch, len):
+        segment ids, for a positional encoding that has a token-type table (BERT's)."""
         x = self.token(ids)
         if self.scale != 1.0:
             x = x * self.scale
-        x = self.positional.embed(x, positions)
+        if token_types is None:
+            x = self.positional.embed(x, positions)
+        elif getattr(self.positional, "token_type", None) is None:
+            raise InputError(f"token_type_ids were given, but positional "
+                             f"{type(self.positional).__name__} has no token-type table; give "
+                             "none (a BERT-style 'learned' encoding with token_types takes them).")
+        else:
+            types = check_token_ids(token_types, self.positional.token_type.num_embeddings,
+                                    "token_type_ids")
+            x = self.positional.embed(x, positions, token_types=types)
         return self.dropout(self.norm(x) if self.norm is not None else x)
 
 

@@ -6,6 +6,9 @@
   (``past_key_values.{i}.key/value`` in, ``present.{i}.key/value`` out); a zero-length past
   makes the same graph serve the prompt and every later token. Returns the last position's
   logits only.
+- an encoder's ``model`` with a sentence embedding also outputs ``sentence_embedding``
+  (batch, dim) beside ``last_hidden_state``; a cross-encoder's outputs its classifier's
+  ``logits`` and ``scores`` (batch, num_labels) instead of the hidden states.
 - ``encoder`` (encoder_decoder only): the source mask and every decoder layer's cross-attention
   keys and values (``cross.{i}.key/value``), computed once per input.
 """
@@ -83,6 +86,67 @@ class Seq2SeqDecoderStep(nn.Module):
         return (logits, *[t for c in caches for t in (c.key, c.value)])
 
 
+class SentenceGraph(nn.Module):
+    """input_ids, attention_mask (batch, len) [, pooling_mask (batch, len), 1 = pooled]
+    -> last_hidden_state (batch, len, d_model), sentence_embedding (batch, dim)."""
+
+    def __init__(self, model: TransformerModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, pooling_mask: Tensor | None = None):
+        hidden, keep = self.model.hidden_states(input_ids, attention_mask)
+        pooled = keep if pooling_mask is None else keep & (pooling_mask != 0)
+        return hidden, self.model.sentence_head(hidden, pooled)
+
+
+class ClassifierGraph(nn.Module):
+    """input_ids, attention_mask [, token_type_ids] (batch, len) -> logits, scores
+    (batch, num_labels)."""
+
+    def __init__(self, model: TransformerModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor,
+                token_type_ids: Tensor | None = None):
+        return self.model.classify(input_ids, attention_mask, token_type_ids)
+
+
+def takes_token_types(model: TransformerModel) -> bool:
+    """Whether an encoder's embedding has a token-type table of more than one row (BERT's)."""
+    table = getattr(model.embedder.positional, "token_type", None)
+    return table is not None and table.num_embeddings > 1
+
+
+def _encoder_spec(model: TransformerModel, ids: Tensor, token_shapes: dict) -> GraphSpec:
+    """The ``model`` graph of an encoder: hidden states (or logits), with its sentence head's
+    or classifier's outputs."""
+    mask = _mask(ids, model.config.pad_id)
+    names = ["input_ids", "attention_mask"]
+    if model.sentence_head is not None:
+        sentence = model.config.sentence_embedding
+        if sentence is not None and not sentence.include_prompt:
+            pooled = mask.clone()
+            pooled[:, :1] = 0  # a one-token prompt left out
+            return GraphSpec(SentenceGraph(model), (ids, mask, pooled),
+                             {**token_shapes, "pooling_mask": token_shapes["input_ids"]},
+                             [*names, "pooling_mask"], ["last_hidden_state", "sentence_embedding"])
+        return GraphSpec(SentenceGraph(model), (ids, mask), token_shapes, names,
+                         ["last_hidden_state", "sentence_embedding"])
+    if model.classifier is not None:
+        if takes_token_types(model):
+            types = torch.zeros_like(ids)
+            types[:, ids.shape[1] // 2:] = 1  # a pair's second text
+            return GraphSpec(ClassifierGraph(model), (ids, mask, types),
+                             {**token_shapes, "token_type_ids": token_shapes["input_ids"]},
+                             [*names, "token_type_ids"], ["logits", "scores"])
+        return GraphSpec(ClassifierGraph(model), (ids, mask), token_shapes, names,
+                         ["logits", "scores"])
+    output = "logits" if model.head is not None else "last_hidden_state"
+    return GraphSpec(model, (ids, mask), token_shapes, names, [output])
+
+
 @dataclass
 class GraphSpec:
     """What ``torch.onnx.export`` needs for one graph."""
@@ -118,10 +182,7 @@ def graph_specs(model: TransformerModel) -> dict[str, GraphSpec]:
     token_shapes = {"input_ids": {0: batch, 1: length}, "attention_mask": {0: batch, 1: length}}
     specs: dict[str, GraphSpec] = {}
     if model.architecture == "encoder":
-        output = "logits" if model.head is not None else "last_hidden_state"
-        ids = _ids(b, n, cfg.vocab_size, cfg.pad_id)
-        specs["model"] = GraphSpec(model, (ids, _mask(ids, cfg.pad_id)), token_shapes,
-                                   ["input_ids", "attention_mask"], [output])
+        specs["model"] = _encoder_spec(model, _ids(b, n, cfg.vocab_size, cfg.pad_id), token_shapes)
         return specs
     layers = len(model.decoder.layers)
     heads, head_dim = cfg.kv_heads, cfg.attention_head_dim

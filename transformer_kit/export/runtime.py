@@ -32,6 +32,7 @@ from transformer_kit.decoding.prompts import (
     keep_from_pad,
     plan,
 )
+from transformer_kit.embedding import Embeds
 from transformer_kit.errors import ArtifactError, ConfigError, InputError
 from transformer_kit.export.batch_steps import BatchDecoder
 from transformer_kit.export.manifest import Manifest
@@ -40,6 +41,8 @@ from transformer_kit.export.providers import CUDA, resolve_providers
 from transformer_kit.export.weights import check_graph
 from transformer_kit.id_checks import check_id_array, check_positions
 
+#: Graph inputs made from the ids' mask rather than given as ids.
+_MASK_INPUTS = ("attention_mask", "pooling_mask", "token_type_ids")
 _NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
 #: onnxruntime optimizers skipped on the CPU by default (see ``OnnxModel``).
 CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
@@ -53,7 +56,7 @@ def check_ids(x: Any, vocab: int, name: str) -> np.ndarray:
     return np.ascontiguousarray(ids, dtype=np.int64)
 
 
-class OnnxModel(Chats):
+class OnnxModel(Chats, Embeds):
     """An exported model in onnxruntime; mirrors the PyTorch model's forward and generate.
 
     Args:
@@ -124,7 +127,7 @@ class OnnxModel(Chats):
         0 = padding, as transformers takes it; without one, padding is where ``pad_id`` is."""
         m = self.manifest
         graph = m.graphs["model"]
-        names = [n for n in graph.inputs if n != "attention_mask"]
+        names = [n for n in graph.inputs if n not in _MASK_INPUTS]
         if len(ids) != len(names):
             raise InputError(f"This {m.architecture} model takes {len(names)} input(s) "
                              f"({', '.join(names)}), got {len(ids)}.")
@@ -144,7 +147,28 @@ class OnnxModel(Chats):
         elif attention_mask is not None:
             raise InputError(f"{self.path} was exported without an attention_mask input; export "
                              "the model again to pass one.")
+        for name in ("pooling_mask", "token_type_ids"):  # every real token pooled; one segment
+            if name in graph.inputs:
+                feeds[name] = keep.astype(np.int64) if name == "pooling_mask" else np.zeros_like(first)
         return self._session("model").run(None, feeds)[0]
+
+    # -- Embeds: sentence embeddings and scores ----------------------------------------------
+    def _embedding_settings(self) -> tuple[dict, int | None]:
+        return self.manifest.config, self.manifest.max_positions
+
+    def _run_outputs(self, output: str, ids: np.ndarray, keep: np.ndarray,
+                     extra: tuple[str, np.ndarray]) -> np.ndarray:
+        graph = self.manifest.graphs["model"]
+        feeds = {"input_ids": ids, "attention_mask": keep.astype(np.int64)}
+        if extra[0] in graph.inputs:
+            feeds[extra[0]] = extra[1]
+        return self._session("model").run([output], feeds)[0]
+
+    def _run_embedding(self, ids: np.ndarray, keep: np.ndarray, pooled: np.ndarray) -> np.ndarray:
+        return self._run_outputs("sentence_embedding", ids, keep, ("pooling_mask", pooled))
+
+    def _run_scores(self, ids: np.ndarray, keep: np.ndarray, types: np.ndarray) -> np.ndarray:
+        return self._run_outputs("scores", ids, keep, ("token_type_ids", types))
 
     # -- generation ------------------------------------------------------------------------
     @property

@@ -66,8 +66,36 @@ def check_forward(model: TransformerModel, om: OnnxModel, batch: int, length: in
     """Relative error of ``om(...)`` against ``model(...)`` at one shape (shortened to fit
     the model's positions)."""
     inputs = _forward_inputs(model, batch, _fit(length, model), seed)
-    expected = model(*inputs).float().numpy()
+    if getattr(model, "classifier", None) is not None:  # the graph's first output: its logits
+        expected = model.classify(*inputs)[0].float().numpy()
+    else:
+        expected = model(*inputs).float().numpy()
     return relative_error(om(*[x.numpy() for x in inputs]), expected)
+
+
+@torch.no_grad()
+def check_sentence_outputs(model: TransformerModel, om: OnnxModel, seed: int = 0) -> float:
+    """Relative error of the sentence embedding (or the classifier's scores) on a padded
+    batch, each row's pooled positions (or token types) varied, against PyTorch."""
+    length = _fit(EXAMPLE_LEN + 3, model)
+    ids = random_ids(3, length, model.config.vocab_size, model.config.pad_id, seed)
+    pad = model.config.pad_id
+    keep = (ids != pad) if pad is not None else torch.ones_like(ids, dtype=torch.bool)
+    extra = torch.zeros_like(ids)
+    for row in range(len(ids)):
+        extra[row, row:] = 1  # pooled from position `row` on; or the second segment from it
+    inputs = om.manifest.graphs["model"].inputs
+    if model.sentence_head is not None and "pooling_mask" not in inputs:
+        extra = torch.ones_like(ids)  # the graph pools every real token
+    if model.sentence_head is None and "token_type_ids" not in inputs:
+        extra = torch.zeros_like(ids)  # one segment
+    if model.sentence_head is not None:
+        expected = model.sentence_embedding(ids, keep.long(), extra).float().numpy()
+        actual = om._run_embedding(ids.numpy(), keep.numpy(), extra.numpy())
+    else:
+        expected = model.classify(ids, keep.long(), extra)[1].float().numpy()
+        actual = om._run_scores(ids.numpy(), keep.numpy(), extra.numpy())
+    return relative_error(actual, expected)
 
 
 @torch.no_grad()
@@ -182,6 +210,8 @@ def verify_export(model: TransformerModel, om: OnnxModel, tolerance: float | Non
     errors = {f"model {b}x{n}": check_forward(model, om, b, n, seed=i)
               for i, (b, n) in enumerate(VERIFY_SHAPES)}
     tokens_match = None
+    if getattr(model, "sentence_head", None) is not None or getattr(model, "classifier", None) is not None:
+        errors["sentence outputs"] = check_sentence_outputs(model, om)
     if "decoder_step" in om.manifest.graphs:
         errors["decoder_step"] = check_decoder_step(model, om)
     generates = model.architecture == "decoder" or (

@@ -39,6 +39,14 @@ from transformer_kit.plugins.norms import (
     projection_rms_norm,
     rms_norm,
 )
+from transformer_kit.plugins.pooling import (
+    ClsPooling,
+    LastTokenPooling,
+    MaxPooling,
+    MeanPooling,
+    WeightedMeanPooling,
+    mean_sqrt_len_pooling,
+)
 from transformer_kit.plugins.positional import (
     ALiBiPositions,
     LearnedPositions,
@@ -49,15 +57,49 @@ from transformer_kit.plugins.positional import (
 )
 
 __all__ = [
-    "ALiBiPositions", "CausalMask", "EinsumAttention", "ForcedFirstToken", "GeGLU",
-    "LearnedPositions", "MatmulAttention", "MinNewTokens", "MinP", "NoMask", "NoPositions",
-    "NoRepeatNGram", "ParallelBlock", "PostNormBlock", "PostSublayerNormBlock", "PreNormBlock",
-    "QKNorm", "RelativePositionBias", "RepetitionPenalty", "RotaryPositions", "SandwichBlock",
-    "SdpaAttention", "SinusoidalPositions",
-    "SlidingWindowMask", "SwiGLU", "Temperature", "TopK", "TopP",
-    "gelu_feedforward", "layer_norm", "per_head_rms_norm", "projection_rms_norm",
-    "relu_feedforward", "rms_norm", "silu_feedforward",
-    "transformer_kit_checkpoint_families", "transformer_kit_components",
+    "ALiBiPositions",
+    "CausalMask",
+    "ClsPooling",
+    "EinsumAttention",
+    "ForcedFirstToken",
+    "GeGLU",
+    "LastTokenPooling",
+    "LearnedPositions",
+    "MatmulAttention",
+    "MaxPooling",
+    "MeanPooling",
+    "MinNewTokens",
+    "MinP",
+    "NoMask",
+    "NoPositions",
+    "NoRepeatNGram",
+    "ParallelBlock",
+    "PostNormBlock",
+    "PostSublayerNormBlock",
+    "PreNormBlock",
+    "QKNorm",
+    "RelativePositionBias",
+    "RepetitionPenalty",
+    "RotaryPositions",
+    "SandwichBlock",
+    "SdpaAttention",
+    "SinusoidalPositions",
+    "SlidingWindowMask",
+    "SwiGLU",
+    "Temperature",
+    "TopK",
+    "TopP",
+    "WeightedMeanPooling",
+    "gelu_feedforward",
+    "layer_norm",
+    "mean_sqrt_len_pooling",
+    "per_head_rms_norm",
+    "projection_rms_norm",
+    "relu_feedforward",
+    "rms_norm",
+    "silu_feedforward",
+    "transformer_kit_checkpoint_families",
+    "transformer_kit_components",
 ]
 
 _BIAS = frozenset({"score_bias"})
@@ -117,8 +159,22 @@ def transformer_kit_components() -> list[Component]:
                   "by the heads (Qwen3, Gemma 3)"),
         Component("qk_norm", "rmsnorm", projection_rms_norm,
                   description="RMSNorm of the whole q and k projections before rotary (OLMo2)"),
+        *_POOLINGS,
         *_LOGITS_PROCESSORS,
     ]
+
+
+_POOLINGS = [
+    Component("pooling", "cls", ClsPooling, description="the first token's hidden state ([CLS])"),
+    Component("pooling", "mean", MeanPooling, description="the mean over real tokens"),
+    Component("pooling", "max", MaxPooling, description="the feature-wise maximum over real tokens"),
+    Component("pooling", "mean_sqrt_len", mean_sqrt_len_pooling,
+              description="the sum over real tokens / sqrt(their count)"),
+    Component("pooling", "weightedmean", WeightedMeanPooling,
+              description="the mean weighted by position (later tokens weigh more; SGPT)"),
+    Component("pooling", "lasttoken", LastTokenPooling,
+              description="the last real token's hidden state (decoder-style embedders)"),
+]
 
 
 _LOGITS_PROCESSORS = [

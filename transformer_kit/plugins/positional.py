@@ -73,7 +73,9 @@ class LearnedPositions(PositionalEncoding):
         if self.token_type is not None:
             nn.init.normal_(self.token_type.weight, std=0.02)
 
-    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+    def embed(self, x: Tensor, positions: Tensor, token_types: Tensor | None = None) -> Tensor:
+        """x (batch, len, d_model) + the rows of ``positions`` (batch, len) + the token-type
+        rows of ``token_types`` (batch, len; row 0 everywhere when None)."""
         if not (torch.compiler.is_compiling() or torch.jit.is_tracing()):
             longest = int(positions.max()) + 1 if positions.numel() else 0
             if longest > self.max_positions:
@@ -83,7 +85,9 @@ class LearnedPositions(PositionalEncoding):
                     "input or build the model with a larger max_len."
                 )
         x = x + self.table(positions + self.offset if self.offset else positions).to(x.dtype)
-        if self.token_type is not None:
+        if self.token_type is not None and token_types is not None:
+            x = x + self.token_type(token_types).to(x.dtype)
+        elif self.token_type is not None:
             x = x + self.token_type.weight[0].to(x.dtype)
         return x
 

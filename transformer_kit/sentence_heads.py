@@ -1,0 +1,85 @@
+"""An encoder's sentence outputs: the sentence embedding (pooling, dense layers, normalisation;
+sentence-transformers' ``Pooling``, ``Dense``, ``Normalize``) and a cross-encoder's
+sequence-classification head. Both are plain modules exported inside the model's graph."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from transformer_kit.config import ModelConfig
+from transformer_kit.sentence_config import Classifier, SentenceEmbedding
+
+#: The config's activation names -> modules.
+ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "identity": nn.Identity, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "relu": nn.ReLU,
+    "gelu": nn.GELU, "silu": nn.SiLU,
+}
+
+
+def activation(name: str) -> nn.Module:
+    """The module of an activation name (``softmax`` over the last axis)."""
+    return nn.Softmax(dim=-1) if name == "softmax" else ACTIVATIONS[name]()
+
+
+class DenseActivation(nn.Module):
+    """``activation(linear(x))``: (batch, in) -> (batch, out)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, act: str) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features, bias=bias)
+        self.activation = activation(act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.activation(self.linear(x))
+
+
+class SentenceHead(nn.Module):
+    """hidden (batch, len, d_model), keep (batch, len) bool -> sentence embedding (batch, dim).
+
+    Args:
+        pooling: the registry's ``pooling`` component.
+        config: the dense layers and whether to normalise.
+    """
+
+    def __init__(self, pooling: nn.Module, config: SentenceEmbedding) -> None:
+        super().__init__()
+        self.pooling = pooling
+        self.dense = nn.ModuleList(DenseActivation(d.in_features, d.out_features, d.bias, d.activation)
+                                   for d in config.dense)
+        self.normalize = config.normalize
+
+    def forward(self, hidden: Tensor, keep: Tensor) -> Tensor:
+        x = self.pooling(hidden, keep)
+        for layer in self.dense:
+            x = layer(x)
+        # sentence-transformers' Normalize: x / max(||x||, 1e-12)
+        return F.normalize(x, p=2.0, dim=-1) if self.normalize else x
+
+
+class ClassifierHead(nn.Module):
+    """hidden (batch, len, d_model) -> (logits, scores), each (batch, num_labels): the first
+    token through ``pooler`` and its activation, then ``out``; scores = the score activation of
+    the logits."""
+
+    def __init__(self, d_model: int, config: Classifier) -> None:
+        super().__init__()
+        self.pooler = nn.Linear(d_model, d_model)
+        self.pooler_activation = activation(config.pooler_activation)
+        self.out = nn.Linear(d_model, config.num_labels)
+        self.score = activation(config.score_activation)
+
+    def forward(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        logits = self.out(self.pooler_activation(self.pooler(hidden[:, 0])))
+        return logits, self.score(logits.to(torch.float32)).to(logits.dtype)
+
+
+def sentence_outputs(config: ModelConfig, pooling: nn.Module | None) -> dict[str, nn.Module | None]:
+    """An encoder's ``sentence_head`` (with the registry's ``pooling``) and ``classifier``, as
+    its config asks (None where it does not)."""
+    sentence = None
+    if pooling is not None:
+        sentence = SentenceHead(pooling, config.sentence_embedding or SentenceEmbedding())
+    classifier = ClassifierHead(config.d_model, config.classifier) if config.classifier else None
+    return {"sentence_head": sentence, "classifier": classifier}
