@@ -48,11 +48,15 @@ def _body_config(body: str, vocab: int, **extra) -> hf.PretrainedConfig:
     return hf.BertConfig(**sizes)
 
 
-def _write_body(folder: Path, model: hf.PreTrainedModel, tokenizer: Tokenizer, max_length: int) -> None:
+def _write_body(folder: Path, model: hf.PreTrainedModel, tokenizer: Tokenizer, max_length: int,
+                body: str) -> None:
+    """The checkpoint and its tokenizer; BERT's tokenizer class gives token types, RoBERTa's
+    (the generic fast tokenizer) none."""
     model.save_pretrained(folder)
     tokenizer.save(str(folder / "tokenizer.json"))
+    kind = "BertTokenizerFast" if body == "bert" else "PreTrainedTokenizerFast"
     (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "BertTokenizerFast", "pad_token": "[PAD]", "cls_token": "[CLS]",
+        "tokenizer_class": kind, "pad_token": "[PAD]", "cls_token": "[CLS]",
         "sep_token": "[SEP]", "unk_token": "[UNK]", "mask_token": "[MASK]",
         "model_max_length": max_length, "do_lower_case": True}))
 
@@ -71,7 +75,7 @@ def write_sentence_transformer(folder: Path, *, body: str = "bert", pooling: str
     tokenizer = wordpiece_tokenizer()
     torch.manual_seed(seed)
     model = hf.AutoModel.from_config(_body_config(body, tokenizer.get_vocab_size()))
-    _write_body(body_folder, model, tokenizer, max_seq_length)
+    _write_body(body_folder, model, tokenizer, max_seq_length, body)
     modules = [Transformer(str(body_folder), max_seq_length=max_seq_length),
                Pooling(32, pooling, include_prompt=include_prompt)]
     if dense is not None:
@@ -93,6 +97,6 @@ def write_cross_encoder(folder: Path, *, body: str = "bert", num_labels: int = 1
     torch.manual_seed(seed)
     config = _body_config(body, tokenizer.get_vocab_size(), num_labels=num_labels)
     model = hf.AutoModelForSequenceClassification.from_config(config)
-    _write_body(body_folder, model, tokenizer, max_length)
+    _write_body(body_folder, model, tokenizer, max_length, body)
     CrossEncoder(str(body_folder), device="cpu").save(str(folder))
     return CrossEncoder(str(folder), device="cpu")
