@@ -1,6 +1,5 @@
 """``transformer-kit embed``: sentence embeddings of texts from an export folder (onnxruntime)
-or a sentence-transformers / Hugging Face folder (PyTorch), printed or written as .npy; and
-``transformer-kit rerank``: a cross-encoder's ranking of documents for a query."""
+or a sentence-transformers / Hugging Face folder (PyTorch), printed or written as .npy."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from transformer_kit.errors import InputError, TransformerKitError
 _Opt = typer.Option
 
 
-def _texts(text: list[str] | None, file: Path | None) -> list[str]:
+def read_texts(text: list[str] | None, file: Path | None) -> list[str]:
     """--text values, then --file's lines (empty lines skipped)."""
     texts = list(text or [])
     if file is not None:
@@ -35,7 +34,7 @@ def _texts(text: list[str] | None, file: Path | None) -> list[str]:
     return texts
 
 
-def _open(folder: Path, provider: Provider):
+def open_model(folder: Path, provider: Provider):
     """An OnnxModel of an export folder, else the PyTorch model of a checkpoint folder."""
     if kind_of(folder) == "checkpoint":
         import transformer_kit as tk
@@ -71,9 +70,9 @@ def embed(
     provider: Annotated[Provider, _Opt(help="Where onnxruntime runs (export folders).")] = Provider.auto,
 ) -> None:
     """Sentence embeddings of texts: printed one row per text, or written to --output (.npy)."""
-    texts = _texts(text, file)
+    texts = read_texts(text, file)
     try:
-        model = _open(folder, provider)
+        model = open_model(folder, provider)
         start = time.perf_counter()
         vectors = model.embed(texts, prompt_name=prompt_name, normalize=normalize or None,
                               dimensions=dimensions, batch_size=batch_size)
@@ -93,26 +92,5 @@ def embed(
     console.print(f"{len(texts)} texts in {elapsed * 1e3:.0f} ms", highlight=False, style="dim")
 
 
-def rerank(
-    folder: Annotated[Path, typer.Argument(help="A cross-encoder's export folder, or its "
-                                           "checkpoint folder run in PyTorch.")],
-    query: Annotated[str, _Opt(help="The query.")],
-    document: Annotated[list[str] | None, _Opt(help="A document (repeat for more).")] = None,
-    file: Annotated[Path | None, _Opt(help="A UTF-8 file of documents, one per line.")] = None,
-    top_n: Annotated[int | None, _Opt(help="Print the best N only.")] = None,
-    provider: Annotated[Provider, _Opt(help="Where onnxruntime runs (export folders).")] = Provider.auto,
-) -> None:
-    """Rank documents by a cross-encoder's relevance to --query: score, index, document."""
-    documents = _texts(document, file)
-    try:
-        ranked = _open(folder, provider).rerank(query, documents, top_n=top_n)
-    except TransformerKitError as exc:
-        fail(exc)
-    for result in ranked:
-        console.print(f"{result.score:.6f}\t{result.index}\t{documents[result.index]}",
-                      highlight=False, markup=False)
-
-
 def register(app: typer.Typer) -> None:
     app.command()(embed)
-    app.command()(rerank)
