@@ -41,7 +41,7 @@ def wordpiece_tokenizer(vocab: int = 300, body: str = "bert") -> Tokenizer:
 
 def _body_config(body: str, vocab: int, **extra) -> hf.PretrainedConfig:
     sizes = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                 intermediate_size=64, max_position_embeddings=128, **extra)
+                 intermediate_size=64, max_position_embeddings=128, initializer_range=0.2, **extra)
     if body == "roberta":  # positions from padding_idx + 1; pad is [PAD] 0 here
         return hf.XLMRobertaConfig(**{**sizes, "max_position_embeddings": 130}, pad_token_id=0,
                                    bos_token_id=2, eos_token_id=3, type_vocab_size=1)

@@ -15,6 +15,7 @@ from transformer_kit.assembly import build_model
 from transformer_kit.checkpoints.deferred import materialize, open_checkpoint_tensors
 from transformer_kit.checkpoints.end_ids import end_ids
 from transformer_kit.checkpoints.reader import Weights, read_hf_config, read_hf_weights
+from transformer_kit.checkpoints.sentence_transformers import SentencePipeline, read_sentence_pipeline
 from transformer_kit.checkpoints.streaming import StreamedWeights, guard_streamed
 from transformer_kit.component import CheckpointFamily
 from transformer_kit.config import ModelConfig, config_from_dict
@@ -73,18 +74,24 @@ def config_from_hf(folder: str | Path, **overrides: Any) -> ModelConfig:
     id that ends its text: config.json's, generation_config.json's and the tokenizer's
     ``eos_token`` (a list when they differ: a chat model's end of turn).
     """
-    hf = read_hf_config(folder)
-    return kit_config(hf, checkpoint_family(hf, folder).family, folder, overrides,
-                   TextTokenizer.from_folder(folder))
+    pipeline = read_sentence_pipeline(folder)
+    body = pipeline.body if pipeline is not None else folder
+    hf = read_hf_config(body)
+    return kit_config(hf, checkpoint_family(hf, body).family, body, overrides,
+                      TextTokenizer.from_folder(body), pipeline)
 
 
 def kit_config(hf: dict, family: CheckpointFamily, folder: str | Path,
-               overrides: dict[str, Any], tokenizer: TextTokenizer | None) -> ModelConfig:
-    """``family``'s kit config of config dict ``hf``, its eos ids completed, ``overrides`` applied."""
+               overrides: dict[str, Any], tokenizer: TextTokenizer | None,
+               pipeline: SentencePipeline | None = None) -> ModelConfig:
+    """``family``'s kit config of config dict ``hf``, its eos ids completed, a
+    sentence-transformers ``pipeline``'s keys and ``overrides`` applied."""
     try:
         data = family.to_config(hf)
     except KeyError as exc:
         raise CheckpointError(f"{family.model_type} config.json in {str(folder)!r} lacks {exc}.") from None
+    if pipeline is not None:
+        data = pipeline.apply(data)
     _drop_ids_outside_vocabulary(data, family.model_type, overrides)
     vocab = data.get("tgt_vocab_size") or data.get("vocab_size")
     if "eos_id" not in overrides and data.get("eos_id") is not None and isinstance(vocab, int):
@@ -157,10 +164,12 @@ def from_hf(folder: str | Path, *, dtype: str | torch.dtype = "float32", stream:
             are on the ``meta`` device and ``export_onnx`` reads each weight as it writes it, so
             a model larger than memory exports. Such a model does not run in PyTorch.
     """
+    pipeline = read_sentence_pipeline(folder)
+    folder = pipeline.body if pipeline is not None else folder  # the Transformer module's
     hf = read_hf_config(folder)
     family = checkpoint_family(hf, folder).family
     tokenizer = TextTokenizer.from_folder(folder)
-    config = kit_config(hf, family, folder, overrides, tokenizer)
+    config = kit_config(hf, family, folder, overrides, tokenizer, pipeline)
     dtype = _dtype(dtype, hf)
     tensors = open_checkpoint_tensors(folder)
     if tensors is None:
@@ -169,17 +178,19 @@ def from_hf(folder: str | Path, *, dtype: str | torch.dtype = "float32", stream:
                                   "PyTorch .bin weights. Load it without stream=True, or save it "
                                   "with safetensors.")
         tensors = read_hf_weights(folder)
-    state = family_state(hf, family, tensors, folder, config)
+    state = family_state(hf, family, tensors, folder, config,
+                         pipeline.state if pipeline is not None else None)
     return assemble(config, state, folder, dtype, tokenizer, stream)
 
 
 def family_state(hf: dict, family: CheckpointFamily, tensors: dict[str, Tensor], where: str | Path,
-                 config: ModelConfig) -> dict[str, Tensor]:
+                 config: ModelConfig, extra: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
     """The kit's state dict: ``family``'s mapping of the checkpoint's tensors (by Hugging Face
-    name; :class:`~transformer_kit.checkpoints.deferred.DeferredTensor` s stay deferred), each
-    name and shape checked against the model ``config`` builds (an empty one, on ``meta``)."""
+    name; :class:`~transformer_kit.checkpoints.deferred.DeferredTensor` s stay deferred) and
+    ``extra`` (a sentence-transformers folder's dense layers), each name and shape checked
+    against the model ``config`` builds (an empty one, on ``meta``)."""
     weights = Weights(tensors, where, family.prefixes, family.probe)
-    state = family.to_state_dict(hf, weights, config)
+    state = {**family.to_state_dict(hf, weights, config), **(extra or {})}
     expected = build_model(config, empty=True).state_dict()
     missing = sorted(set(expected) - set(state))
     if missing:

@@ -75,6 +75,14 @@ class TextEncoder:
         self._lock = threading.Lock()
         self._prompt_lengths: dict[str, int] = {}
 
+    def __getstate__(self) -> dict:
+        """Copied or pickled without its lock and truncating tokenizer (made again on use)."""
+        return {**self.__dict__, "_lock": None, "_cutting": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def _backend(self):
         """The tokenizer with truncation at :attr:`max_tokens` (a copy: the model's is shared)."""
         if self.tokenizer is None:

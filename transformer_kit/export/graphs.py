@@ -8,7 +8,8 @@
   logits only.
 - an encoder's ``model`` with a sentence embedding also outputs ``sentence_embedding``
   (batch, dim) beside ``last_hidden_state``; a cross-encoder's outputs its classifier's
-  ``logits`` and ``scores`` (batch, num_labels) instead of the hidden states.
+  ``logits`` and ``scores`` (batch, num_labels; the logits alone when the scores are them)
+  instead of the hidden states.
 - ``encoder`` (encoder_decoder only): the source mask and every decoder layer's cross-attention
   keys and values (``cross.{i}.key/value``), computed once per input.
 """
@@ -110,7 +111,14 @@ class ClassifierGraph(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor,
                 token_type_ids: Tensor | None = None):
-        return self.model.classify(input_ids, attention_mask, token_type_ids)
+        logits, scores = self.model.classify(input_ids, attention_mask, token_type_ids)
+        return logits if scores_are_logits(self.model) else (logits, scores)
+
+
+def scores_are_logits(model: TransformerModel) -> bool:
+    """Whether a classifier's score activation is the identity (the graph then outputs the
+    logits alone: one tensor cannot be two outputs)."""
+    return model.config.classifier.score_activation == "identity"
 
 
 def takes_token_types(model: TransformerModel) -> bool:
@@ -135,14 +143,14 @@ def _encoder_spec(model: TransformerModel, ids: Tensor, token_shapes: dict) -> G
         return GraphSpec(SentenceGraph(model), (ids, mask), token_shapes, names,
                          ["last_hidden_state", "sentence_embedding"])
     if model.classifier is not None:
+        outputs = ["logits"] if scores_are_logits(model) else ["logits", "scores"]
         if takes_token_types(model):
             types = torch.zeros_like(ids)
             types[:, ids.shape[1] // 2:] = 1  # a pair's second text
             return GraphSpec(ClassifierGraph(model), (ids, mask, types),
                              {**token_shapes, "token_type_ids": token_shapes["input_ids"]},
-                             [*names, "token_type_ids"], ["logits", "scores"])
-        return GraphSpec(ClassifierGraph(model), (ids, mask), token_shapes, names,
-                         ["logits", "scores"])
+                             [*names, "token_type_ids"], outputs)
+        return GraphSpec(ClassifierGraph(model), (ids, mask), token_shapes, names, outputs)
     output = "logits" if model.head is not None else "last_hidden_state"
     return GraphSpec(model, (ids, mask), token_shapes, names, [output])
 

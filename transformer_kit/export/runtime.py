@@ -168,7 +168,8 @@ class OnnxModel(Chats, Embeds):
         return self._run_outputs("sentence_embedding", ids, keep, ("pooling_mask", pooled))
 
     def _run_scores(self, ids: np.ndarray, keep: np.ndarray, types: np.ndarray) -> np.ndarray:
-        return self._run_outputs("scores", ids, keep, ("token_type_ids", types))
+        output = "scores" if "scores" in self.manifest.graphs["model"].outputs else "logits"
+        return self._run_outputs(output, ids, keep, ("token_type_ids", types))
 
     # -- generation ------------------------------------------------------------------------
     @property

@@ -1,11 +1,29 @@
-"""BERT (``BertModel``, the last hidden state): encoder, post_norm, learned positions with
-token types, a norm after the embeddings, exact GELU."""
+"""BERT (``BertModel``, the last hidden state; ``BertForSequenceClassification``, a
+cross-encoder's scores): encoder, post_norm, learned positions with token types, a norm after
+the embeddings, exact GELU; the classifier is the pooler (dense + tanh on [CLS]) and a linear
+layer to the labels."""
 
 from __future__ import annotations
 
 from transformer_kit import CheckpointFamily, ModelConfig
 from transformer_kit.checkpoints import StateDict, Weights, copy_attention, copy_linear, require
+from transformer_kit.checkpoints.sentence_transformers import activation_name
 from transformer_kit.plugins.feedforward import feedforward_for_activation
+
+
+def classifier_config(hf: dict) -> dict | None:
+    """The ``classifier`` of a ``*ForSequenceClassification`` checkpoint (None for others):
+    its labels, and the score activation sentence-transformers 3 kept in config.json."""
+    if not any(str(a).endswith("ForSequenceClassification") for a in hf.get("architectures") or []):
+        return None
+    labels = hf.get("id2label") or {}
+    count = hf.get("num_labels") or len(labels) or 2
+    names = [str(labels.get(str(i), labels.get(i, f"LABEL_{i}"))) for i in range(count)]
+    config = {"num_labels": count, "labels": names}
+    activation = (hf.get("sentence_transformers") or {}).get("activation_fn")
+    if activation is not None:
+        config["activation"] = activation_name(activation, "config.json's sentence_transformers")
+    return config
 
 
 def bert_config(hf: dict, family: str = "bert") -> dict:
@@ -26,6 +44,7 @@ def bert_config(hf: dict, family: str = "bert") -> dict:
         "mask": "none", "block": "post_norm",
         "feedforward": feedforward_for_activation(hf.get("hidden_act", "gelu"), family),
         "norm": {"name": "layernorm", "eps": hf.get("layer_norm_eps", 1e-12)},
+        **({"classifier": classifier} if (classifier := classifier_config(hf)) else {}),
     }
 
 
@@ -44,8 +63,12 @@ def bert_weights(hf: dict, w: Weights, cfg: ModelConfig) -> StateDict:
         copy_linear(out, f"{ours}.feedforward.linear1", w, f"{theirs}.intermediate.dense")
         copy_linear(out, f"{ours}.feedforward.linear2", w, f"{theirs}.output.dense")
         copy_linear(out, f"{ours}.ff_norm", w, f"{theirs}.output.LayerNorm")
+    if cfg.classifier is not None:  # BertForSequenceClassification: pooler, then classifier
+        copy_linear(out, "classifier.pooler", w, "pooler.dense")
+        copy_linear(out, "classifier.out", w, "classifier")
     return out
 
 
 FAMILY = CheckpointFamily("bert", bert_config, bert_weights, probe="embeddings.word_embeddings.weight",
-                          prefixes=("", "bert."), description="BertModel (last hidden state)")
+                          prefixes=("", "bert."),
+                          description="BertModel (last hidden state), BertForSequenceClassification (scores)")

@@ -1,11 +1,12 @@
-"""RoBERTa (``RobertaModel``, the last hidden state): BERT's mapping with positions counted
-over real tokens from ``padding_idx + 1`` (``learned`` with ``offset``) and RoBERTa's single
-token type added everywhere."""
+"""RoBERTa (``RobertaModel``, the last hidden state; ``RobertaForSequenceClassification``):
+BERT's mapping with positions counted over real tokens from ``padding_idx + 1`` (``learned``
+with ``offset``) and RoBERTa's single token type added everywhere; the classification head's
+dense + tanh on the first token and ``out_proj``."""
 
 from __future__ import annotations
 
-from transformer_kit import CheckpointFamily
-from transformer_kit.checkpoints import require
+from transformer_kit import CheckpointFamily, ModelConfig
+from transformer_kit.checkpoints import StateDict, Weights, copy_linear, require
 from transformer_kit.plugins.families.bert import bert_config, bert_weights
 
 
@@ -22,5 +23,16 @@ def roberta_config(hf: dict) -> dict:
     return config
 
 
-FAMILY = CheckpointFamily("roberta", roberta_config, bert_weights, probe="embeddings.word_embeddings.weight",
-                          prefixes=("", "roberta."), description="RobertaModel (last hidden state)")
+def roberta_weights(hf: dict, w: Weights, cfg: ModelConfig) -> StateDict:
+    classifier = cfg.classifier
+    out = bert_weights(hf, w, cfg.model_copy(update={"classifier": None}) if classifier else cfg)
+    if classifier is not None:  # RobertaClassificationHead: dense + tanh, then out_proj
+        copy_linear(out, "classifier.pooler", w, "classifier.dense")
+        copy_linear(out, "classifier.out", w, "classifier.out_proj")
+    return out
+
+
+FAMILY = CheckpointFamily("roberta", roberta_config, roberta_weights,
+                          probe="embeddings.word_embeddings.weight", prefixes=("", "roberta."),
+                          description="RobertaModel (last hidden state), "
+                          "RobertaForSequenceClassification (scores)")
