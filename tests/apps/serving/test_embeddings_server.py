@@ -1,7 +1,8 @@
-"""/v1/embeddings on 127.0.0.1: the official ``openai`` client (base64, as it asks by default,
-and float) gets the vectors ``OnnxModel.embed`` and the PyTorch model give; token-id inputs,
-``dimensions`` and the usage; 32 concurrent clients each get their own vectors, run together;
-limits and the wrong endpoint answer 400 with a sentence and the server keeps serving."""
+"""/v1/embeddings on 127.0.0.1 over a sentence-transformers model read by from_hf and exported:
+the official ``openai`` client (base64, as it asks by default, and float) gets the vectors
+``SentenceTransformer.encode`` gives; token-id inputs, ``dimensions`` and the usage; 32
+concurrent clients each get their own vectors, run together; limits and the wrong endpoint
+answer 400 with a sentence and the server keeps serving."""
 
 from __future__ import annotations
 
@@ -47,13 +48,17 @@ def _metric(url: str, name: str) -> float:
     return float(re.search(rf"^{name} (\S+)$", httpx.get(f"{url}/metrics").text, re.M).group(1))
 
 
-def test_the_openai_client_gets_embeds_vectors_in_base64_and_float(server, embedding_export):
+def _reference(st, texts: list[str], dimensions: int | None = None) -> np.ndarray:
+    """sentence-transformers' vectors; cut ones normalised again (the model normalises)."""
+    return st.encode(texts, truncate_dim=dimensions, normalize_embeddings=dimensions is not None)
+
+
+def test_the_openai_client_gets_sentence_transformers_vectors_in_base64_and_float(server, embedding_export):
     url, _ = server
-    model, om = embedding_export
+    st, om = embedding_export
     client = _client(url)
     assert [m.id for m in client.models.list().data] == ["tiny-embed"]
-    expected = om.embed(TEXTS)
-    np.testing.assert_allclose(expected, model.embed(TEXTS), atol=1e-5)
+    expected = _reference(st, TEXTS)
     tokens = sum(om.encode_inputs(TEXTS).token_counts)
     for encoding in (None, "float", "base64"):  # None: the client asks for base64 and decodes it
         kwargs = {} if encoding is None else {"encoding_format": encoding}
@@ -70,23 +75,24 @@ def test_the_openai_client_gets_embeds_vectors_in_base64_and_float(server, embed
 
 def test_token_ids_and_dimensions(server, embedding_export):
     url, _ = server
-    _, om = embedding_export
+    st, om = embedding_export
     client = _client(url)
-    ids = [[2, 14, 33, 49, 3], [2, 64, 179, 3], [5, 6, 7, 8, 9, 10]]
+    ids = om.encode_inputs(TEXTS).tokens  # the texts' own ids: the same vectors
     response = client.embeddings.create(model="tiny-embed", input=ids, encoding_format="float")
-    np.testing.assert_allclose(_vectors(response), om.embed(ids), atol=1e-5)
-    assert response.usage.prompt_tokens == 15
+    np.testing.assert_allclose(_vectors(response), _reference(st, TEXTS), atol=1e-5)
+    assert response.usage.prompt_tokens == sum(map(len, ids))
     single = client.embeddings.create(model="tiny-embed", input=ids[0])
-    np.testing.assert_allclose(_vectors(single), om.embed(ids[:1]), atol=1e-5)
+    np.testing.assert_allclose(_vectors(single), _reference(st, TEXTS[:1]), atol=1e-5)
     cut = _vectors(client.embeddings.create(model="tiny-embed", input=TEXTS, dimensions=8))
     assert cut.shape == (len(TEXTS), 8)
+    np.testing.assert_allclose(cut, _reference(st, TEXTS, 8), atol=1e-5)
     np.testing.assert_allclose(cut, om.embed(TEXTS, dimensions=8), atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(cut, axis=1), 1.0, atol=1e-5)  # normalised again
 
 
 def test_32_concurrent_clients_each_get_their_own_vectors_run_together(server, embedding_export):
     url, engine = server
-    _, om = embedding_export
+    st, _ = embedding_export
     words = " ".join(TEXTS).split()
     rng = np.random.default_rng(0)
     cases = [([" ".join(rng.choice(words, int(rng.integers(1, 12)))) + f" {i}" for _ in range(1 + i % 3)],
@@ -100,7 +106,7 @@ def test_32_concurrent_clients_each_get_their_own_vectors_run_together(server, e
     with ThreadPoolExecutor(len(cases)) as clients:
         results = list(clients.map(ask, cases, timeout=120))
     for (texts, dimensions), vectors in zip(cases, results, strict=True):
-        np.testing.assert_allclose(vectors, om.embed(texts, dimensions=dimensions), atol=1e-5)
+        np.testing.assert_allclose(vectors, _reference(st, texts, dimensions), atol=1e-5)
     assert engine.stats["max_batch_size"] > 1  # some call ran several clients' requests
     assert _metric(url, "transformer_kit_max_batch_size") == engine.stats["max_batch_size"]
     assert _metric(url, 'transformer_kit_encoder_requests_total{endpoint="embeddings"}') >= 32
