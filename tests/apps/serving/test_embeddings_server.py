@@ -174,3 +174,22 @@ def test_a_full_queue_answers_503(embedding_export):
                           json={"model": "tiny-embed", "input": "cats"}).status_code == 200
         assert 'transformer_kit_requests_total{outcome="queue_full"} 1.0' in httpx.get(f"{url}/metrics").text
     engine.close()
+
+
+def test_a_failed_run_fails_its_requests_and_the_engine_goes_on(embedding_export):
+    st, om = embedding_export
+    engine = EmbeddingEngine(om)
+    run = engine._run
+
+    def once(*args):  # the first run fails, as onnxruntime might
+        engine._run = run
+        raise RuntimeError("the model failed")
+
+    engine._run = once
+    with running(create_app(engine, "tiny-embed")) as url:
+        failed = httpx.post(f"{url}/v1/embeddings", json={"model": "tiny-embed", "input": "cats"})
+        assert failed.status_code == 500 and "the model failed" in failed.json()["error"]["message"]
+        good = httpx.post(f"{url}/v1/embeddings", json={"model": "tiny-embed", "input": ["cats"]})
+        np.testing.assert_allclose([good.json()["data"][0]["embedding"]], _reference(st, ["cats"]),
+                                   atol=1e-5)
+    engine.close()

@@ -31,7 +31,7 @@ Kind = Literal["embeddings", "rerank"]
 
 
 def model_kind(model: OnnxModel) -> Kind:
-    """"embeddings" for an export with pooling (a sentence-embedding model), "rerank" for one
+    """What an export serves: "embeddings" with pooling (a sentence-embedding model), "rerank"
     with a one-label classifier (a cross-encoder); InputError with a sentence otherwise."""
     m = model.manifest
     if m.architecture == "encoder" and m.config.get("pooling"):
@@ -188,17 +188,17 @@ class EmbeddingEngine:
             out[batch.rows] = rows
             self.stats["runs"] += 1
         assert out is not None  # every job holds one input at least
-        start = 0
-        for job in jobs:
-            job.future.set_result(out[start:start + len(job.tokens)])
-            start += len(job.tokens)
-        stats = self.stats
+        stats = self.stats  # counted before the answers go out: a caller that got one sees its call
         stats["calls"] += 1
         stats["requests"] += len(jobs)
         stats["inputs"] += len(tokens)
         stats["tokens"] += sum(map(len, tokens))
         stats["batch_size"] = len(jobs)
         stats["max_batch_size"] = max(stats["max_batch_size"], len(jobs))
+        start = 0
+        for job in jobs:
+            job.future.set_result(out[start:start + len(job.tokens)])
+            start += len(job.tokens)
 
     def _loop(self) -> None:
         while not self._closed.is_set():
