@@ -3,6 +3,7 @@ sums, and rows with nothing kept give zeros (never NaN or -inf)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -49,3 +50,33 @@ def test_half_precision_hidden_states_keep_their_dtype(name):
 
 def test_every_pooling_is_registered():
     assert tk.get_registry().names("pooling") == sorted(POOLINGS)
+
+
+class _MinPooling(torch.nn.Module):
+    """A third party's pooling: the feature-wise minimum over kept positions."""
+
+    def forward(self, hidden, keep):
+        return hidden.masked_fill(~keep[..., None], torch.finfo(hidden.dtype).max).amin(dim=1)
+
+
+class _MinPlugin:
+    @tk.hookimpl
+    def transformer_kit_components(self):
+        return [tk.Component("pooling", "min", _MinPooling, description="feature-wise minimum")]
+
+
+def test_a_plugin_s_pooling_builds_exports_and_embeds(fresh_registry, tmp_path):
+    from transformer_kit.export import OnnxModel, export_onnx
+
+    tk.register_plugin(_MinPlugin(), name="min-pooling")
+    torch.manual_seed(0)
+    model = tk.build_model({"architecture": "encoder", "vocab_size": 30, "d_model": 16, "num_heads": 2,
+                            "num_layers": 1, "d_ff": 32, "dropout": 0.0, "pooling": "min",
+                            "sentence_embedding": {"normalize": True}}).eval()
+    assert model.components["pooling"].plugin == "min-pooling"
+    ids = [[3, 4, 5, 6], [7, 8]]
+    hidden, keep = model.hidden_states(torch.tensor([[3, 4, 5, 6], [7, 8, 0, 0]]))
+    expected = torch.nn.functional.normalize(_MinPooling()(hidden, keep), dim=-1).detach().numpy()
+    export_onnx(model, tmp_path)
+    np.testing.assert_allclose(OnnxModel(tmp_path).embed(ids), expected, atol=1e-5)
+    np.testing.assert_allclose(model.embed(ids), expected, atol=1e-6)
