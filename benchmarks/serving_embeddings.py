@@ -87,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     folder = embeddings.write_checkpoint(workdir / shape, shape)
     export_onnx(tk.from_hf(folder), workdir / "onnx")
     pool = embeddings.texts("mixed", 512, embeddings.vocab_size(shape))
-    bodies = [{"model": "bench", "input": [pool[(i * args.inputs + j) % len(pool)] for j in range(args.inputs)],
-               "encoding_format": "base64"} for i in range(256)]
+    bodies = [{"model": "bench", "encoding_format": "base64",
+               "input": [pool[(i * args.inputs + j) % len(pool)] for j in range(args.inputs)]}
+              for i in range(256)]
     print(f"{embeddings.SHAPES[shape]['title']}, float32, {args.inputs} text(s) of 8 to 256 tokens "
           f"per request, {args.requests or 'max(64, 4 x clients)'} requests per level")
     with serving.server(workdir / "onnx", 64, 4 * max(args.clients) + 64) as (url, process):

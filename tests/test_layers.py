@@ -23,7 +23,9 @@ OUTER_LAYERS = ("apps", "export", "plugins")
 #: 3,000 until layers could differ and took multipliers (issue 25: layer_types and
 #: layer_variants validated and built layer by layer, each layer's attention inputs; Granite's
 #: and Gemma 2's embedding_scale, logit_scale, logit_softcap and the output head applying them).
-CORE_LINE_LIMIT = 3_300
+#: 3,300 until encoders gave sentence outputs (issue 26: sentence-transformers folders read in
+#: checkpoints/, their config keys, the pooling kind, the encoder's sentence outputs and token types).
+CORE_LINE_LIMIT = 3_650
 #: The decoding subsystem (options, logits processors, strategies, text, the PyTorch stepper) is a
 #: core package with a budget of its own, so the model core stays small as decoding grows.
 #: 1,000 lines until the per-token fast path of greedy search and sampling (issue 13: no state
@@ -42,6 +44,10 @@ CHAT_LINE_LIMIT = 900
 #: from the metadata) are a core package with a budget of its own too.
 GGUF = ("checkpoints", "gguf")
 GGUF_LINE_LIMIT = 800
+#: Embeddings and reranking (the sentence outputs' config and heads, prompts and truncation,
+#: batches by token budget, embed / score / rerank for both runtimes) are a core package too.
+EMBEDDING = "embedding"
+EMBEDDING_LINE_LIMIT = 600
 MODULE_LINE_LIMIT = 300
 
 
@@ -118,7 +124,9 @@ def test_the_core_is_small_and_imports_no_outer_layer():
     assert chat and _lines(chat) <= CHAT_LINE_LIMIT, _lines(chat)
     gguf = [p for p in _core_files() if p.relative_to(PACKAGE).parts[:2] == GGUF]
     assert gguf and _lines(gguf) <= GGUF_LINE_LIMIT, _lines(gguf)
-    rest = [p for p in _core_files() if p not in decoding and p not in chat and p not in gguf]
+    embedding = [p for p in _core_files() if p.relative_to(PACKAGE).parts[0] == EMBEDDING]
+    assert embedding and _lines(embedding) <= EMBEDDING_LINE_LIMIT, _lines(embedding)
+    rest = [p for p in _core_files() if p not in decoding + chat + gguf + embedding]
     assert _lines(rest) <= CORE_LINE_LIMIT, _lines(rest)
     outer = tuple(f"transformer_kit.{layer}" for layer in OUTER_LAYERS)
     wrong = {(p.name, name) for p in _core_files() for name in _imports(p) if name.startswith(outer)}

@@ -23,6 +23,7 @@ from transformer_kit.attention import MultiHeadAttention
 from transformer_kit.capabilities import check_capabilities
 from transformer_kit.config import ModelConfig, load_config
 from transformer_kit.decoding.text import TextTokenizer
+from transformer_kit.embedding.heads import sentence_outputs
 from transformer_kit.errors import ComponentError, ConfigError, TransformerKitError
 from transformer_kit.interfaces import AttentionKernel, AttentionMask, Block, PositionalEncoding
 from transformer_kit.masks import NoMask
@@ -34,7 +35,6 @@ from transformer_kit.model import (
     TransformerModel,
 )
 from transformer_kit.registry import Registry, get_registry, origin
-from transformer_kit.sentence_heads import sentence_outputs
 from transformer_kit.serialization import load_saved_weights, read_saved_config
 from transformer_kit.stacks import Embedder, LayerVariants, OutputHead, Stack
 
@@ -295,4 +295,5 @@ def _assemble(config: ModelConfig, registry: Registry) -> TransformerModel:
     encoder = parts.stack("encoder", config.num_layers, cross=False)
     head = parts.head(config.vocab_size, tied) if config.lm_head else None
     pooling = parts.create("pooling", "pooling") if config.pooling is not None else None
-    return EncoderTransformer(config, embed, encoder, head, mask, **sentence_outputs(config, pooling))
+    return EncoderTransformer(config, embed, encoder, head, mask, **sentence_outputs(
+        config.d_model, pooling, config.sentence_embedding, config.classifier))

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -20,14 +19,14 @@ from transformer_kit.chat.conversation import Chats
 from transformer_kit.config import ModelConfig
 from transformer_kit.decoding import GenerationConfig
 from transformer_kit.decoding.text import TextTokenizer
-from transformer_kit.decoding.torch_steps import eval_mode, generate, stream
-from transformer_kit.embedding import Embeds
+from transformer_kit.decoding.torch_steps import generate, stream
+from transformer_kit.embedding.heads import ClassifierHead, SentenceHead
+from transformer_kit.embedding.torch_runtime import TorchEmbeds
 from transformer_kit.errors import InputError
 from transformer_kit.inputs import check_token_ids, tracing
 from transformer_kit.interfaces import AttentionInputs, AttentionMask, LayerCache
 from transformer_kit.masks import token_keep
 from transformer_kit.registry_entries import RegisteredComponent
-from transformer_kit.sentence_heads import ClassifierHead, SentenceHead
 from transformer_kit.serialization import save_model
 from transformer_kit.stacks import Embedder, Stack, self_attention_inputs
 
@@ -237,7 +236,7 @@ class DecoderTransformer(TransformerModel):
         return self._empty_cache(self.decoder, batch, like)
 
 
-class EncoderTransformer(TransformerModel, Embeds):
+class EncoderTransformer(TransformerModel, TorchEmbeds):
     """Encoder-only model: ``model(input_ids) -> hidden states`` (batch, len, d_model), or
     logits (batch, len, vocab) when ``lm_head`` is configured. With ``pooling`` it also gives
     sentence embeddings (:meth:`sentence_embedding` of ids; ``model.embed(texts)``, which is
@@ -297,24 +296,3 @@ class EncoderTransformer(TransformerModel, Embeds):
                              "Load a cross-encoder (a *ForSequenceClassification checkpoint).")
         hidden, _ = self.hidden_states(input_ids, attention_mask, token_type_ids)
         return self.classifier(hidden)
-
-    # -- Embeds: the runtime's arrays --------------------------------------------------------
-    def _embedding_settings(self) -> tuple[dict, int | None]:
-        return self.config.to_dict(), self.max_positions
-
-    def _run_embedding(self, ids: np.ndarray, keep: np.ndarray, pooled: np.ndarray) -> np.ndarray:
-        device = next(self.parameters()).device
-        with eval_mode(self), torch.inference_mode():  # no dropout, whatever the model's mode
-            out = self.sentence_embedding(torch.from_numpy(ids).to(device),
-                                          torch.from_numpy(keep).to(device),
-                                          torch.from_numpy(pooled).to(device))
-        return out.float().cpu().numpy()
-
-    def _run_scores(self, ids: np.ndarray, keep: np.ndarray, types: np.ndarray) -> np.ndarray:
-        device = next(self.parameters()).device
-        segments = getattr(self.embed.positional, "token_type", None) is not None
-        with eval_mode(self), torch.inference_mode():
-            _, scores = self.classify(torch.from_numpy(ids).to(device),
-                                      torch.from_numpy(keep).to(device),
-                                      torch.from_numpy(types).to(device) if segments else None)
-        return scores.float().cpu().numpy()

@@ -270,7 +270,7 @@ def test_checkpoint_families_come_from_plugins(fresh_registry):
     assert fresh_registry.model_types() == [
         "bart", "bert", "gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "gpt_neox",
         "granite", "llama", "marian", "mistral", "olmo2", "phi3", "qwen2", "qwen3",
-        "roberta", "smollm3", "t5"]
+        "roberta", "smollm3", "t5", "xlm-roberta"]
     assert all(f.plugin == "builtin" for f in fresh_registry.families())
     family = tk.CheckpointFamily("tiny", dict, dict, probe="w")
     plugin = types.ModuleType("tiny_family")

@@ -8,7 +8,6 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from transformer_kit.config import ModelConfig
 from transformer_kit.sentence_config import Classifier, SentenceEmbedding
 
 #: The config's activation names -> modules.
@@ -83,11 +82,10 @@ class ClassifierHead(nn.Module):
         return logits, self.score(logits.to(torch.float32)).to(logits.dtype)
 
 
-def sentence_outputs(config: ModelConfig, pooling: nn.Module | None) -> dict[str, nn.Module | None]:
+def sentence_outputs(d_model: int, pooling: nn.Module | None, sentence: SentenceEmbedding | None,
+                     classifier: Classifier | None) -> dict[str, nn.Module | None]:
     """An encoder's ``sentence_head`` (with the registry's ``pooling``) and ``classifier``, as
-    its config asks (None where it does not)."""
-    sentence = None
-    if pooling is not None:
-        sentence = SentenceHead(pooling, config.sentence_embedding or SentenceEmbedding())
-    classifier = ClassifierHead(config.d_model, config.classifier) if config.classifier else None
-    return {"sentence_head": sentence, "classifier": classifier}
+    its config's ``sentence_embedding`` and ``classifier`` ask (None where they do not)."""
+    head = SentenceHead(pooling, sentence or SentenceEmbedding()) if pooling is not None else None
+    return {"sentence_head": head,
+            "classifier": ClassifierHead(d_model, classifier) if classifier else None}
