@@ -11,6 +11,7 @@ BLOCKS = ["post_norm", "pre_norm", "parallel", "post_sublayer_norm", "sandwich"]
 FEEDFORWARD = ["relu", "gelu", "silu", "swiglu", "geglu"]
 NORMS = ["layernorm", "rmsnorm"]
 QK_NORMS = [None, "per_head_rmsnorm", "rmsnorm"]  # optional; None: the default (none)
+POOLINGS = ["cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken"]  # encoders, optional
 
 
 def tiny_config(architecture: str, **overrides) -> dict:

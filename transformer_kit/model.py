@@ -240,8 +240,9 @@ class DecoderTransformer(TransformerModel):
 class EncoderTransformer(TransformerModel, Embeds):
     """Encoder-only model: ``model(input_ids) -> hidden states`` (batch, len, d_model), or
     logits (batch, len, vocab) when ``lm_head`` is configured. With ``pooling`` it also gives
-    sentence embeddings (:meth:`sentence_embedding`, :meth:`embed`); with ``classifier`` a
-    cross-encoder's scores (:meth:`classify`, :meth:`rerank`)."""
+    sentence embeddings (:meth:`sentence_embedding` of ids; ``model.embed(texts)``, which is
+    :meth:`encode`, as ``OnnxModel.embed``); with ``classifier`` a cross-encoder's scores
+    (:meth:`classify`, :meth:`score`, :meth:`rerank`)."""
 
     architecture = "encoder"
 
@@ -250,19 +251,13 @@ class EncoderTransformer(TransformerModel, Embeds):
                  sentence_head: SentenceHead | None = None,
                  classifier: ClassifierHead | None = None) -> None:
         super().__init__(config)
-        # Registered as "embed" (the weights' names, as in every model); read as ``embedder``,
-        # since ``embed`` is the sentence-embedding method here.
         self.embed, self.encoder, self.head, self.mask = embed, encoder, head, mask
         self.sentence_head, self.classifier = sentence_head, classifier
-
-    @property
-    def embedder(self) -> Embedder:
-        """The token embedding, positions and embedding norm (weights ``embed.*``)."""
-        return self._modules["embed"]
+        embed.sentences = self.encode  # model.embed(texts) gives sentence embeddings
 
     @property
     def max_positions(self) -> int | None:
-        return self.embedder.positional.max_positions
+        return self.embed.positional.max_positions
 
     def hidden_states(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                       token_type_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -271,9 +266,9 @@ class EncoderTransformer(TransformerModel, Embeds):
         -> last hidden states (batch, len, d_model), keep (batch, len) bool."""
         input_ids = check_token_ids(input_ids, self.config.vocab_size, "input_ids")
         keep = token_keep(input_ids, attention_mask, self.config.pad_id)
-        inputs = self.encoder.attention_inputs(keep, input_ids.shape[1], self.embedder.positional,
+        inputs = self.encoder.attention_inputs(keep, input_ids.shape[1], self.embed.positional,
                                                self.mask)
-        x = self.embedder(input_ids, inputs[0].q_positions, token_type_ids)
+        x = self.embed(input_ids, inputs[0].q_positions, token_type_ids)
         return self.encoder(x, inputs), keep
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
@@ -317,8 +312,9 @@ class EncoderTransformer(TransformerModel, Embeds):
 
     def _run_scores(self, ids: np.ndarray, keep: np.ndarray, types: np.ndarray) -> np.ndarray:
         device = next(self.parameters()).device
+        segments = getattr(self.embed.positional, "token_type", None) is not None
         with torch.inference_mode():
             _, scores = self.classify(torch.from_numpy(ids).to(device),
                                       torch.from_numpy(keep).to(device),
-                                      torch.from_numpy(types).to(device))
+                                      torch.from_numpy(types).to(device) if segments else None)
         return scores.float().cpu().numpy()

@@ -4,8 +4,9 @@ call."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -28,10 +29,18 @@ class Embedder(nn.Module):
         self.scale = float(scale)
         self.norm = norm
         self.dropout = nn.Dropout(dropout)
+        #: An encoder's ``encode`` (texts -> sentence embeddings), set by the encoder; or None.
+        self.sentences: Callable[..., Any] | None = None
 
-    def forward(self, ids: Tensor, positions: Tensor, token_types: Tensor | None = None) -> Tensor:
+    def forward(self, ids: Tensor, positions: Tensor | None = None, token_types: Tensor | None = None,
+                **options: Any) -> Tensor:
         """ids, positions (batch, len) -> (batch, len, d_model). ``token_types`` (batch, len):
-        segment ids, for a positional encoding that has a token-type table (BERT's)."""
+        segment ids, for a positional encoding that has a token-type table (BERT's).
+
+        On an encoder, texts (or lists of token ids) go to the model's sentence embedding:
+        ``model.embed(["a text"], prompt_name="query")`` is ``model.encode(...)``."""
+        if not isinstance(ids, Tensor) and self.sentences is not None:
+            return self.sentences(ids, **options)
         x = self.token(ids)
         if self.scale != 1.0:
             x = x * self.scale

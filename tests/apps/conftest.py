@@ -1,5 +1,6 @@
 """Shared by the command tests: typer's runner, a real subprocess, a saved and exported model,
-an export with a tokenizer."""
+an export with a tokenizer; and (with the serving tests) a sentence-embedding model's and a
+cross-encoder's exports."""
 
 from __future__ import annotations
 
@@ -68,3 +69,34 @@ def text_export(tmp_path_factory):
     byte_level_tokenizer().save(str(folder / "tokenizer.json"))
     export_onnx(tk.from_hf(folder), folder / "onnx")
     return folder / "onnx"
+
+
+def _export(model, folder):
+    from transformer_kit.export import OnnxModel, export_onnx
+
+    export_onnx(model, folder)
+    return OnnxModel(folder, providers="cpu")
+
+
+@pytest.fixture(scope="session")
+def embedding_export(tmp_path_factory):
+    """A random sentence-transformers model (BERT body, mean pooling, Normalize, 24 tokens per
+    input) written by sentence-transformers, read by from_hf and exported: (the
+    ``SentenceTransformer``, the reference; its ``OnnxModel``)."""
+    from tests.embedding.checkpoints import write_sentence_transformer
+
+    folder = tmp_path_factory.mktemp("embeddings")
+    reference = write_sentence_transformer(folder / "st", normalize=True, max_seq_length=24)
+    return reference, _export(tk.from_hf(folder / "st"), folder / "onnx")
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_export(tmp_path_factory):
+    """A random one-label cross-encoder (BERT body, 24 tokens per pair) written by
+    sentence-transformers, read by from_hf and exported: (the ``CrossEncoder``, the reference;
+    its ``OnnxModel``)."""
+    from tests.embedding.checkpoints import write_cross_encoder
+
+    folder = tmp_path_factory.mktemp("rerank")
+    reference = write_cross_encoder(folder / "ce", max_length=24)
+    return reference, _export(tk.from_hf(folder / "ce"), folder / "onnx")

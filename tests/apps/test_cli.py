@@ -9,8 +9,8 @@ import transformer_kit as tk
 from tests.apps.conftest import cli, invoke
 from transformer_kit.apps.cli import app, command_modules
 
-COMMANDS = ["bench", "chat", "components", "config", "demo", "export", "generate", "plot", "run", "serve",
-            "triton"]
+COMMANDS = ["bench", "chat", "components", "config", "demo", "embed", "export", "generate", "plot",
+            "rerank", "run", "serve", "triton"]
 
 
 def test_every_command_module_is_a_command():

@@ -54,7 +54,8 @@ def test_forward_matches_pytorch(exported, batch, length):
         inputs = (src, tgt)
     else:
         inputs = (random_ids(batch, length, cfg.vocab_size, cfg.pad_id, seed=length),)
-    expected = model(*inputs).numpy()
+    classifies = getattr(model, "classifier", None) is not None  # its graph gives the logits
+    expected = (model.classify(*inputs)[0] if classifies else model(*inputs)).numpy()
     actual = om(*[x.numpy() for x in inputs])
     assert actual.shape == expected.shape
     assert relative_error(actual, expected) <= 1e-4
@@ -85,15 +86,24 @@ def test_generation_matches_pytorch_token_for_token(exported):
 @pytest.mark.parametrize("architecture", ["decoder", "encoder_decoder", "encoder"])
 def test_the_sampled_cases_hold_every_value_of_every_kind(architecture):
     from tests.combinations import ATTENTION, BLOCKS, FEEDFORWARD, NORMS, POSITIONAL, QK_NORMS
-    from tests.export.cases import MULTIPLIER_CASES, SCALED_CASES, VARIANT_CASES
+    from tests.export.cases import MULTIPLIER_CASES, SCALED_CASES, SENTENCE_CASES, VARIANT_CASES
 
-    # rotary scalings, layer variants and multipliers, on top of the sample
-    scaled = {case_id for case_id, _ in SCALED_CASES + VARIANT_CASES + MULTIPLIER_CASES}
+    # rotary scalings, layer variants, multipliers and sentence outputs, on top of the sample
+    scaled = {case_id for case_id, _ in SCALED_CASES + VARIANT_CASES + MULTIPLIER_CASES + SENTENCE_CASES}
     configs = [c for case_id, c in CASES if case_id.startswith(architecture + "-") and case_id not in scaled]
     for key, values in (("attention", ATTENTION), ("positional", POSITIONAL), ("block", BLOCKS),
                         ("feedforward", FEEDFORWARD), ("norm", NORMS), ("num_kv_heads", [1, 2, 4]),
                         ("qk_norm", QK_NORMS)):
         assert {c[key] for c in configs} == set(values), key
+
+
+def test_the_sentence_cases_hold_every_pooling():
+    from tests.combinations import POOLINGS
+    from tests.export.cases import SENTENCE_CASES
+
+    configs = [c for _, c in SENTENCE_CASES]
+    assert [c["pooling"] for c in configs if "pooling" in c] == POOLINGS
+    assert {c["classifier"]["num_labels"] for c in configs if "classifier" in c} == {1, 3}
 
 
 def test_the_multiplier_cases_hold_every_multiplier_in_every_architecture_with_a_head():

@@ -35,7 +35,8 @@ def kind_of(path: Path) -> str:
             return "export"
         if is_saved_model(path):
             return "saved model"
-        return "checkpoint" if (path / "config.json").is_file() else "other"
+        checkpoint = (path / "config.json").is_file() or (path / "modules.json").is_file()
+        return "checkpoint" if checkpoint else "other"
     if path.suffix.lower() == ".gguf":
         return "gguf"
     return "config file" if path.suffix.lower() in (".yaml", ".yml", ".json") else "other"

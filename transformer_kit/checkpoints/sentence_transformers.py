@@ -21,8 +21,10 @@ from transformer_kit.errors import CheckpointError
 POOLING_NAMES = {"cls": "cls", "mean": "mean", "max": "max", "mean_sqrt_len_tokens": "mean_sqrt_len",
                  "weightedmean": "weightedmean", "lasttoken": "lasttoken"}
 _LEGACY_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
-                 "pooling_mode_mean_tokens": "mean", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-                 "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+                 "pooling_mode_mean_tokens": "mean",
+                 "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                 "pooling_mode_weightedmean_tokens": "weightedmean",
+                 "pooling_mode_lasttoken": "lasttoken"}
 _ACTIVATIONS = {"Identity": "identity", "Tanh": "tanh", "Sigmoid": "sigmoid", "ReLU": "relu",
                 "GELU": "gelu", "SiLU": "silu", "Softmax": "softmax"}
 #: A tokenizer's model_max_length above this means "no limit" (transformers' 1e30 sentinel).

@@ -35,7 +35,10 @@ def _l2_normalize(x: np.ndarray) -> np.ndarray:
 
 class Embeds:
     """Sentence embeddings and cross-encoder scores, for a runtime that implements
-    :meth:`_embedding_settings`, :meth:`_run_embedding` and :meth:`_run_scores`."""
+    :meth:`_embedding_settings`, :meth:`_run_embedding` and :meth:`_run_scores`.
+
+    The runtimes call :meth:`encode` ``embed`` (``OnnxModel.embed``, and ``model.embed(texts)``
+    on the PyTorch encoder, whose ``embed`` module passes texts on to it)."""
 
     tokenizer: Any
     _text_encoder: TextEncoder | None = None
@@ -68,10 +71,10 @@ class Embeds:
 
     def encode_inputs(self, inputs: Any, *, prompt_name: str | None = None,
                       prompt: str | None = None) -> EmbeddingInputs:
-        """The token ids ``embed`` would run for ``inputs`` (their counts are the usage)."""
+        """The token ids :meth:`encode` would run for ``inputs`` (their counts are the usage)."""
         return self.text_encoder.encode(inputs, prompt_name=prompt_name, prompt=prompt)[0]
 
-    def embed(self, inputs: Any, *, normalize: bool | None = None, prompt_name: str | None = None,
+    def encode(self, inputs: Any, *, normalize: bool | None = None, prompt_name: str | None = None,
               prompt: str | None = None, dimensions: int | None = None, batch_size: int = 32,
               max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS) -> np.ndarray:
         """Sentence embeddings (n, dim) float32, as sentence-transformers' ``encode`` gives them.

@@ -153,6 +153,9 @@ class OnnxModel(Chats, Embeds):
         return self._session("model").run(None, feeds)[0]
 
     # -- Embeds: sentence embeddings and scores ----------------------------------------------
+    #: Sentence embeddings (n, dim) of texts or token ids: see :meth:`Embeds.encode`.
+    embed = Embeds.encode
+
     def _embedding_settings(self) -> tuple[dict, int | None]:
         return self.manifest.config, self.manifest.max_positions
 

@@ -87,13 +87,12 @@ def check_sentence_outputs(model: TransformerModel, om: OnnxModel, seed: int = 0
     inputs = om.manifest.graphs["model"].inputs
     if model.sentence_head is not None and "pooling_mask" not in inputs:
         extra = torch.ones_like(ids)  # the graph pools every real token
-    if model.sentence_head is None and "token_type_ids" not in inputs:
-        extra = torch.zeros_like(ids)  # one segment
+    types = extra if "token_type_ids" in inputs else None  # else one segment
     if model.sentence_head is not None:
         expected = model.sentence_embedding(ids, keep.long(), extra).float().numpy()
         actual = om._run_embedding(ids.numpy(), keep.numpy(), extra.numpy())
     else:
-        expected = model.classify(ids, keep.long(), extra)[1].float().numpy()
+        expected = model.classify(ids, keep.long(), types)[1].float().numpy()
         actual = om._run_scores(ids.numpy(), keep.numpy(), extra.numpy())
     return relative_error(actual, expected)
 

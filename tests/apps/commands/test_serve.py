@@ -1,10 +1,13 @@
 """transformer-kit serve: the server in a real process, text in and text out through the
-official openai client, as onnxruntime's generate gives it; a folder that is no export is
-refused with a sentence."""
+official openai client, as onnxruntime's generate gives it; an embedding model's export on
+/v1/embeddings; a folder that is no export, and an encoder with neither pooling nor a classifier,
+are refused with a sentence."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -12,6 +15,7 @@ import sys
 import time
 
 import httpx
+import numpy as np
 import openai
 
 from tests.apps.conftest import invoke
@@ -77,3 +81,47 @@ def test_serve_on_ray_refuses_a_folder_that_is_not_an_export_before_ray_starts(e
     assert "export" in result.output and "Traceback" not in result.output
     bad = invoke("serve", str(folder / "onnx"), "--ray", "--replicas", "0")
     assert bad.exit_code == 2 and "--replicas" in bad.output
+
+
+def test_serve_answers_embeddings_in_a_real_process(embedding_export):
+    st, om = embedding_export
+    port = _free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "transformer_kit", "serve", str(om.path),
+                                "--port", str(port), "--model-name", "tiny-embed"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            assert time.monotonic() < deadline, "the server did not answer /health in 120 s"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        texts = ["the quick brown fox", "paris is the capital of france"]
+        response = client.embeddings.create(model="tiny-embed", input=texts)
+        np.testing.assert_allclose([d.embedding for d in response.data], st.encode(texts), atol=1e-5)
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def test_serve_refuses_an_encoder_with_neither_pooling_nor_a_classifier(tmp_path, embedding_export):
+    _, om = embedding_export
+    plain = shutil.copytree(om.path, tmp_path / "plain")  # the export, its head left out of the manifest
+    manifest = json.loads((plain / "manifest.json").read_text())
+    manifest["config"].pop("pooling")
+    manifest["config"].pop("sentence_embedding")
+    (plain / "manifest.json").write_text(json.dumps(manifest))
+    result = invoke("serve", str(plain), "--port", "1")
+    assert result.exit_code == 1, result.output
+    assert "neither pooling" in result.output and "Traceback" not in result.output
+    ray = invoke("serve", str(om.path), "--ray")
+    assert ray.exit_code == 1 and "--ray serves decoders" in ray.output, ray.output

@@ -11,3 +11,5 @@ from transformer_kit.export import OnnxModel
 def onnx_model(exported) -> OnnxModel:
     _, folder = exported
     return OnnxModel(folder / "onnx", providers="cpu")
+
+

@@ -1,5 +1,7 @@
 """``transformer-kit serve``: an exported decoder behind an OpenAI-compatible HTTP server, with
-continuous batching, in this process (FastAPI + uvicorn; no other service)."""
+continuous batching, in this process (FastAPI + uvicorn; no other service); an exported
+sentence-embedding model on /v1/embeddings, a cross-encoder on /v1/rerank, batched across
+clients."""
 
 from __future__ import annotations
 
@@ -17,21 +19,25 @@ _Opt = typer.Option
 
 
 def serve(
-    folder: Annotated[Path, typer.Argument(help="An export folder of a decoder.")],
+    folder: Annotated[Path, typer.Argument(help="An export folder of a decoder, a sentence-embedding "
+                                           "model or a cross-encoder.")],
     host: Annotated[str, _Opt(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
     port: Annotated[int, _Opt(help="TCP port.")] = 8000,
     model_name: Annotated[str | None, _Opt(help="The model name clients send (default: the "
                                            "folder's name).")] = None,
-    max_batch: Annotated[int, _Opt(help="Most requests decoded together.")] = 16,
+    max_batch: Annotated[int, _Opt(help="Most requests decoded together (a decoder's).")] = 16,
     max_queue: Annotated[int, _Opt(help="Most requests waiting; beyond it the server answers "
                                    "503.")] = 64,
+    batch_tokens: Annotated[int, _Opt(help="Embeddings and rerank: most padded tokens in one run "
+                                      "of the model (requests run together up to it).")] = 8192,
     provider: Annotated[Provider, _Opt(help="Where onnxruntime runs.")] = Provider.auto,
     ray: Annotated[bool, _Opt("--ray", help="Serve on Ray Serve: the Ray cluster RAY_ADDRESS names, "
                               "else a local Ray instance (needs the serve-ray extra).")] = False,
     replicas: Annotated[int, _Opt(help="With --ray: replicas, each with its own engine.")] = 1,
 ) -> None:
     """Serve completions in the OpenAI convention (POST /v1/completions, GET /v1/models,
-    /health, /metrics) until interrupted."""
+    /health, /metrics) until interrupted; an embedding model's export on POST /v1/embeddings,
+    a cross-encoder's on POST /v1/rerank."""
     name = model_name or folder.resolve().name
     if ray:
         _serve_on_ray(folder, name, host, port, replicas, max_batch, max_queue, provider)
@@ -39,17 +45,27 @@ def serve(
     try:
         import uvicorn
 
+        from transformer_kit.apps.serving.embedding_engine import EmbeddingEngine
         from transformer_kit.apps.serving.engine import Engine
         from transformer_kit.apps.serving.http import create_app
     except ImportError as exc:
         raise typer.BadParameter(f"serving needs the serve extra ({exc.name} is missing): pip install "
                                  "'transformer-kit[serve]'.") from None
+    if batch_tokens < 1:
+        raise typer.BadParameter(f"must be at least 1, got {batch_tokens}.", param_hint="--batch-tokens")
     try:
-        engine = Engine(open_export(folder, provider), max_batch=max_batch, max_queue=max_queue)
+        model = open_export(folder, provider)
+        engine: Engine | EmbeddingEngine
+        if model.manifest.architecture == "encoder":  # refused unless it has pooling or a classifier
+            engine = EmbeddingEngine(model, max_queue=max_queue, max_batch_tokens=batch_tokens)
+            batching = f"{engine.kind} on POST /v1/{engine.kind}, runs <= {batch_tokens} tokens"
+        else:
+            engine = Engine(model, max_batch=max_batch, max_queue=max_queue)
+            batching = f"batch <= {max_batch}"
     except TransformerKitError as exc:
         fail(exc)
     console.print(f"serving {name!r} from {folder} on http://{host}:{port}/v1 "
-                  f"(provider {engine.model.provider}, batch <= {max_batch}, queue <= {max_queue})")
+                  f"(provider {engine.model.provider}, {batching}, queue <= {max_queue})")
     try:
         uvicorn.run(create_app(engine, name), host=host, port=port, log_level="warning")
     finally:
@@ -69,9 +85,12 @@ def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, 
     if replicas < 1:
         raise typer.BadParameter(f"must be at least 1, got {replicas}.", param_hint="--replicas")
     try:
-        open_export(folder, provider)  # refused here, with a sentence, before Ray starts
+        model = open_export(folder, provider)  # refused here, with a sentence, before Ray starts
     except TransformerKitError as exc:
         fail(exc)
+    if model.manifest.architecture != "decoder":
+        fail(f"--ray serves decoders (completions and chat); {str(folder)!r} is an "
+             f"{model.manifest.architecture} export. Leave out --ray to serve it in this process.")
     ray.init()  # RAY_ADDRESS (or a running local instance) when there is one, else a new one
     try:
         serve.start(http_options={"host": host, "port": port})

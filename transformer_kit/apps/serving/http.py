@@ -5,10 +5,14 @@ clients (the ``openai`` package, curl) work unchanged.
 greedy), ``top_p``, ``seed``, ``stop``, ``stream`` as server-sent events),
 ``POST /v1/chat/completions`` (messages rendered by the export's chat template, tools,
 ``response_format``; in :mod:`.chat`), ``GET /v1/models``, ``GET /health`` and ``GET /metrics``
-(Prometheus text). Each completions choice also carries ``token_ids``, the ids behind its text
-(a streamed chunk: the ids of that chunk). Errors are OpenAI-style JSON (``{"error": {"message",
-"type", "param", "code"}}``, :mod:`.openai_api`) with the status that fits: 400 for a bad
-request, 404 for an unknown model, 503 when the queue is full; never a traceback.
+(Prometheus text). An embedding model's export is served on ``POST /v1/embeddings``
+(:mod:`.embeddings`), a cross-encoder's on ``POST /v1/rerank`` (:mod:`.rerank`), both over an
+:class:`.EmbeddingEngine` that batches across clients; the other kind's endpoints answer 400
+with a sentence naming the one this model serves. Each completions choice also carries
+``token_ids``, the ids behind its text (a streamed chunk: the ids of that chunk). Errors are
+OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``, :mod:`.openai_api`) with
+the status that fits: 400 for a bad request, 404 for an unknown model, 503 when the queue is
+full; never a traceback.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from transformer_kit.apps.serving.chat import ChatCompletionRequest, ChatServer
+from transformer_kit.apps.serving.embedding_engine import EmbeddingEngine
+from transformer_kit.apps.serving.embeddings import EmbeddingRequest, EmbeddingServer
 from transformer_kit.apps.serving.engine import Engine, QueueFull
 from transformer_kit.apps.serving.openai_api import (
     ServerMetrics,
@@ -36,6 +42,7 @@ from transformer_kit.apps.serving.openai_api import (
     install_error_handlers,
 )
 from transformer_kit.apps.serving.requests import Request as EngineRequest
+from transformer_kit.apps.serving.rerank import RerankRequest, RerankServer
 from transformer_kit.decoding.text import TextPieces
 from transformer_kit.errors import InputError
 
@@ -114,20 +121,55 @@ class CompletionServer:
                           "total_tokens": len(ids) + len(tokens)}}
 
 
-def create_app(engine: Engine, model_name: str) -> FastAPI:
-    """The FastAPI application serving ``engine`` under the model name ``model_name``."""
+#: What each kind of model is, as the wrong endpoint's answer names it, and the paths it serves.
+_KINDS = {"generator": ("a text generator", ("/v1/completions", "/v1/chat/completions")),
+          "embeddings": ("a sentence-embedding model", ("/v1/embeddings",)),
+          "rerank": ("a cross-encoder", ("/v1/rerank", "/rerank"))}
+
+
+def create_app(engine: Engine | EmbeddingEngine, model_name: str) -> FastAPI:
+    """The FastAPI application serving ``engine`` under the model name ``model_name``: a
+    decoder's :class:`Engine` on the completions endpoints, an :class:`EmbeddingEngine` on
+    /v1/embeddings or /v1/rerank (its ``kind``)."""
     app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None)
     install_error_handlers(app, {"/v1/completions": CompletionRequest,
-                                 "/v1/chat/completions": ChatCompletionRequest})
+                                 "/v1/chat/completions": ChatCompletionRequest,
+                                 "/v1/embeddings": EmbeddingRequest, "/rerank": RerankRequest})
     server = CompletionServer(engine, model_name)
     app.get("/health")(server.health)
     app.get("/v1/models")(server.models)
     app.get("/metrics")(server.prometheus)
-    app.post("/v1/completions", response_model=None)(server.completions)
-    chat = ChatServer(engine, model_name, server.metrics)
-    app.post("/v1/chat/completions", response_model=None)(chat.chat_completions)
+    if isinstance(engine, EmbeddingEngine):
+        kind = engine.kind
+        if kind == "embeddings":
+            app.post("/v1/embeddings", response_model=None)(
+                EmbeddingServer(engine, model_name, server.metrics).embeddings)
+        else:
+            rerank = RerankServer(engine, model_name, server.metrics).rerank
+            app.post("/v1/rerank", response_model=None)(rerank)
+            app.post("/rerank", response_model=None)(rerank)
+    else:
+        kind = "generator"
+        app.post("/v1/completions", response_model=None)(server.completions)
+        chat = ChatServer(engine, model_name, server.metrics)
+        app.post("/v1/chat/completions", response_model=None)(chat.chat_completions)
+    what, serves = _KINDS[kind]
+    for other, (_, paths) in _KINDS.items():
+        for path in paths if other != kind else ():
+            app.post(path, response_model=None)(_wrong_endpoint(model_name, what, serves))
     app.state.server = server
     return app
+
+
+def _wrong_endpoint(model_name: str, what: str, serves: tuple[str, ...]) -> Any:
+    """A handler answering 400 on an endpoint this model cannot serve, naming the one it does."""
+
+    async def wrong(request: Request) -> Any:
+        return error_response(400, f"{model_name!r} is {what}, so this server answers POST "
+                              f"{' and '.join(serves)}, not {request.url.path}; send the request "
+                              "there, or serve a model of the kind this endpoint needs.")
+
+    return wrong
 
 
 def _prompt_ids(prompt: Any, model) -> list[int]:

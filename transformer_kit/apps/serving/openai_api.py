@@ -4,6 +4,7 @@ itself), the finish reason of an engine request, and the server's Prometheus met
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -14,6 +15,9 @@ from starlette.exceptions import HTTPException
 
 from transformer_kit.apps.serving.engine import Engine, QueueFull
 from transformer_kit.apps.serving.requests import Request as EngineRequest
+
+if TYPE_CHECKING:
+    from transformer_kit.apps.serving.embedding_engine import EmbeddingEngine
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error",
@@ -27,10 +31,14 @@ class ServerMetrics:
     """Prometheus metrics of one server (a registry of its own, so several apps can live in one
     process)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine | EmbeddingEngine) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("transformer_kit_requests", "Requests (completions, chat) by outcome",
                                 ["outcome"], registry=self.registry)
+        self.encoded = Counter("transformer_kit_encoder_requests", "Embeddings and rerank requests "
+                               "served", ["endpoint"], registry=self.registry)
+        self.input_tokens = Counter("transformer_kit_input_tokens", "Tokens embedded or scored",
+                                    registry=self.registry)
         self.tokens = Counter("transformer_kit_generated_tokens", "Tokens generated",
                               registry=self.registry)
         self.ttft = Histogram("transformer_kit_time_to_first_token_seconds",
@@ -38,10 +46,11 @@ class ServerMetrics:
                               buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
         queue = Gauge("transformer_kit_queue_length", "Requests waiting", registry=self.registry)
         queue.set_function(lambda: engine.queue_length)
-        batch = Gauge("transformer_kit_batch_size", "Rows in the running batch", registry=self.registry)
+        batch = Gauge("transformer_kit_batch_size", "Rows in the running batch (embeddings, rerank: "
+                      "requests in the last call)", registry=self.registry)
         batch.set_function(lambda: engine.stats["batch_size"])
-        largest = Gauge("transformer_kit_max_batch_size", "Most rows decoded together so far",
-                        registry=self.registry)
+        largest = Gauge("transformer_kit_max_batch_size", "Most rows decoded together so far "
+                        "(embeddings, rerank: most requests run in one call)", registry=self.registry)
         largest.set_function(lambda: engine.stats["max_batch_size"])
 
     def finished(self, request: EngineRequest) -> None:
@@ -50,6 +59,11 @@ class ServerMetrics:
         self.tokens.inc(len(request.tokens))
         if request.first_token_s is not None:
             self.ttft.observe(request.first_token_s)
+
+    def served(self, endpoint: str, tokens: int) -> None:
+        """Count an embeddings or rerank request that was answered, and its input tokens."""
+        self.encoded.labels(endpoint).inc()
+        self.input_tokens.inc(tokens)
 
     def refused(self, exc: Exception) -> JSONResponse:
         """The answer to a request the engine would not take, counted: 503 when its queue is
