@@ -246,16 +246,18 @@ def load_runner(runner: str, folder: str):
 
 
 def worker(runner: str, folder: str) -> None:
-    """Answers JSON lines on stdin: ``load`` (a workload's texts and batch size), ``run`` (one
-    untimed then one timed pass over a workload: its seconds), ``vectors`` (embeddings saved as
+    """Answers JSON lines on stdin: ``load`` (a workload's texts and batch size), ``run`` (a
+    short untimed call, then one timed pass over a workload: its seconds), ``vectors`` (embeddings saved as
     .npy), ``stop``. Anything the libraries print goes to stderr."""
     protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     encode, versions = load_runner(runner, folder)
     loaded: dict[str, tuple[list[str], int]] = {}
 
-    def once(name: str) -> float:
+    def once(name: str, settle: bool = False) -> float:
         batch, size = loaded[name]
+        if settle:  # a short untimed call: the first texts (one batch, or two single calls)
+            batch = batch[:size if size > 1 else 2]
         start = time.perf_counter()
         if size == 1:
             for text in batch:
@@ -271,9 +273,8 @@ def worker(runner: str, folder: str) -> None:
         answer: dict = {}
         if message["do"] == "load":
             loaded[message["name"]] = (message["texts"], message["batch"])
-            answer["warm-up"] = once(message["name"])
         elif message["do"] == "run":
-            once(message["name"])  # settle: the timed pass follows one of the same runner
+            once(message["name"], settle=True)  # the timed pass follows a call of the same runner
             answer["seconds"] = once(message["name"])
         elif message["do"] == "vectors":
             np.save(message["path"], encode(message["texts"], 32))
@@ -348,16 +349,8 @@ def peer_has(python: str, module: str) -> bool:
 
 
 # -- timing ----------------------------------------------------------------------------------
-#: Texts per timed call, by shape, length and batch (batch 1: that many one-text calls), so
-#: that each runner's call takes about a second or two on 2 cores.
-COUNTS: dict[str, dict[tuple[str, int], int]] = {
-    "minilm": {("short", 1): 64, ("short", 32): 512, ("long", 1): 16, ("long", 32): 64,
-               ("mixed", 1): 24, ("mixed", 32): 96},
-    "bge-base": {("short", 1): 32, ("short", 32): 128, ("long", 1): 4, ("long", 32): 32,
-                 ("mixed", 1): 6, ("mixed", 32): 32},
-    "tiny": {("short", 1): 4, ("short", 32): 32, ("long", 1): 2, ("long", 32): 32,
-             ("mixed", 1): 4, ("mixed", 32): 32},
-}
+#: Texts of the probe that sizes each workload (batch 1: that many one-text calls).
+PROBE = {1: 8, 32: 32}
 #: (faster, baseline) pairs whose speed ratio is reported.
 RATIOS = (("kit float32", "ST onnx"), ("kit float32", "ST torch"), ("kit int8", "ST torch"),
           ("kit int8", "ST onnx"))
@@ -372,24 +365,47 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
+def sized(probe_seconds: float, probe_texts: int, batch: int, cell_seconds: float) -> int:
+    """Texts per timed call such that one call of every runner adds up to about
+    ``cell_seconds`` (from the runners' seconds on the probe, added up): a multiple of ``batch``,
+    at least one batch (batch 1: at least 4 calls)."""
+    count = cell_seconds / probe_seconds * probe_texts
+    if batch == 1:
+        return max(4, round(count))
+    return max(batch, round(count / batch) * batch)
+
+
 def measure_shape(shape: str, workdir: Path, runners: dict[str, tuple[Path, str]], rounds: int,
-                  scale: float, progress) -> dict:
-    """Every runner on every workload of ``shape`` in ``rounds`` interleaved rounds."""
-    workloads = {f"{length}, batch {batch}": (length, batch, max(batch, round(count * scale / batch) * batch))
-                 for (length, batch), count in COUNTS[shape].items()}
-    task = progress.add_task(f"{shape}: starting", total=len(runners) * len(workloads) * (rounds + 1))
+                  cell_seconds: float, deadline: float, progress) -> dict:
+    """Every runner on every workload of ``shape`` in up to ``rounds`` interleaved rounds (no
+    round starts after ``deadline``, a ``time.monotonic()``; at least one runs)."""
     workers = {}
     for name, (folder, python) in runners.items():
         workers[name] = Worker(name, folder, python, workdir / f"{shape}-{name.replace(' ', '-')}.log")
-    seconds: dict[str, dict[str, list[float]]] = {w: {r: [] for r in workers} for w in workloads}
-    for wname, (length, batch, count) in workloads.items():
-        batch_texts = workload_texts(shape, length, batch, count)
-        for name, worker_ in workers.items():
-            progress.update(task, description=f"{shape}: warm-up {wname}, {name}")
-            worker_.ask(do="load", name=wname, texts=batch_texts, batch=batch)
-            progress.advance(task)
     names = list(workers)
+    workloads: dict[str, tuple[str, int, int]] = {}
+    task = progress.add_task(f"{shape}: probes", total=len(LENGTHS) * 2 * len(names) * (rounds + 2))
+    for length in LENGTHS:
+        for batch in (1, 32):
+            wname = f"{length}, batch {batch}"
+            probe = workload_texts(shape, length, batch, PROBE[batch])
+            total = 0.0
+            for name in names:  # the probe's first pass is the warm-up
+                progress.update(task, description=f"{shape}: probe {wname}, {name}")
+                workers[name].ask(do="load", name=wname, texts=probe, batch=batch)
+                workers[name].ask(do="run", name=wname)
+                total += workers[name].ask(do="run", name=wname)["seconds"]
+                progress.advance(task, 2)
+            count = sized(total, len(probe), batch, cell_seconds)
+            workloads[wname] = (length, batch, count)
+            for name in names:
+                workers[name].ask(do="load", name=wname, texts=workload_texts(shape, length, batch, count),
+                                  batch=batch)
+    seconds: dict[str, dict[str, list[float]]] = {w: {r: [] for r in workers} for w in workloads}
     for index in range(rounds):
+        if index and time.monotonic() > deadline:
+            progress.update(task, description=f"{shape}: out of time after {index} rounds")
+            break
         for offset, wname in enumerate(workloads):
             shift = (index + offset) % len(names)
             for name in [*names[shift:], *names[:shift]]:
@@ -405,7 +421,8 @@ def measure_shape(shape: str, workdir: Path, runners: dict[str, tuple[Path, str]
     versions = {name: w.versions for name, w in workers.items()}
     for worker_ in workers.values():
         worker_.close()
-    result: dict = {"workloads": {}, "versions": versions, "correctness": {}}
+    result: dict = {"workloads": {}, "versions": versions, "correctness": {},
+                    "rounds": len(next(iter(seconds.values()))[names[0]])}
     for wname, (length, batch, count) in workloads.items():
         times = seconds[wname]
         row = {"length": length, "batch": batch, "texts": count, "seconds": times,
@@ -430,7 +447,7 @@ def measure_shape(shape: str, workdir: Path, runners: dict[str, tuple[Path, str]
     return result
 
 
-def print_shape(shape: str, result: dict, rounds: int) -> None:
+def print_shape(shape: str, result: dict) -> None:
     s = SHAPES[shape]
     print(f"\n### {s['title']}: {s['layers']} layers, {s['hidden']} wide, {s['heads']} heads, "
           f"{s['ff']} ff, {vocab_size(shape)} vocabulary, {s['pooling']} pooling + Normalize, "
@@ -446,7 +463,7 @@ def print_shape(shape: str, result: dict, rounds: int) -> None:
         rates = " | ".join(f"{row['sentences_per_s'][r]:.1f}" for r in runners)
         shown = " | ".join(f"{row['ratios'][r]:.2f}x" for r in ratios)
         print(f"| {row['length']} ({tokens}), batch {row['batch']} | {row['texts']} | {rates} | {shown} |")
-    print(f"\nsentences/s: medians over {rounds} rounds; ratios: medians of within-round ratios "
+    print(f"\nsentences/s: medians over {result['rounds']} rounds; ratios: medians of within-round ratios "
           "(> 1: the first is faster)\n")
     for key, value in result["correctness"].items():
         print(f"- {key}: {value:.3g}" if "diff" in key else f"- {key}: {value:.5f}")
@@ -492,7 +509,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["minilm", "bge-base"], choices=list(SHAPES))
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply the texts per call")
+    parser.add_argument("--cell-seconds", type=float, default=4.0,
+                        help="one timed call of every runner adds up to about this (sizes the calls)")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="no round starts after this many minutes (shared out over the shapes)")
     parser.add_argument("--peer-python", default=sys.executable,
                         help="the interpreter of the sentence-transformers runners")
     parser.add_argument("--runners", nargs="+", default=[*KIT_RUNNERS, *PEER_RUNNERS],
@@ -525,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
               "'sentence-transformers[onnx]')", file=sys.stderr)
         wanted.remove(name)
     load = os.getloadavg()
-    started = datetime.now(UTC)
+    started, begun = datetime.now(UTC), time.monotonic()
     results: dict[str, dict] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=Console(stderr=True)) as progress:
@@ -540,13 +560,17 @@ def main(argv: list[str] | None = None) -> int:
             for name in wanted:
                 folders[name] = ((kit[name], sys.executable) if name in kit else
                                  (st_onnx if name == "ST onnx" else checkpoint, args.peer_python))
-            results[shape] = measure_shape(shape, workdir, folders, args.rounds, args.scale, progress)
+            left = len(args.shapes) - args.shapes.index(shape)
+            deadline = (float("inf") if args.minutes is None else
+                        time.monotonic() + (begun + 60 * args.minutes - time.monotonic()) / left)
+            results[shape] = measure_shape(shape, workdir, folders, args.rounds, args.cell_seconds,
+                                           deadline, progress)
             (workdir / "embeddings-results.json").write_text(json.dumps(results, indent=1))
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     print(f"\n{started:%Y-%m-%d %H:%M} UTC, {cpu}, {os.cpu_count()} cores (load average "
           f"{load[0]:.1f} before, {os.getloadavg()[0]:.1f} after), {THREADS} threads a runner, "
-          f"{args.rounds} rounds\n    {' '.join(['python', *sys.argv])}\n")
+          f"up to {args.rounds} rounds\n    {' '.join(['python', *sys.argv])}\n")
     versions = {}
     for result in results.values():
         for name, v in result["versions"].items():
@@ -554,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in versions.items():
         print(f"- {name}: {text}")
     for shape, result in results.items():
-        print_shape(shape, result, args.rounds)
+        print_shape(shape, result)
     print(f"\nresults: {workdir / 'embeddings-results.json'}")
     if args.png:
         plot(results, args.png)
