@@ -171,8 +171,8 @@ def write_checkpoint(folder: Path, shape: str, seed: int = 0) -> Path:
 # -- the texts -------------------------------------------------------------------------------
 def texts(kind: str, count: int, size: int = VOCAB, seed: int = 0) -> list[str]:
     """``count`` English-ish sentences whose tokenized lengths ([CLS] and [SEP] included) are
-    ``LENGTHS[kind]`` (uniform between its bounds): common words, syllable words in the
-    vocabulary, and now and then a longer word cut into pieces."""
+    ``LENGTHS[kind]`` (uniform between its bounds; a text may end one token short): common
+    words, syllable words in the vocabulary, and now and then a longer word cut into pieces."""
     rng = np.random.default_rng(seed + {"short": 0, "long": 1, "mixed": 2}[kind])
     tok = tokenizer(size)
     sylls = syllables()
@@ -189,9 +189,10 @@ def texts(kind: str, count: int, size: int = VOCAB, seed: int = 0) -> list[str]:
                 word = "".join(rng.choice(sylls, 2))
             else:
                 word = "".join(rng.choice(sylls, 4))
-            candidate = " ".join([*words, word])
-            if len(tok.encode(candidate + ".").ids) > target:
-                break
+            if len(tok.encode(" ".join([*words, word]) + ".").ids) > target:
+                if word in COMMON:  # one token too many: done (a longer word: try another)
+                    break
+                continue
             words.append(word)
         sentence = " ".join(words) + "."
         out.append(sentence[0].upper() + sentence[1:])
