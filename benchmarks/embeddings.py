@@ -257,8 +257,8 @@ def worker(runner: str, folder: str) -> None:
 
     def once(name: str, settle: bool = False) -> float:
         batch, size = loaded[name]
-        if settle:  # a short untimed call: the first texts (one batch, or two single calls)
-            batch = batch[:size if size > 1 else 2]
+        if settle:  # a short untimed call: the first two texts
+            batch = batch[:2]
         start = time.perf_counter()
         if size == 1:
             for text in batch:
@@ -391,10 +391,9 @@ def measure_shape(shape: str, workdir: Path, runners: dict[str, tuple[Path, str]
             wname = f"{length}, batch {batch}"
             probe = workload_texts(shape, length, batch, PROBE[batch])
             total = 0.0
-            for name in names:  # the probe's first pass is the warm-up
+            for name in names:  # the probe is the warm-up too (the final texts begin with it)
                 progress.update(task, description=f"{shape}: probe {wname}, {name}")
                 workers[name].ask(do="load", name=wname, texts=probe, batch=batch)
-                workers[name].ask(do="run", name=wname)
                 total += workers[name].ask(do="run", name=wname)["seconds"]
                 progress.advance(task, 2)
             count = sized(total, len(probe), batch, cell_seconds)
