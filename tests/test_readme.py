@@ -6,6 +6,8 @@ import re
 import types
 from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
 
 import transformer_kit as tk
@@ -78,3 +80,24 @@ def test_chat_example_runs_and_agrees_with_the_model(tmp_path, monkeypatch):
     call = namespace["call"]
     assert call["function"]["name"] == "get_weather"
     assert isinstance(json.loads(call["function"]["arguments"])["city"], str)
+
+
+def test_embeddings_example(tmp_path, monkeypatch):
+    """The embeddings example on folders made here under its names: a sentence-transformers
+    model whose Dense layer gives 384 features, and a cross-encoder's export."""
+    pytest.importorskip("sentence_transformers")
+    from tests.embedding.checkpoints import write_cross_encoder, write_sentence_transformer
+    from transformer_kit.export import export_onnx
+
+    monkeypatch.chdir(tmp_path)
+    reference = write_sentence_transformer(tmp_path / "all-MiniLM-L6-v2", dense=384, normalize=True)
+    cross_encoder = write_cross_encoder(tmp_path / "ms-marco")
+    export_onnx(tk.from_hf(tmp_path / "ms-marco"), tmp_path / "ms-marco-export")
+    namespace: dict = {}
+    exec(next(b for b in _python_blocks() if "om.embed(" in b), namespace)
+    texts = ["A man is eating food.", "A man rides a horse."]
+    np.testing.assert_allclose(namespace["vectors"], reference.encode(texts), atol=1e-5)
+    query = reference.encode(["what do people eat?"], prompt_name="query")[:, :128]
+    np.testing.assert_allclose(namespace["queries"], query / np.linalg.norm(query), atol=1e-5)
+    expected = cross_encoder.predict([("what do people eat?", "A man is eating food.")])
+    np.testing.assert_allclose(namespace["scores"], expected, atol=1e-5)

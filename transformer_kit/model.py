@@ -20,7 +20,7 @@ from transformer_kit.chat.conversation import Chats
 from transformer_kit.config import ModelConfig
 from transformer_kit.decoding import GenerationConfig
 from transformer_kit.decoding.text import TextTokenizer
-from transformer_kit.decoding.torch_steps import generate, stream
+from transformer_kit.decoding.torch_steps import eval_mode, generate, stream
 from transformer_kit.embedding import Embeds
 from transformer_kit.errors import InputError
 from transformer_kit.inputs import check_token_ids, tracing
@@ -304,7 +304,7 @@ class EncoderTransformer(TransformerModel, Embeds):
 
     def _run_embedding(self, ids: np.ndarray, keep: np.ndarray, pooled: np.ndarray) -> np.ndarray:
         device = next(self.parameters()).device
-        with torch.inference_mode():
+        with eval_mode(self), torch.inference_mode():  # no dropout, whatever the model's mode
             out = self.sentence_embedding(torch.from_numpy(ids).to(device),
                                           torch.from_numpy(keep).to(device),
                                           torch.from_numpy(pooled).to(device))
@@ -313,7 +313,7 @@ class EncoderTransformer(TransformerModel, Embeds):
     def _run_scores(self, ids: np.ndarray, keep: np.ndarray, types: np.ndarray) -> np.ndarray:
         device = next(self.parameters()).device
         segments = getattr(self.embed.positional, "token_type", None) is not None
-        with torch.inference_mode():
+        with eval_mode(self), torch.inference_mode():
             _, scores = self.classify(torch.from_numpy(ids).to(device),
                                       torch.from_numpy(keep).to(device),
                                       torch.from_numpy(types).to(device) if segments else None)

@@ -32,7 +32,14 @@ class DenseActivation(nn.Module):
         self.activation = activation(act)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.activation(self.linear(x))
+        return self.activation(linear_as_matmul(self.linear, x))
+
+
+def linear_as_matmul(linear: nn.Linear, x: Tensor) -> Tensor:
+    """``linear(x)`` for x (batch, in), computed on (batch, 1, in) so that it exports as ONNX
+    MatMul and Add, which int8 and int4 quantize like every other product (a 2-D input exports
+    as Gemm, whose per-channel int8 quantization onnxruntime's quantizer gets wrong)."""
+    return linear(x[:, None])[:, 0]
 
 
 class SentenceHead(nn.Module):
@@ -71,7 +78,8 @@ class ClassifierHead(nn.Module):
         self.score = activation(config.score_activation)
 
     def forward(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
-        logits = self.out(self.pooler_activation(self.pooler(hidden[:, 0])))
+        pooled = self.pooler_activation(linear_as_matmul(self.pooler, hidden[:, 0]))
+        logits = linear_as_matmul(self.out, pooled)
         return logits, self.score(logits.to(torch.float32)).to(logits.dtype)
 
 

@@ -148,3 +148,41 @@ def test_head_dim_sets_each_head_s_width_apart_from_d_model():
     assert torch.equal(cached, model.generate(ids, max_new_tokens=5, use_cache=False))
     with pytest.raises(tk.ConfigError, match=r"divisible by 'num_heads'.*or give 'head_dim'"):
         tk.load_config({**config, "head_dim": None})
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"architecture": "decoder", "pooling": "mean"}, "'pooling' apply to encoder models only"),
+    ({"architecture": "encoder", "sentence_embedding": {"normalize": True}},
+     "'sentence_embedding' follows pooling"),
+    ({"architecture": "encoder", "pooling": "mean", "classifier": {"num_labels": 1}},
+     "exclude each other"),
+    ({"architecture": "encoder", "lm_head": True, "classifier": {}}, "'lm_head' and a sentence output"),
+    ({"architecture": "encoder", "pooling": "mean",
+      "sentence_embedding": {"dense": [{"in_features": 7, "out_features": 3}]}},
+     "layer 0 takes 7 features but pooling gives d_model (16)"),
+    ({"architecture": "encoder", "pooling": "mean",
+      "sentence_embedding": {"dense": [{"in_features": 16, "out_features": 3},
+                                       {"in_features": 4, "out_features": 2}]}},
+     "layer 1 takes 4 features but layer 0 gives 3"),
+    ({"architecture": "encoder", "pooling": "mean",
+      "sentence_embedding": {"default_prompt_name": "query"}}, "'query' is not one of the prompts"),
+    ({"architecture": "encoder", "classifier": {"num_labels": 2, "labels": ["a"]}}, "names 1 labels"),
+    ({"architecture": "encoder", "pooling": "mean",
+      "sentence_embedding": {"dense": [{"in_features": 16, "out_features": 3, "activation": "swish"}]}},
+     "sentence_embedding.dense.0.activation"),
+    ({"architecture": "encoder", "pooling": "meen"}, "Did you mean 'mean'"),
+])
+def test_sentence_outputs_are_checked(overrides, message):
+    with pytest.raises(tk.ConfigError) as info:
+        tk.build_model({"vocab_size": 10, "d_model": 16, "num_heads": 2, **overrides})
+    assert message in str(info.value)
+
+
+def test_sentence_outputs_round_trip():
+    config = tk.load_config({
+        "architecture": "encoder", "vocab_size": 10, "d_model": 16, "num_heads": 2,
+        "pooling": {"name": "mean"}, "max_seq_length": 32, "lowercase": True,
+        "sentence_embedding": {"normalize": True, "prompts": {"query": "q: "},
+                               "dense": [{"in_features": 16, "out_features": 8}]}})
+    assert tk.load_config(config.to_dict()) == config
+    assert config.to_dict()["sentence_embedding"]["dense"][0]["activation"] == "tanh"

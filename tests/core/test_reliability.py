@@ -28,7 +28,8 @@ WRONG_TYPES = {
     "lm_head": "no", "attention": 5, "positional": 1.5, "mask": ["causal"], "block": True,
     "feedforward": {"params": {}}, "norm": 0, "qk_norm": 7, "embedding_scale": "12",
     "logit_scale": [0.5], "logit_softcap": True, "layer_types": "local",
-    "layer_variants": ["local"],
+    "layer_variants": ["local"], "pooling": 3, "sentence_embedding": "mean",
+    "classifier": 1, "max_seq_length": "256", "lowercase": "yes",
 }
 SIZES = ["vocab_size", "d_model", "num_heads", "num_kv_heads", "num_layers", "d_ff", "max_len"]
 

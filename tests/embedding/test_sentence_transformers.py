@@ -88,11 +88,30 @@ def test_cross_encoder_scores_equal_predict(case, tmp_path):
 
 
 def test_int8_keeps_the_direction(tmp_path):
-    """int8 weights: vectors within cosine 0.99 of float32 on average."""
-    write_sentence_transformer(tmp_path / "st", pooling="mean", normalize=True)
+    """int8 weights (the Dense layer's too): vectors within cosine 0.99 of float32 on average."""
+    write_sentence_transformer(tmp_path / "st", pooling="mean", dense=16, normalize=True)
     model = tk.from_hf(tmp_path / "st")
     export_onnx(model, tmp_path / "f32")
     export_onnx(model, tmp_path / "int8", quantize="int8")
     exact, quantized = OnnxModel(tmp_path / "f32").embed(TEXTS), OnnxModel(tmp_path / "int8").embed(TEXTS)
     cosine = (exact * quantized).sum(axis=1)  # both normalised
     assert cosine.mean() >= 0.99, cosine
+
+
+def test_int8_cross_encoder_keeps_the_ranking(tmp_path):
+    reference = write_cross_encoder(tmp_path / "ce")
+    export_onnx(tk.from_hf(tmp_path / "ce"), tmp_path / "int8", quantize="int8")
+    expected = reference.predict([("capital of france", d) for d in TEXTS])
+    scores = OnnxModel(tmp_path / "int8").score("capital of france", TEXTS)
+    np.testing.assert_allclose(scores, expected, atol=0.02)
+
+
+def test_a_saved_model_in_training_mode_embeds_as_sentence_transformers(embedder, tmp_path):
+    """save / load_model keep the pipeline and the tokenizer; embed runs without dropout
+    whatever the model's mode."""
+    reference, model, _ = embedder
+    model.save(tmp_path / "saved")
+    loaded = tk.load_model(tmp_path / "saved").train()
+    np.testing.assert_allclose(loaded.embed(TEXTS, prompt_name="query"),
+                               reference.encode(TEXTS, prompt_name="query"), atol=1e-5)
+    assert loaded.training

@@ -135,7 +135,7 @@ def generate(model, ids: Tensor, *, attention_mask: Any = None,
         out = text.row_texts(tokenizer, tokens.cpu().numpy(), opts.eos_ids(model.config.eos_id),
                              opts.stop)
         return out[0] if prompts[1] and len(out) == 1 else out
-    with _eval(model):
+    with eval_mode(model):
         stepper, problem, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher)
         tokens = generate_tokens(stepper, problem, opts, pipeline)
     return torch.from_numpy(tokens).to(ids.device)
@@ -155,7 +155,7 @@ def stream(model, ids: Tensor, *, attention_mask: Any = None,
     if prompts is not None:
         tokenizer, (ids, attention_mask) = _encoded(model, prompts[0], add_special_tokens)
         stop_matcher = tokenizer.stop_matcher(opts.stop) if opts.stop else None
-    with _eval(model):
+    with eval_mode(model):
         stepper, problem, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher)
     steps = _steps(model, stream_tokens(stepper, problem, opts, pipeline), ids.device)
     if prompts is None:
@@ -176,7 +176,7 @@ def _encoded(model, prompts: list[str], add_special_tokens: bool):
 
 def _steps(model, steps: Iterator[np.ndarray], device: torch.device) -> Iterator[Tensor]:
     while True:
-        with _eval(model):
+        with eval_mode(model):
             token = next(steps, None)
         if token is None:
             return
@@ -184,7 +184,7 @@ def _steps(model, steps: Iterator[np.ndarray], device: torch.device) -> Iterator
 
 
 @contextlib.contextmanager
-def _eval(model):
+def eval_mode(model):
     """Eval mode without gradients for the block, then the model's mode as it was."""
     was_training = model.training
     model.eval()

@@ -1,5 +1,5 @@
-"""transformer-kit embed and rerank: sentence-transformers' vectors and CrossEncoder's ranking
-from an export folder and from the checkpoint folder itself; .npy written whole."""
+"""transformer-kit embed: sentence-transformers' vectors from an export folder (made by
+``export --from-hf``) and from the checkpoint folder itself; .npy written whole."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ import pytest
 
 pytest.importorskip("sentence_transformers")
 
-import transformer_kit as tk
 from tests.apps.conftest import invoke
-from tests.embedding.checkpoints import write_cross_encoder, write_sentence_transformer
-from transformer_kit.export import export_onnx
+from tests.embedding.checkpoints import write_sentence_transformer
 
 TEXTS = ["hello world", "search engines rank documents", "Paris"]
 
@@ -19,8 +17,10 @@ TEXTS = ["hello world", "search engines rank documents", "Paris"]
 @pytest.fixture(scope="module")
 def embedder(tmp_path_factory):
     root = tmp_path_factory.mktemp("embed")
-    reference = write_sentence_transformer(root / "st", pooling="mean", normalize=True)
-    export_onnx(tk.from_hf(root / "st"), root / "onnx")
+    reference = write_sentence_transformer(root / "st", pooling="mean", dense=24, normalize=True)
+    result = invoke("export", str(root / "st"), "--from-hf", "-o", str(root / "onnx"))
+    assert result.exit_code == 0, result.output  # the command keeps the whole pipeline
+    assert "sentence outputs" in result.output
     return reference, root
 
 
@@ -55,15 +55,3 @@ def test_embed_refusals_leave_no_file(embedder, tmp_path):
     result = invoke("embed", str(root / "onnx"), "--text", "a", "-o", str(tmp_path / "v.txt"))
     assert result.exit_code == 1 and ".npy" in result.output
     assert list(tmp_path.iterdir()) == []
-
-
-def test_rerank_orders_by_cross_encoder_scores(tmp_path):
-    reference = write_cross_encoder(tmp_path / "ce")
-    export_onnx(tk.from_hf(tmp_path / "ce"), tmp_path / "onnx")
-    flags = [x for t in TEXTS for x in ("--document", t)]
-    result = invoke("rerank", str(tmp_path / "onnx"), "--query", "capital of france", *flags)
-    assert result.exit_code == 0, result.output
-    scores = reference.predict([("capital of france", t) for t in TEXTS])
-    rows = [line.split(maxsplit=2) for line in result.output.strip().splitlines()]
-    assert [int(r[1]) for r in rows] == np.argsort(-scores, kind="stable").tolist()
-    np.testing.assert_allclose([float(r[0]) for r in rows], np.sort(scores)[::-1], atol=1e-5)
