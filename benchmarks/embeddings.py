@@ -200,6 +200,20 @@ def texts(kind: str, count: int, size: int = VOCAB, seed: int = 0) -> list[str]:
     return out
 
 
+def flops(shape: str, batch_texts: list[str]) -> float:
+    """Floating-point operations of the encoder on ``batch_texts`` (their own tokens, cut to
+    max_seq_length; padding not counted): per token and layer, 2 x (4 d^2 + 2 d ff) for the
+    products with weights and 4 x length x d for attention's two products."""
+    s = SHAPES[shape]
+    tok = tokenizer(vocab_size(shape))
+    d, ff = s["hidden"], s["ff"]
+    total = 0.0
+    for encoding in tok.encode_batch(batch_texts):
+        n = min(len(encoding.ids), s["max_seq_length"])
+        total += s["layers"] * n * (2 * (4 * d * d + 2 * d * ff) + 4 * n * d)
+    return total
+
+
 def workload_texts(shape: str, length: str, batch: int, count: int) -> list[str]:
     """The texts of one timed call: ``count`` of them (batch 1: one call per text)."""
     return texts(length, count, vocab_size(shape), seed=batch)
@@ -377,6 +391,15 @@ def sized(probe_seconds: float, probe_texts: int, batch: int, cell_seconds: floa
     return max(batch, round(count / batch) * batch)
 
 
+def matmul_peak(progress, task, shape: str) -> float:
+    """onnxruntime's float32 MatMul GFLOP/s on 2 threads now (the kit's probe), while the
+    workers wait."""
+    from transformer_kit.apps.benchmark import matmul_peak_probe
+
+    progress.update(task, description=f"{shape}: MatMul peak probe")
+    return matmul_peak_probe(threads=THREADS)() / 1e9
+
+
 def measure_shape(shape: str, workdir: Path, runners: dict[str, tuple[Path, str]], rounds: int,
                   cell_seconds: float, deadline: float, progress) -> dict:
     """Every runner on every workload of ``shape`` in up to ``rounds`` interleaved rounds (no
@@ -402,6 +425,7 @@ def measure_shape(shape: str, workdir: Path, runners: dict[str, tuple[Path, str]
             for name in names:
                 workers[name].ask(do="load", name=wname, texts=workload_texts(shape, length, batch, count),
                                   batch=batch)
+    peak = [matmul_peak(progress, task, shape)]
     seconds: dict[str, dict[str, list[float]]] = {w: {r: [] for r in workers} for w in workloads}
     for index in range(rounds):
         if index and time.monotonic() > deadline:
@@ -413,6 +437,7 @@ def measure_shape(shape: str, workdir: Path, runners: dict[str, tuple[Path, str]
                 progress.update(task, description=f"{shape}: round {index + 1}/{rounds}, {wname}, {name}")
                 seconds[wname][name].append(workers[name].ask(do="run", name=wname)["seconds"])
                 progress.advance(task)
+    peak.append(matmul_peak(progress, task, shape))
     check = texts("mixed", 64, vocab_size(shape), seed=99)
     vectors = {}
     for name, worker_ in workers.items():
@@ -422,12 +447,14 @@ def measure_shape(shape: str, workdir: Path, runners: dict[str, tuple[Path, str]
     versions = {name: w.versions for name, w in workers.items()}
     for worker_ in workers.values():
         worker_.close()
-    result: dict = {"workloads": {}, "versions": versions, "correctness": {},
+    result: dict = {"workloads": {}, "versions": versions, "correctness": {}, "matmul_peak_gflop_per_s": peak,
                     "rounds": len(next(iter(seconds.values()))[names[0]])}
     for wname, (length, batch, count) in workloads.items():
         times = seconds[wname]
+        work = flops(shape, workload_texts(shape, length, batch, count))
         row = {"length": length, "batch": batch, "texts": count, "seconds": times,
                "sentences_per_s": {r: count / statistics.median(t) for r, t in times.items()},
+               "gflop_per_s": {r: work / statistics.median(t) / 1e9 for r, t in times.items()},
                "ratios": {}}
         for fast, base in RATIOS:
             if fast in times and base in times:
@@ -466,6 +493,15 @@ def print_shape(shape: str, result: dict) -> None:
         print(f"| {row['length']} ({tokens}), batch {row['batch']} | {row['texts']} | {rates} | {shown} |")
     print(f"\nsentences/s: medians over {result['rounds']} rounds; ratios: medians of within-round ratios "
           "(> 1: the first is faster)\n")
+    peaks = " and ".join(f"{p:.0f}" for p in result["matmul_peak_gflop_per_s"])
+    print("Arithmetic rate on the texts' own tokens (padding not counted; int8: the float32 count), "
+          f"GFLOP/s; onnxruntime's float32 MatMul peak on 2 threads: {peaks} (before and after)\n")
+    print(f"| texts, batch | {' | '.join(runners)} |")
+    print(f"|---|{'---:|' * len(runners)}")
+    for wname, row in rows.items():
+        rates = " | ".join(f"{row['gflop_per_s'][r]:.0f}" for r in runners)
+        print(f"| {wname} | {rates} |")
+    print()
     for key, value in result["correctness"].items():
         print(f"- {key}: {value:.3g}" if "diff" in key else f"- {key}: {value:.5f}")
     print()
