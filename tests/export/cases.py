@@ -8,7 +8,6 @@ from tests.combinations import (
     BLOCKS,
     FEEDFORWARD,
     NORMS,
-    POOLINGS,
     POSITIONAL,
     QK_NORMS,
     tiny_config,
@@ -100,29 +99,25 @@ MULTIPLIER_CASES = [
         block={"name": "sandwich", "residual_scale": 0.4}, feedforward="geglu", norm="rmsnorm",
         embedding_scale=4.0, logit_softcap=0.5)),
 ]
-#: Sentence outputs: each pooling (with dense layers, normalisation, the prompt left out of the
-#: pool) on encoders of varied positions and masks, and cross-encoder classifiers with one
-#: label and three, with and without token types.
-_SENTENCES = [
-    {"normalize": True},
-    {"dense": [{"in_features": 16, "out_features": 8, "activation": "tanh"}]},
-    {"include_prompt": False, "normalize": True},
-    {"dense": [{"in_features": 16, "out_features": 12, "activation": "gelu", "bias": False},
-               {"in_features": 12, "out_features": 6, "activation": "identity"}]},
-    {},
-    {"include_prompt": False},
-]
+#: Sentence outputs on encoders of other positions and blocks than the sentence-transformers
+#: tests' BERT and RoBERTa (which export every pooling): the prompt left out of the pool (a
+#: pooling_mask input) after rotary, two dense layers after ALiBi, and cross-encoder
+#: classifiers with one label and token types, and with three labels (the logits alone).
 SENTENCE_CASES = [
-    (f"encoder-{ATTENTION[i % 3]}-{POSITIONAL[i]}-pooling_{pooling}", tiny_config(
-        "encoder", attention=ATTENTION[i % 3], positional=POSITIONAL[i], pooling=pooling,
-        block=BLOCKS[i % len(BLOCKS)], sentence_embedding=_SENTENCES[i]))
-    for i, pooling in enumerate(POOLINGS)
-] + [
+    ("encoder-sdpa-rotary-pre_norm-pooling_weightedmean-no_prompt", tiny_config(
+        "encoder", attention="sdpa", positional="rotary", block="pre_norm", pooling="weightedmean",
+        sentence_embedding={"include_prompt": False, "normalize": True})),
+    ("encoder-matmul-alibi-parallel-pooling_lasttoken-dense", tiny_config(
+        "encoder", attention="matmul", positional="alibi", block="parallel", pooling="lasttoken",
+        sentence_embedding={"dense": [
+            {"in_features": 16, "out_features": 12, "activation": "gelu", "bias": False},
+            {"in_features": 12, "out_features": 6, "activation": "identity"}]})),
     ("encoder-sdpa-learned_token_types-classifier", tiny_config(
         "encoder", attention="sdpa", positional={"name": "learned", "token_types": 2},
         classifier={"num_labels": 1})),
-    ("encoder-matmul-rotary-classifier_3_labels", tiny_config(
-        "encoder", positional="rotary", classifier={"num_labels": 3, "pooler_activation": "gelu"})),
+    ("encoder-einsum-relative_bias-classifier_3_labels", tiny_config(
+        "encoder", attention="einsum", positional="relative_bias",
+        classifier={"num_labels": 3, "pooler_activation": "gelu"})),
 ]
 CASES = (sampled_cases("decoder", 6) + sampled_cases("encoder_decoder", 6) + sampled_cases("encoder", 6)
          + SCALED_CASES + VARIANT_CASES + MULTIPLIER_CASES + SENTENCE_CASES)

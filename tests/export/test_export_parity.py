@@ -97,13 +97,18 @@ def test_the_sampled_cases_hold_every_value_of_every_kind(architecture):
         assert {c[key] for c in configs} == set(values), key
 
 
-def test_the_sentence_cases_hold_every_pooling():
-    from tests.combinations import POOLINGS
+def test_the_sentence_cases_hold_each_graph_input_and_output():
+    """pooling_mask (the prompt left out), dense layers; token_type_ids, logits alone."""
     from tests.export.cases import SENTENCE_CASES
 
     configs = [c for _, c in SENTENCE_CASES]
-    assert [c["pooling"] for c in configs if "pooling" in c] == POOLINGS
-    assert {c["classifier"]["num_labels"] for c in configs if "classifier" in c} == {1, 3}
+    sentences = [c["sentence_embedding"] for c in configs if "pooling" in c]
+    assert {s.get("include_prompt", True) for s in sentences} == {True, False}
+    assert any(len(s.get("dense", [])) == 2 for s in sentences)
+    classifiers = [c for c in configs if "classifier" in c]
+    assert {c["classifier"]["num_labels"] for c in classifiers} == {1, 3}
+    assert any(isinstance(c["positional"], dict) and c["positional"].get("token_types") == 2
+               for c in classifiers)
 
 
 def test_the_multiplier_cases_hold_every_multiplier_in_every_architecture_with_a_head():
