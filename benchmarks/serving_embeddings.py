@@ -4,7 +4,8 @@
 An all-MiniLM-L6-v2-shaped sentence-transformers folder (random weights, written by
 ``benchmarks/embeddings.py``; ``--small``: its tiny shape) is exported in float32 and served by
 ``transformer-kit serve`` in a process of its own on 127.0.0.1. For each concurrency, that many
-client threads each post requests of ``--inputs`` texts (mixed lengths, 8 to 256 tokens) until
+client threads each post requests of ``--inputs`` texts (``--lengths``: ~12, 8 to 256 or ~200
+tokens) until
 ``--requests`` are answered (default: four per client, at least 64); reported: sentences/s of
 all clients, the ratio to one client, request latency p50 / p99, and the most requests the
 server ran in one call (its cross-client batching, from ``/metrics``). Then the server's RSS
@@ -77,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=None,
                         help="answered per concurrency level (default: 4 per client, at least 64)")
     parser.add_argument("--inputs", type=int, default=1, help="texts per request")
+    parser.add_argument("--lengths", choices=["short", "mixed", "long"], default="mixed",
+                        help="texts of ~12, 8 to 256, or ~200 tokens")
     parser.add_argument("--memory-requests", type=int, default=2000)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--small", action="store_true", help="the tiny shape (smoke test)")
@@ -86,11 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     shape = "tiny" if args.small else "minilm"
     folder = embeddings.write_checkpoint(workdir / shape, shape)
     export_onnx(tk.from_hf(folder), workdir / "onnx")
-    pool = embeddings.texts("mixed", 512, embeddings.vocab_size(shape))
+    pool = embeddings.texts(args.lengths, 512, embeddings.vocab_size(shape))
     bodies = [{"model": "bench", "encoding_format": "base64",
                "input": [pool[(i * args.inputs + j) % len(pool)] for j in range(args.inputs)]}
               for i in range(256)]
-    print(f"{embeddings.SHAPES[shape]['title']}, float32, {args.inputs} text(s) of 8 to 256 tokens "
+    tokens = {"short": "~12", "mixed": "8 to 256", "long": "~200"}[args.lengths]
+    print(f"{embeddings.SHAPES[shape]['title']}, float32, {args.inputs} text(s) of {tokens} tokens "
           f"per request, {args.requests or 'max(64, 4 x clients)'} requests per level")
     with serving.server(workdir / "onnx", 64, 4 * max(args.clients) + 64) as (url, process):
         load(url, 4, 16, bodies)  # warm-up

