@@ -38,10 +38,19 @@ MODELS = {
                                        "feedforward": "gelu", "block": "pre_norm", "pad_id": 0}),
     "bert-style encoder": ("encoder", {"positional": "learned", "feedforward": "gelu", "pad_id": 0}),
     "paper encoder-decoder": ("encoder_decoder", {"pad_id": 0, "bos_id": 1}),
+    **{f"sentence encoder, {pooling} pooling": ("encoder", {
+        "attention": "sdpa", "positional": "learned", "feedforward": "gelu", "pad_id": 0,
+        "pooling": pooling, "sentence_embedding": extra}) for pooling, extra in [
+            ("cls", {"normalize": True}), ("lasttoken", {}), ("max", {}), ("mean_sqrt_len", {}),
+            ("weightedmean", {"include_prompt": False, "normalize": True,
+                              "dense": [{"in_features": 32, "out_features": 8}]})]},
+    "cross-encoder": ("encoder", {"attention": "sdpa", "positional": {"name": "learned", "token_types": 2},
+                                  "feedforward": "gelu", "pad_id": 0, "classifier": {"num_labels": 1}}),
 }
 EXPORTS = [(name, "float32") for name in MODELS] + [
     ("llama-style decoder", "float16"), ("llama-style decoder", "int4"),
-    ("gpt2-style decoder", "int4"), ("paper encoder-decoder", "float16")]
+    ("gpt2-style decoder", "int4"), ("paper encoder-decoder", "float16"),
+    ("sentence encoder, weightedmean pooling", "float16"), ("cross-encoder", "float16")]
 
 
 @cache

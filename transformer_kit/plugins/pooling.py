@@ -21,7 +21,8 @@ class ClsPooling(nn.Module):
     """The first kept position of each row (BERT's [CLS] with right padding)."""
 
     def forward(self, hidden: Tensor, keep: Tensor) -> Tensor:
-        first = keep.to(torch.int32).argmax(dim=1)  # (batch,) 0 for a row with nothing kept
+        # argmax over float32: onnxruntime's CUDA ArgMax takes floating types only
+        first = keep.to(torch.float32).argmax(dim=1)  # (batch,) 0 for a row with nothing kept
         index = first[:, None, None].expand(-1, 1, hidden.shape[-1])
         return torch.gather(hidden, 1, index.to(torch.int64)).squeeze(1)
 
@@ -31,7 +32,7 @@ class LastTokenPooling(nn.Module):
 
     def forward(self, hidden: Tensor, keep: Tensor) -> Tensor:
         length = keep.shape[1]
-        flipped = keep.to(torch.int32).flip(1)
+        flipped = keep.to(torch.float32).flip(1)  # float32: CUDA's ArgMax and ReduceMax take it
         found, last_from_end = flipped.max(dim=1)
         last = torch.where(found == 0, length - 1, length - 1 - last_from_end)
         index = last[:, None, None].expand(-1, 1, hidden.shape[-1])
