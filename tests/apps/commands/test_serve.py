@@ -83,10 +83,24 @@ def test_serve_on_ray_refuses_a_folder_that_is_not_an_export_before_ray_starts(e
     assert bad.exit_code == 2 and "--replicas" in bad.output
 
 
+def test_serve_refuses_bad_guard_settings_and_warns_when_open_beyond_this_machine(exported):
+    _, folder = exported
+    empty = invoke("serve", str(folder / "onnx"), "--api-key", " ")
+    assert empty.exit_code == 2 and "--api-key" in empty.output, empty.output
+    body = invoke("serve", str(folder / "onnx"), "--max-body-mb", "0")
+    assert body.exit_code == 2 and "--max-body-mb" in body.output, body.output
+    ray = invoke("serve", str(folder / "onnx"), "--ray", "--api-key", "k")
+    assert ray.exit_code == 1 and "not applied on Ray Serve" in ray.output, ray.output
+    open_ = invoke("serve", str(folder / "model"), "--host", "0.0.0.0")  # not an export: stops after
+    assert "without an API key" in open_.output and open_.exit_code == 1, open_.output
+    local = invoke("serve", str(folder / "model"), "--host", "127.0.0.1")
+    assert "without an API key" not in local.output
+
+
 def test_serve_answers_embeddings_in_a_real_process(embedding_export):
     st, om = embedding_export
     port = _free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRANSFORMER_KIT_API_KEY": "sk-embed"}
     process = subprocess.Popen([sys.executable, "-m", "transformer_kit", "serve", str(om.path),
                                 "--port", str(port), "--model-name", "tiny-embed"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -100,8 +114,11 @@ def test_serve_answers_embeddings_in_a_real_process(embedding_export):
                     break
             except httpx.TransportError:
                 time.sleep(0.2)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-embed", max_retries=0)
         texts = ["the quick brown fox", "paris is the capital of france"]
+        keyless = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"model": "tiny-embed",
+                                                                           "input": texts})
+        assert keyless.status_code == 401, keyless.text  # the key came from the environment
         response = client.embeddings.create(model="tiny-embed", input=texts)
         np.testing.assert_allclose([d.embedding for d in response.data], st.encode(texts), atol=1e-5)
     finally:

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from transformer_kit.apps.serving.guard import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
 from transformer_kit.apps.sources import Provider, open_export
 from transformer_kit.apps.terminal import console, fail
 from transformer_kit.errors import TransformerKitError
@@ -34,12 +35,29 @@ def serve(
     ray: Annotated[bool, _Opt("--ray", help="Serve on Ray Serve: the Ray cluster RAY_ADDRESS names, "
                               "else a local Ray instance (needs the serve-ray extra).")] = False,
     replicas: Annotated[int, _Opt(help="With --ray: replicas, each with its own engine.")] = 1,
+    api_key: Annotated[str | None, _Opt(envvar=API_KEY_ENV, show_envvar=True, help="Every endpoint "
+                                        "but /health needs 'Authorization: Bearer KEY' (the openai "
+                                        "client's api_key); 401 otherwise.")] = None,
+    max_body_mb: Annotated[float, _Opt(help="Largest request body taken, in MiB; larger ones get "
+                                       "413.")] = DEFAULT_MAX_BODY_BYTES / 2**20,
 ) -> None:
     """Serve completions in the OpenAI convention (POST /v1/completions, GET /v1/models,
     /health, /metrics) until interrupted; an embedding model's export on POST /v1/embeddings,
     a cross-encoder's on POST /v1/rerank."""
     name = model_name or folder.resolve().name
+    if max_body_mb <= 0:
+        raise typer.BadParameter(f"must be more than 0, got {max_body_mb}.", param_hint="--max-body-mb")
+    if api_key is not None and not api_key.strip():
+        raise typer.BadParameter(f"is empty; give a key, or leave out --api-key and {API_KEY_ENV}.",
+                                 param_hint="--api-key")
+    if api_key is None and not _loopback(host):
+        console.print(f"[yellow]warning:[/] listening on {host}, beyond this machine, without an API "
+                      f"key: anyone who can reach port {port} can use the model. Give --api-key (or "
+                      f"{API_KEY_ENV}).")
     if ray:
+        if api_key is not None:
+            fail(f"--api-key is not applied on Ray Serve yet, so --ray with a key would serve "
+                 f"unprotected; leave out --ray, or --api-key and {API_KEY_ENV}.")
         _serve_on_ray(folder, name, host, port, replicas, max_batch, max_queue, provider)
         return
     try:
@@ -67,9 +85,22 @@ def serve(
     console.print(f"serving {name!r} from {folder} on http://{host}:{port}/v1 "
                   f"(provider {engine.model.provider}, {batching}, queue <= {max_queue})")
     try:
-        uvicorn.run(create_app(engine, name), host=host, port=port, log_level="warning")
+        app = create_app(engine, name, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20))
+        uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
         engine.close()
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` listens on this machine only (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, max_batch: int,

@@ -12,7 +12,8 @@ with a sentence naming the one this model serves. Each completions choice also c
 ``token_ids``, the ids behind its text (a streamed chunk: the ids of that chunk). Errors are
 OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``, :mod:`.openai_api`) with
 the status that fits: 400 for a bad request, 404 for an unknown model, 503 when the queue is
-full; never a traceback.
+full; never a traceback. In front of all of it, :class:`.Guard` checks the API key and bounds
+the request body (401, 413, 408).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from transformer_kit.apps.serving.chat import ChatCompletionRequest, ChatServer
 from transformer_kit.apps.serving.embedding_engine import EmbeddingEngine
 from transformer_kit.apps.serving.embeddings import EmbeddingRequest, EmbeddingServer
 from transformer_kit.apps.serving.engine import Engine, QueueFull
+from transformer_kit.apps.serving.guard import DEFAULT_BODY_SECONDS, DEFAULT_MAX_BODY_BYTES, Guard
 from transformer_kit.apps.serving.openai_api import (
     ServerMetrics,
     error_response,
@@ -127,11 +129,17 @@ _KINDS = {"generator": ("a text generator", ("/v1/completions", "/v1/chat/comple
           "rerank": ("a cross-encoder", ("/v1/rerank", "/rerank"))}
 
 
-def create_app(engine: Engine | EmbeddingEngine, model_name: str) -> FastAPI:
+def create_app(engine: Engine | EmbeddingEngine, model_name: str, *, api_key: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               body_seconds: float = DEFAULT_BODY_SECONDS) -> FastAPI:
     """The FastAPI application serving ``engine`` under the model name ``model_name``: a
     decoder's :class:`Engine` on the completions endpoints, an :class:`EmbeddingEngine` on
-    /v1/embeddings or /v1/rerank (its ``kind``)."""
+    /v1/embeddings or /v1/rerank (its ``kind``). Behind a :class:`.Guard`: ``api_key`` (None:
+    none) needed on every endpoint but /health, request bodies of at most ``max_body_bytes``
+    arriving within ``body_seconds``."""
     app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None)
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes,
+                       body_seconds=body_seconds)
     install_error_handlers(app, {"/v1/completions": CompletionRequest,
                                  "/v1/chat/completions": ChatCompletionRequest,
                                  "/v1/embeddings": EmbeddingRequest, "/rerank": RerankRequest})
