@@ -18,7 +18,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # starlette is imported where a refusal is answered: the CLI imports this module
+if TYPE_CHECKING:  # FastAPI is imported where a refusal is answered: the CLI imports this module
     from starlette.responses import JSONResponse
 
 Scope = MutableMapping[str, Any]
@@ -48,10 +48,9 @@ class _Refused(Exception):
 
 def _error(status: int, message: str, code: str | None = None,
            headers: dict[str, str] | None = None) -> JSONResponse:
-    from starlette.responses import JSONResponse
+    from transformer_kit.apps.serving.openai_api import error_response
 
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error",
-                                   "param": None, "code": code}}, status_code=status, headers=headers)
+    return error_response(status, message, code=code, headers=headers)
 
 
 class Guard:

@@ -21,10 +21,11 @@ if TYPE_CHECKING:
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error",
-                   param: str | None = None) -> JSONResponse:
+                   param: str | None = None, code: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
     """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
-                        status_code=status)
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status, headers=headers)
 
 
 class ServerMetrics:
