@@ -13,6 +13,8 @@ InputError             a call's arguments: token ids of the wrong dtype, rank, r
                        or an option outside what is allowed (max_new_tokens, dtype, providers ...)
 ChatTemplateError      a chat template cannot render a conversation: none, it refused it, or it
                        broke the sandbox's rules or limits (an InputError)
+ContextLengthError     a prompt longer than the model's context (with max_new_tokens) or than a
+                       server's bound on prompts (an InputError)
 CheckpointError        a checkpoint folder (Hugging Face or ``model.save``) cannot be read or
                        converted
 ExportError            an ONNX export failed or did not verify
@@ -63,6 +65,11 @@ class InputError(TransformerKitError, ValueError):
 class ChatTemplateError(InputError):
     """A chat template that cannot render a conversation: the model has none, it refused the
     conversation (its own ``raise_exception``), broke the sandbox's rules, or passed a limit."""
+
+
+class ContextLengthError(InputError):
+    """A prompt that does not fit: with ``max_new_tokens`` beyond the model's context length, or
+    longer than a server's bound on prompt tokens (OpenAI's ``context_length_exceeded``)."""
 
 
 class CheckpointError(TransformerKitError):

@@ -10,7 +10,7 @@ import numpy as np
 from transformer_kit.decoding.options import GenerationConfig
 from transformer_kit.decoding.processors import Pipeline, build_pipeline
 from transformer_kit.decoding.search import Problem
-from transformer_kit.errors import InputError
+from transformer_kit.errors import ContextLengthError, InputError
 from transformer_kit.id_checks import check_positions
 
 
@@ -64,7 +64,7 @@ def check_room(used: int, options: GenerationConfig, context_length: int | None,
                what: str = "prompt") -> None:
     """Refuse a call whose prompt plus ``max_new_tokens`` does not fit the model's context."""
     if context_length is not None and used + options.max_new_tokens > context_length:
-        raise InputError(
+        raise ContextLengthError(
             f"The {what} takes {used} positions and max_new_tokens is {options.max_new_tokens}, "
             f"{used + options.max_new_tokens} in all, but the model's context length is "
             f"{context_length}; shorten the {what} or lower max_new_tokens to at most "

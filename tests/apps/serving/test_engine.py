@@ -1,17 +1,19 @@
 """The continuous-batching engine: requests that join and leave a running batch get the tokens
-``OnnxModel.generate`` gives each alone; cancellation frees the row; bounds and bad requests
-are refused with a sentence."""
+``OnnxModel.generate`` gives each alone; cancellation, and a request's time running out, free
+its row (or its place in the queue) while the others go on; bounds and bad requests are refused
+with a sentence."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from transformer_kit.apps.serving import Engine, QueueFull
-from transformer_kit.errors import InputError
+from transformer_kit.errors import ContextLengthError, InputError
 from transformer_kit.export import OnnxModel
 
 
@@ -126,6 +128,53 @@ def test_a_cancelled_request_leaves_the_batch_and_the_others_go_on(onnx_model):
         engine.close()
 
 
+def _slowed(engine: Engine, seconds: float) -> Engine:
+    """Each decoding step of ``engine`` takes ``seconds`` more (a slow model, for timing)."""
+    step = engine.batch.step
+
+    def slow(tokens):
+        time.sleep(seconds)
+        return step(tokens)
+
+    engine.batch.step = slow
+    return engine
+
+
+def test_a_request_past_its_time_leaves_the_batch_and_the_others_go_on(onnx_model):
+    vocab = onnx_model.manifest.src_vocab
+    timed, other = np.arange(3) % vocab, np.arange(5) % vocab
+    engine = _slowed(Engine(onnx_model, max_batch=4, start=False), 0.02)  # 50 steps: over 1 s
+    try:
+        late = engine.submit(timed, max_new_tokens=50, min_new_tokens=50, timeout=0.3)
+        kept = engine.submit(other, max_new_tokens=40, min_new_tokens=40)
+        engine.start()
+        assert late.result() == late.tokens and late.finish_reason == "timeout"
+        assert len(late.tokens) < 50 and "limit of 0.3 s" in late.error
+        assert f"after {len(late.tokens)} new tokens" in late.error
+        alone = _alone(onnx_model, timed, max_new_tokens=50, min_new_tokens=50)
+        np.testing.assert_array_equal(late.tokens, alone[:len(late.tokens)])  # what came was right
+        _same_as_alone(kept.result(), _alone(onnx_model, other, max_new_tokens=40, min_new_tokens=40))
+        assert len(kept.tokens) == 40
+        assert engine.stats["batch_size"] == 0 and engine.stats["finished"] == {"timeout": 1, "length": 1}
+    finally:
+        engine.close()
+
+
+def test_a_waiting_request_past_its_time_ends_before_its_turn(onnx_model):
+    engine = _slowed(Engine(onnx_model, max_batch=1), 0.02)
+    try:
+        running = engine.submit([1, 2, 3], max_new_tokens=60, min_new_tokens=60)  # the row: over 1.2 s
+        start = time.perf_counter()
+        waiting = engine.submit([4, 5], max_new_tokens=3, timeout=0.2)
+        assert waiting.result() == [] and waiting.finish_reason == "timeout"
+        assert time.perf_counter() - start < 0.9, "it waited for the running request's end"
+        assert running.finish_reason is None and engine.queue_length == 0  # still decoding
+        assert len(running.result()) == 60
+        assert engine.stats["finished"] == {"timeout": 1, "length": 1}
+    finally:
+        engine.close()
+
+
 def test_a_full_queue_is_refused_and_the_queued_requests_still_run(onnx_model):
     engine = Engine(onnx_model, max_batch=1, max_queue=2, start=False)
     try:
@@ -144,14 +193,16 @@ def test_a_full_queue_is_refused_and_the_queued_requests_still_run(onnx_model):
     ([1, 2], {"num_beams": 2}, "one sequence per request"),
     ([1, 2], {"max_new_tokens": -1}, "max_new_tokens"),
     ([1, 2], {"max_new_tokens": 63}, "context length is 64"),
+    ([1, 2], {"max_new_tokens": 2, "timeout": 0}, "timeout must be more than 0"),
     ([1, 99], {"max_new_tokens": 2}, "99"),
     ([], {"max_new_tokens": 2}, "non-empty prompt"),
 ])
 def test_bad_requests_are_refused_at_submit_and_the_engine_keeps_serving(onnx_model, prompt, options,
                                                                          message):
     with Engine(onnx_model, max_batch=2) as engine:
-        with pytest.raises(InputError, match=message):
+        with pytest.raises(InputError, match=message) as refused:
             engine.submit(prompt, **options)
+        assert isinstance(refused.value, ContextLengthError) == ("context length" in message)
         assert engine.submit([1, 2, 3], max_new_tokens=2).result()
 
 

@@ -9,7 +9,9 @@ keeps the step graph's layout (left padding and an attention mask, see
 kernels than those of one row and may round differently), and a sampled one with a seed the
 same draws.
 
-One thread runs the loop; ``submit`` may be called from any thread. Queue and batch are bounded.
+One thread runs the loop; ``submit`` may be called from any thread. Queue and batch are bounded,
+and so, when it is submitted with a ``timeout``, is a request's time: past it the request ends
+(``"timeout"``) at the next step boundary, waiting or running, and its row leaves the batch.
 Asynchronous readers (:meth:`Request.arrivals`) are woken once per step per event loop.
 """
 
@@ -19,6 +21,7 @@ import asyncio
 import contextlib
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,6 +36,28 @@ from transformer_kit.export.runtime import check_ids
 
 class QueueFull(TransformerKitError):
     """The engine's queue holds ``max_queue`` requests already; try again later."""
+
+
+class _Waiting(queue.Queue):
+    """The engine's queue of waiting requests, from which those that ended early (cancelled,
+    past their time) can be taken out before their turn."""
+
+    def take_out(self, which: Callable[[Request], bool]) -> list[Request]:
+        """Remove and return the waiting requests for which ``which`` is true."""
+        with self.mutex:
+            out = [request for request in self.queue if which(request)]
+            for request in out:
+                self.queue.remove(request)
+            if out:
+                self.not_full.notify(len(out))
+        return out
+
+
+def _ending(request: Request) -> str | None:
+    """Why a request ends before its last token: past its time, or cancelled (None: neither)."""
+    if request.expired:
+        return "timeout"
+    return "cancelled" if request.cancelled else None
 
 
 class Engine:
@@ -55,7 +80,7 @@ class Engine:
         self.model = model if isinstance(model, OnnxModel) else OnnxModel(model)
         self.batch = self.model.batch_decoder()
         self.max_batch, self.max_queue, self.prefill_tokens = max_batch, max_queue, prefill_tokens
-        self._waiting: queue.Queue[Request] = queue.Queue(max_queue)
+        self._waiting: _Waiting = _Waiting(max_queue)
         self._rows: list[Row] = []
         self._ended: list[Request] = []  # finished since the last wake
         self._closed = threading.Event()
@@ -67,15 +92,22 @@ class Engine:
             self.start()
 
     # -- the caller's side ------------------------------------------------------------------
-    def submit(self, ids: Any, *, stop_matcher=None, **options: Any) -> Request:
+    def submit(self, ids: Any, *, stop_matcher=None, timeout: float | None = None,
+               **options: Any) -> Request:
         """Queue a prompt (length,) of token ids with generation options (greedy search or
         sampling: ``max_new_tokens``, ``do_sample``, ``temperature``, ``top_p``, ``seed``, ...).
+        ``timeout``: most seconds from now to its last token (None: no bound); past it the
+        request ends with ``finish_reason`` ``"timeout"`` and the tokens it had.
 
-        Raises InputError for a bad prompt or option (at once, nothing queued) and
-        :class:`QueueFull` when ``max_queue`` requests wait already.
+        Raises InputError for a bad prompt or option (at once, nothing queued), a
+        :class:`~transformer_kit.errors.ContextLengthError` (an InputError) for a prompt that
+        leaves no room for ``max_new_tokens`` in the model's context, and :class:`QueueFull`
+        when ``max_queue`` requests wait already.
         """
         if self._closed.is_set():
             raise InputError("This engine is closed; make a new one to submit requests.")
+        if timeout is not None and not timeout > 0:
+            raise InputError(f"timeout must be more than 0 seconds (or None: no bound), got {timeout}.")
         opts = generation_config(None, **options)
         if opts.num_beams > 1 or opts.num_return_sequences > 1:
             raise InputError("The engine decodes one sequence per request by greedy search or "
@@ -91,7 +123,7 @@ class Engine:
                                     pad_id=m.pad_id, eos_id=m.eos_id, bos_id=m.bos_id,
                                     vocab=m.tgt_vocab, context_length=self.model.context_length,
                                     stop_matcher=stop_matcher, tokenizer=self.model.tokenizer)
-        request = Request(prompt[0], opts)
+        request = Request(prompt[0], opts, timeout)
         request._row = Row(request, SequenceSearch(problem, opts, pipeline))
         try:
             self._waiting.put_nowait(request)
@@ -132,6 +164,10 @@ class Engine:
     def _finish(self, request: Request, reason: str | None = None, error: str | None = None) -> None:
         if reason is not None:
             request.finish_reason = reason
+        if reason == "timeout" and error is None:
+            error = (f"The request ran longer than its limit of {request.timeout:g} s (from its "
+                     f"arrival to its last token) and was stopped after {len(request.tokens)} new "
+                     "tokens.")
         request.error = error
         finished = self.stats["finished"]
         finished[request.finish_reason] = finished.get(request.finish_reason, 0) + 1
@@ -162,8 +198,9 @@ class Engine:
                 request = self._waiting.get(timeout=0.05) if wait else self._waiting.get_nowait()
             except queue.Empty:
                 break
-            if request.cancelled:
-                self._finish(request, "cancelled")
+            reason = _ending(request)
+            if reason is not None:
+                self._finish(request, reason)
             else:
                 waiting.append(request)
         admitted: list[Row] = []
@@ -192,9 +229,10 @@ class Engine:
         return admitted
 
     def _step(self) -> None:
-        gone = [i for i, row in enumerate(self._rows) if row.request.cancelled]
+        ending = [(i, _ending(row.request)) for i, row in enumerate(self._rows)]
+        gone = [i for i, reason in ending if reason is not None]
         for i in gone:
-            self._finish(self._rows[i].request, "cancelled")
+            self._finish(self._rows[i].request, ending[i][1])
         if gone:
             self._keep([i for i in range(len(self._rows)) if i not in set(gone)])
         if not self._rows:
@@ -221,6 +259,9 @@ class Engine:
             try:
                 self._wake(self._admit())
                 self._step()
+                if self._waiting.qsize():  # waiting ones that ended before their turn leave now
+                    for request in self._waiting.take_out(lambda r: _ending(r) is not None):
+                        self._finish(request, _ending(request))
                 self._wake(self._rows)
             except Exception as exc:  # a failed step ends the batch's requests, not the engine
                 message = f"{type(exc).__name__}: {exc}"

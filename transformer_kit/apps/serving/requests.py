@@ -28,11 +28,13 @@ class Request:
     """A submitted request: iterate it for its new tokens (ints) as they are chosen.
 
     ``finish_reason`` is set when it ends: ``"stop"`` (an eos id or a stop string), ``"length"``
-    (max_new_tokens), ``"cancelled"`` or ``"error"`` (then ``error`` says what happened).
+    (max_new_tokens), ``"cancelled"``, ``"timeout"`` (it ran past ``timeout`` seconds from its
+    submission) or ``"error"`` (with ``"timeout"`` and ``"error"``, ``error`` says what happened).
     """
 
     prompt: np.ndarray  # (length,) int64
     options: GenerationConfig
+    timeout: float | None = None  # most seconds from submission to the last token (None: no bound)
     submitted: float = field(default_factory=time.perf_counter)
     first_token_s: float | None = None
     finish_reason: str | None = None
@@ -51,6 +53,11 @@ class Request:
     @property
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
+
+    @property
+    def expired(self) -> bool:
+        """Whether it has run past its ``timeout`` (the engine ends it at the next step boundary)."""
+        return self.timeout is not None and time.perf_counter() - self.submitted > self.timeout
 
     def __iter__(self) -> Iterator[int]:
         while True:
