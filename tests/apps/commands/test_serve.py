@@ -1,7 +1,8 @@
 """transformer-kit serve: the server in a real process, text in and text out through the
 official openai client, as onnxruntime's generate gives it; an embedding model's export on
-/v1/embeddings; a folder that is no export, and an encoder with neither pooling nor a classifier,
-are refused with a sentence."""
+/v1/embeddings; the bounds on prompts and on a request's time reach the app; a folder that is
+no export, an encoder with neither pooling nor a classifier, and bounds that cannot work are
+refused with a sentence."""
 
 from __future__ import annotations
 
@@ -89,12 +90,34 @@ def test_serve_refuses_bad_guard_settings_and_warns_when_open_beyond_this_machin
     assert empty.exit_code == 2 and "--api-key" in empty.output, empty.output
     body = invoke("serve", str(folder / "onnx"), "--max-body-mb", "0")
     assert body.exit_code == 2 and "--max-body-mb" in body.output, body.output
+    for flag in ("--max-prompt-tokens", "--max-request-seconds"):
+        zero = invoke("serve", str(folder / "onnx"), flag, "0")
+        assert zero.exit_code == 2 and flag in zero.output and "got 0" in zero.output, zero.output
     ray = invoke("serve", str(folder / "onnx"), "--ray", "--api-key", "k")
     assert ray.exit_code == 1 and "not applied on Ray Serve" in ray.output, ray.output
     open_ = invoke("serve", str(folder / "model"), "--host", "0.0.0.0")  # not an export: stops after
     assert "without an API key" in open_.output and open_.exit_code == 1, open_.output
     local = invoke("serve", str(folder / "model"), "--host", "127.0.0.1")
     assert "without an API key" not in local.output
+
+
+def test_the_prompt_and_time_bounds_reach_the_app(exported, monkeypatch):
+    import uvicorn
+
+    from transformer_kit.apps.serving.openai_api import Limits
+
+    _, folder = exported
+    apps = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    given = invoke("serve", str(folder / "onnx"), "--max-prompt-tokens", "8",
+                   "--max-request-seconds", "2.5")
+    assert given.exit_code == 0, given.output
+    assert "prompts <= 8 tokens, requests <= 2.5 s" in given.output
+    assert apps[-1].state.server.limits == Limits(8, 2.5, 64)
+    default = invoke("serve", str(folder / "onnx"))  # the model's context length; 600 s
+    assert default.exit_code == 0, default.output
+    assert "prompts <= 64 tokens, requests <= 600 s" in default.output
+    assert apps[-1].state.server.limits == Limits(64, 600.0, 64)
 
 
 def test_serve_answers_embeddings_in_a_real_process(embedding_export):

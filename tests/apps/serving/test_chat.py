@@ -355,3 +355,36 @@ def test_a_client_that_leaves_a_stream_cancels_it_and_failures_keep_the_server_u
         assert waiting.result()
         assert httpx.post(f"{url}/v1/chat/completions", json={**body, "max_tokens": 2}).status_code == 200
     engine.close()
+
+
+def test_a_long_conversation_gets_400_and_a_reply_past_its_time_an_error(server, chat_export):
+    url, prompts = server
+    short, long = CONVERSATIONS[0], CONVERSATIONS[1]
+    expected = _client(url).chat.completions.create(model="chat", messages=short, max_tokens=3,
+                                                    temperature=0)
+    _client(url).chat.completions.create(model="chat", messages=long, max_tokens=1)
+    rendered = len(prompts[-1])  # the long conversation's tokens, as the template renders it
+    assert expected.usage.prompt_tokens < rendered - 1
+    _, om = chat_export
+    engine = _slowed(Engine(om, max_batch=4), 0.05)  # 200 tokens: 10 s
+    app = create_app(engine, "chat", max_prompt_tokens=rendered - 1, max_request_seconds=1.0)
+    with running(app) as bounded:
+        client = _client(bounded)
+        with pytest.raises(openai.BadRequestError) as over:
+            client.chat.completions.create(model="chat", messages=long, max_tokens=2)
+        assert over.value.code == "context_length_exceeded"
+        assert f"rendered by the chat template, has {rendered} tokens" in str(over.value)
+        assert f"the {rendered - 1} tokens this server takes" in str(over.value)
+        slow = {"model": "chat", "messages": short, "max_tokens": 200, "temperature": 0}
+        with pytest.raises(openai.InternalServerError) as late:
+            client.chat.completions.create(**slow)
+        assert late.value.status_code == 504 and late.value.code == "request_timeout"
+        with pytest.raises(openai.APIError, match="limit of 1 s") as cut:
+            for _ in client.chat.completions.create(**slow, stream=True):
+                pass
+        assert cut.value.code == "request_timeout"
+        assert engine.stats["finished"]["timeout"] == 2 and engine.stats["batch_size"] == 0
+        again = client.chat.completions.create(model="chat", messages=short, max_tokens=3, temperature=0)
+        assert again.choices[0].message.content == expected.choices[0].message.content
+        assert again.usage.completion_tokens == expected.usage.completion_tokens
+    engine.close()

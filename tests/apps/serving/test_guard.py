@@ -1,7 +1,7 @@
 """The server's door on 127.0.0.1: with an API key, the openai client gets exact tokens with the
 key and a 401 without it, /health stays open; oversized, chunked-oversized, slow and malformed
-bodies get 413, 408 and 400 with a sentence while normal clients, at the same time, keep getting
-``OnnxModel.generate``'s exact tokens."""
+bodies get 413, 408 and 400 with a sentence, an over-long prompt 400 and a request past its time
+504, while normal clients, at the same time, keep getting ``OnnxModel.generate``'s exact tokens."""
 
 from __future__ import annotations
 
@@ -21,15 +21,22 @@ from transformer_kit.apps.serving.http import serve_in_thread as running
 
 KEY = "sk-test-0123456789"
 LIMIT = 64 * 1024
+PROMPT_LIMIT, SECONDS = 16, 2.0
 
 
 @pytest.fixture(scope="module")
-def server(onnx_model):
+def engine(onnx_model):
     engine = Engine(onnx_model, max_batch=8, max_queue=64)
-    app = create_app(engine, "tiny", api_key=KEY, max_body_bytes=LIMIT, body_seconds=1.0)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    app = create_app(engine, "tiny", api_key=KEY, max_body_bytes=LIMIT, body_seconds=1.0,
+                     max_prompt_tokens=PROMPT_LIMIT, max_request_seconds=SECONDS)
     with running(app) as url:
         yield url
-    engine.close()
 
 
 def _expected(model, prompt: list[int], new: int) -> list[int]:
@@ -93,9 +100,17 @@ def _assert_serving(url: str) -> None:
     assert httpx.get(f"{url}/health").status_code == 200
 
 
-def test_bad_requests_alongside_normal_clients(server, onnx_model):
-    """Oversized, slow, malformed and keyless requests at the same time as 6 normal clients:
-    every normal client gets its exact tokens, every bad one its status."""
+def test_bad_requests_alongside_normal_clients(server, engine, onnx_model, monkeypatch):
+    """Oversized, slow, malformed and keyless requests, an over-long prompt and one that runs
+    past its time, at the same time as 6 normal clients: every normal client gets its exact
+    tokens, every bad one its status, and the late one's row is freed."""
+    step = engine.batch.step
+
+    def slow(tokens):  # 0.05 s a step: 8 tokens take 0.4 s, 60 take 3 s (past SECONDS)
+        time.sleep(0.05)
+        return step(tokens)
+
+    monkeypatch.setattr(engine.batch, "step", slow)
     auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     prompts = [[5 + i, 9, 11 + i] for i in range(6)]
     big = json.dumps({"model": "tiny", "prompt": list(range(5, 30_005))}).encode()
@@ -110,8 +125,13 @@ def test_bad_requests_alongside_normal_clients(server, onnx_model):
         "malformed": lambda: httpx.post(f"{server}/v1/completions", content=b'{"model": "ti', headers=auth),
         "keyless": lambda: httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": [5]}),
         "slow": lambda: httpx.post(f"{server}/v1/completions", content=slow(), headers=auth, timeout=10),
+        "long prompt": lambda: httpx.post(f"{server}/v1/completions", headers=auth, json={
+            "model": "tiny", "prompt": [5] * (PROMPT_LIMIT + 1), "max_tokens": 1}),
+        "late": lambda: httpx.post(f"{server}/v1/completions", headers=auth, timeout=30, json={
+            "model": "tiny", "prompt": [3, 4], "max_tokens": 60, "temperature": 0}),
     }
-    expected = {"oversized": 413, "malformed": 400, "keyless": 401, "slow": 408}
+    expected = {"oversized": 413, "malformed": 400, "keyless": 401, "slow": 408, "long prompt": 400,
+                "late": 504}
     with ThreadPoolExecutor(len(prompts) + len(bad)) as pool:
         bad_answers = {name: pool.submit(call) for name, call in bad.items()}
         good = [pool.submit(_complete, server, p) for p in prompts]
@@ -123,6 +143,9 @@ def test_bad_requests_alongside_normal_clients(server, onnx_model):
                 assert name == "slow"
                 continue
             assert status == expected[name], name
+    assert bad_answers["long prompt"].result().json()["error"]["code"] == "context_length_exceeded"
+    assert bad_answers["late"].result().json()["error"]["code"] == "request_timeout"
+    assert engine.stats["finished"]["timeout"] == 1 and engine.stats["batch_size"] == 0
     assert _complete(server, prompts[0]) == _expected(onnx_model, prompts[0], 8)
 
 

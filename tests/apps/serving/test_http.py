@@ -1,7 +1,9 @@
 """The OpenAI-compatible server on 127.0.0.1: the official ``openai`` client gets completions
 and streams whose greedy tokens equal ``OnnxModel.generate``; concurrent streams are batched;
 a client that leaves mid-stream frees its row; bad requests get a status and a sentence and the
-server keeps serving."""
+server keeps serving; a prompt over the server's bound gets 400 (``context_length_exceeded``) and
+a request past its time 504 (a stream: an error event the client raises on), its row freed,
+while the other clients keep getting exact tokens."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pytest
 from transformer_kit.apps.serving import Engine
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
+from transformer_kit.errors import InputError
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +112,45 @@ def test_bad_requests_get_a_status_and_a_sentence_and_the_server_keeps_serving(s
     assert httpx.get(f"{url}/health").json() == {"status": "ok"}
 
 
+def test_a_prompt_over_the_bound_gets_400_with_the_numbers_while_others_get_exact_tokens(onnx_model):
+    engine = Engine(onnx_model, max_batch=8)
+    with running(create_app(engine, "tiny", max_prompt_tokens=16)) as url:
+        long = {"model": "tiny", "prompt": list(range(3, 23)), "max_tokens": 2}  # 20 tokens
+        prompts = [[5 + i, 9, 11 + i] for i in range(4)]
+
+        def complete(prompt: list[int]) -> list[int]:
+            choice = _client(url).completions.create(model="tiny", prompt=prompt, max_tokens=8,
+                                                     temperature=0).choices[0]
+            return _ids(choice)
+
+        with ThreadPoolExecutor(8) as pool:
+            refused = [pool.submit(httpx.post, f"{url}/v1/completions", json=long) for _ in range(4)]
+            good = [pool.submit(complete, p) for p in prompts]
+            assert [g.result() for g in good] == [_alone(onnx_model, p, 8) for p in prompts]
+            for answer in (r.result() for r in refused):
+                assert answer.status_code == 400, answer.text
+                error = answer.json()["error"]
+                assert error["code"] == "context_length_exceeded"
+                assert "has 20 tokens" in error["message"] and "16 tokens" in error["message"]
+                assert "--max-prompt-tokens" in error["message"]
+        at_the_bound = complete(list(range(3, 19)))  # 16 tokens: taken
+        assert at_the_bound == _alone(onnx_model, list(range(3, 19)), 8)
+    engine.close()
+
+
+def test_the_prompt_bound_defaults_to_the_context_length_and_no_room_for_max_tokens_is_refused_alike(
+        server):
+    url, _ = server
+    client = _client(url)
+    with pytest.raises(openai.BadRequestError) as over:
+        client.completions.create(model="tiny", prompt=[5] * 70, max_tokens=2)
+    assert over.value.code == "context_length_exceeded"
+    assert "has 70 tokens" in str(over.value) and "context length, 64 tokens" in str(over.value)
+    with pytest.raises(openai.BadRequestError) as no_room:
+        client.completions.create(model="tiny", prompt=[5] * 40, max_tokens=30)
+    assert no_room.value.code == "context_length_exceeded" and "70 in all" in str(no_room.value)
+
+
 def _slowed(engine: Engine, seconds: float) -> Engine:
     """Each decoding step of ``engine`` takes ``seconds`` more (a slow model, for timing)."""
     step = engine.batch.step
@@ -150,4 +192,40 @@ def test_a_full_queue_answers_503(onnx_model):
         assert httpx.post(f"{url}/v1/completions",
                           json={"model": "tiny", "prompt": [1], "max_tokens": 2}).status_code == 200
         assert 'transformer_kit_requests_total{outcome="queue_full"} 1.0' in httpx.get(f"{url}/metrics").text
+    engine.close()
+
+
+def test_a_request_past_its_time_gets_an_error_its_row_is_freed_and_the_server_goes_on(onnx_model):
+    engine = _slowed(Engine(onnx_model, max_batch=4), 0.05)  # 60 tokens: 3 s
+    with running(create_app(engine, "tiny", max_request_seconds=1.0)) as url:
+        client, prompt = _client(url), [3, 4]
+        slow = {"model": "tiny", "prompt": prompt, "max_tokens": 60, "temperature": 0}
+        with ThreadPoolExecutor(2) as pool:  # a normal client at the same time
+            normal = pool.submit(lambda: _ids(client.completions.create(
+                model="tiny", prompt=[5, 6, 7], max_tokens=4, temperature=0).choices[0]))
+            with pytest.raises(openai.InternalServerError) as late:
+                client.completions.create(**slow)
+            assert normal.result() == _alone(onnx_model, [5, 6, 7], 4)
+        assert late.value.status_code == 504 and late.value.code == "request_timeout"
+        assert "limit of 1 s" in str(late.value) and "max_tokens" in str(late.value)
+        streamed = []
+        with pytest.raises(openai.APIError, match="limit of 1 s") as cut:
+            for chunk in client.completions.create(**slow, stream=True):
+                streamed += _ids(chunk.choices[0])
+        assert cut.value.code == "request_timeout"
+        assert 1 <= len(streamed) < 60 and streamed == _alone(onnx_model, prompt, 60)[:len(streamed)]
+        assert engine.stats["finished"]["timeout"] == 2
+        assert engine.stats["batch_size"] == 0 and _metric(url, "transformer_kit_batch_size") == 0
+        assert _metric(url, re.escape('transformer_kit_requests_total{outcome="timeout"}')) == 2
+        after = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0)
+        assert _ids(after.choices[0]) == _alone(onnx_model, prompt, 4)
+    engine.close()
+
+
+def test_the_bounds_must_be_positive(onnx_model):
+    engine = Engine(onnx_model, start=False)
+    with pytest.raises(InputError, match="max_prompt_tokens must be at least 1"):
+        create_app(engine, "tiny", max_prompt_tokens=0)
+    with pytest.raises(InputError, match="max_request_seconds must be more than 0"):
+        create_app(engine, "tiny", max_request_seconds=0)
     engine.close()

@@ -17,6 +17,10 @@ from transformer_kit.apps.terminal import console, fail
 from transformer_kit.errors import TransformerKitError
 
 _Opt = typer.Option
+#: --max-request-seconds by default: the openai client's own default timeout, so a request that
+#: runs longer has lost a client with default settings anyway (a stream keeps its client, and is
+#: bounded the same, so that no request holds a batch row for ever).
+DEFAULT_MAX_REQUEST_SECONDS = 600.0
 
 
 def serve(
@@ -40,6 +44,15 @@ def serve(
                                         "client's api_key); 401 otherwise.")] = None,
     max_body_mb: Annotated[float, _Opt(help="Largest request body taken, in MiB; larger ones get "
                                        "413.")] = DEFAULT_MAX_BODY_BYTES / 2**20,
+    max_prompt_tokens: Annotated[int | None, _Opt(help="Most tokens in a completion's prompt or a "
+                                             "chat's rendered conversation; longer ones get 400 "
+                                             "(context_length_exceeded). Default: the model's "
+                                             "context length, else 4096.")] = None,
+    max_request_seconds: Annotated[float, _Opt(help="Most seconds a completion or chat may take from "
+                                               "arrival to its last token; past it the request is "
+                                               "stopped, its batch row freed, and the client gets 504 "
+                                               "(a stream: an error event). Default: 600, the openai "
+                                               "client's own timeout.")] = DEFAULT_MAX_REQUEST_SECONDS,
 ) -> None:
     """Serve completions in the OpenAI convention (POST /v1/completions, GET /v1/models,
     /health, /metrics) until interrupted; an embedding model's export on POST /v1/embeddings,
@@ -47,6 +60,12 @@ def serve(
     name = model_name or folder.resolve().name
     if max_body_mb <= 0:
         raise typer.BadParameter(f"must be more than 0, got {max_body_mb}.", param_hint="--max-body-mb")
+    if max_prompt_tokens is not None and max_prompt_tokens < 1:
+        raise typer.BadParameter(f"must be at least 1, got {max_prompt_tokens}.",
+                                 param_hint="--max-prompt-tokens")
+    if not max_request_seconds > 0:
+        raise typer.BadParameter(f"must be more than 0, got {max_request_seconds}.",
+                                 param_hint="--max-request-seconds")
     if api_key is not None and not api_key.strip():
         raise typer.BadParameter(f"is empty; give a key, or leave out --api-key and {API_KEY_ENV}.",
                                  param_hint="--api-key")
@@ -58,7 +77,8 @@ def serve(
         if api_key is not None:
             fail(f"--api-key is not applied on Ray Serve yet, so --ray with a key would serve "
                  f"unprotected; leave out --ray, or --api-key and {API_KEY_ENV}.")
-        _serve_on_ray(folder, name, host, port, replicas, max_batch, max_queue, provider)
+        _serve_on_ray(folder, name, host, port, replicas, max_batch, max_queue, provider,
+                      max_prompt_tokens, max_request_seconds)
         return
     try:
         import uvicorn
@@ -66,6 +86,7 @@ def serve(
         from transformer_kit.apps.serving.embedding_engine import EmbeddingEngine
         from transformer_kit.apps.serving.engine import Engine
         from transformer_kit.apps.serving.http import create_app
+        from transformer_kit.apps.serving.openai_api import DEFAULT_MAX_PROMPT_TOKENS
     except ImportError as exc:
         raise typer.BadParameter(f"serving needs the serve extra ({exc.name} is missing): pip install "
                                  "'transformer-kit[serve]'.") from None
@@ -79,13 +100,16 @@ def serve(
             batching = f"{engine.kind} on POST /v1/{engine.kind}, runs <= {batch_tokens} tokens"
         else:
             engine = Engine(model, max_batch=max_batch, max_queue=max_queue)
-            batching = f"batch <= {max_batch}"
+            prompts = max_prompt_tokens or model.context_length or DEFAULT_MAX_PROMPT_TOKENS
+            batching = (f"batch <= {max_batch}, prompts <= {prompts} tokens, requests <= "
+                        f"{max_request_seconds:g} s")
     except TransformerKitError as exc:
         fail(exc)
     console.print(f"serving {name!r} from {folder} on http://{host}:{port}/v1 "
                   f"(provider {engine.model.provider}, {batching}, queue <= {max_queue})")
     try:
-        app = create_app(engine, name, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20))
+        app = create_app(engine, name, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
+                         max_prompt_tokens=max_prompt_tokens, max_request_seconds=max_request_seconds)
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
         engine.close()
@@ -104,7 +128,8 @@ def _loopback(host: str) -> bool:
 
 
 def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, max_batch: int,
-                  max_queue: int, provider: Provider) -> None:
+                  max_queue: int, provider: Provider, max_prompt_tokens: int | None,
+                  max_request_seconds: float) -> None:
     try:
         import ray
         from ray import serve
@@ -126,7 +151,9 @@ def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, 
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(application(folder, name, replicas=replicas, max_batch=max_batch, max_queue=max_queue,
-                              providers=provider.value), name="transformer-kit", route_prefix="/")
+                              providers=provider.value, max_prompt_tokens=max_prompt_tokens,
+                              max_request_seconds=max_request_seconds),
+                  name="transformer-kit", route_prefix="/")
         console.print(f"serving {name!r} on Ray Serve at http://{host}:{port}/v1 ({replicas} replicas); "
                       "Ctrl-C stops it")
         threading.Event().wait()

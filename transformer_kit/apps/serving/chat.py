@@ -20,7 +20,14 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from transformer_kit.apps.serving.engine import Engine, QueueFull
-from transformer_kit.apps.serving.openai_api import ServerMetrics, error_response, finish_reason
+from transformer_kit.apps.serving.openai_api import (
+    Limits,
+    ServerMetrics,
+    error_response,
+    failure_event,
+    failure_response,
+    finish_reason,
+)
 from transformer_kit.apps.serving.requests import Request as EngineRequest
 from transformer_kit.chat.conversation import Turn
 from transformer_kit.decoding.text import TextPieces, TextTokenizer
@@ -156,10 +163,13 @@ def _max_tokens(body: ChatCompletionRequest, prompt_length: int, context_length:
 
 class ChatServer:
     """``/v1/chat/completions`` over an engine serving the model ``model_name`` (the metrics
-    shared with the other endpoints)."""
+    shared with the other endpoints), within ``limits`` (None: a rendered conversation of at
+    most the model's context length, no time bound)."""
 
-    def __init__(self, engine: Engine, model_name: str, metrics: ServerMetrics) -> None:
+    def __init__(self, engine: Engine, model_name: str, metrics: ServerMetrics,
+                 limits: Limits | None = None) -> None:
         self.engine, self.model_name, self.metrics = engine, model_name, metrics
+        self.limits = limits or Limits.of(engine.model.context_length)
 
     async def chat_completions(self, body: ChatCompletionRequest) -> Any:
         model, metrics, name = self.engine.model, self.metrics, self.model_name
@@ -170,9 +180,11 @@ class ChatServer:
         try:
             turn = _turn(model.tokenizer, body, _options(body))
             ids = model.tokenizer.encode([turn.prompt], add_special_tokens=False)[0][0].tolist()
+            self.limits.check_prompt(len(ids), "The conversation, rendered by the chat template,")
             options = {**turn.options, "max_new_tokens": _max_tokens(body, len(ids), model.context_length)}
             matcher = model.tokenizer.stop_matcher(stops) if stops else None
-            request = self.engine.submit(ids, stop_matcher=matcher, **options)
+            request = self.engine.submit(ids, stop_matcher=matcher,
+                                         timeout=self.limits.max_request_seconds, **options)
         except (QueueFull, InputError) as exc:
             return metrics.refused(exc)
         pieces = TextPieces(model.tokenizer, request.options.eos_ids(model.manifest.eos_id), stops)
@@ -184,8 +196,8 @@ class ChatServer:
         tokens = [t async for arrived in request.arrivals() for t in arrived]
         text = "".join(pieces.add(t) for t in tokens) + pieces.finish()
         metrics.finished(request)
-        if request.finish_reason == "error":
-            return error_response(500, f"Decoding failed: {request.error}", kind="server_error")
+        if (failed := failure_response(request)) is not None:
+            return failed
         message = turn.message(text)
         return {**reply.head("chat.completion"),
                 "choices": [{"index": 0, "message": message, "logprobs": None,
@@ -222,8 +234,10 @@ def _delta(message: dict[str, Any]) -> dict[str, Any]:
 
 async def _events(request: EngineRequest, pieces: TextPieces, turn: Turn, reply: _Reply,
                   metrics: ServerMetrics, include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent ``chat.completion.chunk`` events, then [DONE]. A client that goes away closes
-    this generator: its request is cancelled, its row leaves the batch."""
+    """Server-sent ``chat.completion.chunk`` events, then [DONE]; a request that failed (its
+    time ran out, decoding failed) ends with an error event instead of the finish reason. A
+    client that goes away closes this generator: its request is cancelled, its row leaves the
+    batch."""
     held = bool(turn.names)  # the model may call tools: the text is read at the end
 
     def chunk(delta: dict[str, Any] | None, reason: str | None = None, usage: Any = None) -> str:
@@ -243,8 +257,8 @@ async def _events(request: EngineRequest, pieces: TextPieces, turn: Turn, reply:
                 text.append(piece)
             elif piece:
                 yield chunk({"content": piece})
-        if request.finish_reason == "error":
-            yield f"data: {json.dumps({'error': {'message': request.error, 'type': 'server_error'}})}\n\n"
+        if (failed := failure_event(request)) is not None:
+            yield failed
         else:
             rest = pieces.finish()
             message = turn.message("".join(text) + rest) if held else {"content": rest}

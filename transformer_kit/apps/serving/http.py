@@ -11,9 +11,11 @@ greedy), ``top_p``, ``seed``, ``stop``, ``stream`` as server-sent events),
 with a sentence naming the one this model serves. Each completions choice also carries
 ``token_ids``, the ids behind its text (a streamed chunk: the ids of that chunk). Errors are
 OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``, :mod:`.openai_api`) with
-the status that fits: 400 for a bad request, 404 for an unknown model, 503 when the queue is
-full; never a traceback. In front of all of it, :class:`.Guard` checks the API key and bounds
-the request body (401, 413, 408).
+the status that fits: 400 for a bad request (``context_length_exceeded`` for a prompt over the
+server's bound or one that leaves no room for ``max_tokens``), 404 for an unknown model, 503 when
+the queue is full, 504 for a request that ran past the server's time bound (a stream ends with
+an error event instead); never a traceback. In front of all of it, :class:`.Guard` checks the
+API key and bounds the request body (401, 413, 408).
 """
 
 from __future__ import annotations
@@ -38,8 +40,11 @@ from transformer_kit.apps.serving.embeddings import EmbeddingRequest, EmbeddingS
 from transformer_kit.apps.serving.engine import Engine, QueueFull
 from transformer_kit.apps.serving.guard import DEFAULT_BODY_SECONDS, DEFAULT_MAX_BODY_BYTES, Guard
 from transformer_kit.apps.serving.openai_api import (
+    Limits,
     ServerMetrics,
     error_response,
+    failure_event,
+    failure_response,
     finish_reason,
     install_error_handlers,
 )
@@ -69,10 +74,13 @@ class CompletionRequest(BaseModel):
 
 class CompletionServer:
     """The endpoints' work over one engine, whatever routes them (``create_app`` here, a Ray
-    Serve deployment in :mod:`.ray_serve`)."""
+    Serve deployment in :mod:`.ray_serve`), within ``limits`` (None: a prompt of at most the
+    model's context length, no time bound)."""
 
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    def __init__(self, engine: Engine | EmbeddingEngine, model_name: str,
+                 limits: Limits | None = None) -> None:
         self.engine, self.model_name = engine, model_name
+        self.limits = limits or Limits.of(engine.model.context_length)
         self.metrics = ServerMetrics(engine)
         self.created = int(time.time())
 
@@ -95,6 +103,7 @@ class CompletionServer:
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         try:
             ids = _prompt_ids(body.prompt, model)
+            self.limits.check_prompt(len(ids))
             options = {"max_new_tokens": body.max_tokens, "seed": body.seed}
             if body.temperature > 0:
                 options.update(do_sample=True, temperature=body.temperature, top_p=body.top_p)
@@ -102,7 +111,8 @@ class CompletionServer:
             if stops and matcher is None:
                 raise InputError("stop strings need the model's tokenizer, and this export has none; "
                                  "leave stop out.")
-            request = self.engine.submit(ids, stop_matcher=matcher, **options)
+            request = self.engine.submit(ids, stop_matcher=matcher,
+                                         timeout=self.limits.max_request_seconds, **options)
         except (QueueFull, InputError) as exc:
             return metrics.refused(exc)
         ident, eos = f"cmpl-{uuid.uuid4().hex}", request.options.eos_ids(model.manifest.eos_id)
@@ -113,8 +123,8 @@ class CompletionServer:
         tokens = [t async for arrived in request.arrivals() for t in arrived]
         text = "" if pieces is None else "".join(pieces.add(t) for t in tokens) + pieces.finish()
         metrics.finished(request)
-        if request.finish_reason == "error":
-            return error_response(500, f"Decoding failed: {request.error}", kind="server_error")
+        if (failed := failure_response(request)) is not None:
+            return failed
         return {"id": ident, "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name,
                 "choices": [{"index": 0, "text": text, "token_ids": tokens, "logprobs": None,
@@ -131,19 +141,27 @@ _KINDS = {"generator": ("a text generator", ("/v1/completions", "/v1/chat/comple
 
 def create_app(engine: Engine | EmbeddingEngine, model_name: str, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               body_seconds: float = DEFAULT_BODY_SECONDS) -> FastAPI:
+               body_seconds: float = DEFAULT_BODY_SECONDS, max_prompt_tokens: int | None = None,
+               max_request_seconds: float | None = None) -> FastAPI:
     """The FastAPI application serving ``engine`` under the model name ``model_name``: a
     decoder's :class:`Engine` on the completions endpoints, an :class:`EmbeddingEngine` on
     /v1/embeddings or /v1/rerank (its ``kind``). Behind a :class:`.Guard`: ``api_key`` (None:
     none) needed on every endpoint but /health, request bodies of at most ``max_body_bytes``
-    arriving within ``body_seconds``."""
+    arriving within ``body_seconds``. A completion's or chat's prompt may hold at most
+    ``max_prompt_tokens`` tokens (None: the model's context length, else
+    :data:`~.openai_api.DEFAULT_MAX_PROMPT_TOKENS`; more: 400), and it may take at most
+    ``max_request_seconds`` from arrival to last token (None: no bound; past it the engine stops
+    it and frees its row: 504, or an error event ending the stream). Embeddings and rerank keep
+    their own bound on texts (the model's positions). Raises InputError for a bound that is not
+    positive."""
+    limits = Limits.of(engine.model.context_length, max_prompt_tokens, max_request_seconds)
     app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes,
                        body_seconds=body_seconds)
     install_error_handlers(app, {"/v1/completions": CompletionRequest,
                                  "/v1/chat/completions": ChatCompletionRequest,
                                  "/v1/embeddings": EmbeddingRequest, "/rerank": RerankRequest})
-    server = CompletionServer(engine, model_name)
+    server = CompletionServer(engine, model_name, limits)
     app.get("/health")(server.health)
     app.get("/v1/models")(server.models)
     app.get("/metrics")(server.prometheus)
@@ -159,7 +177,7 @@ def create_app(engine: Engine | EmbeddingEngine, model_name: str, *, api_key: st
     else:
         kind = "generator"
         app.post("/v1/completions", response_model=None)(server.completions)
-        chat = ChatServer(engine, model_name, server.metrics)
+        chat = ChatServer(engine, model_name, server.metrics, limits)
         app.post("/v1/chat/completions", response_model=None)(chat.chat_completions)
     what, serves = _KINDS[kind]
     for other, (_, paths) in _KINDS.items():
@@ -198,8 +216,10 @@ def _prompt_ids(prompt: Any, model) -> list[int]:
 
 async def _events(request: EngineRequest, pieces: TextPieces | None, ident: str, model_name: str,
                   metrics: ServerMetrics) -> AsyncIterator[str]:
-    """Server-sent events: a chunk per token, the last with the finish reason, then [DONE]. A
-    client that goes away closes this generator: its request is cancelled, its row leaves."""
+    """Server-sent events: a chunk per token, the last with the finish reason, then [DONE]; a
+    request that failed (its time ran out, decoding failed) ends with an error event instead of
+    the last chunk. A client that goes away closes this generator: its request is cancelled,
+    its row leaves."""
     head = json.dumps({"id": ident, "object": "text_completion", "created": int(time.time()),
                        "model": model_name})[:-1]
 
@@ -211,8 +231,8 @@ async def _events(request: EngineRequest, pieces: TextPieces | None, ident: str,
     try:
         async for arrived in request.arrivals():  # the events of several tokens in one write
             yield "".join(chunk(pieces.add(t) if pieces else "", [t], None) for t in arrived)
-        if request.finish_reason == "error":
-            yield f"data: {json.dumps({'error': {'message': request.error, 'type': 'server_error'}})}\n\n"
+        if (failed := failure_event(request)) is not None:
+            yield failed
         else:
             yield chunk(pieces.finish() if pieces else "", [], finish_reason(request))
         yield "data: [DONE]\n\n"

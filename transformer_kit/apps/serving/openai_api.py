@@ -1,9 +1,12 @@
 """What the OpenAI-style endpoints share: JSON errors (and the handlers for what FastAPI refuses
-itself), the finish reason of an engine request, and the server's Prometheus metrics."""
+itself), the bounds on a generation request (:class:`Limits`), the finish reason of an engine
+request and the answer to one that failed, and the server's Prometheus metrics."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
@@ -15,6 +18,7 @@ from starlette.exceptions import HTTPException
 
 from transformer_kit.apps.serving.engine import Engine, QueueFull
 from transformer_kit.apps.serving.requests import Request as EngineRequest
+from transformer_kit.errors import ContextLengthError, InputError
 
 if TYPE_CHECKING:
     from transformer_kit.apps.serving.embedding_engine import EmbeddingEngine
@@ -26,6 +30,88 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
     """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
                         status_code=status, headers=headers)
+
+
+def error_event(message: str, kind: str = "server_error", code: str | None = None) -> str:
+    """A server-sent event carrying an OpenAI-style error, the shape of :func:`error_response`'s
+    body (the openai client raises ``APIError`` on it); a stream that fails ends with it, then
+    ``[DONE]``."""
+    error = {"message": message, "type": kind, "param": None, "code": code}
+    return f"data: {json.dumps({'error': error})}\n\n"
+
+
+#: The prompt bound when neither the caller nor the export's manifest gives one (no context
+#: length known): the engine's ``prefill_tokens`` default, the longest prompt it prefills with others.
+DEFAULT_MAX_PROMPT_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one generation request may take: a prompt of at most ``max_prompt_tokens`` tokens,
+    and at most ``max_request_seconds`` (None: no bound) from its arrival to its last token.
+    ``context_length``: the model's, when known (the bound's default, and named in refusals)."""
+
+    max_prompt_tokens: int
+    max_request_seconds: float | None = None
+    context_length: int | None = None
+
+    @classmethod
+    def of(cls, context_length: int | None, max_prompt_tokens: int | None = None,
+           max_request_seconds: float | None = None) -> Limits:
+        """The limits of a server over a model of ``context_length``: ``max_prompt_tokens``
+        None is that context length, else :data:`DEFAULT_MAX_PROMPT_TOKENS`. Raises InputError
+        for a bound that is not positive."""
+        if max_prompt_tokens is not None and max_prompt_tokens < 1:
+            raise InputError(f"max_prompt_tokens must be at least 1, got {max_prompt_tokens}.")
+        if max_request_seconds is not None and not max_request_seconds > 0:
+            raise InputError(f"max_request_seconds must be more than 0 (or None: no bound), got "
+                             f"{max_request_seconds}.")
+        if max_prompt_tokens is None:
+            max_prompt_tokens = context_length or DEFAULT_MAX_PROMPT_TOKENS
+        return cls(max_prompt_tokens, max_request_seconds, context_length)
+
+    def check_prompt(self, tokens: int, what: str = "The prompt") -> None:
+        """Raise ContextLengthError when a prompt of ``tokens`` tokens is over the bound."""
+        if tokens <= self.max_prompt_tokens:
+            return
+        limit = self.max_prompt_tokens
+        if limit == self.context_length:
+            bound = f"the model's context length, {limit} tokens"
+            fix = f"shorten it: the prompt and max_tokens together must fit in {limit}"
+        else:
+            bound = f"the {limit} tokens this server takes in a prompt (--max-prompt-tokens)"
+            fix = f"shorten it to at most {limit} tokens, or start the server with a larger bound"
+            if self.context_length is not None:
+                fix += f" (up to the model's context length, {self.context_length})"
+        raise ContextLengthError(f"{what} has {tokens} tokens, more than {bound}; {fix}.")
+
+
+def _failure(request: EngineRequest) -> tuple[int, str, str, str | None] | None:
+    """How an ended engine request failed, as status, message, type and code: 504 when it ran
+    past its time, 500 when decoding failed; None when it did not fail."""
+    if request.finish_reason == "timeout":
+        return (504, f"{request.error} Ask for fewer tokens (max_tokens), or retry when the server "
+                "is less busy; the bound is the server's --max-request-seconds.", "timeout_error",
+                "request_timeout")
+    if request.finish_reason == "error":
+        return 500, f"Decoding failed: {request.error}", "server_error", None
+    return None
+
+
+def failure_response(request: EngineRequest) -> JSONResponse | None:
+    """The error answer to an ended request that failed (504: past its time; 500: decoding
+    failed), else None."""
+    failed = _failure(request)
+    if failed is None:
+        return None
+    status, message, kind, code = failed
+    return error_response(status, message, kind=kind, code=code)
+
+
+def failure_event(request: EngineRequest) -> str | None:
+    """The error event that ends the stream of a request that failed, else None."""
+    failed = _failure(request)
+    return None if failed is None else error_event(*failed[1:])
 
 
 class ServerMetrics:
@@ -68,12 +154,14 @@ class ServerMetrics:
 
     def refused(self, exc: Exception) -> JSONResponse:
         """The answer to a request the engine would not take, counted: 503 when its queue is
-        full (``QueueFull``), else 400 with the sentence (an ``InputError``)."""
+        full (``QueueFull``), else 400 with the sentence (an ``InputError``; with the code
+        ``context_length_exceeded``, as OpenAI's, for a ``ContextLengthError``)."""
         if isinstance(exc, QueueFull):
             self.requests.labels("queue_full").inc()
             return error_response(503, str(exc), kind="server_busy")
         self.requests.labels("refused").inc()
-        return error_response(400, str(exc))
+        code = "context_length_exceeded" if isinstance(exc, ContextLengthError) else None
+        return error_response(400, str(exc), code=code)
 
 
 def install_error_handlers(app: FastAPI, bodies: Mapping[str, type[BaseModel]] | None = None) -> None:

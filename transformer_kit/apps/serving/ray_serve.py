@@ -20,7 +20,7 @@ from ray import serve
 from transformer_kit.apps.serving.chat import ChatCompletionRequest, ChatServer
 from transformer_kit.apps.serving.engine import Engine
 from transformer_kit.apps.serving.http import CompletionRequest, CompletionServer
-from transformer_kit.apps.serving.openai_api import install_error_handlers
+from transformer_kit.apps.serving.openai_api import Limits, install_error_handlers
 
 ingress = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None)
 install_error_handlers(ingress, {"/v1/completions": CompletionRequest,
@@ -34,13 +34,15 @@ class CompletionDeployment:
     answers for the replica that gets the request."""
 
     def __init__(self, folder: str, model_name: str, max_batch: int, max_queue: int,
-                 providers: str = "auto") -> None:
+                 providers: str = "auto", max_prompt_tokens: int | None = None,
+                 max_request_seconds: float | None = None) -> None:
         from transformer_kit.export import OnnxModel
 
         model = OnnxModel(folder, providers=providers)
+        limits = Limits.of(model.context_length, max_prompt_tokens, max_request_seconds)
         self.server = CompletionServer(Engine(model, max_batch=max_batch, max_queue=max_queue),
-                                       model_name)
-        self.chat = ChatServer(self.server.engine, model_name, self.server.metrics)
+                                       model_name, limits)
+        self.chat = ChatServer(self.server.engine, model_name, self.server.metrics, limits)
 
     @ingress.get("/health")
     async def health(self) -> dict:
@@ -65,11 +67,15 @@ class CompletionDeployment:
 
 def application(folder: str | Path, model_name: str, *, replicas: int = 1, max_batch: int = 16,
                 max_queue: int = 64, num_cpus: float = 1.0, autoscaling: dict | None = None,
-                providers: str = "auto") -> serve.Application:
+                providers: str = "auto", max_prompt_tokens: int | None = None,
+                max_request_seconds: float | None = None) -> serve.Application:
     """The deployment bound to an export folder: ``replicas`` copies, or Ray Serve's
     ``autoscaling_config`` (e.g. ``{"min_replicas": 1, "max_replicas": 4,
-    "target_ongoing_requests": 16}``) instead; ``num_cpus`` Ray reserves for each replica."""
+    "target_ongoing_requests": 16}``) instead; ``num_cpus`` Ray reserves for each replica.
+    ``max_prompt_tokens`` and ``max_request_seconds``: each replica's bounds, as
+    :func:`~.http.create_app`'s."""
     scale = {"autoscaling_config": autoscaling} if autoscaling else {"num_replicas": replicas}
     deployment = CompletionDeployment.options(ray_actor_options={"num_cpus": num_cpus},
                                               max_ongoing_requests=max_batch + max_queue, **scale)
-    return deployment.bind(str(Path(folder).resolve()), model_name, max_batch, max_queue, providers)
+    return deployment.bind(str(Path(folder).resolve()), model_name, max_batch, max_queue, providers,
+                           max_prompt_tokens, max_request_seconds)
