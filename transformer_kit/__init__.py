@@ -19,6 +19,7 @@ from transformer_kit.errors import (
     CheckpointError,
     ComponentError,
     ConfigError,
+    ContextLengthError,
     ExportError,
     InputError,
     MaskError,
@@ -84,7 +85,8 @@ def config_from_gguf(path, **overrides):
 __all__ = [
     "KINDS", "MODEL_KINDS", "ArtifactError", "ChatTemplateError", "CheckpointError",
     "CheckpointFamily", "Component",
-    "ComponentError", "ComponentSpec", "ConfigError", "ExportError", "GenerationConfig",
+    "ComponentError", "ComponentSpec", "ConfigError", "ContextLengthError", "ExportError",
+    "GenerationConfig",
     "InputError", "LogitsProcessor", "MaskError", "ModelConfig", "PluginError", "ProviderError",
     "Registry", "TransformerKitError", "UnknownComponentError", "__version__", "build_model",
     "config_from_gguf", "config_from_hf", "from_gguf", "from_hf", "get_registry", "hookimpl",
