@@ -1,14 +1,10 @@
 """The Triton model repository: every config.pbtxt parses as Triton's own ModelConfig
 (tritonclient's model_config_pb2, strict text format); the forward model's files load in
-onnxruntime from the repository and compute the export's logits; the decoupled Python model,
-run against a stand-in for the backend's utility module, streams generate's tokens."""
+onnxruntime from the repository and compute the export's logits (the Triton wheel the tests run
+has no onnxruntime backend); ``--env`` names the generate model's Python environment. The
+generate model on a real server: test_triton_server.py."""
 
 from __future__ import annotations
-
-import importlib.util
-import json
-import sys
-import types
 
 import numpy as np
 import onnxruntime as ort
@@ -44,8 +40,12 @@ def test_the_configs_follow_triton_s_schema(repo, onnx_model):
     assert forward.HasField("dynamic_batching")
     generate = _config(repo / "tiny_generate" / "config.pbtxt")
     assert generate.backend == "python" and generate.model_transaction_policy.decoupled
-    assert [i.name for i in generate.input if not i.optional] == ["input_ids"]
+    assert all(i.optional for i in generate.input)  # one prompt input a request, checked by model.py
+    assert [i.name for i in generate.input] == ["input_ids", "max_new_tokens", "temperature", "top_p",
+                                                "seed"]  # no tokenizer in this export: no text
+    assert [o.name for o in generate.output] == ["token_ids"]
     assert generate.parameters["export_folder"].string_value == "export"
+    assert "EXECUTION_ENV_PATH" not in generate.parameters
     with pytest.raises(text_format.ParseError):  # the check is real: a wrong field is refused
         text_format.Parse('name: "x"\nbatch_size: 4\n', model_config_pb2.ModelConfig())
 
@@ -59,69 +59,17 @@ def test_the_forward_model_loads_from_the_repository_and_computes_the_export_s_l
     np.testing.assert_allclose(logits, onnx_model(ids, attention_mask=np.ones_like(ids)), rtol=0, atol=1e-5)
 
 
-class _Tensor:
-    def __init__(self, name: str, array: np.ndarray) -> None:
-        self.name, self.array = name, array
-
-    def as_numpy(self) -> np.ndarray:
-        return self.array
-
-
-class _Response:
-    def __init__(self, output_tensors=(), error=None) -> None:
-        self.output_tensors, self.error = list(output_tensors), error
-
-
-class _Sender:
-    def __init__(self) -> None:
-        self.sent: list[tuple[_Response | None, int]] = []
-
-    def send(self, response=None, flags: int = 0) -> None:
-        self.sent.append((response, flags))
-
-
-class _Request:
-    def __init__(self, **inputs: np.ndarray) -> None:
-        self.inputs, self.sender = inputs, _Sender()
-
-    def get_response_sender(self) -> _Sender:
-        return self.sender
-
-
-def _backend_utils() -> types.ModuleType:
-    """The names model.py uses of Triton's ``triton_python_backend_utils``, as the backend
-    documents them (tensors by name, responses with tensors or an error, the final flag)."""
-    utils = types.ModuleType("triton_python_backend_utils")
-    utils.Tensor, utils.InferenceResponse, utils.TritonError = _Tensor, _Response, RuntimeError
-    utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
-    utils.get_input_tensor_by_name = lambda request, name: (
-        _Tensor(name, request.inputs[name]) if name in request.inputs else None)
-    return utils
-
-
-def test_the_decoupled_python_model_streams_generate_s_tokens(repo, onnx_model, monkeypatch):
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _backend_utils())
-    version = repo / "tiny_generate" / "1"
-    spec = importlib.util.spec_from_file_location("tiny_generate_model", version / "model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    model = module.TritonPythonModel()
-    config = json.dumps({"parameters": {"export_folder": {"string_value": "export"}}})
-    model.initialize({"model_config": config, "model_repository": str(repo / "tiny_generate"),
-                      "model_version": "1"})
-    prompt = np.array([5, 6, 7], np.int64)
-    greedy = _Request(input_ids=prompt, max_new_tokens=np.array([9]))
-    sampled = _Request(input_ids=prompt, max_new_tokens=np.array([9]),
-                       temperature=np.array([0.8], np.float32), seed=np.array([3]))
-    broken = _Request(input_ids=np.array([5, 99]), max_new_tokens=np.array([3]))
-    model.execute([greedy, sampled, broken])
-    for request, options in ((greedy, {}), (sampled, {"do_sample": True, "temperature": 0.8, "seed": 3})):
-        tokens = [int(r.output_tensors[0].array[0]) for r, _ in request.sender.sent[:-1]]
-        expected = onnx_model.generate(prompt[None], max_new_tokens=9, **options)[0].tolist()
-        assert tokens == expected[:len(tokens)] and len(tokens) >= 1
-        assert request.sender.sent[-1] == (None, 1)  # the final flag, once
-    (response, flags), = broken.sender.sent
-    assert flags == 1 and "99" in str(response.error)
+def test_env_names_the_generate_model_s_python_environment(exported, tmp_path):
+    _, folder = exported
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text("")
+    result = invoke("triton", str(folder / "onnx"), "-o", str(tmp_path / "repo"), "--env", str(venv))
+    assert result.exit_code == 0, result.output
+    generate = _config(tmp_path / "repo" / "onnx_generate" / "config.pbtxt")
+    assert generate.parameters["EXECUTION_ENV_PATH"].string_value == str(venv.resolve())
+    refused = invoke("triton", str(folder / "onnx"), "-o", str(tmp_path / "repo"), "--env", str(tmp_path))
+    assert refused.exit_code == 1 and "bin/activate" in refused.output
 
 
 def test_bad_names_and_folders_are_refused(exported, tmp_path):

@@ -20,6 +20,10 @@ def triton(
     output: Annotated[Path, _Opt("--output", "-o", help="The model repository (made if missing).")],
     name: Annotated[str | None, _Opt(help="Model name prefix (default: the folder's name).")] = None,
     max_batch: Annotated[int, _Opt(help="max_batch_size of the forward model.")] = 16,
+    env: Annotated[Path | None, _Opt(help="The Python environment the generate model runs in "
+                                     "(EXECUTION_ENV_PATH: a virtual environment's folder or a "
+                                     "conda-pack .tar.gz, with transformer-kit installed); "
+                                     "absent: the server's own Python.")] = None,
 ) -> None:
     """Write {name}_forward (onnxruntime backend, dynamic batching) and {name}_generate (Python
     backend, decoupled streaming) into a Triton model repository."""
@@ -30,12 +34,14 @@ def triton(
             raise ArtifactError(f"{folder} is not an export folder (no manifest.json written by "
                                 f"transformer-kit export); export a model first: transformer-kit "
                                 f"export SRC -o DIR.")
-        written = write_repository(folder, output, name or folder.resolve().name, max_batch)
+        written = write_repository(folder, output, name or folder.resolve().name, max_batch, env)
     except TransformerKitError as exc:
         fail(exc)
     for config in written:
         console.print(f"wrote {config.parent}")
-    console.print(f"start Triton with: tritonserver --model-repository {output}")
+    console.print(f"start Triton with: tritonserver --model-repository {output} (the forward model "
+                  "needs Triton's onnxruntime backend; without it add --model-control-mode explicit "
+                  f"--load-model {written[-1].parent.name})")
 
 
 def register(app: typer.Typer) -> None:

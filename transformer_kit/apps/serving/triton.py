@@ -7,7 +7,10 @@ Two models, each a folder with ``config.pbtxt`` and a version ``1``:
   batching on (Triton batches requests of equal shapes);
 - ``{name}_generate``: generation on the Python backend in decoupled mode (a response per
   token, then a final flag), running transformer-kit's ``OnnxModel.stream`` on a copy of the
-  export folder; the server's Python needs transformer-kit installed.
+  export folder: token ids in and out, text in and out where the export has a tokenizer, chat
+  messages where it has a chat template (:mod:`.triton_model`). Its Python needs
+  transformer-kit installed: the server's own, or the environment ``env`` names (Triton's
+  ``EXECUTION_ENV_PATH``: a virtual environment's folder or a conda-pack archive).
 
 The configs follow Triton's ``ModelConfig`` protobuf schema (tests parse them with
 ``tritonclient``'s ``model_config_pb2``).
@@ -15,10 +18,12 @@ The configs follow Triton's ``ModelConfig`` protobuf schema (tests parse them wi
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 
+from transformer_kit.decoding.text import TextTokenizer
 from transformer_kit.errors import InputError
 from transformer_kit.export.manifest import Manifest
 
@@ -43,15 +48,30 @@ def _forward_config(name: str, manifest: Manifest, max_batch: int) -> str:
             "dynamic_batching { max_queue_delay_microseconds: 1000 }\n")
 
 
-def _generate_config(name: str) -> str:
-    inputs = ",\n".join([_tensor("input_ids", "TYPE_INT64", [-1])] +
-                        [_tensor(n, t, [1], optional=True) for n, t in GENERATE_OPTIONS.items()])
-    output = _tensor("token_ids", "TYPE_INT64", [-1])
+def _parameter(key: str, value: str) -> str:
+    return f"parameters {{ key: {json.dumps(key)} value: {{ string_value: {json.dumps(value)} }} }}\n"
+
+
+def _generate_config(name: str, export: Path, env: Path | None) -> str:
+    """The generate model's config: ``input_ids`` always, ``text_input`` (and the output
+    ``text_output``) with a tokenizer, ``messages`` with a chat template; exactly one per request."""
+    tokenizer = TextTokenizer.from_folder(export)
+    prompts = [_tensor("input_ids", "TYPE_INT64", [-1], optional=True)]
+    outputs = [_tensor("token_ids", "TYPE_INT64", [-1])]
+    if tokenizer is not None:
+        prompts.append(_tensor("text_input", "TYPE_STRING", [1], optional=True))
+        outputs.append(_tensor("text_output", "TYPE_STRING", [1]))
+        if tokenizer.chat_templates:
+            prompts.append(_tensor("messages", "TYPE_STRING", [1], optional=True))
+    inputs = ",\n".join(prompts + [_tensor(n, t, [1], optional=True)
+                                   for n, t in GENERATE_OPTIONS.items()])
+    output = ",\n".join(outputs)
+    environment = "" if env is None else _parameter("EXECUTION_ENV_PATH", str(env))
     return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
             "model_transaction_policy { decoupled: true }\n"
             f"input [\n{inputs}\n]\noutput [\n{output}\n]\n"
             'instance_group [ { kind: KIND_CPU count: 1 } ]\n'
-            'parameters { key: "export_folder" value: { string_value: "export" } }\n')
+            + _parameter("export_folder", "export") + environment)
 
 
 def _copy(source: Path, target: Path) -> None:
@@ -62,12 +82,20 @@ def _copy(source: Path, target: Path) -> None:
         shutil.copy2(source, target)
 
 
-def write_repository(export: str | Path, repo: str | Path, name: str, max_batch: int = 16
-                     ) -> list[Path]:
+def write_repository(export: str | Path, repo: str | Path, name: str, max_batch: int = 16,
+                     env: str | Path | None = None) -> list[Path]:
     """Write the two models of ``export`` (an export folder) into the Triton repository ``repo``
-    (created if missing; models of other names in it are left alone). Returns the
-    ``config.pbtxt`` paths written."""
+    (created if missing; models of other names in it are left alone). ``env``: the Python
+    environment the generate model runs in (a folder or a ``.tar.gz``; absent: the server's
+    own Python). Returns the ``config.pbtxt`` paths written."""
     export, repo = Path(export), Path(repo)
+    if env is not None:
+        env = Path(env).resolve()
+        if not (env / "bin" / "activate").is_file() and not env.name.endswith(".tar.gz"):
+            raise InputError(f"{str(env)!r} is not a Python environment Triton can activate (a "
+                             "folder with bin/activate, e.g. a virtual environment, or a "
+                             "conda-pack .tar.gz); make one with python -m venv and install "
+                             "transformer-kit into it.")
     manifest = Manifest.read(export)
     if not name or not all(c.isalnum() or c in "-_" for c in name):
         raise InputError(f"Model name {name!r} must be letters, digits, '-' and '_' only (it names "
@@ -92,7 +120,7 @@ def write_repository(export: str | Path, repo: str | Path, name: str, max_batch:
             if item.is_file():
                 _copy(item, generate / "1" / "export" / item.name)
         shutil.copy2(Path(__file__).with_name("triton_model.py"), generate / "1" / "model.py")
-        (generate / "config.pbtxt").write_text(_generate_config(generate.name))
+        (generate / "config.pbtxt").write_text(_generate_config(generate.name, export, env))
         written.append(generate / "config.pbtxt")
     else:
         shutil.rmtree(generate)

@@ -1,0 +1,161 @@
+"""The repository ``transformer-kit triton`` writes, served by a real Triton Inference Server (the
+``tritonserver`` of the nvidia-pytriton wheel, on 127.0.0.1) and driven with tritonclient: gRPC
+streaming and HTTP ``generate_stream`` give ``OnnxModel.generate``'s tokens, its texts and
+``OnnxModel.chat``'s replies; 8 concurrent streams are each exact; bad requests get errors and the
+server keeps serving. The export is a chat model (tests/chat/checkpoint.py): ids, text and
+messages in."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+
+import transformer_kit as tk
+from tests.apps.conftest import invoke
+from tests.apps.serving import tritonserver
+from tests.apps.serving.test_http import _alone
+from tests.chat.checkpoint import write_chat_checkpoint
+from transformer_kit.export import OnnxModel, export_onnx
+
+grpcclient = pytest.importorskip("tritonclient.grpc")
+MODEL = "tiny_generate"
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory):
+    """(server, the export in onnxruntime): the server up with the generate model loaded."""
+    root = tritonserver.wheel_root()
+    if root is None:
+        pytest.skip("nvidia-pytriton (the wheel with tritonserver) is not installed: pip install "
+                    "--no-deps nvidia-pytriton==0.7.0, as .ci/run does.")
+    work = tmp_path_factory.mktemp("triton-server")
+    folder = write_chat_checkpoint(work / "qwen2")
+    export_onnx(tk.from_hf(folder), folder / "onnx")
+    try:
+        env = tritonserver.model_environment(work / "model-env")
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"numpy<2 for the model's environment cannot be installed here: {exc}")
+    written = invoke("triton", str(folder / "onnx"), "-o", str(work / "repo"), "--name", "tiny",
+                     "--env", str(env))
+    assert written.exit_code == 0, written.output
+    tree = tritonserver.server_tree(root, work / "tritonserver")
+    server = tritonserver.TritonServer(tree, root.parent / "nvidia_pytriton.libs", work / "repo",
+                                       [MODEL], work / "server.log")
+    try:
+        server.wait_ready(180)
+        yield server, OnnxModel(folder / "onnx", providers="cpu")
+    finally:
+        server.stop()
+
+
+def _grpc_stream(server, inputs: dict[str, np.ndarray], timeout: float = 60) -> list:
+    """The responses of one gRPC streaming request: each a numpy array of its output, or the
+    error's text; ends at the final flag."""
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    tensors = []
+    for name, value in inputs.items():
+        kind = "BYTES" if value.dtype == object else {np.int64: "INT64", np.float32: "FP32"}[value.dtype.type]
+        tensor = grpcclient.InferInput(name, list(value.shape), kind)
+        tensor.set_data_from_numpy(value)
+        tensors.append(tensor)
+    outputs = []
+    try:
+        client.async_stream_infer(MODEL, tensors, enable_empty_final_response=True)
+        while True:
+            result, error = answers.get(timeout=timeout)
+            if error is not None:
+                outputs.append(str(error))
+                break
+            response = result.get_response()
+            if response.outputs:
+                name = response.outputs[0].name
+                outputs.append(result.as_numpy(name))
+            if response.parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    return outputs
+
+
+def _ids(prompt: list[int], **options) -> dict[str, np.ndarray]:
+    types = {"max_new_tokens": np.int64, "seed": np.int64, "temperature": np.float32, "top_p": np.float32}
+    return {"input_ids": np.array(prompt, np.int64),
+            **{k: np.array([v], types[k]) for k, v in options.items()}}
+
+
+def _http_stream(server, body: dict) -> list[dict]:
+    """The events of HTTP ``generate_stream`` (Triton's generate extension), as JSON."""
+    url = f"http://127.0.0.1:{server.http_port}/v2/models/{MODEL}/generate_stream"
+    with httpx.stream("POST", url, json=body, timeout=60) as answer:
+        return [json.loads(line[len("data: "):]) for line in answer.iter_lines()
+                if line.startswith("data: ")]
+
+
+def test_grpc_streams_generate_s_greedy_and_sampled_tokens(triton):
+    server, onnx_model = triton
+    prompt = [5, 6, 7, 8]
+    greedy = [int(a[0]) for a in _grpc_stream(server, _ids(prompt, max_new_tokens=12))]
+    assert greedy == _alone(onnx_model, prompt, 12) and len(greedy) >= 1
+    sampled = [int(a[0]) for a in _grpc_stream(server, _ids(prompt, max_new_tokens=12, temperature=0.8,
+                                                            top_p=0.9, seed=3))]
+    expected = onnx_model.generate(np.array([prompt]), max_new_tokens=12, do_sample=True,
+                                   temperature=0.8, top_p=0.9, seed=3)[0].tolist()
+    assert sampled == expected[:len(sampled)] and len(sampled) >= 1
+    assert sampled != greedy  # the options reach the model
+
+
+def test_http_generate_stream_gives_tokens_text_and_chat_replies(triton):
+    server, onnx_model = triton
+    events = _http_stream(server, {"input_ids": [9, 10, 11], "max_new_tokens": 10})
+    assert [e["token_ids"] for e in events] == _alone(onnx_model, [9, 10, 11], 10)
+    events = _http_stream(server, {"text_input": "The weather in Paris", "max_new_tokens": 10})
+    assert "".join(e["text_output"] for e in events) == onnx_model.generate("The weather in Paris",
+                                                                           max_new_tokens=10)
+    events = _http_stream(server, {"messages": json.dumps(MESSAGES), "max_new_tokens": 16})
+    reply = onnx_model.chat(MESSAGES, max_new_tokens=16)["content"]
+    assert "".join(e["text_output"] for e in events) == reply
+    text = _grpc_stream(server, {"text_input": np.array([b"The weather"], dtype=object),
+                                 "max_new_tokens": np.array([8], np.int64)})
+    assert b"".join(a[0] for a in text).decode() == onnx_model.generate("The weather", max_new_tokens=8)
+
+
+def test_eight_concurrent_streams_are_each_exact(triton):
+    server, onnx_model = triton
+    rng = np.random.default_rng(5)
+    cases = [(rng.integers(0, 400, int(n)).tolist(), int(m))
+             for n, m in zip(rng.integers(1, 12, 8), rng.integers(4, 20, 8), strict=True)]
+
+    def ask(case: tuple[list[int], int]) -> list[int]:
+        prompt, new = case
+        return [int(a[0]) for a in _grpc_stream(server, _ids(prompt, max_new_tokens=new), timeout=120)]
+
+    with ThreadPoolExecutor(len(cases)) as clients:
+        results = list(clients.map(ask, cases, timeout=300))
+    for (prompt, new), tokens in zip(cases, results, strict=True):
+        assert tokens == _alone(onnx_model, prompt, new)
+
+
+def test_bad_requests_get_errors_and_the_server_keeps_serving(triton):
+    server, onnx_model = triton
+    vocab = onnx_model.manifest.src_vocab
+    outside, = _grpc_stream(server, _ids([5, vocab + 3], max_new_tokens=4))
+    assert str(vocab + 3) in outside and "vocabulary" in outside
+    both = _http_stream(server, {"input_ids": [5, 6], "text_input": "x"})
+    assert len(both) == 1 and "exactly one of input_ids, text_input, messages" in both[0]["error"]
+    broken = _http_stream(server, {"messages": "not json", "max_new_tokens": 4})
+    assert len(broken) == 1 and "JSON list of chat messages" in broken[0]["error"]
+    unknown = httpx.post(f"http://127.0.0.1:{server.http_port}/v2/models/{MODEL}/generate_stream",
+                         json={"prompt_ids": [5]}, timeout=30)
+    assert unknown.status_code == 400 and "prompt_ids" in unknown.text
+    after = [int(a[0]) for a in _grpc_stream(server, _ids([5, 6, 7], max_new_tokens=8))]
+    assert after == _alone(onnx_model, [5, 6, 7], 8)
