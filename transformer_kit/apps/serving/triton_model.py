@@ -34,8 +34,8 @@ OPTIONS = {"max_new_tokens": int, "temperature": float, "top_p": float, "seed": 
 def _numbers(tensor: Any) -> np.ndarray:
     """A numeric input tensor's values, read through DLPack rather than ``as_numpy``: the stubs
     of Triton releases before 24.11 read numpy arrays at numpy 1's struct layout, so under numpy
-    2 ``as_numpy`` gave [1, 1, 1, 1] for the ids [1, 2, 3, 4] (and an output tensor the right
-    shape with no bytes); DLPack carries the buffer without numpy's struct."""
+    2 ``as_numpy`` gave [1, 1, 1, 1] for the ids [1, 2, 3, 4], silently; DLPack carries the
+    buffer without numpy's struct, right under either numpy."""
     return np.from_dlpack(tensor).reshape(-1)
 
 
@@ -59,12 +59,13 @@ class TritonPythonModel:
         folder = config["parameters"]["export_folder"]["string_value"]
         path = Path(args["model_repository"]) / args["model_version"] / folder
         self.model = OnnxModel(path, providers="auto")
-        if int(np.__version__.split(".")[0]) >= 2 and self.model.tokenizer is not None:
+        if int(np.__version__.split(".")[0]) >= 2:
             pb_utils.Logger.log_warn(
                 f"numpy {np.__version__} in this model's Python environment: the stubs of Triton "
-                "releases before 24.11 read text (BYTES) tensors wrongly under numpy 2, and the "
-                "stub stops. With such a release, name an environment with numpy<2 "
-                "(transformer-kit triton --env PATH); token ids are read safely either way.")
+                "releases before 24.11 read numpy 2 arrays at numpy 1's layout, so with such a "
+                "release every response fails ('output tensor shape does not match size of "
+                "output') and a text input stops the stub. Name an environment with numpy<2 "
+                "(transformer-kit triton --env PATH), or run Triton 24.11 or later.")
 
     def _options(self, request: Any) -> dict:
         options = {}
