@@ -89,12 +89,26 @@ def test_serve_refuses_bad_guard_settings_and_warns_when_open_beyond_this_machin
     assert empty.exit_code == 2 and "--api-key" in empty.output, empty.output
     body = invoke("serve", str(folder / "onnx"), "--max-body-mb", "0")
     assert body.exit_code == 2 and "--max-body-mb" in body.output, body.output
-    ray = invoke("serve", str(folder / "onnx"), "--ray", "--api-key", "k")
-    assert ray.exit_code == 1 and "not applied on Ray Serve" in ray.output, ray.output
     open_ = invoke("serve", str(folder / "model"), "--host", "0.0.0.0")  # not an export: stops after
     assert "without an API key" in open_.output and open_.exit_code == 1, open_.output
     local = invoke("serve", str(folder / "model"), "--host", "127.0.0.1")
     assert "without an API key" not in local.output
+
+
+def test_serve_on_ray_takes_the_key_and_the_body_limit(exported, monkeypatch):
+    """--ray passes --api-key (or its environment variable) and --max-body-mb on to the
+    deployment (tests/apps/serving/test_ray.py checks they apply there)."""
+    from transformer_kit.apps.commands import serve as command
+
+    _, folder = exported
+    given = []
+    monkeypatch.setattr(command, "_serve_on_ray", lambda *args, **kwargs: given.append(kwargs))
+    monkeypatch.setenv("TRANSFORMER_KIT_API_KEY", "from-env")
+    result = invoke("serve", str(folder / "onnx"), "--ray", "--api-key", "k", "--max-body-mb", "2")
+    assert result.exit_code == 0, result.output
+    assert invoke("serve", str(folder / "onnx"), "--ray").exit_code == 0
+    assert given == [{"api_key": "k", "max_body_bytes": 2 * 2**20},
+                     {"api_key": "from-env", "max_body_bytes": 4 * 2**20}]
 
 
 def test_serve_answers_embeddings_in_a_real_process(embedding_export):

@@ -68,8 +68,8 @@ class CompletionRequest(BaseModel):
 
 
 class CompletionServer:
-    """The endpoints' work over one engine, whatever routes them (``create_app`` here, a Ray
-    Serve deployment in :mod:`.ray_serve`)."""
+    """The endpoints' work over one engine, routed by ``create_app`` (which each replica of the
+    Ray Serve deployment in :mod:`.ray_serve` serves too)."""
 
     def __init__(self, engine: Engine, model_name: str) -> None:
         self.engine, self.model_name = engine, model_name
