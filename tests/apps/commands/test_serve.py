@@ -93,8 +93,6 @@ def test_serve_refuses_bad_guard_settings_and_warns_when_open_beyond_this_machin
     for flag in ("--max-prompt-tokens", "--max-request-seconds"):
         zero = invoke("serve", str(folder / "onnx"), flag, "0")
         assert zero.exit_code == 2 and flag in zero.output and "got 0" in zero.output, zero.output
-    ray = invoke("serve", str(folder / "onnx"), "--ray", "--api-key", "k")
-    assert ray.exit_code == 1 and "not applied on Ray Serve" in ray.output, ray.output
     open_ = invoke("serve", str(folder / "model"), "--host", "0.0.0.0")  # not an export: stops after
     assert "without an API key" in open_.output and open_.exit_code == 1, open_.output
     local = invoke("serve", str(folder / "model"), "--host", "127.0.0.1")
@@ -118,6 +116,24 @@ def test_the_prompt_and_time_bounds_reach_the_app(exported, monkeypatch):
     assert default.exit_code == 0, default.output
     assert "prompts <= 64 tokens, requests <= 600 s" in default.output
     assert apps[-1].state.server.limits == Limits(64, 600.0, 64)
+
+
+def test_serve_on_ray_takes_the_key_and_the_body_limit(exported, monkeypatch):
+    """--ray passes --api-key (or its environment variable), --max-body-mb and the prompt and
+    time bounds on to the deployment (tests/apps/serving/test_ray.py checks they apply there)."""
+    from transformer_kit.apps.commands import serve as command
+
+    _, folder = exported
+    given = []
+    monkeypatch.setattr(command, "_serve_on_ray", lambda *args, **kwargs: given.append(kwargs))
+    monkeypatch.setenv("TRANSFORMER_KIT_API_KEY", "from-env")
+    result = invoke("serve", str(folder / "onnx"), "--ray", "--api-key", "k", "--max-body-mb", "2",
+                    "--max-prompt-tokens", "8", "--max-request-seconds", "2.5")
+    assert result.exit_code == 0, result.output
+    assert invoke("serve", str(folder / "onnx"), "--ray").exit_code == 0
+    names = ("api_key", "max_body_bytes", "max_prompt_tokens", "max_request_seconds")
+    assert [[kwargs[n] for n in names] for kwargs in given] == [["k", 2 * 2**20, 8, 2.5],
+                                                                 ["from-env", 4 * 2**20, None, 600.0]]
 
 
 def test_serve_answers_embeddings_in_a_real_process(embedding_export):

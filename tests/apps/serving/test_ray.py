@@ -1,14 +1,23 @@
-"""Ray Serve on a local Ray instance bound to 127.0.0.1: two replicas, each with its own engine,
-serve the tokens ``OnnxModel.generate`` gives and the replies ``OnnxModel.chat`` gives (a chat
-export: tests/chat/checkpoint.py); after shutdown no Ray process is left."""
+"""Ray Serve on a local Ray instance bound to 127.0.0.1, shared by this module's tests: two
+replicas, each with its own engine, behind an API key, serve the tokens ``OnnxModel.generate``
+gives and the replies ``OnnxModel.chat`` gives (a chat export: tests/chat/checkpoint.py); a
+wrong key gets 401 and /health is open; a replica killed (SIGKILL) mid-stream ends that stream
+with an error the client sees, the other replica keeps serving exactly, and Ray Serve brings a
+new replica up that serves exactly too; after shutdown no Ray process is left."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -20,6 +29,10 @@ from transformer_kit.export import OnnxModel, export_onnx
 
 RAY_PROGRAMS = ("raylet", "gcs_server", "ray::", "default_worker.py", "log_monitor.py",
                 "dashboard", "runtime_env_agent", "monitor.py")
+APP, DEPLOYMENT, KEY = "transformer-kit", "CompletionDeployment", "the-key"
+MAX_BODY_BYTES = 64 * 1024
+#: The longest any wait of this module lasts (a request, a stream's end, a replica's return).
+WAIT_S = 120
 
 
 def _ray_processes() -> set[int]:
@@ -45,6 +58,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _until(condition: Callable[[], Any], what: str, seconds: float = WAIT_S) -> Any:
+    """``condition()`` once it is true, polled every half second; fails after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        time.sleep(0.5)
+    return value
+
+
 @pytest.fixture(scope="module")
 def chat_export(tmp_path_factory):
     """(checkpoint folder, its export in onnxruntime): a chat model also serves completions."""
@@ -53,55 +75,190 @@ def chat_export(tmp_path_factory):
     return folder, OnnxModel(folder / "onnx", providers="cpu")
 
 
-def test_two_replicas_serve_generate_s_tokens_and_leave_no_process(chat_export, monkeypatch):
+@pytest.fixture(scope="module")
+def ray_app(chat_export) -> Iterator[str]:
+    """The base URL of two replicas of the export's deployment, behind ``KEY`` and bodies of at
+    most ``MAX_BODY_BYTES``, on a local Ray instance; afterwards no Ray process may be left."""
     import ray
     from ray import serve
 
     from transformer_kit.apps.serving.ray_serve import application
 
-    folder, onnx_model = chat_export
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a local test instance: no token needed
-    # Ray Serve gives its HTTP proxy 5 s to get ready and 10 s per health check; beside the other
-    # tests on 2 cores it can take longer (measured: marked unhealthy, and serve.start failed)
-    for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
-        monkeypatch.setenv(name, "120")
+    folder, _ = chat_export
     before = _ray_processes()
     port = _free_port()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_AUTH_MODE", "disabled")  # a local test instance: no token needed
+        # Ray Serve gives its HTTP proxy 5 s to get ready and 10 s per health check; beside the other
+        # tests on 2 cores it can take longer (measured: marked unhealthy, and serve.start failed)
+        for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
+            env.setenv(name, "120")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 _node_ip_address="127.0.0.1")
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            serve.run(application(folder / "onnx", "tiny", replicas=2, num_cpus=0.5, providers="cpu",
+                                  api_key=KEY, max_body_bytes=MAX_BODY_BYTES),
+                      name=APP, route_prefix="/")
+            assert _running() == 2
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+    _until(lambda: not _ray_processes() - before, "every Ray process this test started ends", 60)
+
+
+def _running() -> int:
+    """How many replicas of the deployment Ray Serve reports RUNNING."""
+    from ray import serve
+
+    return serve.status().applications[APP].deployments[DEPLOYMENT].replica_states.get("RUNNING", 0)
+
+
+def _replica_pids() -> dict[str, int]:
+    """The deployment's live replicas, as Ray knows them: replica id -> process id."""
+    import ray
+    from ray._private.state import actors
+
+    prefix = f"SERVE_REPLICA::{APP}#{DEPLOYMENT}#"
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["name"].startswith(prefix)]
+    pids = {}
+    for name in names:
+        try:
+            info = actors(actor_id=ray.get_actor(name, namespace="serve")._actor_id.hex())
+        except ValueError:  # the actor ended between the listing and the look-up
+            continue
+        if info["State"] == "ALIVE" and info["Pid"]:
+            pids[name.removeprefix(prefix)] = info["Pid"]
+    return pids
+
+
+def _two_replicas(gone: str | None = None) -> dict[str, int] | None:
+    """The two live replicas (id -> process id) once Ray has two, ``gone`` not among them."""
+    pids = _replica_pids()
+    return pids if len(pids) == 2 and gone not in pids else None
+
+
+def _client(url: str, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def _cases(seed: int, count: int) -> list[tuple[list[int], int]]:
+    """``count`` (prompt ids, max_tokens) pairs."""
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(0, 37, int(n)).tolist(), int(m))
+            for n, m in zip(rng.integers(1, 12, count), rng.integers(1, 20, count), strict=True)]
+
+
+def _ask(client: openai.OpenAI, prompt: list[int], new: int, stream: bool) -> tuple[list[int], str]:
+    """(greedy tokens, the replica that answered) for one completion, streamed or not."""
+    raw = client.completions.with_raw_response.create(model="tiny", prompt=prompt, max_tokens=new,
+                                                      temperature=0, stream=stream)
+    reply = raw.parse()
+    tokens = ([t for chunk in reply for t in _ids(chunk.choices[0])] if stream
+              else _ids(reply.choices[0]))
+    return tokens, raw.headers["x-replica"]
+
+
+def _exact_concurrently(client: openai.OpenAI, model: OnnxModel, seed: int,
+                        count: int = 8) -> set[str]:
+    """``count`` concurrent completions (every other one streamed) get ``generate``'s tokens;
+    the replicas that answered."""
+    cases = _cases(seed, count)
+    with ThreadPoolExecutor(count) as clients:  # a client's error is raised here
+        results = list(clients.map(lambda i: _ask(client, *cases[i], stream=i % 2 == 1),
+                                   range(count), timeout=WAIT_S))
+    for (prompt, new), (tokens, _) in zip(cases, results, strict=True):
+        assert tokens == _alone(model, prompt, new)
+    return {replica for _, replica in results}
+
+
+def test_two_replicas_behind_the_key_serve_generate_s_tokens_and_chat(ray_app, chat_export):
+    _, onnx_model = chat_export
+    client = _client(ray_app)
+    _exact_concurrently(client, onnx_model, seed=3)
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    for stream in (False, True):
+        reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16,
+                                               temperature=0, stream=stream)
+        text = ("".join(c.choices[0].delta.content or "" for c in reply if c.choices) if stream
+                else reply.choices[0].message.content)
+        assert text == onnx_model.chat(messages, max_new_tokens=16)["content"]
+
+
+def test_a_wrong_key_gets_401_health_is_open_and_a_large_body_413(ray_app):
+    for key in ("wrong", KEY + "x"):
+        with pytest.raises(openai.AuthenticationError) as refused:
+            _client(ray_app, key).completions.create(model="tiny", prompt=[1], max_tokens=1)
+        assert refused.value.code == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        _client(ray_app, "wrong").models.list()
+    assert httpx.post(f"{ray_app}/v1/completions", json={"model": "tiny", "prompt": [1]},
+                      timeout=60).status_code == 401  # no Authorization header at all
+    health = httpx.get(f"{ray_app}/health", timeout=60)
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    assert health.headers["x-replica"]
+    with pytest.raises(openai.APIStatusError) as large:
+        _client(ray_app).completions.create(model="tiny", prompt=[1] * MAX_BODY_BYTES, max_tokens=1)
+    assert large.value.status_code == 413
+
+
+def _long_prompt(model: OnnxModel, new: int) -> list[int]:
+    """A one-token prompt whose greedy continuation has ``new`` tokens and no eos."""
+    return next([p] for p in range(37) if len(_alone(model, [p], new)) == new)
+
+
+def _kill_mid_stream(url: str, prompt: list[int], new: int, pids: dict[str, int],
+                     ) -> tuple[str, list[int], openai.APIConnectionError | None, float]:
+    """Streams ``new`` tokens of ``prompt`` and kills (SIGKILL) the replica sending them after its
+    first tokens: (that replica, the tokens the stream gave, the error that ended it (None: it
+    ended as a finished answer), the seconds from the kill to the stream's end)."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=30)
+    raw = client.completions.with_raw_response.create(model="tiny", prompt=prompt, max_tokens=new,
+                                                      temperature=0, stream=True)
+    victim, stream, tokens = raw.headers["x-replica"], raw.parse(), []
+    for chunk in stream:
+        tokens.extend(_ids(chunk.choices[0]))
+        if len(tokens) >= 5:
+            break
+    os.kill(pids[victim], signal.SIGKILL)
+    killed = time.monotonic()
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(application(folder / "onnx", "tiny", replicas=2, num_cpus=0.5, providers="cpu"),
-                  name="transformer-kit", route_prefix="/")
-        deployment = serve.status().applications["transformer-kit"].deployments["CompletionDeployment"]
-        assert deployment.replica_states.get("RUNNING") == 2, deployment
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0,
-                               timeout=120)
-        rng = np.random.default_rng(3)
-        cases = [(rng.integers(0, 37, int(n)).tolist(), int(m))
-                 for n, m in zip(rng.integers(1, 12, 8), rng.integers(1, 20, 8), strict=True)]
+        for chunk in stream:  # bounded: the client gives up after 30 s without a byte
+            tokens.extend(_ids(chunk.choices[0]))
+    except openai.APIConnectionError as error:
+        return victim, tokens, error, time.monotonic() - killed
+    return victim, tokens, None, time.monotonic() - killed
 
-        def ask(i: int) -> list[int]:
-            (prompt, new), stream = cases[i], i % 2 == 1
-            reply = client.completions.create(model="tiny", prompt=prompt, max_tokens=new,
-                                              temperature=0, stream=stream)
-            return ([t for chunk in reply for t in _ids(chunk.choices[0])] if stream
-                    else _ids(reply.choices[0]))
 
-        with ThreadPoolExecutor(len(cases)) as clients:  # a client's error is raised here
-            results = list(clients.map(ask, range(len(cases)), timeout=120))
-        for (prompt, new), tokens in zip(cases, results, strict=True):
-            assert tokens == _alone(onnx_model, prompt, new)
-        messages = [{"role": "user", "content": "What is the weather in Paris?"}]
-        for stream in (False, True):
-            reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16,
-                                                   temperature=0, stream=stream)
-            text = ("".join(c.choices[0].delta.content or "" for c in reply if c.choices) if stream
-                    else reply.choices[0].message.content)
-            assert text == onnx_model.chat(messages, max_new_tokens=16)["content"]
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-    deadline = time.monotonic() + 60
-    while _ray_processes() - before:
-        assert time.monotonic() < deadline, f"Ray processes left: {_ray_processes() - before}"
-        time.sleep(0.5)
+def test_a_replica_killed_mid_stream_fails_that_stream_and_a_new_one_serves(ray_app, chat_export):
+    _, onnx_model = chat_export
+    client, new = _client(ray_app), 1000
+    prompt = _long_prompt(onnx_model, new)  # about 1 s of streaming: the kill lands in it
+    expected = _alone(onnx_model, prompt, new)
+    victim = None
+    for _ in range(3):  # the kill may come after the stream's end on a starved machine: again
+        before = _until(partial(_two_replicas, gone=victim), "two live replicas")
+        victim, tokens, error, seconds = _kill_mid_stream(ray_app, prompt, new, before)
+        if error is not None:
+            break
+        assert tokens == expected  # finished before the kill: whole and exact
+    else:
+        pytest.fail("the kill never came while the stream was sending, in 3 tries")
+    # the stream raised: not a hang (a timeout), not a finished-looking truncated answer
+    assert not isinstance(error, openai.APITimeoutError) and seconds < 20, (error, seconds)
+    assert tokens == expected[:len(tokens)] and len(tokens) < new
+
+    survivor = next(r for r in before if r != victim)
+    assert _exact_concurrently(client, onnx_model, seed=5) == {survivor}  # meanwhile
+    after = _until(partial(_two_replicas, gone=victim), "Ray Serve replaces the killed replica")
+    _until(lambda: _running() == 2, "two replicas RUNNING again")
+    (newcomer,) = set(after) - {survivor}
+    assert after[survivor] == before[survivor] and after[newcomer] not in before.values()
+    served = set()
+    for seed in range(6, 16):  # until the new replica has answered too
+        served |= _exact_concurrently(client, onnx_model, seed=seed)
+        if newcomer in served:
+            break
+    assert served == {survivor, newcomer}

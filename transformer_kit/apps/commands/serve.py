@@ -73,12 +73,11 @@ def serve(
         console.print(f"[yellow]warning:[/] listening on {host}, beyond this machine, without an API "
                       f"key: anyone who can reach port {port} can use the model. Give --api-key (or "
                       f"{API_KEY_ENV}).")
+    max_body_bytes = int(max_body_mb * 2**20)
     if ray:
-        if api_key is not None:
-            fail(f"--api-key is not applied on Ray Serve yet, so --ray with a key would serve "
-                 f"unprotected; leave out --ray, or --api-key and {API_KEY_ENV}.")
         _serve_on_ray(folder, name, host, port, replicas, max_batch, max_queue, provider,
-                      max_prompt_tokens, max_request_seconds)
+                      api_key=api_key, max_body_bytes=max_body_bytes,
+                      max_prompt_tokens=max_prompt_tokens, max_request_seconds=max_request_seconds)
         return
     try:
         import uvicorn
@@ -108,7 +107,7 @@ def serve(
     console.print(f"serving {name!r} from {folder} on http://{host}:{port}/v1 "
                   f"(provider {engine.model.provider}, {batching}, queue <= {max_queue})")
     try:
-        app = create_app(engine, name, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
+        app = create_app(engine, name, api_key=api_key, max_body_bytes=max_body_bytes,
                          max_prompt_tokens=max_prompt_tokens, max_request_seconds=max_request_seconds)
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
@@ -128,8 +127,11 @@ def _loopback(host: str) -> bool:
 
 
 def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, max_batch: int,
-                  max_queue: int, provider: Provider, max_prompt_tokens: int | None,
+                  max_queue: int, provider: Provider, *, api_key: str | None,
+                  max_body_bytes: int, max_prompt_tokens: int | None,
                   max_request_seconds: float) -> None:
+    """The decoder of ``folder`` on Ray Serve, ``replicas`` replicas behind Ray's proxy on
+    ``host:port``, each with the key and the bounds the one-process server has."""
     try:
         import ray
         from ray import serve
@@ -151,7 +153,8 @@ def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, 
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(application(folder, name, replicas=replicas, max_batch=max_batch, max_queue=max_queue,
-                              providers=provider.value, max_prompt_tokens=max_prompt_tokens,
+                              providers=provider.value, api_key=api_key, max_body_bytes=max_body_bytes,
+                              max_prompt_tokens=max_prompt_tokens,
                               max_request_seconds=max_request_seconds),
                   name="transformer-kit", route_prefix="/")
         console.print(f"serving {name!r} on Ray Serve at http://{host}:{port}/v1 ({replicas} replicas); "

@@ -73,9 +73,9 @@ class CompletionRequest(BaseModel):
 
 
 class CompletionServer:
-    """The endpoints' work over one engine, whatever routes them (``create_app`` here, a Ray
-    Serve deployment in :mod:`.ray_serve`), within ``limits`` (None: a prompt of at most the
-    model's context length, no time bound)."""
+    """The endpoints' work over one engine, routed by ``create_app`` (which each replica of the
+    Ray Serve deployment in :mod:`.ray_serve` serves too), within ``limits`` (None: a prompt of
+    at most the model's context length, no time bound)."""
 
     def __init__(self, engine: Engine | EmbeddingEngine, model_name: str,
                  limits: Limits | None = None) -> None:

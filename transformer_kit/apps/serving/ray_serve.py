@@ -5,77 +5,99 @@ Runs on a local Ray instance or on a Ray cluster of many machines (``ray start -
 the export folder from its own path, so the folder must exist on every machine (a shared file
 system, or copied to the same path).
 
-    transformer-kit serve DIR --ray --replicas 2
+    transformer-kit serve DIR --ray --replicas 2 --api-key KEY
+
+Each replica serves the very application the one-process server does (:func:`.create_app`,
+behind its :class:`.Guard`: the API key, the bound on request bodies), built in the replica
+after its engine (Ray Serve's late-bound ingress, ``__serve_build_asgi_app__``), so the key and
+the limits given to :func:`application` apply there. Every answer names the replica that gave
+it in the ``x-replica`` header. A replica that dies (its process killed, its machine lost) ends
+the streams it was sending with a broken connection, which a client sees as an error, never as
+a finished answer; Ray Serve starts a replica in its place, and the others keep serving.
 """
 
-# No ``from __future__ import annotations`` here: Ray Serve's class ingress rebuilds the methods'
-# signatures, and FastAPI must see the request model as a class (as a string, the body would be
-# taken for a query parameter).
-from pathlib import Path
-from typing import Any
+from __future__ import annotations
 
-from fastapi import FastAPI
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 from ray import serve
 
-from transformer_kit.apps.serving.chat import ChatCompletionRequest, ChatServer
-from transformer_kit.apps.serving.engine import Engine
-from transformer_kit.apps.serving.http import CompletionRequest, CompletionServer
-from transformer_kit.apps.serving.openai_api import Limits, install_error_handlers
+from transformer_kit.apps.serving.guard import DEFAULT_MAX_BODY_BYTES, ASGIApp, Message, Receive, Scope, Send
 
-ingress = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None)
-install_error_handlers(ingress, {"/v1/completions": CompletionRequest,
-                                 "/v1/chat/completions": ChatCompletionRequest})
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+#: The response header naming the replica that answered (Ray Serve's replica id, unique within
+#: the deployment; its actor is ``SERVE_REPLICA::APP#CompletionDeployment#ID`` in Ray).
+REPLICA_HEADER = "x-replica"
+
+
+class ReplicaHeader:
+    """ASGI middleware: every HTTP answer of ``app`` carries ``x-replica: REPLICA``."""
+
+    def __init__(self, app: ASGIApp, replica: str) -> None:
+        self.app, self.header = app, (REPLICA_HEADER.encode(), replica.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_named(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_named)
 
 
 @serve.deployment
-@serve.ingress(ingress)
+@serve.ingress()
 class CompletionDeployment:
-    """One replica: an engine over the export and the endpoints of :mod:`.http`. ``/metrics``
-    answers for the replica that gets the request."""
+    """One replica: an engine over the export and the application of :func:`.create_app`.
+    ``/metrics`` answers for the replica that gets the request."""
 
     def __init__(self, folder: str, model_name: str, max_batch: int, max_queue: int,
-                 providers: str = "auto", max_prompt_tokens: int | None = None,
+                 providers: str = "auto", api_key: str | None = None,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_tokens: int | None = None,
                  max_request_seconds: float | None = None) -> None:
+        from transformer_kit.apps.serving.engine import Engine
         from transformer_kit.export import OnnxModel
 
-        model = OnnxModel(folder, providers=providers)
-        limits = Limits.of(model.context_length, max_prompt_tokens, max_request_seconds)
-        self.server = CompletionServer(Engine(model, max_batch=max_batch, max_queue=max_queue),
-                                       model_name, limits)
-        self.chat = ChatServer(self.server.engine, model_name, self.server.metrics, limits)
+        self.engine = Engine(OnnxModel(folder, providers=providers), max_batch=max_batch,
+                             max_queue=max_queue)
+        self.model_name, self.api_key, self.max_body_bytes = model_name, api_key, max_body_bytes
+        self.max_prompt_tokens, self.max_request_seconds = max_prompt_tokens, max_request_seconds
 
-    @ingress.get("/health")
-    async def health(self) -> dict:
-        return await self.server.health()
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        """The replica's application (Ray Serve calls this once, after ``__init__``)."""
+        from transformer_kit.apps.serving.http import create_app
 
-    @ingress.get("/v1/models")
-    async def models(self) -> dict:
-        return await self.server.models()
-
-    @ingress.get("/metrics")
-    async def prometheus(self) -> Any:
-        return await self.server.prometheus()
-
-    @ingress.post("/v1/completions", response_model=None)
-    async def completions(self, body: CompletionRequest) -> Any:
-        return await self.server.completions(body)
-
-    @ingress.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(self, body: ChatCompletionRequest) -> Any:
-        return await self.chat.chat_completions(body)
+        app = create_app(self.engine, self.model_name, api_key=self.api_key,
+                         max_body_bytes=self.max_body_bytes, max_prompt_tokens=self.max_prompt_tokens,
+                         max_request_seconds=self.max_request_seconds)
+        app.add_middleware(ReplicaHeader, replica=serve.get_replica_context().replica_id.unique_id)
+        return app
 
 
 def application(folder: str | Path, model_name: str, *, replicas: int = 1, max_batch: int = 16,
                 max_queue: int = 64, num_cpus: float = 1.0, autoscaling: dict | None = None,
-                providers: str = "auto", max_prompt_tokens: int | None = None,
+                providers: str = "auto", api_key: str | None = None,
+                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_tokens: int | None = None,
                 max_request_seconds: float | None = None) -> serve.Application:
     """The deployment bound to an export folder: ``replicas`` copies, or Ray Serve's
     ``autoscaling_config`` (e.g. ``{"min_replicas": 1, "max_replicas": 4,
     "target_ongoing_requests": 16}``) instead; ``num_cpus`` Ray reserves for each replica.
-    ``max_prompt_tokens`` and ``max_request_seconds``: each replica's bounds, as
-    :func:`~.http.create_app`'s."""
+    ``api_key`` (None: none) is needed on every endpoint but /health, request bodies are of
+    at most ``max_body_bytes``, prompts of at most ``max_prompt_tokens`` tokens and requests of
+    at most ``max_request_seconds``, as with :func:`.create_app`."""
+    if api_key is not None and not api_key.strip():
+        raise ValueError("api_key is empty; give a key, or None to serve without one")
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
     scale = {"autoscaling_config": autoscaling} if autoscaling else {"num_replicas": replicas}
     deployment = CompletionDeployment.options(ray_actor_options={"num_cpus": num_cpus},
                                               max_ongoing_requests=max_batch + max_queue, **scale)
     return deployment.bind(str(Path(folder).resolve()), model_name, max_batch, max_queue, providers,
-                           max_prompt_tokens, max_request_seconds)
+                           api_key, max_body_bytes, max_prompt_tokens, max_request_seconds)
