@@ -19,7 +19,8 @@ def triton(
     folder: Annotated[Path, typer.Argument(help="An export folder.")],
     output: Annotated[Path, _Opt("--output", "-o", help="The model repository (made if missing).")],
     name: Annotated[str | None, _Opt(help="Model name prefix (default: the folder's name).")] = None,
-    max_batch: Annotated[int, _Opt(help="max_batch_size of the forward model.")] = 16,
+    max_batch: Annotated[int, _Opt(help="max_batch_size of the forward model, and most requests "
+                                   "the generate model decodes together.")] = 16,
     env: Annotated[Path | None, _Opt(help="The Python environment the generate model runs in "
                                      "(EXECUTION_ENV_PATH: a virtual environment's folder or a "
                                      "conda-pack .tar.gz, with transformer-kit installed); "

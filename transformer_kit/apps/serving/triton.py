@@ -6,9 +6,10 @@ Two models, each a folder with ``config.pbtxt`` and a version ``1``:
   onnxruntime backend, batch axis dynamic (``max_batch_size``), other axes ``-1``, dynamic
   batching on (Triton batches requests of equal shapes);
 - ``{name}_generate``: generation on the Python backend in decoupled mode (a response per
-  token, then a final flag), running transformer-kit's ``OnnxModel.stream`` on a copy of the
-  export folder: token ids in and out, text in and out where the export has a tokenizer, chat
-  messages where it has a chat template (:mod:`.triton_model`). Its Python needs
+  token, then a final flag), transformer-kit's continuous-batching engine over a copy of the
+  export folder (up to ``max_batch`` requests decoded together): token ids in and out, text
+  in and out where the export has a tokenizer, chat messages where it has a chat template
+  (:mod:`.triton_model`). Its Python needs
   transformer-kit installed: the server's own, or the environment ``env`` names (Triton's
   ``EXECUTION_ENV_PATH``: a virtual environment's folder or a conda-pack archive).
 
@@ -52,9 +53,10 @@ def _parameter(key: str, value: str) -> str:
     return f"parameters {{ key: {json.dumps(key)} value: {{ string_value: {json.dumps(value)} }} }}\n"
 
 
-def _generate_config(name: str, export: Path, env: Path | None) -> str:
+def _generate_config(name: str, export: Path, env: Path | None, max_batch: int) -> str:
     """The generate model's config: ``input_ids`` always, ``text_input`` (and the output
-    ``text_output``) with a tokenizer, ``messages`` with a chat template; exactly one per request."""
+    ``text_output``) with a tokenizer, ``messages`` with a chat template; exactly one per request.
+    Its engine decodes up to ``max_batch`` requests together, ``4 * max_batch`` more waiting."""
     tokenizer = TextTokenizer.from_folder(export)
     prompts = [_tensor("input_ids", "TYPE_INT64", [-1], optional=True)]
     outputs = [_tensor("token_ids", "TYPE_INT64", [-1])]
@@ -71,7 +73,8 @@ def _generate_config(name: str, export: Path, env: Path | None) -> str:
             "model_transaction_policy { decoupled: true }\n"
             f"input [\n{inputs}\n]\noutput [\n{output}\n]\n"
             'instance_group [ { kind: KIND_CPU count: 1 } ]\n'
-            + _parameter("export_folder", "export") + environment)
+            + _parameter("export_folder", "export") + _parameter("max_batch", str(max_batch))
+            + _parameter("max_queue", str(4 * max_batch)) + environment)
 
 
 def _copy(source: Path, target: Path) -> None:
@@ -120,7 +123,7 @@ def write_repository(export: str | Path, repo: str | Path, name: str, max_batch:
             if item.is_file():
                 _copy(item, generate / "1" / "export" / item.name)
         shutil.copy2(Path(__file__).with_name("triton_model.py"), generate / "1" / "model.py")
-        (generate / "config.pbtxt").write_text(_generate_config(generate.name, export, env))
+        (generate / "config.pbtxt").write_text(_generate_config(generate.name, export, env, max_batch))
         written.append(generate / "config.pbtxt")
     else:
         shutil.rmtree(generate)
