@@ -18,9 +18,9 @@ import pytest
 
 import transformer_kit as tk
 from tests.apps.conftest import invoke
-from tests.apps.serving import tritonserver
 from tests.apps.serving.test_http import _alone
 from tests.chat.checkpoint import write_chat_checkpoint
+from transformer_kit.apps.serving import triton_local as tritonserver
 from transformer_kit.export import OnnxModel, export_onnx
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -45,14 +45,8 @@ def triton(tmp_path_factory):
     written = invoke("triton", str(folder / "onnx"), "-o", str(work / "repo"), "--name", "tiny",
                      "--env", str(env))
     assert written.exit_code == 0, written.output
-    tree = tritonserver.server_tree(root, work / "tritonserver")
-    server = tritonserver.TritonServer(tree, root.parent / "nvidia_pytriton.libs", work / "repo",
-                                       [MODEL], work / "server.log")
-    try:
-        server.wait_ready(180)
+    with tritonserver.local_server(work / "repo", [MODEL], work / "server") as server:
         yield server, OnnxModel(folder / "onnx", providers="cpu")
-    finally:
-        server.stop()
 
 
 def _grpc_stream(server, inputs: dict[str, np.ndarray], timeout: float = 60) -> list:

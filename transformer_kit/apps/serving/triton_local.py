@@ -1,6 +1,7 @@
-"""A real Triton Inference Server for the tests: the ``tritonserver`` that the ``nvidia-pytriton``
-wheel bundles (with its Python backend, which runs on the CPU), started on 127.0.0.1 over a
-model repository and stopped by PID.
+"""A local Triton Inference Server, for the tests and benchmarks: the ``tritonserver`` that the
+``nvidia-pytriton`` wheel bundles (Triton 2.51, with its Python backend, which runs on a CPU
+machine), started on 127.0.0.1 over a model repository and stopped by PID. Production runs
+Triton's own container; this is the same server binary without docker.
 
 The wheel's layout, as PyTriton itself prepares it: the server's libraries in
 ``nvidia_pytriton.libs/`` (on ``LD_LIBRARY_PATH``), the backends in
@@ -22,6 +23,7 @@ import sys
 import sysconfig
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -125,3 +127,23 @@ class TritonServer:
                 continue
         with contextlib.suppress(ProcessLookupError):  # stubs left if the server died before them
             os.killpg(self.process.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def local_server(repo: Path, models: list[str], workdir: Path, ready_seconds: float = 180
+                 ) -> Iterator[TritonServer]:
+    """The wheel's ``tritonserver`` over ``repo`` with ``models`` loaded, ready; stopped on exit.
+    ``workdir`` holds its copy of the server and its log. Raises RuntimeError when the wheel is
+    not installed (``pip install --no-deps nvidia-pytriton``) or the server does not get ready."""
+    root = wheel_root()
+    if root is None:
+        raise RuntimeError("nvidia-pytriton (the wheel with tritonserver) is not installed: pip "
+                           "install --no-deps nvidia-pytriton==0.7.0")
+    workdir.mkdir(parents=True, exist_ok=True)
+    tree = server_tree(root, workdir / "tritonserver")
+    server = TritonServer(tree, root.parent / "nvidia_pytriton.libs", repo, models, workdir / "server.log")
+    try:
+        server.wait_ready(ready_seconds)
+        yield server
+    finally:
+        server.stop()
