@@ -87,8 +87,10 @@ def stream(client: httpx.Client, url: str, prompt: list[int], new: int) -> tuple
     return stamps[0] - start, list(np.diff(stamps)), len(stamps)
 
 
-def load(url: str, clients: int, requests: int, prompts: list[list[int]], new: int) -> dict:
-    """``clients`` threads stream until ``requests`` are answered; aggregate numbers."""
+def load(url: str, clients: int, requests: int, prompts: list[list[int]], new: int,
+         streamer=stream) -> dict:
+    """``clients`` threads stream until ``requests`` are answered; aggregate numbers.
+    ``streamer(client, url, prompt, new)``: one request, as :func:`stream`."""
     lock, taken, ttft, gaps, tokens = threading.Lock(), [0], [], [], [0]
 
     def client_loop() -> None:
@@ -99,7 +101,7 @@ def load(url: str, clients: int, requests: int, prompts: list[list[int]], new: i
                         return
                     i = taken[0]
                     taken[0] += 1
-                first, between, count = stream(client, url, prompts[i % len(prompts)], new)
+                first, between, count = streamer(client, url, prompts[i % len(prompts)], new)
                 with lock:
                     ttft.append(first)
                     gaps.extend(between)

@@ -19,7 +19,7 @@ a finished answer; Ray Serve starts a replica in its place, and the others keep 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ray import serve
 
@@ -52,6 +52,22 @@ class ReplicaHeader:
         await self.app(scope, receive, send_named)
 
 
+def _sized_to_the_replica() -> Any:
+    """Session options whose thread pool has as many threads as the CPUs Ray gave this replica
+    (``num_cpus``), or None (onnxruntime's default, a thread per core) where Ray gave none: two
+    replicas of one core each on a 2-core machine, each with a thread per core, would run 4
+    threads on 2 cores."""
+    import onnxruntime as ort
+    import ray
+
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    if not cpus:
+        return None
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = max(1, round(cpus))
+    return options
+
+
 @serve.deployment
 @serve.ingress()
 class CompletionDeployment:
@@ -65,8 +81,8 @@ class CompletionDeployment:
         from transformer_kit.apps.serving.engine import Engine
         from transformer_kit.export import OnnxModel
 
-        self.engine = Engine(OnnxModel(folder, providers=providers), max_batch=max_batch,
-                             max_queue=max_queue)
+        model = OnnxModel(folder, providers=providers, session_options=_sized_to_the_replica())
+        self.engine = Engine(model, max_batch=max_batch, max_queue=max_queue)
         self.model_name, self.api_key, self.max_body_bytes = model_name, api_key, max_body_bytes
         self.max_prompt_tokens, self.max_request_seconds = max_prompt_tokens, max_request_seconds
 
