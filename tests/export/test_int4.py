@@ -1,5 +1,5 @@
-"""4-bit weights rounded to nearest (``Int4(rounding="nearest", eight_bit=())``, the kit's int4
-before the least-squares search and the 8-bit embedding, ``test_int4_quality.py``): every weight
+"""Symmetric 4-bit weights rounded to nearest (``Int4(rounding="nearest", eight_bit=(),
+symmetric=True)``, the kit's int4 before the quality options of ``test_int4_quality.py``): every weight
 matrix becomes MatMulNBits blocks whose dequantized values are the float32 weights rounded to
 the nearest step of their block's scale, the token embedding a GatherBlockQuantized table over
 the same bytes as the tied head (or float32 with ``embedding=False``), and onnxruntime's int4
@@ -19,7 +19,7 @@ from transformer_kit.export import Int4, OnnxModel, export_onnx
 from transformer_kit.export.verify import TOP1_PROMPTS, random_ids, relative_error
 
 BLOCK = 16
-OLD = {"rounding": "nearest", "eight_bit": ()}
+OLD = {"rounding": "nearest", "eight_bit": (), "symmetric": True}
 NEAREST = Int4(block_size=BLOCK, accuracy_level=1, **OLD)
 
 

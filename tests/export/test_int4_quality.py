@@ -1,6 +1,7 @@
 """Int4's quality options: ``rounding="search"`` (each block's scale of least squared error, the
 default) and ``eight_bit`` (roles of weights kept in 8-bit blocks; the default keeps the token
-embedding and its tied head in 8 bits). The blocks are checked against the float weights, the
+embedding and its tied head, the value and the feed-forward output projections in 8 bits), with
+asymmetric 4-bit blocks by default. The blocks are checked against the float weights, the
 exported graph against onnxruntime's reading of its own bytes and against the float model, and
 the options against the manifest (``test_int4.py`` covers nearest rounding in 4 bits)."""
 
@@ -128,7 +129,8 @@ def _dequantized(proto: onnx.ModelProto) -> bytes:
 @pytest.fixture(scope="module")
 def exports(model, tmp_path_factory):
     root = tmp_path_factory.mktemp("int4-quality")
-    options = {"nearest": Int4(block_size=BLOCK, accuracy_level=1, rounding="nearest", eight_bit=()),
+    options = {"nearest": Int4(block_size=BLOCK, accuracy_level=1, rounding="nearest", eight_bit=(),
+                               symmetric=False),
                "search": Int4(block_size=BLOCK, accuracy_level=1, eight_bit=()),
                "default": Int4(block_size=BLOCK, accuracy_level=1),
                "level4": Int4(block_size=BLOCK)}
@@ -137,16 +139,18 @@ def exports(model, tmp_path_factory):
     return root
 
 
-def test_the_default_keeps_the_tied_embedding_in_8_bits_and_searches_the_rest(model, exports):
+def test_the_default_keeps_the_sensitive_weights_in_8_bits_and_searches_the_rest(model, exports):
     folder = exports / "level4"
     assert OnnxModel(folder).manifest.quantization_options == {
-        "method": "int4", "block_size": BLOCK, "accuracy_level": 4, "symmetric": True, "head": True,
-        "embedding": True, "rounding": "search", "eight_bit": ["embedding"]}
+        "method": "int4", "block_size": BLOCK, "accuracy_level": 4, "symmetric": False, "head": True,
+        "embedding": True, "rounding": "search", "eight_bit": ["embedding", "value", "down"]}
     nodes = _quantized_nodes(_load(folder))
     table = [n for n, _ in nodes if n.op_type == "GatherBlockQuantized"]
     head = [n for n, _ in nodes if n.op_type == "MatMulNBits" and n.input[1].startswith("head.")]
     assert len(table) == len(head) == 1 and _bits(table[0]) == _bits(head[0]) == 8
-    assert sorted(_bits(n) for n, _ in nodes) == [4] * 12 + [8, 8]  # 2 layers x 6 products
+    # 2 layers: q, k, o and linear1 in 4 bits, v and linear2 in 8; the table and the head in 8
+    assert sorted(_bits(n) for n, _ in nodes) == [4] * 8 + [8] * 6
+    assert all(len(n.input) == (3 if _bits(n) == 8 else 4) for n, _ in nodes if n.op_type == "MatMulNBits")
     raw = {t.name: {e.key: e.value for e in t.external_data}
            for t in onnx.load(str(folder / "decoder_step.onnx"), load_external_data=False).graph.initializer}
     assert raw[table[0].input[0]]["offset"] == raw[head[0].input[1]]["offset"]  # one 8-bit copy
@@ -157,17 +161,21 @@ def test_the_default_keeps_the_tied_embedding_in_8_bits_and_searches_the_rest(mo
         if rows.bits == 8:  # 8 bits: within one 8-bit step of the block's scale
             step = np.abs(rows.scales).repeat(BLOCK, axis=1)
             assert (np.abs(dequantize_rows(rows) - w) <= step * 1.0001).all()
-        else:  # 4 bits: no block worse than onnxruntime's nearest rounding of the same weights
+        else:  # 4 bits: no block worse than onnxruntime's asymmetric nearest rounding of the weights
             assert (_block_errors(rows, w) <= _block_errors(nearest[node.name], w) * (1 + 1e-5) + 1e-12).all()
 
 
 def test_below_level_4_the_8bit_head_reads_the_table_values_in_float32(exports):
     """onnxruntime 1.31's CPU kernel dequantizes 8-bit matrices on every call below level 4, so
-    the tied head's product reads the 8-bit table's values as float32; the embedding stays 8-bit."""
+    the tied head's product reads the 8-bit table's values as float32 (and so do the value and
+    feed-forward output products); the embedding stays 8-bit."""
     proto = _load(exports / "default")
     nodes = _quantized_nodes(proto)
     (table,) = [rows for n, rows in nodes if n.op_type == "GatherBlockQuantized"]
-    assert table.bits == 8 and sorted(_bits(n) for n, _ in nodes) == [4] * 12 + [8]
+    assert table.bits == 8 and sorted(_bits(n) for n, _ in nodes) == [4] * 8 + [8]
+    floats = {n.input[1] for n in proto.graph.node if n.op_type == "FusedMatMul"}
+    assert floats == {"head.weight.values"} | {f"decoder.layers.{i}.{part}.weight.values" for i in (0, 1)
+                                               for part in ("self_attention.v_proj", "feedforward.linear2")}
     weights = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
     (head,) = [n for n in proto.graph.node
                if n.op_type == "FusedMatMul" and n.input[1] == "head.weight.values"]

@@ -5,7 +5,7 @@
   ``GatherBlockQuantized``, as onnxruntime-genai writes them), done tensor by tensor as the
   weights are written (``weight_writer.py``). Every ``MatMul`` with a constant weight is
   quantized, the token embedding unless ``embedding=False``, the output head unless
-  ``head=False``.
+  ``head=False``; the roles ``eight_bit`` names in 8-bit blocks.
 """
 
 from __future__ import annotations
@@ -40,7 +40,10 @@ class Int4:
         accuracy_level: the type ``MatMulNBits`` computes in on the CPU: 4 = int8 activations
             (fastest on x86, as onnxruntime-genai's int4 models), 1 = float32, 0 = the
             kernel's default. CUDA ignores it.
-        symmetric: a scale per block (zero point 8) rather than a scale and a zero point.
+        symmetric: a scale per block (zero point 8) rather than a scale and a zero point (the
+            default: asymmetric blocks measured 1.107x float32's perplexity against 1.168x
+            symmetric on SmolLM2-135M, at the same speed within noise). 8-bit blocks are
+            always symmetric.
         head: also quantize the output head (the vocabulary projection). It is the largest
             single matrix of small models; onnxruntime-genai quantizes it too.
         embedding: also quantize the token embedding (``GatherBlockQuantized``, blocks along
@@ -52,18 +55,26 @@ class Int4:
             kit's int4 before this option).
         eight_bit: roles of weights kept in 8-bit blocks (symmetric, same block size) instead of
             4: any of ``"embedding"``, ``"head"``, ``"value"``, ``"down"`` (see
-            :data:`EIGHT_BIT_ROLES`), or ``()`` for 4 bits everywhere. 8-bit products run on
-            onnxruntime's packed kernel at accuracy level 4; below it onnxruntime 1.31's CPU
-            kernel dequantizes an 8-bit matrix on every call, so they are slow there.
+            :data:`EIGHT_BIT_ROLES`), or ``()`` for 4 bits everywhere. A packed q/k/v product
+            holding a value projection is 8-bit as a whole. 8-bit products run on onnxruntime's
+            packed kernel at accuracy level 4; below it they are written as float32 MatMuls of
+            the 8-bit values (onnxruntime 1.31's CPU kernel dequantizes an 8-bit matrix on every
+            call there), the embedding table staying 8-bit.
+
+    The defaults are the measured best trade on SmolLM2-135M-Instruct (BENCHMARKS.md, "4-bit
+    weights that keep their quality"): perplexity 1.066x float32's (nearest rounding in 4 bits
+    everywhere, the former default: 1.39x), folder 0.23x float32's (0.16x), decoding 1.07x
+    onnxruntime-genai int4's tokens/s. ``Int4(rounding="nearest", eight_bit=(),
+    symmetric=True)`` is the former int4.
     """
 
     block_size: int = 32
     accuracy_level: int = 4
-    symmetric: bool = True
+    symmetric: bool = False
     head: bool = True
     embedding: bool = True
     rounding: str = "search"
-    eight_bit: tuple[str, ...] = ("embedding",)
+    eight_bit: tuple[str, ...] = ("embedding", "value", "down")
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or self.block_size not in BLOCK_SIZES:

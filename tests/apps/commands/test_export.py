@@ -122,18 +122,19 @@ def test_int4_options_reach_the_graph(tmp_path):
     manifest = OnnxModel(tmp_path / "int4").manifest
     assert manifest.quantization == "int4"
     assert manifest.quantization_options == {"method": "int4", "block_size": 16, "accuracy_level": 4,
-                                             "symmetric": True, "head": False, "embedding": False,
+                                             "symmetric": False, "head": False, "embedding": False,
                                              "rounding": "nearest", "eight_bit": ["down"]}
     float_head = _nbits_blocks(tmp_path / "int4" / "decoder_step.onnx")
     assert set(float_head) == {16}
     # one layer: its feed-forward output projection in 8 bits, the rest in 4
     assert sorted(_nbits_bits(tmp_path / "int4" / "decoder_step.onnx")) == [4] * (len(float_head) - 1) + [8]
     result = invoke("export", str(checkpoint), "--from-hf", "-o", str(tmp_path / "int4-head"),
-                    "--quantize", "int4", "--block-size", "16", "--eight-bit", "none")
+                    "--quantize", "int4", "--block-size", "16", "--eight-bit", "none", "--symmetric")
     assert result.exit_code == 0, result.output
     assert len(_nbits_blocks(tmp_path / "int4-head" / "decoder_step.onnx")) == len(float_head) + 1
     assert set(_nbits_bits(tmp_path / "int4-head" / "decoder_step.onnx")) == {4}
-    assert OnnxModel(tmp_path / "int4-head").manifest.quantization_options["eight_bit"] == []
+    options = OnnxModel(tmp_path / "int4-head").manifest.quantization_options
+    assert options["eight_bit"] == [] and options["symmetric"] is True
 
 
 @pytest.mark.parametrize(("flags", "hint"), [(["--eight-bit", "attention"], "--eight-bit"),
