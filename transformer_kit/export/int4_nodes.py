@@ -7,8 +7,9 @@ and, for asymmetric blocks, packed zero points (N, ceil(K / block_size / 2)); sy
 have the zero point 8. ``MatMulNBits`` reads them as the weight of ``x @ W.T``;
 ``GatherBlockQuantized`` reads the same bytes as a (N, K / 2) table whose rows it gathers, so a
 tied output head and its embedding share one quantized copy (as onnxruntime-genai's do).
-The numbers come from onnxruntime's own kernel (``quantize_matmul_4bits``), the one its
-``MatMulNBitsQuantizer`` calls: the same bits as that quantizer.
+Nearest rounding in 4 bits comes from onnxruntime's own kernel (``quantize_matmul_4bits``, the
+one its ``MatMulNBitsQuantizer`` calls: the same bits as that quantizer); the least-squares
+search (:func:`search_blocks`) and 8-bit blocks are computed here in numpy, chunk by chunk.
 """
 
 from __future__ import annotations
