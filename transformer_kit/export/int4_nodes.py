@@ -7,8 +7,9 @@ and, for asymmetric blocks, packed zero points (N, ceil(K / block_size / 2)); sy
 have the zero point 8. ``MatMulNBits`` reads them as the weight of ``x @ W.T``;
 ``GatherBlockQuantized`` reads the same bytes as a (N, K / 2) table whose rows it gathers, so a
 tied output head and its embedding share one quantized copy (as onnxruntime-genai's do).
-The numbers come from onnxruntime's own kernel (``quantize_matmul_4bits``), the one its
-``MatMulNBitsQuantizer`` calls: the same bits as that quantizer.
+Nearest rounding in 4 bits comes from onnxruntime's own kernel (``quantize_matmul_4bits``, the
+one its ``MatMulNBitsQuantizer`` calls: the same bits as that quantizer); the least-squares
+search (:func:`search_blocks`) and 8-bit blocks are computed here in numpy, chunk by chunk.
 """
 
 from __future__ import annotations
@@ -40,8 +41,20 @@ class QuantizedRows:
     offsets: np.ndarray | None = None
 
 
-def quantize_rows(rows: np.ndarray, block_size: int, symmetric: bool) -> QuantizedRows:
-    """Quantize ``rows`` (N, K) float32 in blocks of ``block_size`` along K."""
+def quantize_rows(rows: np.ndarray, block_size: int, symmetric: bool, bits: int = 4,
+                  rounding: str = "nearest") -> QuantizedRows:
+    """Quantize ``rows`` (N, K) float32 in blocks of ``block_size`` along K, to ``bits`` (4 or 8).
+
+    ``rounding="nearest"``: each block's scale from its largest magnitude (symmetric: that
+    weight becomes -8, or -128 in 8 bits) or from its range (asymmetric, zero included), the
+    weights rounded to the nearest step; 4 bits by onnxruntime's own kernel
+    (``quantize_matmul_4bits``, the one its ``MatMulNBitsQuantizer`` calls: the same bits).
+    ``rounding="search"``: :func:`search_blocks`, the scale of least squared error per block.
+    8 bits are always symmetric (zero point 128)."""
+    if bits == 8:
+        return _numpy_rows(rows, block_size, True, 8, rounding)
+    if rounding == "search":
+        return _numpy_rows(rows, block_size, symmetric, 4, rounding)
     from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
     n, k = rows.shape
@@ -56,6 +69,86 @@ def quantize_rows(rows: np.ndarray, block_size: int, symmetric: bool) -> Quantiz
         quantize_matmul_4bits(packed[start:stop], weight, scales[start:stop], zero_points[start:stop],
                               block_size, stop - start, k, symmetric)
     return QuantizedRows(packed, scales, None if symmetric else zero_points, block_size, k)
+
+
+#: Scales tried per block by ``rounding="search"``, as multiples of the nearest-rounding scale
+#: (both signs for symmetric blocks: the largest magnitude may land on -8 or on +7).
+SEARCH_FACTORS = (0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1)
+
+
+def search_blocks(x: np.ndarray, bits: int, symmetric: bool,
+                  search: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The integers, scales and zero points of blocks ``x`` (..., block) float32 that minimize
+    each block's squared error ``|x - (q - zero) * scale|^2`` over candidate scales
+    (:data:`SEARCH_FACTORS` times the nearest-rounding scale, both signs when symmetric), each
+    candidate's integers refitted with the least-squares scale ``<x, q - zero> / |q - zero|^2``
+    (as llama.cpp's ``make_qx_quants``). The nearest-rounding scale is one of the candidates,
+    so no block's error exceeds its nearest rounding's.
+
+    ``search=False``: the nearest-rounding scale alone, not refitted (round to nearest).
+
+    Returns q (..., block) int in [0, 2**bits), scale (...) float32, zero point (...) int
+    (2**(bits-1) when symmetric)."""
+    levels = 2 ** bits
+    x = x.astype(np.float32)
+    if symmetric:
+        half = levels // 2
+        index = np.abs(x).argmax(-1)[..., None]
+        peak = np.take_along_axis(x, index, -1)  # the signed largest magnitude
+        candidates = ([peak / (sign * half * f) for f in SEARCH_FACTORS for sign in (-1, 1)] if search
+                      else [peak / -half])
+        low, high = -half, half - 1
+    else:
+        lo, hi = np.minimum(x.min(-1, keepdims=True), 0), np.maximum(x.max(-1, keepdims=True), 0)
+        candidates = [(hi - lo) / (levels - 1) * f for f in (SEARCH_FACTORS if search else (1.0,))]
+    best_error = best_q = best_scale = best_zero = None
+    for scale in candidates:
+        safe = np.where(scale == 0, 1, scale)
+        if symmetric:
+            zero = np.full(scale.shape, half, np.float32)
+            d = np.clip(np.rint(x / safe), low, high)
+        else:
+            zero = np.clip(np.rint(-lo / safe), 0, levels - 1)
+            d = np.clip(np.rint(x / safe) + zero, 0, levels - 1) - zero
+        norm = (d * d).sum(-1, keepdims=True)
+        fitted = (np.where(norm > 0, (x * d).sum(-1, keepdims=True) / np.where(norm > 0, norm, 1), 0)
+                  if search else scale)
+        error = ((x - d * fitted) ** 2).sum(-1, keepdims=True)
+        if best_error is None:
+            best_error, best_q, best_scale, best_zero = error, d + zero, fitted, zero
+            continue
+        better = error < best_error
+        best_error = np.where(better, error, best_error)
+        best_q = np.where(better, d + zero, best_q)
+        best_scale = np.where(better, fitted, best_scale)
+        best_zero = np.where(better, zero, best_zero)
+    return (best_q.astype(np.int32), best_scale[..., 0].astype(np.float32),
+            best_zero[..., 0].astype(np.int32))
+
+
+def _numpy_rows(rows: np.ndarray, block_size: int, symmetric: bool, bits: int,
+                rounding: str) -> QuantizedRows:
+    """:func:`quantize_rows` in numpy, chunk by chunk of rows."""
+    n, k = rows.shape
+    blocks = (k + block_size - 1) // block_size
+    width = block_size // 2 if bits == 4 else block_size
+    packed = np.zeros((n, blocks, width), dtype=np.uint8)
+    scales = np.zeros((n, blocks), dtype=np.float32)
+    zeros = np.zeros((n, blocks), dtype=np.int32)
+    for start in range(0, n, CHUNK_ROWS):
+        stop = min(n, start + CHUNK_ROWS)
+        chunk = np.zeros((stop - start, blocks * block_size), np.float32)  # K padded with zeros
+        chunk[:, :k] = rows[start:stop]
+        q, scales[start:stop], zeros[start:stop] = search_blocks(
+            chunk.reshape(stop - start, blocks, block_size), bits, symmetric, rounding == "search")
+        q = q.astype(np.uint8)
+        packed[start:stop] = (q[..., 0::2] | (q[..., 1::2] << 4)) if bits == 4 else q
+    zero_points = None
+    if not symmetric:
+        padded = np.zeros((n, blocks + blocks % 2), np.uint8)
+        padded[:, :blocks] = zeros
+        zero_points = padded[:, 0::2] | (padded[:, 1::2] << 4)
+    return QuantizedRows(packed, scales, zero_points, block_size, k, bits=bits)
 
 
 def dequantize_rows(q: QuantizedRows) -> np.ndarray:

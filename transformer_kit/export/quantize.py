@@ -5,7 +5,7 @@
   ``GatherBlockQuantized``, as onnxruntime-genai writes them), done tensor by tensor as the
   weights are written (``weight_writer.py``). Every ``MatMul`` with a constant weight is
   quantized, the token embedding unless ``embedding=False``, the output head unless
-  ``head=False``.
+  ``head=False``; the roles ``eight_bit`` names in 8-bit blocks.
 """
 
 from __future__ import annotations
@@ -20,6 +20,15 @@ from transformer_kit.errors import InputError
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+#: How each block's scale is chosen (``transformer_kit.export.int4_nodes.quantize_rows``).
+ROUNDINGS = {"search": "the scale of least squared error among candidates, per block",
+             "nearest": "the scale from the block's largest magnitude, weights rounded to nearest "
+                        "(onnxruntime's quantizer)"}
+#: Weights ``Int4(eight_bit=...)`` can keep in 8-bit blocks, by role.
+EIGHT_BIT_ROLES = {"embedding": "the token embedding table (and a tied head, which reads it)",
+                   "head": "the output head (and the embedding table, when tied)",
+                   "value": "the attention's value projections (v_proj)",
+                   "down": "the feed-forward's output projections (down, linear2)"}
 
 
 @dataclass(frozen=True)
@@ -31,19 +40,41 @@ class Int4:
         accuracy_level: the type ``MatMulNBits`` computes in on the CPU: 4 = int8 activations
             (fastest on x86, as onnxruntime-genai's int4 models), 1 = float32, 0 = the
             kernel's default. CUDA ignores it.
-        symmetric: a scale per block (zero point 8) rather than a scale and a zero point.
+        symmetric: a scale per block (zero point 8) rather than a scale and a zero point (the
+            default: asymmetric blocks measured 1.107x float32's perplexity against 1.168x
+            symmetric on SmolLM2-135M, at the same speed within noise). 8-bit blocks are
+            always symmetric.
         head: also quantize the output head (the vocabulary projection). It is the largest
             single matrix of small models; onnxruntime-genai quantizes it too.
         embedding: also quantize the token embedding (``GatherBlockQuantized``, blocks along
             the hidden dimension, when it is a multiple of ``block_size``); a tied head then
             reads the same 4-bit bytes. False keeps the table in float32.
+        rounding: ``"search"`` (each block's scale chosen among candidates for the least
+            squared error, the integers refitted: never worse than nearest rounding, block by
+            block, at no cost when running) or ``"nearest"`` (onnxruntime's quantizer, the
+            kit's int4 before this option).
+        eight_bit: roles of weights kept in 8-bit blocks (symmetric, same block size) instead of
+            4: any of ``"embedding"``, ``"head"``, ``"value"``, ``"down"`` (see
+            :data:`EIGHT_BIT_ROLES`), or ``()`` for 4 bits everywhere. A packed q/k/v product
+            holding a value projection is 8-bit as a whole. 8-bit products run on onnxruntime's
+            packed kernel at accuracy level 4; below it they are written as float32 MatMuls of
+            the 8-bit values (onnxruntime 1.31's CPU kernel dequantizes an 8-bit matrix on every
+            call there), the embedding table staying 8-bit.
+
+    The defaults are the measured best trade on SmolLM2-135M-Instruct (BENCHMARKS.md, "4-bit
+    weights that keep their quality"): perplexity 1.066x float32's (nearest rounding in 4 bits
+    everywhere, the former default: 1.39x), folder 0.23x float32's (0.16x), decoding 1.07x
+    onnxruntime-genai int4's tokens/s. ``Int4(rounding="nearest", eight_bit=(),
+    symmetric=True)`` is the former int4.
     """
 
     block_size: int = 32
     accuracy_level: int = 4
-    symmetric: bool = True
+    symmetric: bool = False
     head: bool = True
     embedding: bool = True
+    rounding: str = "search"
+    eight_bit: tuple[str, ...] = ("embedding", "value", "down")
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or self.block_size not in BLOCK_SIZES:
@@ -55,6 +86,16 @@ class Int4:
         for name in ("symmetric", "head", "embedding"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"Int4 {name}={getattr(self, name)!r} must be True or False.")
+        if not isinstance(self.rounding, str) or self.rounding not in ROUNDINGS:
+            raise InputError(f"Int4 rounding={self.rounding!r} is not supported; choose "
+                             + " or ".join(f"{k!r} ({v})" for k, v in ROUNDINGS.items()) + ".")
+        roles = (self.eight_bit,) if isinstance(self.eight_bit, str) else self.eight_bit
+        if (not isinstance(roles, (tuple, list)) or not all(isinstance(r, str) for r in roles)
+                or set(roles) - set(EIGHT_BIT_ROLES)):
+            raise InputError(f"Int4 eight_bit={self.eight_bit!r} is not supported; give a tuple of "
+                             f"roles among {', '.join(map(repr, EIGHT_BIT_ROLES))} (e.g. "
+                             "eight_bit=('embedding', 'down')), or () for 4 bits everywhere.")
+        object.__setattr__(self, "eight_bit", tuple(r for r in EIGHT_BIT_ROLES if r in roles))
 
     def describe(self) -> dict[str, Any]:
         return {"method": "int4", **asdict(self)}

@@ -27,7 +27,13 @@ from torch import Tensor
 
 from transformer_kit.errors import ExportError
 from transformer_kit.export.gguf_blocks import FileBlocks
-from transformer_kit.export.int4_nodes import QuantizedRows, gather_offset_nodes, offset_nodes, quantize_rows
+from transformer_kit.export.int4_nodes import (
+    QuantizedRows,
+    dequantize_rows,
+    gather_offset_nodes,
+    offset_nodes,
+    quantize_rows,
+)
 from transformer_kit.export.quantize import Int4
 from transformer_kit.export.weight_exprs import FOLDED_OPS, Expr, fold, head_matmuls, name_of, simplify
 from transformer_kit.export.weights import INLINE_BYTES, WEIGHTS_FILE, WeightsFile
@@ -68,6 +74,15 @@ def _numpy(tensor: Tensor) -> np.ndarray:
     return tensor.cpu().numpy()
 
 
+def _weight_names(expr: Expr) -> list[str]:
+    """The state-dict names of the weights ``expr`` reads."""
+    if expr[0] == "weight":
+        return [expr[1]]
+    if expr[0] == "transpose":
+        return _weight_names(expr[1])
+    return [name for part in expr[1] for name in _weight_names(part)]
+
+
 class WeightWriter:
     """Writes the weights of the graphs given to :meth:`write` into ``folder/weights.data``."""
 
@@ -80,6 +95,7 @@ class WeightWriter:
         self.file = WeightsFile(folder / (WEIGHTS_FILE + ".new"))
         self.placed: dict[tuple, tuple | np.ndarray] = {}  # (expr, dtype) -> where, or small array
         self.quantized: dict[Expr, dict] = {}  # rows expr -> what quantize_rows wrote
+        self.eight_bit: set[Expr] = set()  # rows exprs quantized in 8 bits (Int4.eight_bit)
 
     # -- values ---------------------------------------------------------------------------------
     def evaluate(self, expr: Expr) -> np.ndarray:
@@ -134,24 +150,49 @@ class WeightWriter:
                              lambda: ir.Tensor(placed, name=name_of(expr)))
 
     def _quantize(self, rows: Expr) -> dict:
-        """``rows`` (N, K) in 4-bit blocks (or a GGUF file's own), written once: parts, sizes."""
+        """``rows`` (N, K) in 4-bit blocks (8-bit for :attr:`eight_bit`, or a GGUF file's own),
+        written once: parts, sizes. Below accuracy level 4 the kit's 8-bit rows are written as
+        their float32 values (``"values"``) instead, for their products: onnxruntime 1.31's CPU
+        ``MatMulNBits`` dequantizes an 8-bit matrix on every call there; their blocks are
+        written too when a table reads them (:meth:`_parts`)."""
         if rows not in self.quantized:
-            floats = lambda: np.asarray(self.evaluate(rows), dtype=np.float32)  # noqa: E731
-            q: QuantizedRows | None = self.file_blocks.rows(rows, floats) if self.file_blocks else None
-            if q is None:
-                q = quantize_rows(floats(), self.int4.block_size, self.int4.symmetric)
-            parts = {"packed": q.packed, "scales": q.scales, "zero_points": q.zero_points,
-                     "offsets": q.offsets}
-            self.quantized[rows] = {"n": q.packed.shape[0], "k": q.k, "bits": q.bits,
-                                    "block_size": q.block_size, **{
-                part: (*self.file.place(array), array.shape) for part, array in parts.items()
-                if array is not None}}
+            q: QuantizedRows | None = (self.file_blocks.rows(rows, lambda: self._floats(rows))
+                                       if self.file_blocks else None)
+            own = q is None
+            q = q if q is not None else self._own_rows(rows)
+            entry = {"n": q.packed.shape[0], "k": q.k, "bits": q.bits, "block_size": q.block_size}
+            if own and q.bits == 8 and self.int4.accuracy_level != 4:
+                values = dequantize_rows(q)
+                entry["values"] = (*self.file.place(values), values.shape)
+            else:
+                entry.update(self._placed_parts(q))
+            self.quantized[rows] = entry
         return self.quantized[rows]
+
+    def _floats(self, rows: Expr) -> np.ndarray:
+        return np.asarray(self.evaluate(rows), dtype=np.float32)
+
+    def _own_rows(self, rows: Expr) -> QuantizedRows:
+        """``rows`` quantized here, as ``Int4`` says (the same bits every time)."""
+        return quantize_rows(self._floats(rows), self.int4.block_size, self.int4.symmetric,
+                             bits=8 if rows in self.eight_bit else 4, rounding=self.int4.rounding)
+
+    def _placed_parts(self, q: QuantizedRows) -> dict:
+        parts = {"packed": q.packed, "scales": q.scales, "zero_points": q.zero_points, "offsets": q.offsets}
+        return {part: (*self.file.place(array), array.shape) for part, array in parts.items()
+                if array is not None}
+
+    def _parts(self, rows: Expr) -> dict:
+        """:meth:`_quantize`'s entry of ``rows`` with its blocks written."""
+        q = self._quantize(rows)
+        if "packed" not in q:
+            q.update(self._placed_parts(self._own_rows(rows)))
+        return q
 
     def _quantized_inputs(self, graph: ir.Graph, rows: Expr, table: bool) -> list[ir.Value]:
         """[packed, scales, (zero points)] initializers of ``rows``; the packed bytes shaped
         (N, K / 2) as a table for GatherBlockQuantized, else (N, blocks, block / 2)."""
-        q = self._quantize(rows)
+        q = self._parts(rows)
         base = name_of(rows)
         offset, length, shape = q["packed"]
         if table:
@@ -180,6 +221,12 @@ class WeightWriter:
         if self.file_blocks and self.file_blocks.float_product(rows, self.int4.accuracy_level,
                                                                lambda: self.evaluate(rows)):
             return self._fused_transposed(graph, node, rows, node.inputs[1])
+        if "values" in self._quantize(rows):  # 8 bits below accuracy level 4: float32 values
+            value = self._initializer(graph, f"{name_of(rows)}.values", ir.DataType.FLOAT,
+                                      *self.quantized[rows]["values"])
+            return self._replace(graph, node, [ir.node("FusedMatMul", [node.inputs[0], value],
+                                                       {"transA": 0, "transB": 1, "alpha": 1.0},
+                                                       domain=MICROSOFT, name=f"{node.name}_transB")])
         inputs = self._quantized_inputs(graph, rows, table=False)
         q = self.quantized[rows]
         attributes = {"K": q["k"], "N": q["n"], "bits": q["bits"], "block_size": q["block_size"]}
@@ -222,6 +269,25 @@ class WeightWriter:
                 and shape is not None and len(shape) == 2 and isinstance(shape[1], int)
                 and shape[1] % self.int4.block_size == 0)
 
+    def _eight_bit_rows(self, graph: ir.Graph, uses: list, exprs: dict[ir.Value, Expr],
+                        heads: set[ir.Node]) -> set[Expr]:
+        """The rows expressions of ``graph`` whose roles ``Int4.eight_bit`` names: the token
+        embedding's table, the head's rows (one expression when tied), the products holding a
+        value projection (a packed q/k/v one as a whole) or a feed-forward's output projection."""
+        roles = set(self.int4.eight_bit)
+        found = set()
+        for node, index, value in uses:
+            expr = exprs[value]
+            if node.op_type == "MatMul" and node.domain == "" and index == 1:
+                rows = simplify(("transpose", expr, (1, 0)))
+                names = [part.split(".")[-2] for part in _weight_names(rows) if "." in part]
+                if (("head" in roles and node in heads) or ("value" in roles and "v_proj" in names)
+                        or ("down" in roles and {"down", "linear2"} & set(names))):
+                    found.add(rows)
+            elif "embedding" in roles and index == 0 and self._quantizable_gather(graph, node, value):
+                found.add(expr)
+        return found
+
     def write(self, model: ir.Model, prefix: str, path: Path,
               progress: Callable[[int, int], None] | None = None) -> None:
         """Fold, quantize and write the weights of ``model`` (traced by ``trace_graph`` with
@@ -245,7 +311,10 @@ class WeightWriter:
         plain = {}
         for node, _, value in uses:
             plain.setdefault(exprs[value], []).append(node)
-        head = head_matmuls(graph) if self.int4 is not None and not self.int4.head else set()
+        heads = head_matmuls(graph) if self.int4 is not None else set()
+        head = heads if self.int4 is not None and not self.int4.head else set()
+        if self.int4 is not None and self.int4.eight_bit:
+            self.eight_bit |= self._eight_bit_rows(graph, uses, exprs, heads)
         replaced: set[ir.Node] = set()
         for done, (node, index, value) in enumerate(uses, start=1):
             if progress is not None:

@@ -115,19 +115,36 @@ def test_a_gguf_file_is_exported_with_its_tokenizer(tmp_path):
 def test_int4_options_reach_the_graph(tmp_path):
     checkpoint = _small_gpt2(tmp_path / "gpt2", n_embd=32)
     result = invoke("export", str(checkpoint), "--from-hf", "-o", str(tmp_path / "int4"),
-                    "--quantize", "int4", "--block-size", "16", "--float-head", "--float-embedding")
+                    "--quantize", "int4", "--block-size", "16", "--float-head", "--float-embedding",
+                    "--rounding", "nearest", "--eight-bit", "down")
     assert result.exit_code == 0, result.output
     assert "int4" in result.output and "top-1 agreement" in result.output
     manifest = OnnxModel(tmp_path / "int4").manifest
     assert manifest.quantization == "int4"
     assert manifest.quantization_options == {"method": "int4", "block_size": 16, "accuracy_level": 4,
-                                             "symmetric": True, "head": False, "embedding": False}
+                                             "symmetric": False, "head": False, "embedding": False,
+                                             "rounding": "nearest", "eight_bit": ["down"]}
     float_head = _nbits_blocks(tmp_path / "int4" / "decoder_step.onnx")
     assert set(float_head) == {16}
+    # one layer: its feed-forward output projection in 8 bits, the rest in 4
+    assert sorted(_nbits_bits(tmp_path / "int4" / "decoder_step.onnx")) == [4] * (len(float_head) - 1) + [8]
     result = invoke("export", str(checkpoint), "--from-hf", "-o", str(tmp_path / "int4-head"),
-                    "--quantize", "int4", "--block-size", "16")
+                    "--quantize", "int4", "--block-size", "16", "--eight-bit", "none", "--symmetric")
     assert result.exit_code == 0, result.output
     assert len(_nbits_blocks(tmp_path / "int4-head" / "decoder_step.onnx")) == len(float_head) + 1
+    assert set(_nbits_bits(tmp_path / "int4-head" / "decoder_step.onnx")) == {4}
+    options = OnnxModel(tmp_path / "int4-head").manifest.quantization_options
+    assert options["eight_bit"] == [] and options["symmetric"] is True
+
+
+@pytest.mark.parametrize(("flags", "hint"), [(["--eight-bit", "attention"], "--eight-bit"),
+                                             (["--rounding", "gptq"], "--rounding")])
+def test_bad_int4_flags_say_what_is_allowed(tmp_path, flags, hint):
+    checkpoint = _small_gpt2(tmp_path / "gpt2", n_embd=32)
+    result = invoke("export", str(checkpoint), "--from-hf", "-o", str(tmp_path / "x"), "--quantize", "int4",
+                    *flags)
+    assert result.exit_code == 2 and hint in result.output and flags[1] in result.output, result.output
+    assert "choose" in result.output or "among" in result.output
 
 
 def _nbits_blocks(path) -> list[int]:
@@ -135,6 +152,12 @@ def _nbits_blocks(path) -> list[int]:
     graph = onnx.load(str(path), load_external_data=False).graph
     return [a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute
             if a.name == "block_size"]
+
+
+def _nbits_bits(path) -> list[int]:
+    """The bits of every MatMulNBits node of the graph at ``path``."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return [a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"]
 
 
 def test_sources_of_the_wrong_kind_say_what_they_are(tmp_path, exported):

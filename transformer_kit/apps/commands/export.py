@@ -27,7 +27,8 @@ class Quantization(str, Enum):
     int4 = "int4"
 
 
-INT4_OPTIONS = ("--block-size", "--accuracy-level", "--asymmetric", "--float-head", "--float-embedding")
+INT4_OPTIONS = ("--block-size", "--accuracy-level", "--symmetric/--asymmetric", "--float-head",
+                "--float-embedding", "--rounding", "--eight-bit")
 
 
 def export(
@@ -39,9 +40,11 @@ def export(
     quantize: Annotated[Quantization | None, typer.Option(help="int8: dynamic int8 quantization of the matrix products; int4: 4-bit MatMulNBits weights.")] = None,
     block_size: Annotated[int | None, typer.Option(help="int4: weights per scale, 16..256, a power of 2 (default 32).")] = None,
     accuracy_level: Annotated[int | None, typer.Option(help="int4: compute type on the CPU, 4 = int8 (default), 1 = float32, 0 = the kernel's default.")] = None,
-    asymmetric: Annotated[bool, typer.Option("--asymmetric", help="int4: a zero point per block besides the scale.")] = False,
+    symmetric: Annotated[bool | None, typer.Option("--symmetric/--asymmetric", help="int4: a scale per block (zero point 8), or a scale and a zero point (the default).")] = None,
     float_head: Annotated[bool, typer.Option("--float-head", help="int4: keep the output head in float32.")] = False,
     float_embedding: Annotated[bool, typer.Option("--float-embedding", help="int4: keep the token embedding in float32 (else 4-bit, shared with a tied head).")] = False,
+    rounding: Annotated[str | None, typer.Option(help="int4: each block's scale: 'search' (least squared error, the default) or 'nearest' (onnxruntime's round to nearest).")] = None,
+    eight_bit: Annotated[str | None, typer.Option("--eight-bit", help="int4: weights kept in 8 bits, comma-separated roles among embedding, head, value, down, or 'none' (default: embedding,value,down).")] = None,
     opset: Annotated[int | None, typer.Option(min=18, max=23, help="ONNX opset, 18..23 (default 23).")] = None,
     optimize: Annotated[bool, typer.Option(help="Measure and keep onnxruntime's offline optimizations.")] = False,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the graphs against PyTorch (the default; each layer's weights read as it runs for a checkpoint).")] = True,
@@ -57,8 +60,9 @@ def export(
     if quantize is not None and dtype is not Dtype.float32:
         raise typer.BadParameter(f"--quantize {quantize.value} starts from float32 weights; leave out "
                                  "--dtype.", param_hint="--quantize")
-    given = [name for name, value in zip(INT4_OPTIONS, (block_size, accuracy_level, asymmetric or None,
-                                                       float_head or None, float_embedding or None),
+    given = [name for name, value in zip(INT4_OPTIONS, (block_size, accuracy_level, symmetric,
+                                                       float_head or None, float_embedding or None,
+                                                       rounding, eight_bit),
                                          strict=True) if value is not None]
     if given and quantize is not Quantization.int4:
         raise typer.BadParameter(f"{', '.join(given)} set int4 quantization; add --quantize int4.",
@@ -66,11 +70,19 @@ def export(
     method = quantize.value if quantize else None
     if quantize is Quantization.int4:
         try:
+            chosen = {key: value for key, value in (("rounding", rounding), ("symmetric", symmetric))
+                      if value is not None}
+            if eight_bit is not None:
+                roles = [r.strip() for r in eight_bit.split(",") if r.strip()]
+                chosen["eight_bit"] = () if roles == ["none"] else tuple(roles)
             method = Int4(block_size=32 if block_size is None else block_size,
                           accuracy_level=4 if accuracy_level is None else accuracy_level,
-                          symmetric=not asymmetric, head=not float_head, embedding=not float_embedding)
+                          head=not float_head, embedding=not float_embedding,
+                          **chosen)
         except InputError as exc:
-            flag = "--block-size" if "block_size" in str(exc) else "--accuracy-level"
+            flag = next((f for f, key in (("--block-size", "block_size"), ("--rounding", "rounding"),
+                                          ("--eight-bit", "eight_bit")) if key in str(exc)),
+                        "--accuracy-level")
             raise typer.BadParameter(str(exc), param_hint=flag) from None
     try:
         model = load_model(source, from_hf=from_hf, weights=weights, overrides=overrides, stream=True)
