@@ -27,18 +27,10 @@ from torch import Tensor
 
 from transformer_kit.errors import ExportError
 from transformer_kit.export.gguf_blocks import FileBlocks
-from transformer_kit.export.int4_nodes import (
-    QuantizedRows,
-    dequantize_rows,
-    gather_offset_nodes,
-    offset_nodes,
-    quantize_rows,
-)
 from transformer_kit.export.quantize import Int4
-from transformer_kit.export.weight_exprs import FOLDED_OPS, Expr, fold, head_matmuls, name_of, simplify
+from transformer_kit.export.quantized_writes import MICROSOFT, QuantizedWrites
+from transformer_kit.export.weight_exprs import FOLDED_OPS, Expr, fold, head_matmuls, name_of
 from transformer_kit.export.weights import INLINE_BYTES, WEIGHTS_FILE, WeightsFile
-
-MICROSOFT = "com.microsoft"
 
 
 class WeightSource(Protocol):
@@ -74,16 +66,7 @@ def _numpy(tensor: Tensor) -> np.ndarray:
     return tensor.cpu().numpy()
 
 
-def _weight_names(expr: Expr) -> list[str]:
-    """The state-dict names of the weights ``expr`` reads."""
-    if expr[0] == "weight":
-        return [expr[1]]
-    if expr[0] == "transpose":
-        return _weight_names(expr[1])
-    return [name for part in expr[1] for name in _weight_names(part)]
-
-
-class WeightWriter:
+class WeightWriter(QuantizedWrites):
     """Writes the weights of the graphs given to :meth:`write` into ``folder/weights.data``."""
 
     def __init__(self, folder: Path, source: WeightSource, int4: Int4 | None = None,
@@ -149,109 +132,9 @@ class WeightWriter:
         return self._holding(graph, name_of(expr), dtype, placed.shape,
                              lambda: ir.Tensor(placed, name=name_of(expr)))
 
-    def _quantize(self, rows: Expr) -> dict:
-        """``rows`` (N, K) in 4-bit blocks (8-bit for :attr:`eight_bit`, or a GGUF file's own),
-        written once: parts, sizes. Below accuracy level 4 the kit's 8-bit rows are written as
-        their float32 values (``"values"``) instead, for their products: onnxruntime 1.31's CPU
-        ``MatMulNBits`` dequantizes an 8-bit matrix on every call there; their blocks are
-        written too when a table reads them (:meth:`_parts`)."""
-        if rows not in self.quantized:
-            q: QuantizedRows | None = (self.file_blocks.rows(rows, lambda: self._floats(rows))
-                                       if self.file_blocks else None)
-            own = q is None
-            q = q if q is not None else self._own_rows(rows)
-            entry = {"n": q.packed.shape[0], "k": q.k, "bits": q.bits, "block_size": q.block_size}
-            if own and q.bits == 8 and self.int4.accuracy_level != 4:
-                values = dequantize_rows(q)
-                entry["values"] = (*self.file.place(values), values.shape)
-            else:
-                entry.update(self._placed_parts(q))
-            self.quantized[rows] = entry
-        return self.quantized[rows]
-
-    def _floats(self, rows: Expr) -> np.ndarray:
-        return np.asarray(self.evaluate(rows), dtype=np.float32)
-
-    def _own_rows(self, rows: Expr) -> QuantizedRows:
-        """``rows`` quantized here, as ``Int4`` says (the same bits every time)."""
-        return quantize_rows(self._floats(rows), self.int4.block_size, self.int4.symmetric,
-                             bits=8 if rows in self.eight_bit else 4, rounding=self.int4.rounding)
-
-    def _placed_parts(self, q: QuantizedRows) -> dict:
-        parts = {"packed": q.packed, "scales": q.scales, "zero_points": q.zero_points, "offsets": q.offsets}
-        return {part: (*self.file.place(array), array.shape) for part, array in parts.items()
-                if array is not None}
-
-    def _parts(self, rows: Expr) -> dict:
-        """:meth:`_quantize`'s entry of ``rows`` with its blocks written."""
-        q = self._quantize(rows)
-        if "packed" not in q:
-            q.update(self._placed_parts(self._own_rows(rows)))
-        return q
-
-    def _quantized_inputs(self, graph: ir.Graph, rows: Expr, table: bool) -> list[ir.Value]:
-        """[packed, scales, (zero points)] initializers of ``rows``; the packed bytes shaped
-        (N, K / 2) as a table for GatherBlockQuantized, else (N, blocks, block / 2)."""
-        q = self._parts(rows)
-        base = name_of(rows)
-        offset, length, shape = q["packed"]
-        if table:
-            shape = (shape[0], shape[1] * shape[2])
-        values = [self._initializer(graph, f"{base}.int4{'.table' if table else ''}", ir.DataType.UINT8,
-                                    offset, length, shape)]
-        values.append(self._initializer(graph, f"{base}.scales", ir.DataType.FLOAT, *q["scales"]))
-        if "zero_points" in q:
-            values.append(self._initializer(graph, f"{base}.zero_points", ir.DataType.UINT8,
-                                            *q["zero_points"]))
-        return values
-
-    def _offsets(self, graph: ir.Graph, rows: Expr) -> ir.Value | None:
-        """The (N, K / block) float32 offsets of ``rows`` (a GGUF file's mins), or None."""
-        q = self.quantized[rows]
-        if "offsets" not in q:
-            return None
-        return self._initializer(graph, f"{name_of(rows)}.offsets", ir.DataType.FLOAT, *q["offsets"])
-
     # -- rewrites -------------------------------------------------------------------------------
     def _replace(self, graph: ir.Graph, node: ir.Node, new: list[ir.Node]) -> None:
         ir.convenience.replace_nodes_and_values(graph, node, [node], new, node.outputs, new[-1].outputs)
-
-    def _matmul_nbits(self, graph: ir.Graph, node: ir.Node, weight: Expr) -> None:
-        rows = simplify(("transpose", weight, (1, 0)))  # x @ B reads B.T's rows
-        if self.file_blocks and self.file_blocks.float_product(rows, self.int4.accuracy_level,
-                                                               lambda: self.evaluate(rows)):
-            return self._fused_transposed(graph, node, rows, node.inputs[1])
-        if "values" in self._quantize(rows):  # 8 bits below accuracy level 4: float32 values
-            value = self._initializer(graph, f"{name_of(rows)}.values", ir.DataType.FLOAT,
-                                      *self.quantized[rows]["values"])
-            return self._replace(graph, node, [ir.node("FusedMatMul", [node.inputs[0], value],
-                                                       {"transA": 0, "transB": 1, "alpha": 1.0},
-                                                       domain=MICROSOFT, name=f"{node.name}_transB")])
-        inputs = self._quantized_inputs(graph, rows, table=False)
-        q = self.quantized[rows]
-        attributes = {"K": q["k"], "N": q["n"], "bits": q["bits"], "block_size": q["block_size"]}
-        if self.int4.accuracy_level:
-            attributes["accuracy_level"] = self.int4.accuracy_level
-        new = [ir.node("MatMulNBits", [node.inputs[0], *inputs], attributes, domain=MICROSOFT,
-                       name=f"{node.name}_int4")]
-        offsets = self._offsets(graph, rows)
-        if offsets is not None:
-            new += offset_nodes(node.inputs[0], new[0].outputs[0], offsets, q["k"], q["block_size"],
-                                f"{node.name}_int4")
-        self._replace(graph, node, new)
-
-    def _gather_quantized(self, graph: ir.Graph, node: ir.Node, table: Expr) -> None:
-        data, *rest = self._quantized_inputs(graph, table, table=True)
-        q = self.quantized[table]
-        attributes = {"bits": q["bits"], "block_size": q["block_size"], "gather_axis": 0,
-                      "quantize_axis": 1}
-        new = [ir.node("GatherBlockQuantized", [data, node.inputs[1], *rest], attributes,
-                       domain=MICROSOFT, name=f"{node.name}_int4")]
-        offsets = self._offsets(graph, table)
-        if offsets is not None:
-            new += gather_offset_nodes(node.inputs[1], new[0].outputs[0], offsets, q["k"],
-                                       q["block_size"], f"{node.name}_int4")
-        self._replace(graph, node, new)
 
     def _fused_transposed(self, graph: ir.Graph, node: ir.Node, matrix: Expr, like: ir.Value) -> None:
         value = self._materialize(graph, matrix, like)
@@ -268,25 +151,6 @@ class WeightWriter:
                 and (axis is None or axis.as_int() == 0) and node.inputs[1] in graph.inputs
                 and shape is not None and len(shape) == 2 and isinstance(shape[1], int)
                 and shape[1] % self.int4.block_size == 0)
-
-    def _eight_bit_rows(self, graph: ir.Graph, uses: list, exprs: dict[ir.Value, Expr],
-                        heads: set[ir.Node]) -> set[Expr]:
-        """The rows expressions of ``graph`` whose roles ``Int4.eight_bit`` names: the token
-        embedding's table, the head's rows (one expression when tied), the products holding a
-        value projection (a packed q/k/v one as a whole) or a feed-forward's output projection."""
-        roles = set(self.int4.eight_bit)
-        found = set()
-        for node, index, value in uses:
-            expr = exprs[value]
-            if node.op_type == "MatMul" and node.domain == "" and index == 1:
-                rows = simplify(("transpose", expr, (1, 0)))
-                names = [part.split(".")[-2] for part in _weight_names(rows) if "." in part]
-                if (("head" in roles and node in heads) or ("value" in roles and "v_proj" in names)
-                        or ("down" in roles and {"down", "linear2"} & set(names))):
-                    found.add(rows)
-            elif "embedding" in roles and index == 0 and self._quantizable_gather(graph, node, value):
-                found.add(expr)
-        return found
 
     def write(self, model: ir.Model, prefix: str, path: Path,
               progress: Callable[[int, int], None] | None = None) -> None:
