@@ -210,19 +210,24 @@ class DecoderTransformer(TransformerModel):
         return self.embed.positional.max_positions
 
     def step(self, input_ids: Tensor, keep: Tensor, caches: list[LayerCache] | None = None,
-             *, last_only: bool = False) -> Tensor:
+             *, last_only: bool = False, positions: Tensor | None = None) -> Tensor:
         """Logits (batch, new_len, vocab) for tokens after the cached ones.
 
         Args:
             input_ids: (batch, new_len) tokens not yet in ``caches``.
-            keep: (batch, past_len + new_len) bool, True for real tokens (False for padding).
+            keep: (batch, past_len + new_len) bool, True for real tokens (False for padding,
+                or for a cached token that was dropped: it is never attended to again).
             caches: per-layer caches, extended in place; None for an uncached call.
             last_only: return the logits of the last position only, (batch, 1, vocab).
+            positions: (n,) int64 indices into the new positions: their logits only,
+                (batch, n, vocab) (speculative decoding verifies several drafted tokens).
         """
         input_ids = check_token_ids(input_ids, self.config.vocab_size, "input_ids")
         inputs = self.decoder.attention_inputs(keep, input_ids.shape[1], self.embed.positional,
                                                self.mask)
         x = self.decoder(self.embed(input_ids, inputs[0].q_positions), inputs, None, caches)
+        if positions is not None:
+            return self.head(x.index_select(1, positions))
         return self.head(x[:, -1:] if last_only else x)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:

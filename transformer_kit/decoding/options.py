@@ -57,13 +57,20 @@ class GenerationConfig(BaseModel):
     seed: int | None = Field(None, ge=0, description="Seed of the sampler: same seed, same tokens.")
     logits_processors: list[ComponentSpec] = Field(
         default_factory=list, description="Registered logits processors to apply, in order.")
+    prompt_lookup_num_tokens: int | None = Field(
+        None, ge=1, description="Speculative decoding with prompt lookup: draft up to this many "
+        "tokens a step from earlier text (the prompt and the output), checked in one step of the "
+        "model; the same tokens as without it (greedy), or the same distribution (sampling).")
+    max_matching_ngram_size: int = Field(
+        2, ge=1, description="Prompt lookup: the longest run of last tokens looked up.")
     response_format: dict[str, Any] | None = Field(
         None, description="Structured output: {'type': 'json_object' | 'json_schema' | 'regex' | "
         "'choice' | 'grammar' | 'text', ...} (see transformer_kit.chat.response_format).")
 
     @field_validator("max_new_tokens", "min_new_tokens", "top_k", "no_repeat_ngram_size",
                      "num_beams", "num_return_sequences", "seed", "temperature", "top_p",
-                     "min_p", "repetition_penalty", "length_penalty", mode="before")
+                     "min_p", "repetition_penalty", "length_penalty", "prompt_lookup_num_tokens",
+                     "max_matching_ngram_size", mode="before")
     @classmethod
     def _numbers_are_not_booleans(cls, value: Any) -> Any:
         if isinstance(value, bool):
@@ -100,6 +107,14 @@ class GenerationConfig(BaseModel):
             raise ValueError(f"num_return_sequences={self.num_return_sequences} with greedy decoding "
                              "would return the same row several times; set do_sample=True or "
                              "num_beams >= num_return_sequences")
+        if self.prompt_lookup_num_tokens is not None:
+            if self.num_beams > 1 or self.num_return_sequences > 1:
+                raise ValueError(f"prompt_lookup_num_tokens drafts one row's tokens, so it cannot run "
+                                 f"with num_beams={self.num_beams} or num_return_sequences="
+                                 f"{self.num_return_sequences}; use 1 for both or leave it out")
+            if self.response_format is not None:
+                raise ValueError("prompt_lookup_num_tokens cannot run with response_format (drafts "
+                                 "are not checked against its grammar); leave one of them out")
         if self.response_format is not None:
             if self.num_beams > 1:
                 raise ValueError(f"response_format constrains each row by a grammar, which beam "

@@ -16,6 +16,7 @@ import numpy as np
 
 from transformer_kit.decoding.options import GenerationConfig
 from transformer_kit.decoding.processors import DecodingState, Pipeline
+from transformer_kit.decoding.speculative import speculative_tokens
 
 #: A finished beam hypothesis or a running one that has no valid continuation scores this.
 _FINISHED = -1.0e9
@@ -131,7 +132,11 @@ def stream_tokens(stepper: Stepper, problem: Problem, options: GenerationConfig,
     Without processors the loop keeps no history and chooses from the runtime's logits as
     they are: after a 1 ms int4 step has left the caches cold, every small numpy call costs
     microseconds, and the processors' state, the copy and the eos check cost about 40 us a token.
+    With ``prompt_lookup_num_tokens``: :func:`~transformer_kit.decoding.speculative.speculative_tokens`.
     """
+    if options.prompt_lookup_num_tokens is not None:
+        yield from speculative_tokens(stepper, problem, options, pipeline)
+        return
     copies = options.num_return_sequences
     source, ids, keep = _repeat(problem, copies)
     rng = np.random.default_rng(options.seed) if options.do_sample else None

@@ -62,6 +62,26 @@ class DecoderStepper:
         new = token if self.use_cache else self.ids  # the reference recomputes everything
         return _logits(self.model.step(new, self.keep, self.caches, last_only=True)[:, -1])
 
+    #: Several positions' logits in one step (speculative decoding).
+    verifies = True
+
+    def verify(self, tokens: np.ndarray) -> np.ndarray:
+        """Append ``tokens`` (n,) int64 to the one row in one step: logits (n, vocab), row j
+        the next-token logits after ``tokens[j]``."""
+        new = torch.from_numpy(tokens).to(self.ids.device)[None]
+        self.keep = torch.cat([self.keep, self.keep.new_ones(1, new.shape[1])], 1)
+        self.ids = torch.cat([self.ids, new], 1)
+        length = self.ids.shape[1]
+        start = length - new.shape[1] if not self.use_cache else 0
+        positions = torch.arange(start, start + new.shape[1], device=self.ids.device)
+        return _logits(self.model.step(new if self.use_cache else self.ids, self.keep, self.caches,
+                                       positions=positions)[0])
+
+    def drop(self, count: int) -> None:
+        """Forget the last ``count`` tokens (rejected drafts): masked out, never attended to."""
+        self.keep = self.keep.clone()
+        self.keep[:, self.keep.shape[1] - count:] = False
+
 
 class EncoderDecoderStepper:
     """Encoder-decoder steps: the source encoded once, the target from ``bos_id``."""

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from transformer_kit.export.onnx_steps import Binding, CacheOps
+from transformer_kit.export.onnx_steps import LAST_POSITION, LOGIT_POSITIONS, Binding, CacheOps
 
 
 @dataclass
@@ -44,6 +44,8 @@ class BatchDecoder:
         self.empty_cache, self.vocab, self.logits_dtype = empty_cache, vocab, logits_dtype
         self.cache_ops = cache_ops
         self.binding = Binding(session, device)
+        if LOGIT_POSITIONS in graph.inputs:  # the last position's logits (a bind lasts)
+            self.binding.input_array(LOGIT_POSITIONS, LAST_POSITION)
         self.cache: list[Any] = []
         self.mask = np.zeros((0, 0), np.int64)  # (rows, length) 1 = real token
 

@@ -5,7 +5,7 @@
 - ``decoder_step``: one decoding step with the key/value cache as plain tensors
   (``past_key_values.{i}.key/value`` in, ``present.{i}.key/value`` out); a zero-length past
   makes the same graph serve the prompt and every later token. Returns the last position's
-  logits only.
+  logits (``logit_positions`` = ``[-1]``), or those of the new positions it lists.
 - an encoder's ``model`` with a sentence embedding also outputs ``sentence_embedding``
   (batch, dim) beside ``last_hidden_state``; a cross-encoder's outputs its classifier's
   ``logits`` and ``scores`` (batch, num_labels; the logits alone when the scores are them)
@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.export import Dim
 
 from transformer_kit.attention import LayerCache
+from transformer_kit.export.onnx_steps import LOGIT_POSITIONS
 from transformer_kit.model import TransformerModel
 
 #: Example sizes for tracing: all at least 2 and all different, so none freezes into the graph.
@@ -40,18 +41,21 @@ def _pairs(flat: list[Tensor]) -> list[tuple[Tensor, Tensor]]:
 
 class DecoderStep(nn.Module):
     """input_ids (batch, new), attention_mask (batch, past + new) int64 (1 = real token),
-    past_key_values 2 x layers of (batch, kv_heads, past, head_dim)
-    -> logits (batch, vocab) of the last position,
+    past_key_values 2 x layers of (batch, kv_heads, past, head_dim),
+    logit_positions (n,) int64 indices into the new positions (``[-1]``: the last; negative
+    ones count from the end)
+    -> logits (batch x n, vocab): row ``b * n + j`` is row b's at position ``logit_positions[j]``,
        present 2 x layers of (batch, kv_heads, past + new, head_dim)."""
 
     def __init__(self, model: TransformerModel) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, past_key_values: list[Tensor]):
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, past_key_values: list[Tensor],
+                logit_positions: Tensor):
         caches = [LayerCache(k, v) for k, v in _pairs(past_key_values)]
-        logits = self.model.step(input_ids, attention_mask != 0, caches, last_only=True)[:, -1]
-        return (logits, *[t for c in caches for t in (c.key, c.value)])
+        logits = self.model.step(input_ids, attention_mask != 0, caches, positions=logit_positions)
+        return (logits.reshape(-1, logits.shape[-1]), *[t for c in caches for t in (c.key, c.value)])
 
 
 class EncoderForDecoding(nn.Module):
@@ -202,11 +206,12 @@ def graph_specs(model: TransformerModel) -> dict[str, GraphSpec]:
                                    ["input_ids", "attention_mask"], ["logits"])
         mask = torch.ones(b, p + t, dtype=torch.long)
         mask[-1, 0] = 0  # a left-padded row
+        positions = torch.tensor([0, 2, 1, 2, 0, 1])  # a length no other axis has
         specs["decoder_step"] = GraphSpec(
-            DecoderStep(model), (_ids(b, t, cfg.vocab_size, None), mask, past_kv),
+            DecoderStep(model), (_ids(b, t, cfg.vocab_size, None), mask, past_kv, positions),
             {"input_ids": {0: batch, 1: new}, "attention_mask": {0: batch, 1: total},
-             "past_key_values": past_shapes},
-            ["input_ids", "attention_mask", *kv_names("past_key_values", layers)],
+             "past_key_values": past_shapes, "logit_positions": {0: Dim("kept")}},
+            ["input_ids", "attention_mask", *kv_names("past_key_values", layers), LOGIT_POSITIONS],
             ["logits", *kv_names("present", layers)],
         )
         return specs

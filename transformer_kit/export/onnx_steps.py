@@ -15,6 +15,10 @@ import numpy as np
 import onnxruntime as ort
 
 _ONNX_TYPES = {"tensor(float)": 1, "tensor(float16)": 10, "tensor(int64)": 7}  # TensorProto ids
+#: The step graph's input naming the new positions that get logits (exports before it have
+#: the last position's alone); ``LAST_POSITION`` is the last.
+LOGIT_POSITIONS = "logit_positions"
+LAST_POSITION = np.array([-1], np.int64)
 
 
 #: Whether onnxruntime exposes the native device its binding object takes.
@@ -116,12 +120,14 @@ def _helper_graph(kind: str, types: tuple[str, ...]) -> bytes:
     - ``gather``: ``index`` (n,) int64 -> t{i}[index] (rows along axis 0);
     - ``join``: ``u{i}`` too, ``pads_t``/``pads_u`` (8,) int64 -> Concat(Pad(t{i}), Pad(u{i}))
       along axis 0 (each side padded with zeros on the left of its length axis to one length);
-    - ``trim``: ``start`` (1,) int64 -> t{i}[:, :, start:].
+    - ``trim``: ``start`` (1,) int64 -> t{i}[:, :, start:];
+    - ``columns``: ``index`` (n,) int64 -> t{i}[:, :, index] (columns along the length axis).
     """
     from onnx import TensorProto, helper
 
     int64 = TensorProto.INT64
-    scalars = {"gather": [("index", ["n"])], "join": [("pads_t", [8]), ("pads_u", [8])],
+    scalars = {"gather": [("index", ["n"])], "columns": [("index", ["n"])],
+               "join": [("pads_t", [8]), ("pads_u", [8])],
                "trim": [("start", [1]), ("end", [1]), ("axis", [1])]}[kind]
     inputs = [helper.make_tensor_value_info(name, int64, shape) for name, shape in scalars]
     nodes, outputs = [], []
@@ -129,8 +135,9 @@ def _helper_graph(kind: str, types: tuple[str, ...]) -> bytes:
         elem = _ONNX_TYPES[type_name]
         inputs.append(helper.make_tensor_value_info(f"t{i}", elem, None))
         outputs.append(helper.make_tensor_value_info(f"o{i}", elem, None))
-        if kind == "gather":
-            nodes.append(helper.make_node("Gather", [f"t{i}", "index"], [f"o{i}"], axis=0))
+        if kind in ("gather", "columns"):
+            nodes.append(helper.make_node("Gather", [f"t{i}", "index"], [f"o{i}"],
+                                          axis=0 if kind == "gather" else 2))
         elif kind == "join":
             inputs.append(helper.make_tensor_value_info(f"u{i}", elem, None))
             nodes += [helper.make_node("Pad", [f"t{i}", "pads_t"], [f"pt{i}"]),
@@ -173,6 +180,12 @@ class CacheOps:
         """values[i][rows] for each value (rows (n,) int64 indices along axis 0)."""
         binding = self._binding("gather", values)
         binding.input_array("index", np.ascontiguousarray(rows, dtype=np.int64))
+        return binding.run()
+
+    def columns(self, values: list[Any], columns: np.ndarray) -> list[Any]:
+        """values[i][:, :, columns] for each value (columns (n,) int64 along the length axis)."""
+        binding = self._binding("columns", values)
+        binding.input_array("index", np.ascontiguousarray(columns, dtype=np.int64))
         return binding.run()
 
     def join(self, values: list[Any], more: list[Any], pad: int, pad_more: int) -> list[Any]:
@@ -224,6 +237,11 @@ class OnnxStepper:
         self.logits: np.ndarray | None = None
         self.tokens: np.ndarray | None = None  # (rows, 1) int64, bound as input_ids by its OrtValue
         self.binding = Binding(session, device)
+        #: Whether the graph gives several positions' logits (exports before it do not).
+        self.verifies = LOGIT_POSITIONS in graph.inputs
+        if self.verifies:  # the last position's logits unless :meth:`verify` asks (a bind lasts)
+            self.binding.input_array(LOGIT_POSITIONS, LAST_POSITION)
+        self.dropped = 0  # cache columns dropped (mask 0) since the last compaction
 
     def first(self) -> np.ndarray:
         self.binding.rebind().input_array("input_ids", self.first_ids)
@@ -233,11 +251,7 @@ class OnnxStepper:
     def next(self, tokens: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
         if rows is not None:
             self._reorder(rows)
-        self.length += 1
-        if self.mask is not None and self.length > self.mask.shape[1]:
-            grown = np.ones((len(self.mask), 2 * self.mask.shape[1]), np.int64)
-            grown[:, :self.mask.shape[1]] = self.mask
-            self.mask = grown
+        self._extend(1)
         self.binding.rebind()
         if self.tokens is None or len(self.tokens) != len(tokens):
             # onnxruntime reads the buffer when it runs: later steps only write into it
@@ -245,6 +259,37 @@ class OnnxStepper:
             self.binding.input_value("input_ids", ort.OrtValue.ortvalue_from_numpy(self.tokens))
         self.tokens[:, 0] = tokens
         return self._run(len(tokens))
+
+    def verify(self, tokens: np.ndarray) -> np.ndarray:
+        """Append ``tokens`` (n,) int64 to the one row (a decoder's, one prompt) in one run:
+        logits (n, vocab), row j the next-token logits after ``tokens[j]``."""
+        self._extend(len(tokens))
+        binding = self.binding.rebind()
+        binding.input_array("input_ids", np.ascontiguousarray(tokens[None], dtype=np.int64))
+        self.tokens = None  # input_ids now names this array
+        binding.input_array(LOGIT_POSITIONS, np.arange(len(tokens), dtype=np.int64))
+        logits = self._run(len(tokens))
+        binding.input_array(LOGIT_POSITIONS, LAST_POSITION)
+        return logits
+
+    def drop(self, count: int) -> None:
+        """Forget the last ``count`` tokens (rejected drafts): their columns are masked out, and
+        the cache is compacted once dropped columns are a quarter of it (at least 64)."""
+        self.mask[:, self.length - count:self.length] = 0
+        self.dropped += count
+        if self.dropped >= max(64, self.length // 4):
+            kept = np.flatnonzero(self.mask[0, :self.length])  # masked columns count for nothing
+            self.past = self.cache_ops.columns(self.past, kept)
+            self.mask = np.ones((1, 2 * len(kept) + 8), np.int64)
+            self.length, self.dropped = len(kept), 0
+
+    def _extend(self, count: int) -> None:
+        """``count`` more columns; the mask buffer doubles when full."""
+        self.length += count
+        while self.mask is not None and self.length > self.mask.shape[1]:
+            grown = np.ones((len(self.mask), 2 * self.mask.shape[1]), np.int64)
+            grown[:, :self.mask.shape[1]] = self.mask
+            self.mask = grown
 
     def _reorder(self, rows: np.ndarray) -> None:
         """Every row-indexed state: cache, fixed encoder outputs and mask, gathered by ``rows``."""

@@ -11,6 +11,7 @@ from transformer_kit.checkpoints.streaming import weights_per_module
 from transformer_kit.decoding.prompts import keep_from_pad, left_align
 from transformer_kit.errors import ExportError
 from transformer_kit.export.graphs import EXAMPLE_LEN
+from transformer_kit.export.onnx_steps import LAST_POSITION, LOGIT_POSITIONS
 from transformer_kit.export.runtime import OnnxModel
 from transformer_kit.export.weight_writer import WeightSource
 from transformer_kit.model import TransformerModel
@@ -109,13 +110,17 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
     caches = model.new_cache(batch, torch.empty(0))  # float32 on the CPU, as the reference
     errors = []
     if model.architecture == "decoder":
-        prompts = random_ids(batch, _fit(EXAMPLE_LEN + 2, model, room=2), cfg.vocab_size, cfg.pad_id,
+        prompts = random_ids(batch, _fit(EXAMPLE_LEN + 2, model, room=4), cfg.vocab_size, cfg.pad_id,
                              seed).numpy()
         ids, keep = left_align(prompts, keep_from_pad(prompts, cfg.pad_id))
         mask = keep.astype(np.int64)
         fixed: dict[str, np.ndarray] = {}
 
-        def reference(new_ids: np.ndarray, mask: np.ndarray) -> torch.Tensor:
+        def reference(new_ids: np.ndarray, mask: np.ndarray, every: bool) -> torch.Tensor:
+            if every:  # every new position's logits, as speculative decoding asks
+                logits = model.step(torch.from_numpy(new_ids), torch.from_numpy(mask) != 0, caches,
+                                    positions=torch.arange(new_ids.shape[1]))
+                return logits.reshape(-1, logits.shape[-1])
             return model.step(torch.from_numpy(new_ids), torch.from_numpy(mask) != 0, caches,
                               last_only=True)[:, -1]
     else:
@@ -127,24 +132,30 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
         start = cfg.bos_id if cfg.bos_id is not None else 0  # any token checks the graph
         ids, mask = np.full((batch, 1), start, np.int64), None
 
-        def reference(new_ids: np.ndarray, mask: None) -> torch.Tensor:
+        def reference(new_ids: np.ndarray, mask: None, every: bool) -> torch.Tensor:
             return model.decode(torch.from_numpy(new_ids), memory, src_keep, caches,
                                 last_only=True)[:, -1]
     past = empty
-    for _ in range(2):
+    # the prompt, one token, then three tokens with every new position's logits (a decoder's)
+    widths = [1, 1, 3] if LOGIT_POSITIONS in graph.inputs else [1, 1]
+    for step, width in enumerate(widths):  # logits of the last position, or of ``width`` ones
         feeds = {"input_ids": ids, **fixed, **dict(zip(
             [n for n in graph.inputs if n.startswith("past_key_values.")], past, strict=True))}
         if mask is not None:
             feeds["attention_mask"] = mask
+        feeds[LOGIT_POSITIONS] = np.arange(width) if width > 1 else LAST_POSITION
         feeds = {k: v for k, v in feeds.items() if k in graph.inputs}
         logits, *past = session.run(None, feeds)
-        expected = reference(ids, mask)
+        expected = reference(ids, mask, width > 1)
         errors.append(relative_error(logits, expected.float().numpy()))
         present = [t for c in caches for t in (c.key, c.value)]
         errors.extend(relative_error(a, e.float().numpy()) for a, e in zip(past, present, strict=True))
-        ids = expected.argmax(-1, keepdim=True).numpy()
-        if mask is not None:
-            mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+        if step + 1 < len(widths):  # the chosen token, then random ones (drafted tokens)
+            following = widths[step + 1]
+            drafted = random_ids(batch, following - 1, cfg.vocab_size, None, seed + step).numpy()
+            ids = np.concatenate([expected.argmax(-1, keepdim=True).numpy(), drafted], axis=1)
+            if mask is not None:
+                mask = np.concatenate([mask, np.ones((batch, following), np.int64)], axis=1)
     return max(errors)
 
 
