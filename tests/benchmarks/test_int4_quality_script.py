@@ -1,6 +1,6 @@
-"""The int4 quality benchmark runs end to end on a tiny random Llama: float32, the old int4 and the default exported,
-its perplexity, top-1 and greedy agreement with float32, folder size and tokens/s (each runner in
-a process of its own) in one table. Times are printed, never asserted."""
+"""The int4 quality benchmark runs end to end on a tiny random Llama: float32, the old int4 and
+the default exported, their perplexity, top-1 and greedy agreement with float32, folder size and
+tokens/s (each runner in a process of its own) in one table. Times are printed, never asserted."""
 
 from __future__ import annotations
 

@@ -94,6 +94,38 @@ class _Chooser:
         self.history.append(np.array([token], np.int64))
 
 
+class DraftLength:
+    """How many tokens to draft next, from how the drafts of this row fared (tokens only, never
+    time: sampling's draws stay a function of the seed).
+
+    Starts at ``most``; a draft accepted whole lets the next be 2 longer (up to ``most``), one
+    accepted in part makes the next one token longer than the accepted part. A draft rejected at
+    its first token makes the next one 1 long and pauses drafting for 2, 4, ... up to 16 tokens
+    (reset by the next accepted token): on text with nothing to copy, chance matches then cost
+    a few two-token steps in a reply, not a long step every token.
+    """
+
+    #: The longest pause after drafts rejected at their first token, in tokens.
+    MAX_PAUSE = 16
+
+    def __init__(self, most: int) -> None:
+        self.most, self.length, self.failures, self.resume = most, most, 0, 0
+
+    def now(self, produced: int, left: int) -> int:
+        """Tokens to draft after ``produced`` tokens with ``left`` still to produce (0: none)."""
+        return 0 if produced < self.resume else min(self.length, left - 1)
+
+    def update(self, produced: int, drafted: int, accepted: int) -> None:
+        if accepted == drafted:
+            self.length, self.failures = min(self.most, self.length + 2), 0
+        elif accepted:
+            self.length, self.failures = min(self.most, accepted + 1), 0
+        else:
+            self.failures += 1
+            self.length = 1
+            self.resume = produced + min(2 ** self.failures, self.MAX_PAUSE)
+
+
 def speculative_tokens(stepper, problem, options: GenerationConfig,
                        pipeline: Pipeline) -> Iterator[np.ndarray]:
     """Greedy search or sampling of one row with prompt lookup; yields (1,) int64 per token, as
@@ -104,6 +136,7 @@ def speculative_tokens(stepper, problem, options: GenerationConfig,
     if options.max_new_tokens == 0:
         return
     chooser, eos = _Chooser(problem, options, pipeline), frozenset(problem.eos_ids)
+    length = DraftLength(options.prompt_lookup_num_tokens)
     new: list[np.ndarray] = []
     logits, drafts = stepper.first(), np.zeros(0, np.int64)
     while True:
@@ -119,9 +152,10 @@ def speculative_tokens(stepper, problem, options: GenerationConfig,
             if drafted is not None and token != drafted:
                 stepper.drop(len(drafts) - j)  # the rejected draft and every one after it
                 break
-        left = options.max_new_tokens - len(new)  # the last token's step gives one more
-        drafts = prompt_lookup(chooser.ids(), options.max_matching_ngram_size,
-                               min(options.prompt_lookup_num_tokens, left - 1), problem.eos_ids)
+        if len(drafts):
+            length.update(len(new), len(drafts), j)
+        count = length.now(len(new), options.max_new_tokens - len(new))  # the step gives one more
+        drafts = prompt_lookup(chooser.ids(), options.max_matching_ngram_size, count, problem.eos_ids)
         last = new[-1]
         logits = (stepper.verify(np.concatenate([last, drafts])) if len(drafts)
                   else stepper.next(last, None))

