@@ -41,6 +41,17 @@ def test_options_reach_the_decoder(exported, options):
         assert " ".join(map(str, row)) in result.output
 
 
+def test_prompt_lookup_gives_plain_greedys_tokens(exported):
+    _, folder = exported
+    ids = "5 6 7 5 6 7 5 6"
+    result = invoke("generate", str(folder / "onnx"), "--ids", ids, "--max-new-tokens", "8",
+                    "--prompt-lookup-num-tokens", "4")
+    assert result.exit_code == 0, result.output
+    om = OnnxModel(folder / "onnx", providers="cpu")
+    expected = om.generate(np.array([[int(i) for i in ids.split()]]), 8)
+    assert " ".join(map(str, expected[0].tolist())) in result.output
+
+
 def test_bad_options_are_one_line_errors(exported):
     _, folder = exported
     cases = {("--do-sample", "--temperature", "-1"): "temperature=-1.0",

@@ -24,6 +24,8 @@ NoRepeatNgramSize = Annotated[int | None, _Opt(help="No n-gram of this size twic
 EosId = Annotated[list[int] | None, _Opt(help="An id that ends a row (repeatable).")]
 Stop = Annotated[list[str] | None, _Opt(help="A string that ends a row (repeatable).")]
 Seed = Annotated[int | None, _Opt(help="Sampling seed: same seed, same tokens.")]
+PromptLookup = Annotated[int | None, _Opt(help="Speculative decoding: draft up to this many tokens "
+                                          "a step from the prompt and output (one prompt).")]
 ProviderOption = Annotated[Provider, _Opt("--provider", help="Where onnxruntime runs.")]
 
 
