@@ -206,3 +206,110 @@ def test_drafts_rejected_at_their_first_token_pause_drafting_longer_each_time():
     assert length.now(200, 100) == 1
     length.update(200, 1, 1)  # an accepted token ends the pauses
     assert length.now(201, 100) == 3
+
+
+# -- an assistant model (a draft model) ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def assistants(tmp_path_factory):
+    """A smaller decoder of the same vocabulary (1 layer, trained on nothing: its drafts are
+    sometimes right), in PyTorch and exported."""
+    from tests.decoding.conftest import small_decoder
+    from transformer_kit.export import OnnxModel, export_onnx
+
+    model = small_decoder(num_layers=1, d_model=16, num_heads=2, d_ff=32)
+    folder = tmp_path_factory.mktemp("assistant")
+    export_onnx(model, folder)
+    return model, OnnxModel(folder, providers="cpu")
+
+
+@pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])
+def test_greedy_with_an_assistant_gives_plain_greedys_tokens(runtimes, assistants, runtime, monkeypatch):
+    (model, onnx_model), (small, onnx_small) = runtimes, assistants
+    counting = _Counting(monkeypatch)
+    for prompt in REPEATING:
+        ids = np.array([prompt])
+        if runtime == "onnxruntime":
+            plain = onnx_model.generate(ids, 30, min_new_tokens=30)
+            ours = onnx_model.generate(ids, 30, min_new_tokens=30, assistant_model=onnx_small,
+                                       num_assistant_tokens=4)
+        else:
+            plain = model.generate(torch.from_numpy(ids), 30, min_new_tokens=30).numpy()
+            ours = model.generate(torch.from_numpy(ids), 30, min_new_tokens=30, assistant_model=small,
+                                  num_assistant_tokens=4).numpy()
+        np.testing.assert_array_equal(ours, plain)
+    assert counting.verified > 0
+
+
+def test_the_same_assistant_drafts_every_token_right(runtimes):
+    """The model as its own assistant: every draft stands, one step checks 4 drafts and adds one."""
+    _, onnx_model = runtimes
+    ids = np.array([REPEATING[1]])
+    plain = onnx_model.generate(ids, 25, min_new_tokens=25)
+    calls = []
+    original = OnnxStepper.verify
+
+    def verify(stepper, tokens):
+        calls.append(len(tokens))
+        return original(stepper, tokens)
+    OnnxStepper.verify = verify
+    try:
+        ours = onnx_model.generate(ids, 25, min_new_tokens=25, assistant_model=onnx_model,
+                                   num_assistant_tokens=4)
+    finally:
+        OnnxStepper.verify = original
+    np.testing.assert_array_equal(ours, plain)
+    # the model checks the last token and 4 drafts; the assistant then runs the 4th draft and
+    # the model's next token in one step of its own (its 3 first drafts stood in its cache)
+    checks, catch_ups = calls[0::2], calls[1::2]
+    assert len(checks) >= 3 and all(n == 5 for n in checks[:-1]) and set(catch_ups) == {2}
+
+
+@pytest.mark.parametrize("options", [{}, {"temperature": 0.7, "top_k": 10}],
+                         ids=["plain", "temperature-top_k"])
+def test_speculative_sampling_from_an_assistant_draws_from_the_processed_softmax(runtimes, assistants,
+                                                                                options):
+    """Drafts drawn from the assistant's q, each kept with min(1, p/q), else a draw from
+    max(p - q, 0): the tokens follow p (chi-square)."""
+    (model, _), (small, _) = runtimes, assistants
+    prompt = torch.tensor([REPEATING[2]])
+    with torch.no_grad():
+        logits, small_logits = (m(prompt)[0, -1].float().numpy() for m in (model, small))
+    config = generation_config(do_sample=True, seed=0, **options)
+    _, pipeline = build_pipeline(config, len(logits), [2])
+    problem = Problem(prompt.numpy(), np.ones(prompt.shape, bool), [2], 0)
+    chooser = _Chooser(problem, config, pipeline)
+    processed = chooser.processed(logits.copy())[0].astype(np.float64)
+    expected = np.exp(processed - processed.max())
+    expected /= expected.sum()
+    draws = []
+    for _ in range(DRAWS):
+        drafted, q = chooser.draw(small_logits.copy())
+        draws.append(chooser.choose(logits.copy(), drafted, q))
+    counts = np.bincount(draws, minlength=len(logits))
+    support = expected > 0
+    assert counts[~support].sum() == 0
+    observed, wanted = counts[support], DRAWS * expected[support]
+    chi_square = float(((observed - wanted) ** 2 / wanted).sum())
+    assert chi_square < _chi_square_limit(int(support.sum()) - 1), (chi_square, support.sum())
+    q = chooser.draw(small_logits.copy())[1]
+    assert np.abs(q - expected).sum() > 0.3  # the assistant's distribution is another one
+
+
+def test_sampling_with_an_assistant_is_seeded_and_the_same_in_both_runtimes(runtimes, assistants):
+    (model, onnx_model), (small, onnx_small) = runtimes, assistants
+    ids = np.array([REPEATING[0]])
+    options = {"do_sample": True, "seed": 3, "num_assistant_tokens": 3}
+    ours = model.generate(torch.from_numpy(ids), 20, assistant_model=small, **options).numpy()
+    np.testing.assert_array_equal(onnx_model.generate(ids, 20, assistant_model=onnx_small, **options), ours)
+
+
+def test_an_assistant_that_cannot_draft_is_refused_with_a_sentence(runtimes, assistants, tmp_path):
+    (model, onnx_model), (small, onnx_small) = runtimes, assistants
+    ids = np.array([REPEATING[0]])
+    with pytest.raises(InputError, match="either an assistant model or prompt_lookup_num_tokens"):
+        onnx_model.generate(ids, 5, assistant_model=onnx_small, prompt_lookup_num_tokens=2)
+    with pytest.raises(InputError, match="must be an OnnxModel"):
+        onnx_model.generate(ids, 5, assistant_model=small)
+    other = tk.build_model({**small.config.model_dump(), "vocab_size": 60}).eval()
+    with pytest.raises(InputError, match="vocabulary has 60 tokens"):
+        model.generate(torch.from_numpy(ids), 5, assistant_model=other)

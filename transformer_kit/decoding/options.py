@@ -63,6 +63,9 @@ class GenerationConfig(BaseModel):
         "model; the same tokens as without it (greedy), or the same distribution (sampling).")
     max_matching_ngram_size: int = Field(
         2, ge=1, description="Prompt lookup: the longest run of last tokens looked up.")
+    num_assistant_tokens: int = Field(
+        5, ge=1, description="Speculative decoding with an assistant model (generate's "
+        "assistant_model): the most tokens it drafts a step.")
     response_format: dict[str, Any] | None = Field(
         None, description="Structured output: {'type': 'json_object' | 'json_schema' | 'regex' | "
         "'choice' | 'grammar' | 'text', ...} (see transformer_kit.chat.response_format).")
@@ -70,7 +73,7 @@ class GenerationConfig(BaseModel):
     @field_validator("max_new_tokens", "min_new_tokens", "top_k", "no_repeat_ngram_size",
                      "num_beams", "num_return_sequences", "seed", "temperature", "top_p",
                      "min_p", "repetition_penalty", "length_penalty", "prompt_lookup_num_tokens",
-                     "max_matching_ngram_size", mode="before")
+                     "max_matching_ngram_size", "num_assistant_tokens", mode="before")
     @classmethod
     def _numbers_are_not_booleans(cls, value: Any) -> Any:
         if isinstance(value, bool):

@@ -46,6 +46,8 @@ class Problem:
     eos_ids: ids that end a row; fill_id: what a row holds after it ended.
     stop: called with the rows' new tokens (rows, n) -> (rows,) bool, True where a stop string
         just completed; or None.
+    assistant: an assistant model's :class:`Stepper` over the same prompt (speculative decoding
+        with a draft model), or None.
     """
 
     prompt_ids: np.ndarray
@@ -53,6 +55,7 @@ class Problem:
     eos_ids: list[int]
     fill_id: int
     stop: Callable[[np.ndarray], np.ndarray] | None = None
+    assistant: Stepper | None = None
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -132,9 +135,10 @@ def stream_tokens(stepper: Stepper, problem: Problem, options: GenerationConfig,
     Without processors the loop keeps no history and chooses from the runtime's logits as
     they are: after a 1 ms int4 step has left the caches cold, every small numpy call costs
     microseconds, and the processors' state, the copy and the eos check cost about 40 us a token.
-    With ``prompt_lookup_num_tokens``: :func:`~transformer_kit.decoding.speculative.speculative_tokens`.
+    With ``prompt_lookup_num_tokens`` or an assistant model:
+    :func:`~transformer_kit.decoding.speculative.speculative_tokens`.
     """
-    if options.prompt_lookup_num_tokens is not None:
+    if options.prompt_lookup_num_tokens is not None or problem.assistant is not None:
         yield from speculative_tokens(stepper, problem, options, pipeline)
         return
     copies = options.num_return_sequences

@@ -1,19 +1,25 @@
-"""Speculative decoding with prompt lookup: tokens drafted from the text so far, checked by the
-model in one step.
+"""Speculative decoding: tokens drafted cheaply, checked by the model in one step.
 
-Prompt lookup (transformers' ``prompt_lookup_num_tokens``, its ``PromptLookupCandidateGenerator``):
-the last ``max_matching_ngram_size`` ids (then fewer) are looked up earlier in the prompt and the
-output so far, and the ids that followed their first earlier occurrence are the draft. One step
-of the model runs the last chosen token and the draft together and gives the logits after each
-(:meth:`verify` of the runtime's stepper); the tokens are then chosen from those logits one by one,
-exactly as plain decoding chooses them, and the first drafted token that differs from the chosen
-one ends the check: its cache column and those after it are dropped. Every chosen token is one
-plain decoding would choose from the same logits, so greedy search gives plain greedy's tokens.
+Two drafters. Prompt lookup (transformers' ``prompt_lookup_num_tokens``, its
+``PromptLookupCandidateGenerator``): the last ``max_matching_ngram_size`` ids (then fewer) are
+looked up earlier in the prompt and the output so far, and the ids that followed their first
+earlier occurrence are the draft. An assistant model (transformers' ``assistant_model``): a
+smaller model with the same vocabulary drafts ``num_assistant_tokens`` tokens one by one, as the
+model would choose them (greedy, or sampled from its processed distribution).
 
-Sampling uses speculative sampling (Leviathan et al., 2023) with the draft as a point mass: a
-drafted token d is accepted with probability p(d) (p: the processed distribution at that
-position), else a token is drawn from p without d, renormalized, which is p itself in total. The
-tokens are distributed as plain sampling's; the draws differ, so the same seed gives other tokens.
+One step of the model runs the last chosen token and the draft together and gives the logits
+after each (:meth:`verify` of the runtime's stepper); the tokens are then chosen from those
+logits one by one, exactly as plain decoding chooses them, and the first drafted token that
+differs from the chosen one ends the check: its cache column and those after it are dropped.
+Every chosen token is one plain decoding would choose from the same logits, so greedy search
+gives plain greedy's tokens.
+
+Sampling uses speculative sampling (Leviathan et al., 2023): a drafted token d drawn from the
+drafter's distribution q is kept with probability min(1, p(d) / q(d)) (p: the model's processed
+distribution at that position), else a token is drawn from max(p - q, 0) renormalized; the
+tokens are distributed as plain sampling's. Prompt lookup's q is a point mass on d: d is kept
+with probability p(d), else drawn from p without d. The draws differ from plain sampling's, so
+the same seed gives other tokens.
 """
 
 from __future__ import annotations
@@ -45,15 +51,24 @@ def prompt_lookup(ids: np.ndarray, max_ngram: int, count: int, eos_ids: list[int
     return ids[:0]
 
 
-def check_speculative(stepper, rows: int, options: GenerationConfig) -> None:
-    """Refuse, with a sentence, what prompt lookup cannot draft for."""
+def check_speculative(stepper, problem, options: GenerationConfig) -> None:
+    """Refuse, with a sentence, what speculative decoding cannot draft for."""
+    rows, assistant = len(problem.prompt_ids), problem.assistant
+    which = "an assistant model" if assistant is not None else "prompt_lookup_num_tokens"
+    if assistant is not None and options.prompt_lookup_num_tokens is not None:
+        raise InputError("Give either an assistant model or prompt_lookup_num_tokens: both draft "
+                         "tokens, and one step checks one draft.")
     if rows != 1:
-        raise InputError(f"prompt_lookup_num_tokens drafts for one prompt at a time, and {rows} rows "
-                         "were given; decode the prompts one by one, or leave the option out.")
-    if not getattr(stepper, "verifies", False):
-        raise InputError("prompt_lookup_num_tokens needs a decoder whose step gives several "
-                         "positions' logits: a decoder-only model, exported by this version of "
-                         "transformer-kit (export it again), or leave the option out.")
+        raise InputError(f"{which} drafts for one prompt at a time, and {rows} rows were given; "
+                         "decode the prompts one by one, or leave it out.")
+    if options.num_beams > 1 or options.num_return_sequences > 1 or options.response_format:
+        raise InputError(f"{which} drafts one row's tokens, so it cannot run with num_beams, "
+                         "num_return_sequences above 1 or response_format; leave one of them out.")
+    for role, runner in (("The model", stepper), ("The assistant model", assistant)):
+        if runner is not None and not getattr(runner, "verifies", False):
+            raise InputError(f"{role} cannot check drafted tokens: speculative decoding needs a "
+                             "decoder-only model whose step gives several positions' logits "
+                             "(an export made by this version of transformer-kit: export it again).")
 
 
 class _Chooser:
@@ -72,23 +87,47 @@ class _Chooser:
         h = self.history
         return h.ids[0, :h.length][h.keep[0, :h.length]]
 
-    def choose(self, logits: np.ndarray, draft: int | None) -> int:
-        """The token after ``logits`` (vocab,), given the drafted one (or None)."""
-        from transformer_kit.decoding.search import _probabilities, sample_rows
-
+    def processed(self, logits: np.ndarray) -> np.ndarray:
+        """(1, vocab) scores after the processors, for the history so far."""
         scores = logits[None]
         if len(self.pipeline):
             scores = self.pipeline(scores.astype(np.float32, copy=False), self.history.state(self.width))
+        return scores
+
+    def choose(self, logits: np.ndarray, draft: int | None, q: np.ndarray | None = None) -> int:
+        """The token after ``logits`` (vocab,), given the drafted one (or None) and the
+        distribution it was drawn from (vocab,) (None: a point mass on it)."""
+        from transformer_kit.decoding.search import _probabilities, sample_rows
+
+        scores = self.processed(logits)
         if self.rng is None:
             return int(scores[0].argmax())
         if draft is None:
             return int(sample_rows(scores, self.rng)[0])
-        probabilities = _probabilities(scores[0])
-        if self.rng.random() < probabilities[draft]:
+        p = _probabilities(scores[0])
+        kept = p[draft] if q is None else min(1.0, p[draft] / q[draft])
+        if self.rng.random() < kept:
             return draft
-        rest = scores[0].copy()
-        rest[draft] = -np.inf  # p without the draft, renormalized: what rejection samples from
-        return int(sample_rows(rest[None], self.rng)[0])
+        if q is None:
+            rest = scores[0].copy()
+            rest[draft] = -np.inf  # p without the draft, renormalized: what rejection samples from
+            return int(sample_rows(rest[None], self.rng)[0])
+        residual = np.cumsum(np.maximum(p - q, 0.0))
+        return int(min(np.searchsorted(residual, self.rng.random() * residual[-1], side="right"),
+                       len(residual) - 1))
+
+    def draw(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
+        """A drafted token from ``logits`` (vocab,) as this decoding chooses (its processors for
+        the history so far): greedy, or drawn, with the distribution it was drawn from."""
+        from transformer_kit.decoding.search import _probabilities
+
+        scores = self.processed(logits)
+        if self.rng is None:
+            return int(scores[0].argmax()), None
+        q = _probabilities(scores[0])
+        cumulative = np.cumsum(q)
+        index = np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right")
+        return int(min(index, len(q) - 1)), q
 
     def append(self, token: int) -> None:
         self.history.append(np.array([token], np.int64))
@@ -100,16 +139,18 @@ class DraftLength:
 
     Starts at ``most``; a draft accepted whole lets the next be 2 longer (up to ``most``), one
     accepted in part makes the next one token longer than the accepted part. A draft rejected at
-    its first token makes the next one 1 long and pauses drafting for 2, 4, ... up to 16 tokens
-    (reset by the next accepted token): on text with nothing to copy, chance matches then cost
-    a few two-token steps in a reply, not a long step every token.
+    its first token makes the next one 1 long and, with ``pauses``, pauses drafting for 2, 4, ...
+    up to 16 tokens (reset by the next accepted token): on text with nothing to copy, chance
+    matches of prompt lookup then cost a few two-token steps in a reply, not a long step every
+    token. (An assistant model's misses are not runs of bad luck: it does not pause.)
     """
 
     #: The longest pause after drafts rejected at their first token, in tokens.
     MAX_PAUSE = 16
 
-    def __init__(self, most: int) -> None:
+    def __init__(self, most: int, pauses: bool = True) -> None:
         self.most, self.length, self.failures, self.resume = most, most, 0, 0
+        self.pauses = pauses
 
     def now(self, produced: int, left: int) -> int:
         """Tokens to draft after ``produced`` tokens with ``left`` still to produce (0: none)."""
@@ -123,26 +164,80 @@ class DraftLength:
         else:
             self.failures += 1
             self.length = 1
-            self.resume = produced + min(2 ** self.failures, self.MAX_PAUSE)
+            if self.pauses:
+                self.resume = produced + min(2 ** self.failures, self.MAX_PAUSE)
+
+
+class LookupDrafter:
+    """Prompt lookup's drafts: from the text so far, nothing to keep in step."""
+
+    def __init__(self, options: GenerationConfig, eos_ids: list[int]) -> None:
+        self.ngram, self.eos_ids = options.max_matching_ngram_size, eos_ids
+        self.most = options.prompt_lookup_num_tokens
+
+    def propose(self, chooser: _Chooser, produced: int, count: int) -> tuple[np.ndarray, list | None]:
+        return prompt_lookup(chooser.ids(), self.ngram, count, self.eos_ids), None
+
+    def settle(self, accepted: int, drafted: int) -> None:
+        """Nothing: the next draft reads the text as it is."""
+
+
+class AssistantDrafter:
+    """An assistant model's drafts: its stepper runs the tokens chosen since it last ran (one
+    step), then one step per drafted token but the last; the drafts rejected are then dropped
+    from its cache."""
+
+    def __init__(self, stepper, options: GenerationConfig) -> None:
+        self.stepper, self.most = stepper, options.num_assistant_tokens
+        self.fed = 0  # chosen tokens in the assistant's cache (after the prompt)
+        self.first = True
+
+    def propose(self, chooser: _Chooser, produced: int, count: int) -> tuple[np.ndarray, list | None]:
+        chosen = chooser.history.ids[0, chooser.history.length - (produced - self.fed):chooser.history.length]
+        if self.first:
+            self.stepper.first()  # the prompt (the model chose the first token itself)
+            self.first = False
+        logits = (self.stepper.verify(chosen)[-1] if len(chosen) > 1
+                  else self.stepper.next(chosen, None)[0])
+        self.fed = produced
+        drafts, qs = [], []
+        for i in range(count):
+            token, q = chooser.draw(logits)
+            drafts.append(token)
+            qs.append(q)
+            if i + 1 < count:  # the last draft's logits are not needed
+                logits = self.stepper.next(np.array([token], np.int64), None)[0]
+        return np.array(drafts, np.int64), (None if chooser.rng is None else qs)
+
+    def settle(self, accepted: int, drafted: int) -> None:
+        """``accepted`` of ``drafted`` tokens stood: the others leave the assistant's cache."""
+        cached = drafted - 1  # the last draft never ran
+        kept = min(accepted, cached)
+        if cached > kept:
+            self.stepper.drop(cached - kept)
+        self.fed += kept
 
 
 def speculative_tokens(stepper, problem, options: GenerationConfig,
                        pipeline: Pipeline) -> Iterator[np.ndarray]:
-    """Greedy search or sampling of one row with prompt lookup; yields (1,) int64 per token, as
+    """Greedy search or sampling of one row with drafts (prompt lookup, or ``problem``'s
+    assistant); yields (1,) int64 per token, as
     :func:`~transformer_kit.decoding.search.stream_tokens` does."""
     from transformer_kit.decoding.search import stopped
 
-    check_speculative(stepper, len(problem.prompt_ids), options)
+    check_speculative(stepper, problem, options)
     if options.max_new_tokens == 0:
         return
     chooser, eos = _Chooser(problem, options, pipeline), frozenset(problem.eos_ids)
-    length = DraftLength(options.prompt_lookup_num_tokens)
+    drafter = (AssistantDrafter(problem.assistant, options) if problem.assistant is not None
+               else LookupDrafter(options, problem.eos_ids))
+    length = DraftLength(drafter.most, pauses=problem.assistant is None)
     new: list[np.ndarray] = []
-    logits, drafts = stepper.first(), np.zeros(0, np.int64)
+    logits, drafts, qs = stepper.first(), np.zeros(0, np.int64), None
     while True:
         for j, row in enumerate(logits):
             drafted = int(drafts[j]) if j < len(drafts) else None
-            token = chooser.choose(row, drafted)
+            token = chooser.choose(row, drafted, qs[j] if qs is not None and drafted is not None else None)
             new.append(np.array([token], np.int64))
             yield new[-1]
             ended = stopped(problem, options, new[-1], eos, new)
@@ -154,8 +249,9 @@ def speculative_tokens(stepper, problem, options: GenerationConfig,
                 break
         if len(drafts):
             length.update(len(new), len(drafts), j)
+            drafter.settle(j, len(drafts))
         count = length.now(len(new), options.max_new_tokens - len(new))  # the step gives one more
-        drafts = prompt_lookup(chooser.ids(), options.max_matching_ngram_size, count, problem.eos_ids)
+        drafts, qs = drafter.propose(chooser, len(new), count) if count else (drafts[:0], None)
         last = new[-1]
         logits = (stepper.verify(np.concatenate([last, drafts])) if len(drafts)
                   else stepper.next(last, None))

@@ -111,7 +111,7 @@ class EncoderDecoderStepper:
 
 
 def _plan(model, ids: Tensor, attention_mask: Any, options: GenerationConfig, use_cache: bool,
-          stop_matcher=None) -> tuple[Any, Problem, Any]:
+          stop_matcher=None, assistant=None) -> tuple[Any, Problem, Any]:
     """Check the call; the stepper, the problem for the shared strategies, the processors."""
     cfg = model.config
     check_stop(options, stop_matcher)
@@ -136,34 +136,58 @@ def _plan(model, ids: Tensor, attention_mask: Any, options: GenerationConfig, us
     keep_tensor = torch.from_numpy(keep).to(ids.device)
     if is_decoder:
         prompt = torch.from_numpy(problem.prompt_ids).to(ids.device)
+        if assistant is not None:
+            problem.assistant = _assistant_stepper(model, assistant, prompt, keep_tensor)
         return DecoderStepper(model, prompt, keep_tensor, use_cache), problem, pipeline
+    if assistant is not None:
+        problem.assistant = assistant  # refused with a sentence: an encoder-decoder cannot check drafts
     return EncoderDecoderStepper(model, ids, keep_tensor, use_cache), problem, pipeline
+
+
+def _assistant_stepper(model, assistant, prompt: Tensor, keep: Tensor) -> DecoderStepper:
+    """``assistant``'s cached stepper over the same prompt, once it can draft for ``model``."""
+    from transformer_kit.model import TransformerModel
+
+    if not isinstance(assistant, TransformerModel) or assistant.architecture != "decoder":
+        raise InputError("assistant_model must be a decoder TransformerModel, got "
+                         f"{type(assistant).__name__}.")
+    if assistant.config.vocab_size != model.config.vocab_size:
+        raise InputError(f"The assistant model's vocabulary has {assistant.config.vocab_size} tokens and "
+                         f"this model's {model.config.vocab_size}; an assistant drafts with the same "
+                         "tokenizer: choose one of the same family.")
+    assistant.eval()
+    return DecoderStepper(assistant, prompt, keep, use_cache=True)
 
 
 def generate(model, ids: Tensor, *, attention_mask: Any = None,
              config: GenerationConfig | dict | None = None, use_cache: bool = True,
-             stop_matcher=None, add_special_tokens: bool = True, **options: Any) -> Tensor:
+             stop_matcher=None, add_special_tokens: bool = True, assistant_model=None,
+             **options: Any) -> Tensor:
     """New tokens for each prompt (see ``TransformerModel.generate``); (rows, steps) int64.
     Text prompts are encoded with the tokenizer's special tokens unless ``add_special_tokens``
-    is False (a rendered chat holds its own)."""
+    is False (a rendered chat holds its own). ``assistant_model``: a smaller decoder with the
+    same vocabulary that drafts tokens (speculative decoding; it is put in eval mode)."""
     opts = resolve_options(config, **options)
     prompts = text.as_prompts(ids)
     if prompts is not None:
         tokenizer, (ids, attention_mask) = _encoded(model, prompts[0], add_special_tokens)
         tokens = generate(model, ids, attention_mask=attention_mask, config=opts, use_cache=use_cache,
-                          stop_matcher=tokenizer.stop_matcher(opts.stop) if opts.stop else None)
+                          stop_matcher=tokenizer.stop_matcher(opts.stop) if opts.stop else None,
+                          assistant_model=assistant_model)
         out = text.row_texts(tokenizer, tokens.cpu().numpy(), opts.eos_ids(model.config.eos_id),
                              opts.stop)
         return out[0] if prompts[1] and len(out) == 1 else out
     with eval_mode(model):
-        stepper, problem, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher)
+        stepper, problem, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher,
+                                           assistant_model)
         tokens = generate_tokens(stepper, problem, opts, pipeline)
     return torch.from_numpy(tokens).to(ids.device)
 
 
 def stream(model, ids: Tensor, *, attention_mask: Any = None,
            config: GenerationConfig | dict | None = None, use_cache: bool = True,
-           stop_matcher=None, add_special_tokens: bool = True, **options: Any) -> Iterator[Tensor]:
+           stop_matcher=None, add_special_tokens: bool = True, assistant_model=None,
+           **options: Any) -> Iterator[Tensor]:
     """Each step's tokens (rows,) int64 as they are chosen (greedy search or sampling).
 
     The call is checked at once; each step runs in eval mode and restores the model's mode."""
@@ -176,7 +200,8 @@ def stream(model, ids: Tensor, *, attention_mask: Any = None,
         tokenizer, (ids, attention_mask) = _encoded(model, prompts[0], add_special_tokens)
         stop_matcher = tokenizer.stop_matcher(opts.stop) if opts.stop else None
     with eval_mode(model):
-        stepper, problem, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher)
+        stepper, problem, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher,
+                                           assistant_model)
     steps = _steps(model, stream_tokens(stepper, problem, opts, pipeline), ids.device)
     if prompts is None:
         return steps

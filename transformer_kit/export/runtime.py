@@ -183,14 +183,17 @@ class OnnxModel(Chats, Embeds):
 
     def generate(self, ids: Any, max_new_tokens: int | None = None, *, attention_mask: Any = None,
                  generation_config: GenerationConfig | dict | None = None, stop_matcher=None,
-                 add_special_tokens: bool = True, **options: Any) -> np.ndarray:
+                 add_special_tokens: bool = True, assistant_model: OnnxModel | None = None,
+                 **options: Any) -> np.ndarray:
         """New tokens for each prompt, token for token as ``model.generate`` with the same
         options (greedy, sampling with a seed, beam search): (batch, len) prompts (decoder;
         padding from ``attention_mask``, 1 = real token, or else ``pad_id``) or source ids
         (encoder_decoder, decoded from bos_id) -> (batch x num_return_sequences, steps) int64;
         a row that ended holds pad_id (or its eos id) after it. Text prompts (a string or a
         list of them) give text, encoded with the tokenizer's special tokens unless
-        ``add_special_tokens`` is False (a rendered chat holds its own)."""
+        ``add_special_tokens`` is False (a rendered chat holds its own). ``assistant_model``: a
+        smaller export with the same vocabulary that drafts tokens (speculative decoding, as
+        ``prompt_lookup_num_tokens`` does from the prompt; docs/generation.md)."""
         if max_new_tokens is not None:
             options["max_new_tokens"] = max_new_tokens
         opts = resolve_options(generation_config, **options)
@@ -199,7 +202,7 @@ class OnnxModel(Chats, Embeds):
             tokenizer = text.require(self.tokenizer, str(self.path))
             ids, attention_mask = tokenizer.encode(prompts[0], add_special_tokens)
             stop_matcher = tokenizer.stop_matcher(opts.stop) if opts.stop else None
-        stepper, problem, pipeline = self._plan(ids, attention_mask, opts, stop_matcher)
+        stepper, problem, pipeline = self._plan(ids, attention_mask, opts, stop_matcher, assistant_model)
         tokens = generate_tokens(stepper, problem, opts, pipeline)
         if prompts is None:
             return tokens
@@ -208,7 +211,8 @@ class OnnxModel(Chats, Embeds):
 
     def stream(self, ids: Any, max_new_tokens: int | None = None, *, attention_mask: Any = None,
                generation_config: GenerationConfig | dict | None = None, stop_matcher=None,
-               add_special_tokens: bool = True, **options: Any) -> Iterator[np.ndarray]:
+               add_special_tokens: bool = True, assistant_model: OnnxModel | None = None,
+               **options: Any) -> Iterator[np.ndarray]:
         """As :meth:`generate` (greedy search or sampling), yielding each step's tokens
         (batch x num_return_sequences,) int64 as they are chosen."""
         if max_new_tokens is not None:
@@ -222,7 +226,7 @@ class OnnxModel(Chats, Embeds):
             tokenizer = text.require(self.tokenizer, str(self.path))
             ids, attention_mask = tokenizer.encode(prompts[0], add_special_tokens)
             stop_matcher = tokenizer.stop_matcher(opts.stop) if opts.stop else None
-        stepper, problem, pipeline = self._plan(ids, attention_mask, opts, stop_matcher)
+        stepper, problem, pipeline = self._plan(ids, attention_mask, opts, stop_matcher, assistant_model)
         steps = stream_tokens(stepper, problem, opts, pipeline)
         if prompts is None:
             return steps
@@ -230,8 +234,8 @@ class OnnxModel(Chats, Embeds):
         return text.stream_text(tokenizer, steps, rows, opts.eos_ids(self.manifest.eos_id),
                                 opts.stop, prompts[1] and rows == 1)
 
-    def _plan(self, ids: Any, attention_mask: Any, options: GenerationConfig, stop_matcher
-              ) -> tuple[OnnxStepper, Problem, Any]:
+    def _plan(self, ids: Any, attention_mask: Any, options: GenerationConfig, stop_matcher,
+              assistant: OnnxModel | None = None) -> tuple[OnnxStepper, Problem, Any]:
         m = self.manifest
         check_stop(options, stop_matcher)
         if "decoder_step" not in m.graphs:
@@ -247,7 +251,20 @@ class OnnxModel(Chats, Embeds):
             source_positions=None if is_decoder else m.max_positions, stop_matcher=stop_matcher,
             forced_bos_id=m.config.get("forced_bos_id"), tokenizer=self.tokenizer)
         fixed = {} if is_decoder else self._encode(ids, keep)
+        if assistant is not None:
+            problem.assistant = self._assistant_stepper(assistant, problem.prompt_ids, keep)
         return self._stepper(fixed, problem.prompt_ids, keep if is_decoder else None), problem, pipeline
+
+    def _assistant_stepper(self, assistant: Any, prompt_ids: np.ndarray, keep: np.ndarray) -> OnnxStepper:
+        """``assistant``'s stepper over the same prompt, once it can draft for this model."""
+        if not isinstance(assistant, OnnxModel) or assistant.manifest.architecture != "decoder":
+            raise InputError(f"assistant_model must be an OnnxModel of a decoder, got "
+                             f"{type(assistant).__name__}; export the assistant and load it with OnnxModel.")
+        if assistant.manifest.tgt_vocab != self.manifest.tgt_vocab:
+            raise InputError(f"The assistant model's vocabulary has {assistant.manifest.tgt_vocab} "
+                             f"tokens and this model's {self.manifest.tgt_vocab}; an assistant drafts "
+                             "with the same tokenizer: choose one of the same family.")
+        return assistant._stepper({}, prompt_ids, keep)
 
     def batch_decoder(self) -> BatchDecoder:
         """An empty running batch over this model's step graph, for continuous batching (a
