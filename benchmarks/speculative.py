@@ -10,7 +10,9 @@ Every runner (precision x plain or prompt lookup) is a process of its own with 2
 loaded at once; ``--rounds`` interleaved rounds, the order rotating, each timed generation of
 exactly ``--new-tokens`` greedy tokens after a short untimed one (4 tokens: the previous
 runner's spinning threads settle). Tokens/s are medians over rounds, ratios the median of the
-per-round ratios of the same prompt and precision; "steps" counts runs of the step graph (a
+per-round ratios of the same prompt and precision. One more runner drafts with an assistant
+model: float32 with the int4 export of the same model as its assistant (``--assistant-tokens``
+drafts a step). "steps" counts runs of the step graph (a
 plain decoder runs one per token). "tokens = plain's": how many leading tokens of the prompt
 lookup runner are the plain runner's. In float32 they must all be (the script fails otherwise).
 int4 at accuracy level 4 rounds activations to int8 differently in a one-row product (a plain
@@ -37,6 +39,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 THREADS = 2
+#: The runner drafting with an assistant model: float32 SmolLM2 with its own int4 export.
+ASSISTED = ("float32", "int4 assistant")
 PARAGRAPH = (
     "The Python standard library is very extensive, offering a wide range of facilities. The "
     "library contains built-in modules (written in C) that provide access to system functionality "
@@ -78,7 +82,7 @@ def say(text: str) -> None:
 
 
 # -- the worker: one runner in a process of its own ------------------------------------------------
-def worker(folder: str, drafts: int) -> None:
+def worker(folder: str, drafts: int, assistant: str | None, assistant_tokens: int) -> None:
     """Reads lines {"prompt": ids, "tokens": n}; answers each with seconds, tokens and steps."""
     import time
 
@@ -90,6 +94,7 @@ def worker(folder: str, drafts: int) -> None:
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = THREADS
     om = OnnxModel(folder, providers="cpu", session_options=options)
+    helper = OnnxModel(assistant, providers="cpu", session_options=options) if assistant else None
     steps = [0]
     for method in ("next", "verify"):
         original = getattr(OnnxStepper, method)
@@ -99,6 +104,8 @@ def worker(folder: str, drafts: int) -> None:
             return original(*args)
         setattr(OnnxStepper, method, counted)
     lookup = {"prompt_lookup_num_tokens": drafts} if drafts else {}
+    if helper is not None:
+        lookup = {"assistant_model": helper, "num_assistant_tokens": assistant_tokens}
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
@@ -115,12 +122,12 @@ def worker(folder: str, drafts: int) -> None:
 class Runner:
     """A worker process: ``run(prompt, tokens)`` -> its answer."""
 
-    def __init__(self, name: str, folder: Path, drafts: int) -> None:
+    def __init__(self, name: str, folder: Path, options: list[str]) -> None:
         self.name = name
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
         self.process = subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(folder), "--drafts", str(drafts)],
+            [sys.executable, __file__, "--worker", str(folder), *options],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         if not self.process.stdout.readline():
             raise RuntimeError(f"the {name} worker ended before it was ready (see its error above)")
@@ -137,6 +144,10 @@ class Runner:
         self.process.stdin.write("null\n")
         self.process.stdin.flush()
         self.process.wait(timeout=60)
+
+
+def _same(shared: int, tokens: int) -> str:
+    return "all" if shared == tokens else f"first {shared}"
 
 
 def prompts_of(tokenizer) -> list[list[int]]:
@@ -156,12 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--drafts", type=int, default=10, help="prompt_lookup_num_tokens")
+    parser.add_argument("--assistant-tokens", type=int, default=4, help="num_assistant_tokens")
+    parser.add_argument("--assistant", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--small", action="store_true", help="a tiny random Llama (the smoke test)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        worker(args.worker, args.drafts)
+        worker(args.worker, args.drafts, args.assistant, args.assistant_tokens)
         return 0
     import transformer_kit as tk
     from transformer_kit.apps.genai_peer import llama_checkpoint
@@ -186,8 +199,12 @@ def main(argv: list[str] | None = None) -> int:
             say(f"exporting {name}")
             export_onnx(model, folder, verify=False, quantize=quantize)
     prompts = prompts_of(model.tokenizer)
-    runners = {(p, kind): Runner(f"{p} {kind}", workdir / p, args.drafts if kind == "prompt lookup" else 0)
+    runners = {(p, kind): Runner(f"{p} {kind}", workdir / p,
+                                 ["--drafts", str(args.drafts if kind == "prompt lookup" else 0)])
                for p in precisions for kind in ("plain", "prompt lookup")}
+    runners[ASSISTED] = Runner("float32 with the int4 assistant", workdir / "float32",
+                               ["--drafts", "0", "--assistant", str(workdir / "int4"),
+                                "--assistant-tokens", str(args.assistant_tokens)])
     load = os.getloadavg()[0]
     results: dict = {key: {t: [] for t in range(len(TASKS))} for key in runners}
     order = list(runners)
@@ -207,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.drafts}; {args.rounds} rounds")
     print(f"    {' '.join(['python', *sys.argv])}\n")
     print("| precision | prompt | grounded | prompt tokens | plain tokens/s | prompt lookup tokens/s | "
-          "ratio | steps (plain / lookup) | tokens = plain's |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |")
+          "ratio | steps (plain / lookup) | tokens = plain's | int4 assistant: ratio, tokens = plain's |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- | --- |")
     summary = {}
     for p in precisions:
         for t, (task, grounded, _) in enumerate(TASKS):
@@ -219,19 +236,29 @@ def main(argv: list[str] | None = None) -> int:
                      for runs in (plain, lookup)]
             summary[p, task] = {"ratio": ratio, "shared": shared, "grounded": grounded,
                                 "tokens_per_s": speed, "steps": [plain[0]["steps"], lookup[0]["steps"]]}
-            same = "all" if shared == args.new_tokens else f"first {shared}"
+            assisted = "-"
+            if p == ASSISTED[0]:
+                runs = results[ASSISTED][t]
+                summary[p, task]["assistant_ratio"] = statistics.median(
+                    a["seconds"] / b["seconds"] for a, b in zip(plain, runs, strict=True))
+                summary[p, task]["assistant_shared"] = min(
+                    shared_prefix(a["tokens"], b["tokens"]) for a, b in zip(plain, runs, strict=True))
+                assisted = (f"{summary[p, task]['assistant_ratio']:.2f}x, "
+                            f"{_same(summary[p, task]['assistant_shared'], args.new_tokens)}")
             print(f"| {p} | {task} | {'yes' if grounded else 'no'} | {len(prompts[t])} | {speed[0]:.0f} | "
-                  f"{speed[1]:.0f} | {ratio:.2f}x | {plain[0]['steps']} / {lookup[0]['steps']} | {same} |")
+                  f"{speed[1]:.0f} | {ratio:.2f}x | {plain[0]['steps']} / {lookup[0]['steps']} | "
+                  f"{_same(shared, args.new_tokens)} | {assisted} |")
         for grounded in (True, False):
             ratios = [row["ratio"] for (q, _), row in summary.items()
                       if q == p and row["grounded"] == grounded]
             mean = float(np.exp(np.mean(np.log(ratios))))
             print(f"| {p} | geometric mean, {'grounded' if grounded else 'nothing to copy'} | | | | | "
-                  f"**{mean:.2f}x** | | |")
+                  f"**{mean:.2f}x** | | | |")
     (workdir / "speculative.json").write_text(json.dumps(
         {f"{p} | {task}": row for (p, task), row in summary.items()}, indent=1))
     # float32 products do not depend on how many rows they have: the tokens must be plain's
-    exact = all(row["shared"] == args.new_tokens for (p, _), row in summary.items() if p == "float32")
+    exact = all(row["shared"] == row["assistant_shared"] == args.new_tokens
+                for (p, _), row in summary.items() if p == "float32")
     return 0 if exact else 1
 
 
