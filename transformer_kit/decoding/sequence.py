@@ -9,6 +9,7 @@ import numpy as np
 from transformer_kit.decoding.options import GenerationConfig
 from transformer_kit.decoding.processors import Pipeline
 from transformer_kit.decoding.search import History, Problem, sample_rows, stopped
+from transformer_kit.decoding.speculative import draft_or_draw
 
 
 class SequenceSearch:
@@ -22,15 +23,20 @@ class SequenceSearch:
         self.history = History(problem.prompt_ids, problem.prompt_keep) if len(pipeline) else None
         self.new: list[np.ndarray] = []
 
-    def choose(self, logits: np.ndarray) -> tuple[int, str | None]:
+    def choose(self, logits: np.ndarray, draft: int | None = None) -> tuple[int, str | None]:
         """The next token from logits (vocab,), which processors may change in place, and why
-        the sequence ends with it: "stop" (an eos id, a stop string), "length" or None."""
+        the sequence ends with it: "stop" (an eos id, a stop string), "length" or None.
+        ``draft``: a token prompt lookup drafted for this position (sampling keeps it with its
+        probability, else draws from the rest: speculative sampling, docs/generation.md)."""
         scores = logits[None]
         if self.history is not None:
             width = self.problem.prompt_ids.shape[1]
             scores = self.pipeline(scores.astype(np.float32, copy=False), self.history.state(width))
-        token = (sample_rows(scores, self.rng) if self.rng is not None
-                 else scores.argmax(axis=-1)).astype(np.int64, copy=False)
+        if self.rng is not None and draft is not None:
+            token = np.array([draft_or_draw(scores[0], draft, self.rng)], np.int64)
+        else:
+            token = (sample_rows(scores, self.rng) if self.rng is not None
+                     else scores.argmax(axis=-1)).astype(np.int64, copy=False)
         if self.history is not None:
             self.history.append(token)
         self.new.append(token)

@@ -71,6 +71,26 @@ def check_speculative(stepper, problem, options: GenerationConfig) -> None:
                              "(an export made by this version of transformer-kit: export it again).")
 
 
+def draft_or_draw(scores: np.ndarray, draft: int, rng: np.random.Generator,
+                  q: np.ndarray | None = None) -> int:
+    """Speculative sampling's choice at one position: ``draft`` kept with probability
+    min(1, p(draft) / q(draft)), else a draw from max(p - q, 0) renormalized; p = softmax of the
+    processed ``scores`` (vocab,), q the distribution the draft was drawn from (None: a point
+    mass on it, as prompt lookup drafts, so that the draw is from p without the draft)."""
+    from transformer_kit.decoding.search import _probabilities, sample_rows
+
+    p = _probabilities(scores)
+    kept = p[draft] if q is None else min(1.0, p[draft] / q[draft])
+    if rng.random() < kept:
+        return draft
+    if q is None:
+        rest = scores.copy()
+        rest[draft] = -np.inf  # p without the draft, renormalized: what rejection samples from
+        return int(sample_rows(rest[None], rng)[0])
+    residual = np.cumsum(np.maximum(p - q, 0.0))
+    return int(min(np.searchsorted(residual, rng.random() * residual[-1], side="right"), len(residual) - 1))
+
+
 class _Chooser:
     """Chooses each token as plain decoding does (greedy or sampling, processors applied to the
     history so far), and decides whether a drafted token stands."""
@@ -97,24 +117,14 @@ class _Chooser:
     def choose(self, logits: np.ndarray, draft: int | None, q: np.ndarray | None = None) -> int:
         """The token after ``logits`` (vocab,), given the drafted one (or None) and the
         distribution it was drawn from (vocab,) (None: a point mass on it)."""
-        from transformer_kit.decoding.search import _probabilities, sample_rows
+        from transformer_kit.decoding.search import sample_rows
 
         scores = self.processed(logits)
         if self.rng is None:
             return int(scores[0].argmax())
         if draft is None:
             return int(sample_rows(scores, self.rng)[0])
-        p = _probabilities(scores[0])
-        kept = p[draft] if q is None else min(1.0, p[draft] / q[draft])
-        if self.rng.random() < kept:
-            return draft
-        if q is None:
-            rest = scores[0].copy()
-            rest[draft] = -np.inf  # p without the draft, renormalized: what rejection samples from
-            return int(sample_rows(rest[None], self.rng)[0])
-        residual = np.cumsum(np.maximum(p - q, 0.0))
-        return int(min(np.searchsorted(residual, self.rng.random() * residual[-1], side="right"),
-                       len(residual) - 1))
+        return draft_or_draw(scores[0], draft, self.rng, q)
 
     def draw(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
         """A drafted token from ``logits`` (vocab,) as this decoding chooses (its processors for

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from transformer_kit.errors import InputError
 from transformer_kit.export.onnx_steps import LAST_POSITION, LOGIT_POSITIONS, Binding, CacheOps
 
 
@@ -44,24 +45,36 @@ class BatchDecoder:
         self.empty_cache, self.vocab, self.logits_dtype = empty_cache, vocab, logits_dtype
         self.cache_ops = cache_ops
         self.binding = Binding(session, device)
-        if LOGIT_POSITIONS in graph.inputs:  # the last position's logits (a bind lasts)
+        #: Whether the step gives several positions' logits (exports before it do not).
+        self.verifies = LOGIT_POSITIONS in graph.inputs
+        if self.verifies:  # the last position's logits (a bind lasts)
             self.binding.input_array(LOGIT_POSITIONS, LAST_POSITION)
         self.cache: list[Any] = []
+        self.dropped = 0  # columns of rejected drafts masked out since the last compaction
         self.mask = np.zeros((0, 0), np.int64)  # (rows, length) 1 = real token
 
     @property
     def rows(self) -> int:
         return len(self.mask)
 
-    def _run(self, ids: np.ndarray, mask: np.ndarray, cache: list[Any]) -> tuple[np.ndarray, list[Any]]:
-        logits = np.empty((len(ids), self.vocab), self.logits_dtype)
+    def _run(self, ids: np.ndarray, mask: np.ndarray, cache: list[Any],
+             positions: np.ndarray | None = None) -> tuple[np.ndarray, list[Any]]:
+        """Logits (rows x len(positions), vocab) of ``positions`` (None: the last) and the
+        present cache."""
+        logits = np.empty((len(ids) * (1 if positions is None else len(positions)), self.vocab),
+                          self.logits_dtype)
         binding = self.binding.rebind()
         binding.input_array("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
         binding.input_array("attention_mask", np.ascontiguousarray(mask))
+        if positions is not None:
+            binding.input_array(LOGIT_POSITIONS, positions)
         binding.input_values(self.past_names, cache)
         binding.output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
         binding.outputs_on_device(self.present_names)
-        return logits, binding.run(first=1)
+        present = binding.run(first=1)
+        if positions is not None:
+            binding.input_array(LOGIT_POSITIONS, LAST_POSITION)
+        return logits, present
 
     def prefill(self, prompts: list[np.ndarray]) -> tuple[PrefilledRows, np.ndarray]:
         """Run prompts (each (length,) int64) together, left-padded to the longest: their rows
@@ -96,11 +109,34 @@ class BatchDecoder:
         self.mask = mask
         return logits
 
+    def verify(self, tokens: np.ndarray) -> np.ndarray:
+        """Append ``tokens`` (n,) int64 to the batch's one row in one step (a drafted
+        continuation to check): logits (n, vocab), row j the next-token logits after
+        ``tokens[j]``."""
+        if self.rows != 1 or not self.verifies:
+            raise InputError(f"Drafts are checked for a batch of one row of an export whose step gives "
+                             f"several positions' logits; this batch has {self.rows} rows.")
+        mask = np.concatenate([self.mask, np.ones((1, len(tokens)), np.int64)], axis=1)
+        logits, self.cache = self._run(tokens[None], mask, self.cache, np.arange(len(tokens)))
+        self.mask = mask
+        return logits
+
+    def drop(self, count: int) -> None:
+        """Forget the one row's last ``count`` tokens (rejected drafts): their columns are masked
+        out, and the cache is compacted once dropped columns are a quarter of it (at least 64)."""
+        self.mask[:, self.mask.shape[1] - count:] = 0
+        self.dropped += count
+        if self.dropped >= max(64, self.mask.shape[1] // 4):
+            kept = np.flatnonzero(self.mask[0])
+            self.cache = self.cache_ops.columns(self.cache, kept)
+            self.mask = np.ones((1, len(kept)), np.int64)
+            self.dropped = 0
+
     def keep(self, rows: np.ndarray) -> None:
         """Keep only ``rows`` (indices, in their new order) and trim columns that became
         padding in every row."""
         if len(rows) == 0:
-            self.cache, self.mask = [], np.zeros((0, 0), np.int64)
+            self.cache, self.mask, self.dropped = [], np.zeros((0, 0), np.int64), 0
             return
         kept = self.select(PrefilledRows(self.cache, self.mask), rows)
         self.cache, self.mask = kept.cache, kept.mask

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -100,13 +101,16 @@ class Row:
     """One request in the batch: its search (choice and end, as ``generate`` makes them) and
     its stream."""
 
-    def __init__(self, request: Request, search: SequenceSearch) -> None:
+    def __init__(self, request: Request, search: SequenceSearch, drafting: Any = None) -> None:
         self.request, self.search = request, search
         self.last = int(request.prompt[-1])
+        #: The request's prompt lookup (a :class:`~.speculation.Drafting`), or None.
+        self.drafting = drafting
 
-    def advance(self, logits: np.ndarray) -> bool:
-        """Choose and stream the next token from logits (vocab,); whether the request ended."""
-        token, reason = self.search.choose(logits)
+    def advance(self, logits: np.ndarray, draft: int | None = None) -> bool:
+        """Choose and stream the next token from logits (vocab,) (``draft``: the token drafted
+        for this position, if any); whether the request ended."""
+        token, reason = self.search.choose(logits, draft)
         request = self.request
         if request.first_token_s is None:
             request.first_token_s = time.perf_counter() - request.submitted

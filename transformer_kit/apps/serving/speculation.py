@@ -1,0 +1,52 @@
+"""Prompt lookup in the serving engine: a request that asks for it (``prompt_lookup_num_tokens``)
+and decodes alone drafts tokens from its prompt and its output so far, and one step of the
+batch checks them all (speculative decoding, as ``OnnxModel.generate`` runs it:
+:mod:`transformer_kit.decoding.speculative`).
+
+Decided: drafts are checked only while the request is the batch's only row and nobody waits.
+With other rows, a step checking one row's drafts would run every row over the draft's width
+and hold the others' tokens back; a batch already uses the cores that drafting saves. So
+speculation is off as soon as the batch holds two requests, and on again when one is left.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transformer_kit.apps.serving.requests import Row
+from transformer_kit.decoding.speculative import DraftLength, prompt_lookup
+from transformer_kit.export.batch_steps import BatchDecoder
+
+
+class Drafting:
+    """One request's prompt lookup: how long its next draft may be, from how its drafts fared."""
+
+    def __init__(self, most: int, ngram: int, eos_ids: list[int]) -> None:
+        self.length, self.ngram, self.eos_ids = DraftLength(most), ngram, eos_ids
+
+    def draft(self, row: Row) -> np.ndarray:
+        """Up to the allowed number of drafted ids (k,) after the row's text so far."""
+        request = row.request
+        produced = len(request.tokens)
+        count = self.length.now(produced, request.options.max_new_tokens - produced)
+        if count < 1:
+            return np.zeros(0, np.int64)
+        ids = np.concatenate([request.prompt, np.asarray(request.tokens, np.int64)])
+        return prompt_lookup(ids, self.ngram, count, self.eos_ids)
+
+
+def speculative_step(batch: BatchDecoder, row: Row, drafts: np.ndarray) -> bool:
+    """Check ``drafts`` (k,) after the row's last token in one step of ``batch`` (its only row):
+    each token chosen as plain decoding chooses it and streamed, the first drafted token that
+    differs ending the check and the rejected drafts dropped from the cache. Whether the
+    request ended."""
+    logits = batch.verify(np.concatenate([[row.last], drafts]).astype(np.int64))
+    for j, position in enumerate(logits):
+        drafted = int(drafts[j]) if j < len(drafts) else None
+        if row.advance(position, drafted):
+            return True
+        if drafted is not None and row.last != drafted:
+            batch.drop(len(drafts) - j)
+            break
+    row.drafting.length.update(len(row.request.tokens), len(drafts), j)
+    return False
