@@ -114,7 +114,8 @@ def worker(folder: str, drafts: int, assistant: str | None, assistant_tokens: in
         ids, count = np.array([request["prompt"]], np.int64), request["tokens"]
         steps[0] = 0
         start = time.perf_counter()
-        tokens = om.generate(ids, max_new_tokens=count, min_new_tokens=count, **lookup)[0].tolist()
+        tokens = om.generate(ids, max_new_tokens=count, min_new_tokens=count,  # the template's
+                             attention_mask=np.ones_like(ids), **lookup)[0].tolist()  # pad ids are real
         seconds = time.perf_counter() - start
         print(json.dumps({"seconds": seconds, "tokens": tokens, "steps": steps[0] + 1}), flush=True)
 

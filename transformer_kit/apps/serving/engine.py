@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from transformer_kit.apps.serving.requests import END, Request, Row, wake_all
+from transformer_kit.apps.serving.speculation import Drafting, speculative_step
 from transformer_kit.decoding import SequenceSearch, generation_config
 from transformer_kit.decoding.prompts import plan
 from transformer_kit.errors import InputError, TransformerKitError
@@ -87,7 +88,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         #: Counters for metrics: requests finished by reason, tokens, steps, prefill runs, rows.
         self.stats: dict[str, Any] = {"requests": 0, "tokens": 0, "steps": 0, "prefills": 0,
-                                      "batch_size": 0, "max_batch_size": 0, "finished": {}}
+                                      "batch_size": 0, "max_batch_size": 0, "finished": {},
+                                      "drafted_tokens": 0, "accepted_tokens": 0}
         if start:
             self.start()
 
@@ -124,7 +126,15 @@ class Engine:
                                     vocab=m.tgt_vocab, context_length=self.model.context_length,
                                     stop_matcher=stop_matcher, tokenizer=self.model.tokenizer)
         request = Request(prompt[0], opts, timeout)
-        request._row = Row(request, SequenceSearch(problem, opts, pipeline))
+        drafting = None
+        if opts.prompt_lookup_num_tokens is not None:
+            if not self.batch.verifies:
+                raise InputError("prompt_lookup_num_tokens needs an export whose step gives several "
+                                 "positions' logits (made by this version of transformer-kit): "
+                                 "export the model again, or leave the option out.")
+            drafting = Drafting(opts.prompt_lookup_num_tokens, opts.max_matching_ngram_size,
+                                problem.eos_ids)
+        request._row = Row(request, SequenceSearch(problem, opts, pipeline), drafting)
         try:
             self._waiting.put_nowait(request)
         except queue.Full:
@@ -237,6 +247,8 @@ class Engine:
             self._keep([i for i in range(len(self._rows)) if i not in set(gone)])
         if not self._rows:
             return
+        if self._speculative_step():
+            return
         tokens = np.array([row.last for row in self._rows], np.int64)
         logits = self.batch.step(tokens)
         self.stats["steps"] += 1
@@ -248,6 +260,25 @@ class Engine:
             self._finish(self._rows[i].request)
         if done:
             self._keep([i for i in range(len(self._rows)) if i not in set(done)])
+
+    def _speculative_step(self) -> bool:
+        """A step checking prompt lookup's drafts, when the batch's only row asked for them and
+        nobody waits (:mod:`.speculation`); whether it ran."""
+        row = self._rows[0] if len(self._rows) == 1 and not self._waiting.qsize() else None
+        drafts = row.drafting.draft(row) if row is not None and row.drafting is not None else None
+        if drafts is None or not len(drafts):
+            return False
+        before = len(row.request.tokens)
+        ended, accepted = speculative_step(self.batch, row, drafts)
+        counts = {"steps": 1, "tokens": len(row.request.tokens) - before,
+                  "drafted_tokens": len(drafts), "accepted_tokens": accepted}
+        for key, more in counts.items():
+            self.stats[key] += more
+        self.stats["batch_size"], self.stats["max_batch_size"] = 1, max(self.stats["max_batch_size"], 1)
+        if ended:
+            self._finish(row.request)
+            self._keep([])
+        return True
 
     def _keep(self, kept: list[int]) -> None:
         self.batch.keep(np.array(kept, np.int64))

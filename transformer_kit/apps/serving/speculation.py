@@ -35,18 +35,18 @@ class Drafting:
         return prompt_lookup(ids, self.ngram, count, self.eos_ids)
 
 
-def speculative_step(batch: BatchDecoder, row: Row, drafts: np.ndarray) -> bool:
+def speculative_step(batch: BatchDecoder, row: Row, drafts: np.ndarray) -> tuple[bool, int]:
     """Check ``drafts`` (k,) after the row's last token in one step of ``batch`` (its only row):
     each token chosen as plain decoding chooses it and streamed, the first drafted token that
     differs ending the check and the rejected drafts dropped from the cache. Whether the
-    request ended."""
+    request ended, and how many drafted tokens stood."""
     logits = batch.verify(np.concatenate([[row.last], drafts]).astype(np.int64))
     for j, position in enumerate(logits):
         drafted = int(drafts[j]) if j < len(drafts) else None
         if row.advance(position, drafted):
-            return True
+            return True, j + (drafted is not None and row.last == drafted)
         if drafted is not None and row.last != drafted:
             batch.drop(len(drafts) - j)
             break
     row.drafting.length.update(len(row.request.tokens), len(drafts), j)
-    return False
+    return False, j
