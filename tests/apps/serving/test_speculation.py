@@ -1,0 +1,65 @@
+"""Prompt lookup in the serving engine: a request that asks for it gets the tokens
+``OnnxModel.generate`` gives it (greedy, and sampled with a seed), its drafts checked while it
+decodes alone; with other requests in the batch it decodes plainly and they are all exact."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from transformer_kit.apps.serving import Engine
+from transformer_kit.errors import InputError
+from transformer_kit.export import OnnxModel
+
+#: Prompts that repeat themselves: prompt lookup drafts from the first token on.
+REPEATING = [[5, 9, 12, 7, 5, 9, 12, 7, 5, 9, 12], [30, 31, 32, 33, 34, 30, 31, 32, 33, 34, 30, 31]]
+
+
+def _alone(model: OnnxModel, prompt: list[int], **options) -> list[int]:
+    ids = np.array([prompt])
+    return model.generate(ids, attention_mask=np.ones_like(ids), **options)[0].tolist()
+
+
+@pytest.mark.parametrize("options", [{}, {"do_sample": True, "seed": 5, "temperature": 0.02}],
+                         ids=["greedy", "sampled"])  # sampled: peaked, so drafts can stand
+def test_a_request_alone_checks_drafts_and_gets_the_tokens_of_generate(onnx_model, options):
+    with Engine(onnx_model) as engine:
+        for prompt in REPEATING:
+            tokens = engine.submit(prompt, max_new_tokens=24, prompt_lookup_num_tokens=5, **options).result()
+            expected = _alone(onnx_model, prompt, max_new_tokens=24, prompt_lookup_num_tokens=5, **options)
+            assert tokens == expected[:len(tokens)] and len(tokens) >= 1
+            if not options:  # greedy: plain greedy's tokens too
+                assert tokens == _alone(onnx_model, prompt, max_new_tokens=24)[:len(tokens)]
+        stats = engine.stats
+    assert stats["drafted_tokens"] > 0 and stats["accepted_tokens"] > 0
+    assert stats["steps"] < stats["tokens"]  # accepted drafts: more tokens than steps
+
+
+def test_with_other_requests_in_the_batch_every_request_is_exact(onnx_model):
+    prompts = REPEATING * 3
+    with Engine(onnx_model, max_batch=4) as engine:
+        requests: list = [None] * len(prompts)
+
+        def submit(i: int) -> None:
+            lookup = {"prompt_lookup_num_tokens": 4} if i % 2 == 0 else {}
+            requests[i] = engine.submit(prompts[i], max_new_tokens=20, **lookup)
+
+        threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        results = [request.result() for request in requests]
+        assert engine.stats["max_batch_size"] > 1
+    for prompt, tokens in zip(prompts, results, strict=True):
+        assert tokens == _alone(onnx_model, prompt, max_new_tokens=20)[:len(tokens)]
+
+
+def test_an_export_without_several_positions_logits_refuses_prompt_lookup(onnx_model):
+    with Engine(onnx_model) as engine:
+        engine.batch.verifies = False  # as an export made before logit_positions
+        with pytest.raises(InputError, match="export the model again"):
+            engine.submit(REPEATING[0], max_new_tokens=4, prompt_lookup_num_tokens=3)
+        assert engine.submit(REPEATING[0], max_new_tokens=4).result()  # and it goes on serving
