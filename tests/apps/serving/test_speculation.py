@@ -63,3 +63,31 @@ def test_an_export_without_several_positions_logits_refuses_prompt_lookup(onnx_m
         with pytest.raises(InputError, match="export the model again"):
             engine.submit(REPEATING[0], max_new_tokens=4, prompt_lookup_num_tokens=3)
         assert engine.submit(REPEATING[0], max_new_tokens=4).result()  # and it goes on serving
+
+
+def test_the_openai_client_asks_for_prompt_lookup_in_extra_body(onnx_model):
+    import openai
+
+    from transformer_kit.apps.serving.http import create_app
+    from transformer_kit.apps.serving.http import serve_in_thread as running
+
+    prompt = REPEATING[1]  # the tiny model's greedy reply copies from it
+    plain = _alone(onnx_model, prompt, max_new_tokens=16)
+    with Engine(onnx_model) as engine, running(create_app(engine, "tiny")) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        lookup = {"prompt_lookup_num_tokens": 6}
+        completion = client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0,
+                                               extra_body=lookup)
+        tokens = completion.choices[0].model_extra["token_ids"]
+        assert tokens == plain[:len(tokens)]
+        streamed = []
+        for chunk in client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0,
+                                               stream=True, extra_body=lookup):
+            streamed += chunk.choices[0].model_extra["token_ids"]
+        assert streamed == tokens
+        assert engine.stats["accepted_tokens"] > 0, (tokens, engine.stats)
+        with pytest.raises(openai.BadRequestError, match="prompt_lookup_num_tokens"):
+            client.completions.create(model="tiny", prompt=prompt, max_tokens=4,
+                                      extra_body={"prompt_lookup_num_tokens": 0})
+        again = client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0)
+        assert again.choices[0].model_extra["token_ids"] == tokens

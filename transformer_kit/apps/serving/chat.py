@@ -84,6 +84,9 @@ class ChatCompletionRequest(BaseModel):
     response_format: dict[str, Any] | None = None
     user: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    #: An extension (as vLLM's extra parameters; the openai client sends it in ``extra_body``):
+    #: speculative decoding with prompt lookup while the request decodes alone.
+    prompt_lookup_num_tokens: int | None = Field(None, ge=1, le=64)
 
 
 def _text(content: str | list[dict[str, Any]] | None, where: str) -> str | None:
@@ -144,6 +147,8 @@ def _options(body: ChatCompletionRequest) -> dict[str, Any]:
         raise InputError("stream_options is only allowed with stream=true; set stream or leave "
                          "stream_options out.")
     options: dict[str, Any] = {"seed": body.seed, "response_format": body.response_format}
+    if body.prompt_lookup_num_tokens is not None:
+        options["prompt_lookup_num_tokens"] = body.prompt_lookup_num_tokens
     if body.temperature > 0:
         options.update(do_sample=True, temperature=body.temperature, top_p=body.top_p)
     return options

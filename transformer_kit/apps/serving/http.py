@@ -70,6 +70,9 @@ class CompletionRequest(BaseModel):
     stream: bool = False
     n: Literal[1] = 1
     user: str | None = None
+    #: An extension (as vLLM's extra parameters; the openai client sends it in ``extra_body``):
+    #: speculative decoding with prompt lookup while the request decodes alone.
+    prompt_lookup_num_tokens: int | None = Field(None, ge=1, le=64)
 
 
 class CompletionServer:
@@ -105,6 +108,8 @@ class CompletionServer:
             ids = _prompt_ids(body.prompt, model)
             self.limits.check_prompt(len(ids))
             options = {"max_new_tokens": body.max_tokens, "seed": body.seed}
+            if body.prompt_lookup_num_tokens is not None:
+                options["prompt_lookup_num_tokens"] = body.prompt_lookup_num_tokens
             if body.temperature > 0:
                 options.update(do_sample=True, temperature=body.temperature, top_p=body.top_p)
             matcher = model.tokenizer.stop_matcher(stops) if stops and model.tokenizer else None
