@@ -150,3 +150,20 @@ def test_block_keys_chain_whole_blocks_and_a_bad_bound_is_refused(onnx_model):
     assert block_keys(np.concatenate([[1], ids[1:]]))[2] != keys[2]  # the first block changes all
     with pytest.raises(InputError, match="prefix_cache_bytes"):
         Engine(onnx_model, prefix_cache_bytes=-1, start=False)
+
+
+def test_a_prefill_after_a_cached_past_equals_the_whole_prompts(onnx_model):
+    """The step graph continuing a past of k columns gives the logits and cache of one prefill
+    of the whole prompt (bitwise, on the CPU in float32); ``take`` copies a row's columns."""
+    decoder = onnx_model.batch_decoder()
+    prompt = _prefix(onnx_model.manifest.src_vocab, 30, seed=5)
+    whole, logits = decoder.prefill([prompt])
+    head, _ = decoder.prefill([prompt[:20]])
+    past = decoder.cache_ops.take(head.cache, np.zeros(2, np.int64), np.arange(20))  # two rows
+    rest, continued = decoder.prefill([prompt[20:], prompt[25:]], past, 20)
+    np.testing.assert_array_equal(continued[0], logits[0])
+    assert rest.mask.tolist()[1] == [1] * 20 + [0] * 5 + [1] * 5  # padding between past and rest
+    for mine, theirs in zip(rest.cache, whole.cache, strict=True):
+        np.testing.assert_array_equal(mine.numpy()[:1], theirs.numpy())
+    taken = decoder.cache_ops.take(rest.cache, np.array([1]), np.flatnonzero(rest.mask[1]))
+    assert taken[0].shape() == [1, whole.cache[0].shape()[1], 25, whole.cache[0].shape()[3]]
