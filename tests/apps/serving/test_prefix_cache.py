@@ -167,3 +167,27 @@ def test_a_prefill_after_a_cached_past_equals_the_whole_prompts(onnx_model):
         np.testing.assert_array_equal(mine.numpy()[:1], theirs.numpy())
     taken = decoder.cache_ops.take(rest.cache, np.array([1]), np.flatnonzero(rest.mask[1]))
     assert taken[0].shape() == [1, whole.cache[0].shape()[1], 25, whole.cache[0].shape()[3]]
+
+
+def test_requests_continuing_one_previous_turn_together_both_reuse_it(onnx_model):
+    """Two waiting requests that both continue a cached prompt whole: the first one's entry
+    replaces it during their run, and the second still counts its hit."""
+    vocab = onnx_model.manifest.src_vocab
+    turn = _prefix(vocab, 20, seed=6)
+    prompts = [np.concatenate([turn, ending]) for ending in _endings(vocab, 2, seed=7)]
+    engine = Engine(onnx_model, prefix_cache_bytes=10**7, start=False)
+    try:
+        first = engine.submit(turn, max_new_tokens=1)
+        engine._admit()  # the loop's admission, by hand: the turn is prefilled, kept, and ends
+        assert first.finish_reason == "length" and len(engine.prefix_cache) == 1
+        requests = [engine.submit(p, max_new_tokens=NEW) for p in prompts]
+        engine.start()
+        results = [r.result() for r in requests]
+        assert [r.finish_reason for r in requests] == ["length"] * 2, requests[0].error
+        assert [r.cached_tokens for r in requests] == [len(turn), len(turn)]
+        held = [e.tokens.tolist() for e in engine.prefix_cache.entries.values()]
+        assert sorted(held) == sorted(p.tolist() for p in prompts)  # the turn was replaced
+    finally:
+        engine.close()
+    for prompt, tokens in zip(prompts, results, strict=True):
+        _same(tokens, _alone(onnx_model, prompt))

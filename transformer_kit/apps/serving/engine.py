@@ -91,6 +91,7 @@ class Engine:
         self.max_batch, self.max_queue, self.prefill_tokens = max_batch, max_queue, prefill_tokens
         self._waiting: _Waiting = _Waiting(max_queue)
         self._rows: list[Row] = []
+        self._taken: list[Request] = []  # out of the queue by the admission running now
         self._ended: list[Request] = []  # finished since the last wake
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -214,6 +215,7 @@ class Engine:
                 waiting.append(request)
         admitted: list[Row] = []
         waiting.sort(key=lambda r: len(r.prompt))  # similar lengths together: little padding
+        self._taken = list(waiting)
         cache = self.prefix_cache
         keys = {id(r): block_keys(r.prompt) if cache is not None else [] for r in waiting}
         while waiting:
@@ -240,6 +242,7 @@ class Engine:
                     prefilled = self.batch.select(prefilled, np.array(keep, np.int64))
                 self.batch.join(prefilled)
                 self._rows.extend(group[i]._row for i in keep)
+        self._taken = []
         return admitted
 
     def _step(self) -> None:
@@ -279,9 +282,11 @@ class Engine:
                 self._wake(self._rows)
             except Exception as exc:  # a failed step ends the batch's requests, not the engine
                 message = f"{type(exc).__name__}: {exc}"
-                for row in self._rows:
-                    self._finish(row.request, "error", message)
-                self._rows = []
+                rows = {id(row) for row in self._rows}  # and those out of the queue, not yet in
+                stranded = [r for r in self._taken if r.finish_reason is None and id(r._row) not in rows]
+                for request in [*(row.request for row in self._rows), *stranded]:
+                    self._finish(request, "error", message)
+                self._rows, self._taken = [], []
                 self.batch = self.model.batch_decoder()
                 self._wake([])
         for row in self._rows:

@@ -117,7 +117,8 @@ class PrefixCache:
             return 0
         self.hits += 1
         self.reused_tokens += hit.tokens
-        self.entries.move_to_end(id(hit.entry))
+        if self.entries.get(id(hit.entry)) is hit.entry:  # not replaced since (by a group's row)
+            self.entries.move_to_end(id(hit.entry))
         return hit.tokens
 
     def past(self, hit: Hit, rows: int) -> list[Any]:
