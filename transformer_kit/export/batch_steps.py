@@ -76,17 +76,23 @@ class BatchDecoder:
             binding.input_array(LOGIT_POSITIONS, LAST_POSITION)
         return logits, present
 
-    def prefill(self, prompts: list[np.ndarray]) -> tuple[PrefilledRows, np.ndarray]:
+    def prefill(self, prompts: list[np.ndarray], past: list[Any] | None = None,
+                past_length: int = 0) -> tuple[PrefilledRows, np.ndarray]:
         """Run prompts (each (length,) int64) together, left-padded to the longest: their rows
-        and next-token logits (len(prompts), vocab)."""
+        and next-token logits (len(prompts), vocab). ``past``: a cache that every row continues
+        (one value per ``past_key_values.*`` input, (len(prompts), kv_heads, past_length,
+        head_dim), every column real: a cached prefix), the prompts being what follows it; the
+        rows' mask is then (rows, past_length + longest), padding between past and prompt."""
         longest = max(len(ids) for ids in prompts)
         ids = np.zeros((len(prompts), longest), np.int64)
-        mask = np.zeros((len(prompts), longest), np.int64)
+        mask = np.zeros((len(prompts), past_length + longest), np.int64)
+        mask[:, :past_length] = 1
         for i, prompt in enumerate(prompts):
             ids[i, longest - len(prompt):] = prompt
-            mask[i, longest - len(prompt):] = 1
-        cache = [self.empty_cache(len(prompts))] * len(self.past_names)
-        logits, present = self._run(ids, mask, cache)
+            mask[i, past_length + longest - len(prompt):] = 1
+        if past is None:
+            past = [self.empty_cache(len(prompts))] * len(self.past_names)
+        logits, present = self._run(ids, mask, past)
         return PrefilledRows(present, mask), logits
 
     def join(self, rows: PrefilledRows) -> None:
@@ -128,7 +134,7 @@ class BatchDecoder:
         self.dropped += count
         if self.dropped >= max(64, self.mask.shape[1] // 4):
             kept = np.flatnonzero(self.mask[0])
-            self.cache = self.cache_ops.columns(self.cache, kept)
+            self.cache = self.cache_ops.take(self.cache, np.zeros(1, np.int64), kept)
             self.mask = np.ones((1, len(kept)), np.int64)
             self.dropped = 0
 

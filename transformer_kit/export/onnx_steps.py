@@ -121,28 +121,30 @@ def _helper_graph(kind: str, types: tuple[str, ...]) -> bytes:
     - ``join``: ``u{i}`` too, ``pads_t``/``pads_u`` (8,) int64 -> Concat(Pad(t{i}), Pad(u{i}))
       along axis 0 (each side padded with zeros on the left of its length axis to one length);
     - ``trim``: ``start`` (1,) int64 -> t{i}[:, :, start:];
-    - ``columns``: ``index`` (n,) int64 -> t{i}[:, :, index] (columns along the length axis).
+    - ``take``: ``index`` (n,) and ``columns`` (m,) int64 -> t{i}[index][:, :, columns].
     """
     from onnx import TensorProto, helper
 
     int64 = TensorProto.INT64
-    scalars = {"gather": [("index", ["n"])], "columns": [("index", ["n"])],
-               "join": [("pads_t", [8]), ("pads_u", [8])],
-               "trim": [("start", [1]), ("end", [1]), ("axis", [1])]}[kind]
+    scalars = {"gather": [("index", ["n"])], "join": [("pads_t", [8]), ("pads_u", [8])],
+               "trim": [("start", [1]), ("end", [1]), ("axis", [1])],
+               "take": [("index", ["n"]), ("columns", ["m"])]}[kind]
     inputs = [helper.make_tensor_value_info(name, int64, shape) for name, shape in scalars]
     nodes, outputs = [], []
     for i, type_name in enumerate(types):
         elem = _ONNX_TYPES[type_name]
         inputs.append(helper.make_tensor_value_info(f"t{i}", elem, None))
         outputs.append(helper.make_tensor_value_info(f"o{i}", elem, None))
-        if kind in ("gather", "columns"):
-            nodes.append(helper.make_node("Gather", [f"t{i}", "index"], [f"o{i}"],
-                                          axis=0 if kind == "gather" else 2))
+        if kind == "gather":
+            nodes.append(helper.make_node("Gather", [f"t{i}", "index"], [f"o{i}"], axis=0))
         elif kind == "join":
             inputs.append(helper.make_tensor_value_info(f"u{i}", elem, None))
             nodes += [helper.make_node("Pad", [f"t{i}", "pads_t"], [f"pt{i}"]),
                       helper.make_node("Pad", [f"u{i}", "pads_u"], [f"pu{i}"]),
                       helper.make_node("Concat", [f"pt{i}", f"pu{i}"], [f"o{i}"], axis=0)]
+        elif kind == "take":
+            nodes += [helper.make_node("Gather", [f"t{i}", "index"], [f"r{i}"], axis=0),
+                      helper.make_node("Gather", [f"r{i}", "columns"], [f"o{i}"], axis=2)]
         else:
             nodes.append(helper.make_node("Slice", [f"t{i}", "start", "end", "axis"], [f"o{i}"]))
     graph = helper.make_graph(nodes, f"cache_{kind}", inputs, outputs)
@@ -154,8 +156,8 @@ def _helper_graph(kind: str, types: tuple[str, ...]) -> bytes:
 class CacheOps:
     """Moves the rows and columns of many onnxruntime values (a key/value cache) in one run of
     a small graph each, on the values' device: gather rows (beam search, rows leaving a batch),
-    join two batches (rows joining a running batch), trim leading columns. One session per
-    operation and input signature."""
+    join two batches (rows joining a running batch), trim leading columns, take rows and columns
+    (a prefix cache's entries). One session per operation and input signature."""
 
     def __init__(self, providers: list, device: str) -> None:
         self.providers, self.device = providers, device
@@ -182,12 +184,6 @@ class CacheOps:
         binding.input_array("index", np.ascontiguousarray(rows, dtype=np.int64))
         return binding.run()
 
-    def columns(self, values: list[Any], columns: np.ndarray) -> list[Any]:
-        """values[i][:, :, columns] for each value (columns (n,) int64 along the length axis)."""
-        binding = self._binding("columns", values)
-        binding.input_array("index", np.ascontiguousarray(columns, dtype=np.int64))
-        return binding.run()
-
     def join(self, values: list[Any], more: list[Any], pad: int, pad_more: int) -> list[Any]:
         """Each value with the rows of its match in ``more`` after its own, each side first
         padded with ``pad`` / ``pad_more`` zero columns on the left of its length axis (2)."""
@@ -204,6 +200,14 @@ class CacheOps:
         binding.input_array("start", np.array([start], np.int64))
         binding.input_array("end", np.array([np.iinfo(np.int64).max], np.int64))
         binding.input_array("axis", np.array([2], np.int64))
+        return binding.run()
+
+    def take(self, values: list[Any], rows: np.ndarray, columns: np.ndarray) -> list[Any]:
+        """values[i][rows][:, :, columns] for each value: rows (n,) and columns (m,) int64
+        indices (repeated rows make copies of a row; columns may skip padding inside a row)."""
+        binding = self._binding("take", values)
+        binding.input_array("index", np.ascontiguousarray(rows, dtype=np.int64))
+        binding.input_array("columns", np.ascontiguousarray(columns, dtype=np.int64))
         return binding.run()
 
 
@@ -279,7 +283,7 @@ class OnnxStepper:
         self.dropped += count
         if self.dropped >= max(64, self.length // 4):
             kept = np.flatnonzero(self.mask[0, :self.length])  # masked columns count for nothing
-            self.past = self.cache_ops.columns(self.past, kept)
+            self.past = self.cache_ops.take(self.past, np.zeros(1, np.int64), kept)
             self.mask = np.ones((1, 2 * len(kept) + 8), np.int64)
             self.length, self.dropped = len(kept), 0
 

@@ -118,6 +118,24 @@ def test_the_prompt_and_time_bounds_reach_the_app(exported, monkeypatch):
     assert apps[-1].state.server.limits == Limits(64, 600.0, 64)
 
 
+def test_the_prefix_cache_bound_reaches_the_engine(exported, monkeypatch):
+    import uvicorn
+
+    _, folder = exported
+    apps = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    given = invoke("serve", str(folder / "onnx"), "--prefix-cache-bytes", "1048576")
+    assert given.exit_code == 0, given.output
+    assert "prefix cache 1 MiB" in given.output
+    assert apps[-1].state.server.engine.prefix_cache.max_bytes == 2**20
+    off = invoke("serve", str(folder / "onnx"), "--prefix-cache-bytes", "0")
+    assert "prefix cache off" in off.output and apps[-1].state.server.engine.prefix_cache is None
+    default = invoke("serve", str(folder / "onnx"))
+    assert apps[-1].state.server.engine.prefix_cache.max_bytes == 256 * 2**20, default.output
+    bad = invoke("serve", str(folder / "onnx"), "--prefix-cache-bytes", "-1")
+    assert bad.exit_code != 0 and "must be at least 0" in bad.output
+
+
 def test_serve_on_ray_takes_the_key_and_the_body_limit(exported, monkeypatch):
     """--ray passes --api-key (or its environment variable), --max-body-mb and the prompt and
     time bounds on to the deployment (tests/apps/serving/test_ray.py checks they apply there)."""
@@ -131,9 +149,10 @@ def test_serve_on_ray_takes_the_key_and_the_body_limit(exported, monkeypatch):
                     "--max-prompt-tokens", "8", "--max-request-seconds", "2.5")
     assert result.exit_code == 0, result.output
     assert invoke("serve", str(folder / "onnx"), "--ray").exit_code == 0
-    names = ("api_key", "max_body_bytes", "max_prompt_tokens", "max_request_seconds")
-    assert [[kwargs[n] for n in names] for kwargs in given] == [["k", 2 * 2**20, 8, 2.5],
-                                                                 ["from-env", 4 * 2**20, None, 600.0]]
+    names = ("api_key", "max_body_bytes", "max_prompt_tokens", "max_request_seconds",
+             "prefix_cache_bytes")
+    assert [[kwargs[n] for n in names] for kwargs in given] == [
+        ["k", 2 * 2**20, 8, 2.5, 256 * 2**20], ["from-env", 4 * 2**20, None, 600.0, 256 * 2**20]]
 
 
 def test_serve_answers_embeddings_in_a_real_process(embedding_export):

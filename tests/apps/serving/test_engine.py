@@ -217,3 +217,29 @@ def test_an_encoder_decoder_export_is_refused_with_a_sentence(tmp_path):
     export_onnx(tk.build_model(tiny_config("encoder_decoder")), tmp_path / "onnx")
     with pytest.raises(InputError, match="serves decoder models"):
         Engine(OnnxModel(tmp_path / "onnx", providers="cpu"))
+
+
+def test_a_failed_prefill_ends_the_requests_it_took_and_the_engine_goes_on(onnx_model):
+    """Requests out of the queue but not yet in the batch when their prefill fails end with
+    "error" (they do not wait for ever); the next requests are served."""
+    engine = Engine(onnx_model, max_batch=4, start=False)
+    try:
+        taken = [engine.submit(np.arange(1, n), max_new_tokens=3) for n in (4, 6)]
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("the prefill broke")
+
+        engine.batch.prefill = broken  # this batch only: the engine makes a new one after a failure
+        engine.start()
+        waiters = [threading.Thread(target=r.result) for r in taken]
+        for waiter in waiters:
+            waiter.start()
+        for waiter in waiters:
+            waiter.join(10)
+        assert not any(waiter.is_alive() for waiter in waiters)
+        assert [r.finish_reason for r in taken] == ["error", "error"]
+        assert "the prefill broke" in taken[0].error
+        later = engine.submit(np.arange(1, 5), max_new_tokens=3)
+        _same_as_alone(later.result(), _alone(onnx_model, np.arange(1, 5), max_new_tokens=3))
+    finally:
+        engine.close()

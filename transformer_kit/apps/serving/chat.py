@@ -27,6 +27,7 @@ from transformer_kit.apps.serving.openai_api import (
     failure_event,
     failure_response,
     finish_reason,
+    usage,
 )
 from transformer_kit.apps.serving.requests import Request as EngineRequest
 from transformer_kit.chat.conversation import Turn
@@ -207,7 +208,7 @@ class ChatServer:
         return {**reply.head("chat.completion"),
                 "choices": [{"index": 0, "message": message, "logprobs": None,
                              "finish_reason": _reply_reason(request, message)}],
-                "usage": reply.usage(len(tokens))}
+                "usage": reply.usage(request)}
 
 
 class _Reply:
@@ -220,9 +221,8 @@ class _Reply:
     def head(self, kind: str) -> dict[str, Any]:
         return {"id": self.ident, "object": kind, "created": self.created, "model": self.model_name}
 
-    def usage(self, completion_tokens: int) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": self.prompt_tokens + completion_tokens}
+    def usage(self, request: EngineRequest) -> dict[str, Any]:
+        return usage(self.prompt_tokens, len(request.tokens), request.cached_tokens)
 
 
 def _reply_reason(request: EngineRequest, message: dict[str, Any]) -> str:
@@ -272,7 +272,7 @@ async def _events(request: EngineRequest, pieces: TextPieces, turn: Turn, reply:
                 yield chunk(delta)
             yield chunk({}, _reply_reason(request, message))
             if include_usage:
-                yield chunk(None, usage=reply.usage(len(request.tokens)))
+                yield chunk(None, usage=reply.usage(request))
         yield "data: [DONE]\n\n"
     finally:
         request.cancel()  # no-op when it ended; frees the row when the client left mid-stream

@@ -13,6 +13,9 @@ One thread runs the loop; ``submit`` may be called from any thread. Queue and ba
 and so, when it is submitted with a ``timeout``, is a request's time: past it the request ends
 (``"timeout"``) at the next step boundary, waiting or running, and its row leaves the batch.
 Asynchronous readers (:meth:`Request.arrivals`) are woken once per step per event loop.
+
+With ``prefix_cache_bytes``, prompts' caches are kept (:mod:`.prefix_cache`) and a prompt that
+starts with a cached one's tokens prefills only the rest.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from transformer_kit.apps.serving.prefix_cache import PrefixCache, block_keys, next_group
 from transformer_kit.apps.serving.requests import END, Request, Row, wake_all
 from transformer_kit.apps.serving.speculation import Drafting, speculative_step
 from transformer_kit.decoding import SequenceSearch, generation_config
@@ -70,19 +74,25 @@ class Engine:
         max_queue: most requests waiting; ``submit`` raises :class:`QueueFull` beyond it.
         prefill_tokens: most tokens (rows x longest prompt) prefilled in one run; waiting
             prompts are prefilled together up to it (a longer prompt runs alone).
+        prefix_cache_bytes: most bytes of prompts' caches kept for reuse by prompts that start
+            with the same tokens (0: none; see :class:`.PrefixCache`).
         start: start the loop now (False: call :meth:`start`; tests fill the queue first).
     """
 
     def __init__(self, model: OnnxModel | str, *, max_batch: int = 16, max_queue: int = 64,
-                 prefill_tokens: int = 4096, start: bool = True) -> None:
-        if min(max_batch, max_queue, prefill_tokens) < 1:
-            raise InputError(f"max_batch, max_queue and prefill_tokens must be at least 1, got "
-                             f"{max_batch}, {max_queue} and {prefill_tokens}.")
+                 prefill_tokens: int = 4096, prefix_cache_bytes: int = 0, start: bool = True) -> None:
+        if min(max_batch, max_queue, prefill_tokens) < 1 or prefix_cache_bytes < 0:
+            raise InputError(f"max_batch, max_queue and prefill_tokens must be at least 1 and "
+                             f"prefix_cache_bytes at least 0, got {max_batch}, {max_queue}, "
+                             f"{prefill_tokens} and {prefix_cache_bytes}.")
         self.model = model if isinstance(model, OnnxModel) else OnnxModel(model)
         self.batch = self.model.batch_decoder()
+        self.prefix_cache = (PrefixCache(prefix_cache_bytes, self.batch.cache_ops)
+                             if prefix_cache_bytes else None)
         self.max_batch, self.max_queue, self.prefill_tokens = max_batch, max_queue, prefill_tokens
         self._waiting: _Waiting = _Waiting(max_queue)
         self._rows: list[Row] = []
+        self._taken: list[Request] = []  # out of the queue by the admission running now
         self._ended: list[Request] = []  # finished since the last wake
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -215,27 +225,34 @@ class Engine:
                 waiting.append(request)
         admitted: list[Row] = []
         waiting.sort(key=lambda r: len(r.prompt))  # similar lengths together: little padding
+        self._taken = list(waiting)
+        cache = self.prefix_cache
+        keys = {id(r): block_keys(r.prompt) if cache is not None else [] for r in waiting}
         while waiting:
-            count = 1
-            while count < len(waiting) and (count + 1) * len(waiting[count].prompt) <= self.prefill_tokens:
-                count += 1
-            group, waiting = waiting[:count], waiting[count:]
-            prefilled, logits = self.batch.prefill([request.prompt for request in group])
+            group, hit = next_group(waiting, self.prefill_tokens, cache, keys)
+            skip = 0 if hit is None else hit.tokens
+            past = None if hit is None else cache.past(hit, len(group))
+            prefilled, logits = self.batch.prefill([r.prompt[skip:] for r in group], past, skip)
             self.stats["tokens"] += len(group)
             self.stats["prefills"] += 1
             keep = []
             for i, request in enumerate(group):
                 row = request._row
                 admitted.append(row)
+                if cache is not None:
+                    request.cached_tokens = cache.use(hit)
                 if row.advance(logits[i]):
                     self._finish(request)
                 else:
                     keep.append(i)
+                if cache is not None:  # after its first token: a copy of its columns, if padded
+                    cache.store(request.prompt, prefilled, i)
             if keep:
                 if len(keep) < len(group):
                     prefilled = self.batch.select(prefilled, np.array(keep, np.int64))
                 self.batch.join(prefilled)
                 self._rows.extend(group[i]._row for i in keep)
+        self._taken = []
         return admitted
 
     def _step(self) -> None:
@@ -296,9 +313,11 @@ class Engine:
                 self._wake(self._rows)
             except Exception as exc:  # a failed step ends the batch's requests, not the engine
                 message = f"{type(exc).__name__}: {exc}"
-                for row in self._rows:
-                    self._finish(row.request, "error", message)
-                self._rows = []
+                rows = {id(row) for row in self._rows}  # and those out of the queue, not yet in
+                stranded = [r for r in self._taken if r.finish_reason is None and id(r._row) not in rows]
+                for request in [*(row.request for row in self._rows), *stranded]:
+                    self._finish(request, "error", message)
+                self._rows, self._taken = [], []
                 self.batch = self.model.batch_decoder()
                 self._wake([])
         for row in self._rows:

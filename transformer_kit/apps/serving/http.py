@@ -47,6 +47,7 @@ from transformer_kit.apps.serving.openai_api import (
     failure_response,
     finish_reason,
     install_error_handlers,
+    usage,
 )
 from transformer_kit.apps.serving.requests import Request as EngineRequest
 from transformer_kit.apps.serving.rerank import RerankRequest, RerankServer
@@ -134,8 +135,7 @@ class CompletionServer:
                 "model": self.model_name,
                 "choices": [{"index": 0, "text": text, "token_ids": tokens, "logprobs": None,
                              "finish_reason": finish_reason(request)}],
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(tokens),
-                          "total_tokens": len(ids) + len(tokens)}}
+                "usage": usage(len(ids), len(tokens), request.cached_tokens)}
 
 
 #: What each kind of model is, as the wrong endpoint's answer names it, and the paths it serves.

@@ -1,6 +1,6 @@
 """What the OpenAI-style endpoints share: JSON errors (and the handlers for what FastAPI refuses
 itself), the bounds on a generation request (:class:`Limits`), the finish reason of an engine
-request and the answer to one that failed, and the server's Prometheus metrics."""
+request, its ``usage`` and the answer to one that failed, and the server's Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
@@ -139,6 +140,8 @@ class ServerMetrics:
         largest = Gauge("transformer_kit_max_batch_size", "Most rows decoded together so far "
                         "(embeddings, rerank: most requests run in one call)", registry=self.registry)
         largest.set_function(lambda: engine.stats["max_batch_size"])
+        if isinstance(engine, Engine):
+            self.registry.register(_PrefixCacheMetrics(engine))
 
     def finished(self, request: EngineRequest) -> None:
         """Count a request that ended, or that its client left (then: "cancelled")."""
@@ -162,6 +165,42 @@ class ServerMetrics:
         self.requests.labels("refused").inc()
         code = "context_length_exceeded" if isinstance(exc, ContextLengthError) else None
         return error_response(400, str(exc), code=code)
+
+
+class _PrefixCacheMetrics:
+    """The engine's prefix cache, read when /metrics is: requests with and without a cached
+    prefix, prompt tokens reused, entries evicted (counters), bytes held and the bound (gauges);
+    all 0 when the engine keeps none."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self):
+        cache, name = self.engine.prefix_cache, "transformer_kit_prefix_cache"
+
+        def read(attribute: str) -> int:
+            return 0 if cache is None else getattr(cache, attribute)
+
+        yield CounterMetricFamily(f"{name}_hits", "Requests whose prompt continued a cached prefix",
+                                  value=read("hits"))
+        yield CounterMetricFamily(f"{name}_misses", "Requests prefilled from their first token with "
+                                  "the prefix cache on", value=read("misses"))
+        yield CounterMetricFamily(f"{name}_tokens", "Prompt tokens taken from the prefix cache "
+                                  "instead of prefilled", value=read("reused_tokens"))
+        yield CounterMetricFamily(f"{name}_evictions", "Cached prompts dropped, least recently "
+                                  "used first, to stay within the bound", value=read("evictions"))
+        yield GaugeMetricFamily(f"{name}_bytes", "Bytes of prompts' caches held",
+                                value=read("nbytes"))
+        yield GaugeMetricFamily(f"{name}_max_bytes", "The prefix cache's bound in bytes (0: off)",
+                                value=read("max_bytes"))
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    """A reply's ``usage`` in OpenAI's shape: token counts, and of the prompt's tokens those whose
+    cache came from the server's prefix cache (``prompt_tokens_details.cached_tokens``)."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def install_error_handlers(app: FastAPI, bodies: Mapping[str, type[BaseModel]] | None = None) -> None:

@@ -38,6 +38,7 @@ class Request:
     timeout: float | None = None  # most seconds from submission to the last token (None: no bound)
     submitted: float = field(default_factory=time.perf_counter)
     first_token_s: float | None = None
+    cached_tokens: int = 0  # prompt tokens whose cache came from the engine's prefix cache
     finish_reason: str | None = None
     error: str | None = None
     tokens: list[int] = field(default_factory=list)

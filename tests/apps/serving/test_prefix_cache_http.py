@@ -1,0 +1,95 @@
+"""The prefix cache through the OpenAI-compatible server: ``usage.prompt_tokens_details.
+cached_tokens`` as the official ``openai`` client reads it (completions, chat, a chat stream's
+usage chunk), the cache's counters in ``/metrics``, and replies equal to those without it."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+import transformer_kit as tk
+from tests.chat.checkpoint import write_chat_checkpoint
+from transformer_kit.apps.serving import Engine
+from transformer_kit.apps.serving.http import create_app
+from transformer_kit.apps.serving.http import serve_in_thread as running
+from transformer_kit.export import OnnxModel, export_onnx
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def _metrics(url: str) -> dict[str, float]:
+    """The prefix cache's lines of /metrics, by name."""
+    text = httpx.get(f"{url}/metrics").text
+    return {name: float(value) for name, value in
+            re.findall(r"^(transformer_kit_prefix_cache_\w+) (\S+)$", text, re.M)}
+
+
+def test_completions_report_cached_tokens_and_metrics_count_the_cache(onnx_model):
+    prefix = np.random.default_rng(0).integers(3, 37, 40).tolist()
+    prompts = [[*prefix, 3, 9, 9], [*prefix, 4, 8]]
+    engine = Engine(onnx_model, prefix_cache_bytes=10**7)
+    with running(create_app(engine, "tiny")) as url:
+        client = _client(url)
+        assert _metrics(url)["transformer_kit_prefix_cache_hits_total"] == 0
+        first, second = (client.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0)
+                         for p in prompts)
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        assert second.usage.prompt_tokens_details.cached_tokens == len(prefix)
+        assert second.usage.prompt_tokens == len(prompts[1])
+        metrics = _metrics(url)
+    engine.close()
+    with Engine(onnx_model) as plain:
+        for prompt, completion in zip(prompts, (first, second), strict=True):
+            tokens = plain.submit(np.array(prompt), max_new_tokens=8).result()
+            assert completion.choices[0].model_extra["token_ids"] == tokens
+    assert metrics["transformer_kit_prefix_cache_hits_total"] == 1
+    assert metrics["transformer_kit_prefix_cache_misses_total"] == 1
+    assert metrics["transformer_kit_prefix_cache_tokens_total"] == len(prefix)
+    assert metrics["transformer_kit_prefix_cache_evictions_total"] == 0
+    assert metrics["transformer_kit_prefix_cache_bytes"] == engine.prefix_cache.nbytes > 0
+    assert metrics["transformer_kit_prefix_cache_max_bytes"] == 10**7
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory) -> OnnxModel:
+    folder = write_chat_checkpoint(tmp_path_factory.mktemp("prefix-chat") / "qwen2")
+    export_onnx(tk.from_hf(folder), folder / "onnx")
+    return OnnxModel(folder / "onnx", providers="cpu")
+
+
+def test_chats_sharing_a_system_prompt_reuse_it_in_replies_and_streams(chat_model):
+    system = {"role": "system", "content": "You answer questions about the weather in the cities "
+              "of France, briefly and in plain words, without lists or tables."}
+    chats = [[system, {"role": "user", "content": question}]
+             for question in ("Is it raining in Lyon?", "Why is Nice so warm?")]
+    engine = Engine(chat_model, prefix_cache_bytes=10**7)
+    prompts: list[list[int]] = []
+    submit = engine.submit
+
+    def recording(ids, **options):
+        prompts.append(list(ids))
+        return submit(ids, **options)
+
+    engine.submit = recording
+    with running(create_app(engine, "chat")) as url:
+        client = _client(url)
+        first = client.chat.completions.create(model="chat", messages=chats[0], max_tokens=8,
+                                               temperature=0)
+        chunks = list(client.chat.completions.create(
+            model="chat", messages=chats[1], max_tokens=8, temperature=0, stream=True,
+            stream_options={"include_usage": True}))
+        with_cache = _metrics(url)["transformer_kit_prefix_cache_tokens_total"]
+    engine.close()
+    shared = next(i for i, (a, b) in enumerate(zip(*prompts, strict=False)) if a != b)
+    assert shared > 16  # the system prompt, rendered, is longer than one block
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == shared == with_cache
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert first.choices[0].message.content == chat_model.chat(chats[0], max_new_tokens=8)["content"]
+    assert text == chat_model.chat(chats[1], max_new_tokens=8)["content"]

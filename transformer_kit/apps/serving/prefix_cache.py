@@ -1,0 +1,210 @@
+"""Prefix caching for the serving engine: the key/value cache of prompts already prefilled, kept
+so that a later prompt starting with the same tokens (a system prompt, few-shot examples, a chat's
+history) prefills only the tokens after them.
+
+After its prefill, each prompt's cache is kept as one entry: its token ids and, per
+``past_key_values.*`` input of the step graph, one onnxruntime value (1, kv_heads, length,
+head_dim) holding only its real columns. A new prompt reuses the longest run of leading tokens
+it shares with an entry (exact token ids, compared in full), except its last token: that one is
+always computed, for its logits. Lookup goes through hashes of block-aligned prefixes (one per
+:data:`BLOCK` tokens, each chained on the one before) to the entries that share the most whole
+blocks, then compares tokens; a match shorter than one block is not used. Entries are bounded by
+bytes (their values' sizes); past the bound the least recently used go first. An entry whose
+tokens all begin a newer prompt (the previous turn of a chat) is replaced by that prompt's.
+
+Values passed as the past of a run are not modified by it, so one entry serves many requests at
+once, and the engine's batch may hold the very values an entry holds.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from transformer_kit.errors import InputError
+from transformer_kit.export.onnx_steps import CacheOps, native_value
+
+if TYPE_CHECKING:
+    from transformer_kit.apps.serving.requests import Request
+    from transformer_kit.export.batch_steps import PrefilledRows
+
+#: Tokens per hashed block: the shortest prefix reused, and the step of the lookup's hashes.
+BLOCK = 16
+
+
+def block_keys(prompt: np.ndarray) -> list[int]:
+    """The chained hashes of a prompt's (length,) whole blocks: key ``j`` stands for its first
+    ``(j + 1) * BLOCK`` tokens."""
+    keys, key = [], 0
+    for start in range(0, len(prompt) - BLOCK + 1, BLOCK):
+        key = hash((key, prompt[start:start + BLOCK].tobytes()))
+        keys.append(key)
+    return keys
+
+
+@dataclass(eq=False)
+class Entry:
+    """One cached prompt: ``tokens`` (length,) int64 and ``values``, one per past input, each
+    (1, kv_heads, length, head_dim); ``nbytes``: the values' size; ``keys``: its block hashes."""
+
+    tokens: np.ndarray
+    values: list[Any]
+    nbytes: int
+    keys: list[int]
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A prompt's cached prefix: the first ``tokens`` columns of ``entry``'s values."""
+
+    entry: Entry
+    tokens: int
+
+
+def common_length(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading token ids of ``a`` and ``b`` (each (length,)) are equal."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
+
+
+class PrefixCache:
+    """Prompts' caches kept for reuse, at most ``max_bytes`` of them (least recently used out
+    first); ``ops`` copies rows and columns of cache values (the model's :class:`CacheOps`).
+
+    Counters (for metrics): ``hits``, ``misses`` (requests admitted with and without a cached
+    prefix), ``reused_tokens`` (prompt tokens not prefilled again), ``evictions``; ``nbytes``:
+    bytes held now.
+    """
+
+    def __init__(self, max_bytes: int, ops: CacheOps) -> None:
+        if max_bytes < 1:
+            raise InputError(f"A prefix cache needs a bound of at least 1 byte, got {max_bytes}; "
+                             "leave it out (0) to cache no prefixes.")
+        self.max_bytes, self.ops = max_bytes, ops
+        self.entries: OrderedDict[int, Entry] = OrderedDict()  # id -> entry, least recent first
+        self.index: dict[int, dict[int, None]] = {}  # block key -> ids of its entries, in order
+        self.nbytes = self.hits = self.misses = self.reused_tokens = self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def find(self, prompt: np.ndarray, keys: list[int]) -> Hit | None:
+        """The longest cached prefix of ``prompt`` (length,), at most length - 1 tokens (its
+        last is computed for the logits), of at least one block; None without one. ``keys``:
+        ``block_keys(prompt)``. Changes nothing (see :meth:`use`)."""
+        ids: dict[int, None] | None = None
+        for key in keys:  # the entries sharing the most whole blocks
+            if key not in self.index:
+                break
+            ids = self.index[key]
+        best: Hit | None = None
+        for ident in reversed(ids or {}):  # the most recent first: it wins a tie
+            entry = self.entries[ident]
+            common = min(common_length(entry.tokens, prompt), len(prompt) - 1)
+            if common >= BLOCK - 1 and (best is None or common > best.tokens):
+                best = Hit(entry, common)
+        return best
+
+    def use(self, hit: Hit | None) -> int:
+        """Count a request admitted with ``hit`` (None: a miss) and mark its entry as the most
+        recently used; the tokens it reuses."""
+        if hit is None:
+            self.misses += 1
+            return 0
+        self.hits += 1
+        self.reused_tokens += hit.tokens
+        if self.entries.get(id(hit.entry)) is hit.entry:  # not replaced since (by a group's row)
+            self.entries.move_to_end(id(hit.entry))
+        return hit.tokens
+
+    def past(self, hit: Hit, rows: int) -> list[Any]:
+        """The cached prefix as the past of ``rows`` rows: one value per past input, (rows,
+        kv_heads, hit.tokens, head_dim); the entry's own values when they are just that."""
+        values = hit.entry.values
+        if rows == 1 and hit.tokens == len(hit.entry.tokens):
+            return values
+        return self.ops.take(values, np.zeros(rows, np.int64), np.arange(hit.tokens))
+
+    def store(self, tokens: np.ndarray, block: PrefilledRows, row: int) -> None:
+        """Keep prompt ``tokens`` (length,) whose cache is row ``row`` of ``block`` (its real
+        columns, in order, are the prompt's), unless a prompt this short cannot be reused, an
+        entry holds the same tokens (it becomes the most recent), or it is over the bound."""
+        if len(tokens) < BLOCK:
+            return
+        keys = block_keys(tokens)
+        hit = self.find(tokens, keys)
+        if hit is not None and len(hit.entry.tokens) == common_length(hit.entry.tokens, tokens):
+            if len(hit.entry.tokens) == len(tokens):  # the same prompt: keep the entry it has
+                self.entries.move_to_end(id(hit.entry))
+                return
+            self._drop(hit.entry)  # a prefix of this prompt: this entry does all it did
+        real = block.mask[row] != 0
+        if len(block.mask) == 1 and real.all():
+            values = block.cache
+        else:
+            values = self.ops.take(block.cache, np.array([row], np.int64), np.flatnonzero(real))
+        nbytes = sum(native_value(v).tensor_size_in_bytes() for v in values)
+        if nbytes > self.max_bytes:
+            return
+        while self.nbytes + nbytes > self.max_bytes:
+            self._drop(next(iter(self.entries.values())))
+            self.evictions += 1
+        entry = Entry(np.array(tokens, np.int64), values, nbytes, keys)
+        self.entries[id(entry)] = entry
+        for key in keys:
+            self.index.setdefault(key, {})[id(entry)] = None
+        self.nbytes += nbytes
+
+    def _drop(self, entry: Entry) -> None:
+        del self.entries[id(entry)]
+        for key in entry.keys:
+            ids = self.index[key]
+            del ids[id(entry)]
+            if not ids:
+                del self.index[key]
+        self.nbytes -= entry.nbytes
+
+
+def next_group(pending: list[Request], prefill_tokens: int, cache: PrefixCache | None,
+               keys: dict[int, list[int]]) -> tuple[list[Request], Hit | None]:
+    """Take the next group of ``pending`` requests (sorted by prompt length) to prefill in one
+    run, with at most ``prefill_tokens`` padded new tokens (a longer prompt runs alone), and the
+    cached prefix they continue (None: from scratch).
+
+    With a cache, the requests whose longest cached prefix lies in the same entry go together,
+    continuing the prefix they all share; else the shortest prompts, leaving for a later group a
+    prompt that starts with the same block as one taken (after this group's prefill it is a hit).
+    ``keys``: each request's ``block_keys``, by ``id``. The group leaves ``pending``.
+    """
+    hits = {} if cache is None else {id(r): cache.find(r.prompt, keys[id(r)]) for r in pending}
+    first = next((hit for hit in hits.values() if hit is not None), None)
+    group: list[Request] = []
+    if first is not None:
+        shared = first.tokens
+        for request in list(pending):
+            hit = hits[id(request)]
+            if hit is None or hit.entry is not first.entry:
+                continue
+            tokens = min(shared, hit.tokens)
+            if group and (len(group) + 1) * (len(request.prompt) - tokens) > prefill_tokens:
+                break
+            group.append(request)
+            shared = tokens
+            pending.remove(request)
+        return group, Hit(first.entry, shared)
+    firsts: set[int] = set()
+    for request in list(pending):
+        if group and (len(group) + 1) * len(request.prompt) > prefill_tokens:
+            break
+        head = keys[id(request)][0] if keys[id(request)] and cache is not None else None
+        if head in firsts:
+            continue
+        if head is not None:
+            firsts.add(head)
+        group.append(request)
+        pending.remove(request)
+    return group, None
