@@ -10,7 +10,7 @@ import torch
 import transformer_kit as tk
 from tests.combinations import tiny_config
 from transformer_kit.export import OnnxModel, export_onnx
-from transformer_kit.export.onnx_steps import CacheOps
+from transformer_kit.export.cache_ops import CacheOps
 
 
 def _values(arrays):

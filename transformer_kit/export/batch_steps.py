@@ -16,7 +16,8 @@ import numpy as np
 import onnxruntime as ort
 
 from transformer_kit.errors import InputError
-from transformer_kit.export.onnx_steps import LAST_POSITION, LOGIT_POSITIONS, Binding, CacheOps
+from transformer_kit.export.cache_ops import CacheOps
+from transformer_kit.export.onnx_steps import LAST_POSITION, LOGIT_POSITIONS, Binding
 
 
 @dataclass

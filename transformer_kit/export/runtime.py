@@ -35,8 +35,9 @@ from transformer_kit.decoding.prompts import (
 from transformer_kit.embedding import Embeds
 from transformer_kit.errors import ArtifactError, ConfigError, InputError
 from transformer_kit.export.batch_steps import BatchDecoder
+from transformer_kit.export.cache_ops import CacheOps
 from transformer_kit.export.manifest import Manifest
-from transformer_kit.export.onnx_steps import CacheOps, OnnxStepper
+from transformer_kit.export.onnx_steps import OnnxStepper
 from transformer_kit.export.providers import CUDA, resolve_providers
 from transformer_kit.export.weights import check_graph
 from transformer_kit.id_checks import check_id_array, check_positions

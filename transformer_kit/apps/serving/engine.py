@@ -24,14 +24,13 @@ import asyncio
 import contextlib
 import queue
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from transformer_kit.apps.serving.prefix_cache import PrefixCache, block_keys, next_group
-from transformer_kit.apps.serving.requests import END, Request, Row, wake_all
-from transformer_kit.apps.serving.speculation import Drafting, speculative_step
+from transformer_kit.apps.serving.requests import END, Request, Row, WaitingQueue, wake_all
+from transformer_kit.apps.serving.speculation import drafting_for, speculative_step
 from transformer_kit.decoding import SequenceSearch, generation_config
 from transformer_kit.decoding.prompts import plan
 from transformer_kit.errors import InputError, TransformerKitError
@@ -41,21 +40,6 @@ from transformer_kit.export.runtime import check_ids
 
 class QueueFull(TransformerKitError):
     """The engine's queue holds ``max_queue`` requests already; try again later."""
-
-
-class _Waiting(queue.Queue):
-    """The engine's queue of waiting requests, from which those that ended early (cancelled,
-    past their time) can be taken out before their turn."""
-
-    def take_out(self, which: Callable[[Request], bool]) -> list[Request]:
-        """Remove and return the waiting requests for which ``which`` is true."""
-        with self.mutex:
-            out = [request for request in self.queue if which(request)]
-            for request in out:
-                self.queue.remove(request)
-            if out:
-                self.not_full.notify(len(out))
-        return out
 
 
 def _ending(request: Request) -> str | None:
@@ -90,7 +74,7 @@ class Engine:
         self.prefix_cache = (PrefixCache(prefix_cache_bytes, self.batch.cache_ops)
                              if prefix_cache_bytes else None)
         self.max_batch, self.max_queue, self.prefill_tokens = max_batch, max_queue, prefill_tokens
-        self._waiting: _Waiting = _Waiting(max_queue)
+        self._waiting: WaitingQueue = WaitingQueue(max_queue)
         self._rows: list[Row] = []
         self._taken: list[Request] = []  # out of the queue by the admission running now
         self._ended: list[Request] = []  # finished since the last wake
@@ -136,15 +120,8 @@ class Engine:
                                     vocab=m.tgt_vocab, context_length=self.model.context_length,
                                     stop_matcher=stop_matcher, tokenizer=self.model.tokenizer)
         request = Request(prompt[0], opts, timeout)
-        drafting = None
-        if opts.prompt_lookup_num_tokens is not None:
-            if not self.batch.verifies:
-                raise InputError("prompt_lookup_num_tokens needs an export whose step gives several "
-                                 "positions' logits (made by this version of transformer-kit): "
-                                 "export the model again, or leave the option out.")
-            drafting = Drafting(opts.prompt_lookup_num_tokens, opts.max_matching_ngram_size,
-                                problem.eos_ids)
-        request._row = Row(request, SequenceSearch(problem, opts, pipeline), drafting)
+        request._row = Row(request, SequenceSearch(problem, opts, pipeline),
+                           drafting_for(opts, problem.eos_ids, self.batch))
         try:
             self._waiting.put_nowait(request)
         except queue.Full:
@@ -285,14 +262,7 @@ class Engine:
         drafts = row.drafting.draft(row) if row is not None and row.drafting is not None else None
         if drafts is None or not len(drafts):
             return False
-        before = len(row.request.tokens)
-        ended, accepted = speculative_step(self.batch, row, drafts)
-        counts = {"steps": 1, "tokens": len(row.request.tokens) - before,
-                  "drafted_tokens": len(drafts), "accepted_tokens": accepted}
-        for key, more in counts.items():
-            self.stats[key] += more
-        self.stats["batch_size"], self.stats["max_batch_size"] = 1, max(self.stats["max_batch_size"], 1)
-        if ended:
+        if speculative_step(self.batch, row, drafts, self.stats):
             self._finish(row.request)
             self._keep([])
         return True

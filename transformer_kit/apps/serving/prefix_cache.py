@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from transformer_kit.errors import InputError
-from transformer_kit.export.onnx_steps import CacheOps, native_value
+from transformer_kit.export.cache_ops import CacheOps
+from transformer_kit.export.onnx_steps import native_value
 
 if TYPE_CHECKING:
     from transformer_kit.apps.serving.requests import Request

@@ -7,7 +7,7 @@ import asyncio
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,21 @@ def wake_all(events: list[asyncio.Event]) -> None:
     """Set each event (run on their loop, by ``call_soon_threadsafe``)."""
     for event in events:
         event.set()
+
+
+class WaitingQueue(queue.Queue):
+    """The engine's queue of waiting requests, from which those that ended early (cancelled,
+    past their time) can be taken out before their turn."""
+
+    def take_out(self, which: Callable[[Request], bool]) -> list[Request]:
+        """Remove and return the waiting requests for which ``which`` is true."""
+        with self.mutex:
+            out = [request for request in self.queue if which(request)]
+            for request in out:
+                self.queue.remove(request)
+            if out:
+                self.not_full.notify(len(out))
+        return out
 
 
 @dataclass

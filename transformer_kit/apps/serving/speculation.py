@@ -11,10 +11,14 @@ speculation is off as soon as the batch holds two requests, and on again when on
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from transformer_kit.apps.serving.requests import Row
+from transformer_kit.decoding import GenerationConfig
 from transformer_kit.decoding.speculative import DraftLength, prompt_lookup
+from transformer_kit.errors import InputError
 from transformer_kit.export.batch_steps import BatchDecoder
 
 
@@ -35,18 +39,41 @@ class Drafting:
         return prompt_lookup(ids, self.ngram, count, self.eos_ids)
 
 
-def speculative_step(batch: BatchDecoder, row: Row, drafts: np.ndarray) -> tuple[bool, int]:
+def drafting_for(options: GenerationConfig, eos_ids: list[int], batch: BatchDecoder) -> Drafting | None:
+    """A request's prompt lookup, when its options ask for it; an InputError for an export
+    whose step cannot check drafts."""
+    if options.prompt_lookup_num_tokens is None:
+        return None
+    if not batch.verifies:
+        raise InputError("prompt_lookup_num_tokens needs an export whose step gives several positions' "
+                         "logits (made by this version of transformer-kit): export the model again, "
+                         "or leave the option out.")
+    return Drafting(options.prompt_lookup_num_tokens, options.max_matching_ngram_size, eos_ids)
+
+
+def speculative_step(batch: BatchDecoder, row: Row, drafts: np.ndarray, stats: dict[str, Any]) -> bool:
     """Check ``drafts`` (k,) after the row's last token in one step of ``batch`` (its only row):
     each token chosen as plain decoding chooses it and streamed, the first drafted token that
-    differs ending the check and the rejected drafts dropped from the cache. Whether the
-    request ended, and how many drafted tokens stood."""
+    differs ending the check and the rejected drafts dropped from the cache. Counts the step,
+    its tokens, the drafted and the accepted ones in the engine's ``stats``; whether the request
+    ended."""
+    before = len(row.request.tokens)
     logits = batch.verify(np.concatenate([[row.last], drafts]).astype(np.int64))
+    ended, accepted = False, 0
     for j, position in enumerate(logits):
         drafted = int(drafts[j]) if j < len(drafts) else None
-        if row.advance(position, drafted):
-            return True, j + (drafted is not None and row.last == drafted)
+        ended = row.advance(position, drafted)
+        accepted += drafted is not None and row.last == drafted
+        if ended:
+            break
         if drafted is not None and row.last != drafted:
             batch.drop(len(drafts) - j)
             break
-    row.drafting.length.update(len(row.request.tokens), len(drafts), j)
-    return False, j
+    if not ended:
+        row.drafting.length.update(len(row.request.tokens), len(drafts), accepted)
+    counts = {"steps": 1, "tokens": len(row.request.tokens) - before, "drafted_tokens": len(drafts),
+              "accepted_tokens": accepted}
+    for key, more in counts.items():
+        stats[key] += more
+    stats["batch_size"], stats["max_batch_size"] = 1, max(stats["max_batch_size"], 1)
+    return ended
