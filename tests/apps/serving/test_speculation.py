@@ -4,8 +4,10 @@ decodes alone; with other requests in the batch it decodes plainly and they are 
 
 from __future__ import annotations
 
+import re
 import threading
 
+import httpx
 import numpy as np
 import pytest
 
@@ -86,6 +88,10 @@ def test_the_openai_client_asks_for_prompt_lookup_in_extra_body(onnx_model):
             streamed += chunk.choices[0].model_extra["token_ids"]
         assert streamed == tokens
         assert engine.stats["accepted_tokens"] > 0, (tokens, engine.stats)
+        metrics = httpx.get(f"{url}/metrics").text
+        for name in ("drafted", "accepted"):
+            found = re.search(rf"^transformer_kit_{name}_tokens_total (\S+)$", metrics, re.M)
+            assert float(found.group(1)) == engine.stats[f"{name}_tokens"] > 0
         with pytest.raises(openai.BadRequestError, match="prompt_lookup_num_tokens"):
             client.completions.create(model="tiny", prompt=prompt, max_tokens=4,
                                       extra_body={"prompt_lookup_num_tokens": 0})

@@ -170,7 +170,7 @@ class ServerMetrics:
 class _PrefixCacheMetrics:
     """The engine's prefix cache, read when /metrics is: requests with and without a cached
     prefix, prompt tokens reused, entries evicted (counters), bytes held and the bound (gauges);
-    all 0 when the engine keeps none."""
+    all 0 when the engine keeps none. And prompt lookup's drafted and accepted tokens."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -193,6 +193,12 @@ class _PrefixCacheMetrics:
                                 value=read("nbytes"))
         yield GaugeMetricFamily(f"{name}_max_bytes", "The prefix cache's bound in bytes (0: off)",
                                 value=read("max_bytes"))
+        stats = self.engine.stats
+        yield CounterMetricFamily("transformer_kit_drafted_tokens", "Tokens prompt lookup drafted "
+                                  "(requests with prompt_lookup_num_tokens, decoding alone)",
+                                  value=stats["drafted_tokens"])
+        yield CounterMetricFamily("transformer_kit_accepted_tokens", "Drafted tokens that were the "
+                                  "model's own choice: each saved a step", value=stats["accepted_tokens"])
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
