@@ -215,20 +215,17 @@ class DecoderTransformer(TransformerModel):
 
         Args:
             input_ids: (batch, new_len) tokens not yet in ``caches``.
-            keep: (batch, past_len + new_len) bool, True for real tokens (False for padding,
-                or for a cached token that was dropped: it is never attended to again).
+            keep: (batch, past_len + new_len) bool, True for real tokens (False: padding, a dropped draft).
             caches: per-layer caches, extended in place; None for an uncached call.
             last_only: return the logits of the last position only, (batch, 1, vocab).
-            positions: (n,) int64 indices into the new positions: their logits only,
-                (batch, n, vocab) (speculative decoding verifies several drafted tokens).
+            positions: (n,) int64 new positions whose logits alone are returned, (batch, n, vocab).
         """
         input_ids = check_token_ids(input_ids, self.config.vocab_size, "input_ids")
         inputs = self.decoder.attention_inputs(keep, input_ids.shape[1], self.embed.positional,
                                                self.mask)
         x = self.decoder(self.embed(input_ids, inputs[0].q_positions), inputs, None, caches)
-        if positions is not None:
-            return self.head(x.index_select(1, positions))
-        return self.head(x[:, -1:] if last_only else x)
+        x = x.index_select(1, positions) if positions is not None else x[:, -1:] if last_only else x
+        return self.head(x)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """input_ids (batch, len), attention_mask (batch, len) 1 = real token (else padding is

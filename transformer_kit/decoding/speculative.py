@@ -29,6 +29,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from transformer_kit.decoding.options import GenerationConfig
+from transformer_kit.decoding.problem import History, _probabilities, sample_rows, stopped
 from transformer_kit.decoding.processors import Pipeline
 from transformer_kit.errors import InputError
 
@@ -77,8 +78,6 @@ def draft_or_draw(scores: np.ndarray, draft: int, rng: np.random.Generator,
     min(1, p(draft) / q(draft)), else a draw from max(p - q, 0) renormalized; p = softmax of the
     processed ``scores`` (vocab,), q the distribution the draft was drawn from (None: a point
     mass on it, as prompt lookup drafts, so that the draw is from p without the draft)."""
-    from transformer_kit.decoding.search import _probabilities, sample_rows
-
     p = _probabilities(scores)
     kept = p[draft] if q is None else min(1.0, p[draft] / q[draft])
     if rng.random() < kept:
@@ -96,8 +95,6 @@ class _Chooser:
     history so far), and decides whether a drafted token stands."""
 
     def __init__(self, problem, options: GenerationConfig, pipeline: Pipeline) -> None:
-        from transformer_kit.decoding.search import History
-
         self.rng = np.random.default_rng(options.seed) if options.do_sample else None
         self.pipeline, self.width = pipeline, problem.prompt_ids.shape[1]
         self.history = History(problem.prompt_ids.copy(), problem.prompt_keep.copy())
@@ -117,8 +114,6 @@ class _Chooser:
     def choose(self, logits: np.ndarray, draft: int | None, q: np.ndarray | None = None) -> int:
         """The token after ``logits`` (vocab,), given the drafted one (or None) and the
         distribution it was drawn from (vocab,) (None: a point mass on it)."""
-        from transformer_kit.decoding.search import sample_rows
-
         scores = self.processed(logits)
         if self.rng is None:
             return int(scores[0].argmax())
@@ -129,8 +124,6 @@ class _Chooser:
     def draw(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
         """A drafted token from ``logits`` (vocab,) as this decoding chooses (its processors for
         the history so far): greedy, or drawn, with the distribution it was drawn from."""
-        from transformer_kit.decoding.search import _probabilities
-
         scores = self.processed(logits)
         if self.rng is None:
             return int(scores[0].argmax()), None
@@ -233,8 +226,6 @@ def speculative_tokens(stepper, problem, options: GenerationConfig,
     """Greedy search or sampling of one row with drafts (prompt lookup, or ``problem``'s
     assistant); yields (1,) int64 per token, as
     :func:`~transformer_kit.decoding.search.stream_tokens` does."""
-    from transformer_kit.decoding.search import stopped
-
     check_speculative(stepper, problem, options)
     if options.max_new_tokens == 0:
         return

@@ -146,9 +146,7 @@ def _plan(model, ids: Tensor, attention_mask: Any, options: GenerationConfig, us
 
 def _assistant_stepper(model, assistant, prompt: Tensor, keep: Tensor) -> DecoderStepper:
     """``assistant``'s cached stepper over the same prompt, once it can draft for ``model``."""
-    from transformer_kit.model import TransformerModel
-
-    if not isinstance(assistant, TransformerModel) or assistant.architecture != "decoder":
+    if getattr(assistant, "architecture", None) != "decoder" or not hasattr(assistant, "new_cache"):
         raise InputError("assistant_model must be a decoder TransformerModel, got "
                          f"{type(assistant).__name__}.")
     if assistant.config.vocab_size != model.config.vocab_size:

@@ -10,13 +10,10 @@ is never copied through Python or numpy, and on CUDA it stays on the device
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-
-if TYPE_CHECKING:
-    from transformer_kit.export.cache_ops import CacheOps
 
 #: The step graph's input naming the new positions that get logits (exports before it have
 #: the last position's alone); ``LAST_POSITION`` is the last.
@@ -126,7 +123,7 @@ class OnnxStepper:
 
     def __init__(self, session: ort.InferenceSession, graph: Any, fixed: dict[str, ort.OrtValue],
                  first_ids: np.ndarray, keep: np.ndarray | None, empty_cache, vocab: int,
-                 logits_dtype: type, cache_ops: CacheOps, device: str) -> None:
+                 logits_dtype: type, cache_ops: Any, device: str) -> None:
         self.cache_ops = cache_ops
         self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
         self.present_names = [n for n in graph.outputs if n.startswith("present.")]

@@ -1,10 +1,8 @@
-"""``OnnxModel``: run an exported model in onnxruntime (forward and greedy generation).
+"""``OnnxModel``: run an exported model in onnxruntime (forward and generation).
 
-Needs numpy and onnxruntime only: not torch, not the plugin that built the model. One
-instance may be used from many threads at once (sessions are thread-safe; every call keeps its
-own state). On CUDA the key/value cache stays on the device between steps (IO binding); the
-same code path runs on the CPU.
-"""
+Needs numpy and onnxruntime only: not torch, not the plugin that built the model. One instance
+may be used from many threads at once (sessions are thread-safe; every call keeps its own
+state). On CUDA the key/value cache stays on the device between steps (IO binding)."""
 
 from __future__ import annotations
 
@@ -193,8 +191,7 @@ class OnnxModel(Chats, Embeds):
         a row that ended holds pad_id (or its eos id) after it. Text prompts (a string or a
         list of them) give text, encoded with the tokenizer's special tokens unless
         ``add_special_tokens`` is False (a rendered chat holds its own). ``assistant_model``: a
-        smaller export with the same vocabulary that drafts tokens (speculative decoding, as
-        ``prompt_lookup_num_tokens`` does from the prompt; docs/generation.md)."""
+        smaller export of the same vocabulary drafting tokens (docs/generation.md)."""
         if max_new_tokens is not None:
             options["max_new_tokens"] = max_new_tokens
         opts = resolve_options(generation_config, **options)
@@ -259,12 +256,11 @@ class OnnxModel(Chats, Embeds):
     def _assistant_stepper(self, assistant: Any, prompt_ids: np.ndarray, keep: np.ndarray) -> OnnxStepper:
         """``assistant``'s stepper over the same prompt, once it can draft for this model."""
         if not isinstance(assistant, OnnxModel) or assistant.manifest.architecture != "decoder":
-            raise InputError(f"assistant_model must be an OnnxModel of a decoder, got "
-                             f"{type(assistant).__name__}; export the assistant and load it with OnnxModel.")
-        if assistant.manifest.tgt_vocab != self.manifest.tgt_vocab:
-            raise InputError(f"The assistant model's vocabulary has {assistant.manifest.tgt_vocab} "
-                             f"tokens and this model's {self.manifest.tgt_vocab}; an assistant drafts "
-                             "with the same tokenizer: choose one of the same family.")
+            raise InputError("assistant_model must be an OnnxModel of a decoder, got "
+                             f"{type(assistant).__name__}.")
+        if (vocab := assistant.manifest.tgt_vocab) != self.manifest.tgt_vocab:
+            raise InputError(f"The assistant model's vocabulary has {vocab} tokens and this model's "
+                             f"{self.manifest.tgt_vocab}; an assistant drafts with the same tokenizer.")
         return assistant._stepper({}, prompt_ids, keep)
 
     def batch_decoder(self) -> BatchDecoder:
