@@ -21,17 +21,20 @@ LAYERS = 5
 CASES = [(i, c, None, "float32") for i, c in sampled_cases("decoder", 3) + sampled_cases("encoder", 2)]
 CASES += [(CASES[0][0] + "-int4", CASES[0][1], "int4", "float32"),
           (CASES[1][0] + "-float16", CASES[1][1], None, "float16")]
-DIMS = {"batch": 2, "length": 6, "new": 2, "past": 4, "total": 6}
+DIMS = {"batch": 2, "length": 6, "new": 2, "past": 4, "total": 6, "kept": 2}
 
 
 def _feeds(session: ort.InferenceSession, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs for every graph input: token ids, a left-padded mask, cache tensors."""
+    """Random inputs for every graph input: token ids, a left-padded mask, cache tensors, and
+    every new position for the step's logits."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec in session.get_inputs():
         shape = [d if isinstance(d, int) else DIMS[d] for d in spec.shape]
         if spec.name.endswith("ids"):
             feeds[spec.name] = rng.integers(1, vocab, shape, dtype=np.int64)
+        elif spec.name == "logit_positions":  # both new positions' logits
+            feeds[spec.name] = np.arange(DIMS["new"], dtype=np.int64)
         elif spec.name.endswith("mask"):
             mask = np.ones(shape, np.int64)
             mask[0, 0] = 0
