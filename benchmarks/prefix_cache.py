@@ -18,11 +18,7 @@ of each, the median of the rounds' ratios (with / without), the cached tokens a 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,33 +32,8 @@ import transformer_kit as tk
 from transformer_kit.apps.benchmark import exported
 from transformer_kit.apps.peers import gpt2_checkpoint
 
-
-@contextlib.contextmanager
-def server(folder: Path, cache_bytes: int | None):
-    """``transformer-kit serve`` on a free port of 127.0.0.1 (``cache_bytes`` None: the default
-    prefix cache); yields its base URL."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    command = [sys.executable, "-m", "transformer_kit", "serve", str(folder), "--port", str(port),
-               "--model-name", "bench", "--provider", "cpu"]
-    if cache_bytes is not None:
-        command += ["--prefix-cache-bytes", str(cache_bytes)]
-    process = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(30)
+sys.path.insert(0, str(Path(__file__).parent))
+from serving import server
 
 
 def stream(url: str, prompt: list[int], new: int) -> tuple[float, list[int]]:
@@ -116,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     ratios: dict[str, list[float]] = {}  # per case, each round's median with / without
     same: dict[str, list[bool]] = {}  # per case: each request's tokens equal on both servers
     alone_case, together_case = "one request alone", f"{args.concurrent} requests at once"
-    with server(workdir / "onnx", 0) as plain, server(workdir / "onnx", None) as cache:
+    # the same server twice, the prefix cache off and at its default bound
+    with server(workdir / "onnx", options=("--prefix-cache-bytes", "0")) as (plain, _), \
+            server(workdir / "onnx") as (cache, _):
         urls = {False: plain, True: cache}
         for url in urls.values():  # warm-up: sessions, and the prefix into the cache
             stream(url, [*prefix, *ending()], args.new_tokens)

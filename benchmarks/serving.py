@@ -45,14 +45,15 @@ def rss(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def server(folder: Path, max_batch: int, max_queue: int):
-    """``transformer-kit serve`` on a free port of 127.0.0.1; yields (base URL, process)."""
+def server(folder: Path, max_batch: int = 16, max_queue: int = 64, options: tuple[str, ...] = ()):
+    """``transformer-kit serve`` on a free port of 127.0.0.1 (``options``: more of its command
+    line options); yields (base URL, process)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     command = [sys.executable, "-m", "transformer_kit", "serve", str(folder), "--port", str(port),
                "--model-name", "bench", "--max-batch", str(max_batch), "--max-queue", str(max_queue),
-               "--provider", "cpu"]
+               "--provider", "cpu", *options]
     process = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
