@@ -127,10 +127,7 @@ class _Chooser:
         scores = self.processed(logits)
         if self.rng is None:
             return int(scores[0].argmax()), None
-        q = _probabilities(scores[0])
-        cumulative = np.cumsum(q)
-        index = np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right")
-        return int(min(index, len(q) - 1)), q
+        return int(sample_rows(scores, self.rng)[0]), _probabilities(scores[0])
 
     def append(self, token: int) -> None:
         self.history.append(np.array([token], np.int64))
