@@ -53,3 +53,48 @@ def test_a_bad_processor_parameter_is_a_config_error(runtimes, prompts, ban_plug
     model, _ = runtimes
     with pytest.raises(tk.ConfigError, match=r"ban_tokens.*within \[0, 40\)"):
         model.generate(prompts, 4, logits_processors=[{"name": "ban_tokens", "ids": [99]}])
+
+
+class BanUntil(tk.LogitsProcessor):
+    """Token ``token_id`` is never chosen before ``count`` new tokens; it reads no tokens."""
+
+    reads_tokens = False
+
+    def __init__(self, token_id: int, count: int) -> None:
+        self.token_id, self.count = token_id, count
+        self.seen: list[int] = []
+
+    def __call__(self, scores: np.ndarray, state: DecodingState) -> np.ndarray:
+        self.seen.append(state.new_tokens)
+        if state.new_tokens < self.count:
+            scores[:, self.token_id] = -np.inf
+        return scores
+
+
+def test_a_processor_that_reads_no_tokens_counts_them_as_one_that_does(runtimes, prompts):
+    """Without a history the loop still tells ``new_tokens``, and the tokens are those of the
+    same processor run with the history kept."""
+    _, onnx_model = runtimes
+    greedy = onnx_model.generate(prompts.numpy(), 8)
+    token = int(greedy[0, 0])  # the first token greedy chooses in row 0
+    blind = BanUntil(token, 3)
+    reading = BanUntil(token, 3)
+    reading.reads_tokens = True  # the loop keeps the history for this one
+    name = tk.register_plugin(_Processors({"blind": blind, "reading": reading}), name="ban-until-test")
+    try:
+        ours = {key: onnx_model.generate(prompts.numpy(), 8, logits_processors=[{"name": key}])
+                for key in ("blind", "reading")}
+    finally:
+        tk.unregister_plugin(name)
+    np.testing.assert_array_equal(ours["blind"], ours["reading"])
+    assert (ours["blind"][0, :3] != token).all() and (ours["blind"] != greedy).any()
+    assert blind.seen == reading.seen == list(range(8))
+
+
+class _Processors:
+    def __init__(self, instances: dict[str, BanUntil]) -> None:
+        self.instances = instances
+
+    @tk.hookimpl
+    def transformer_kit_components(self):
+        return [tk.Component("logits_processor", key, lambda p=p: p) for key, p in self.instances.items()]

@@ -61,7 +61,8 @@ def stream_tokens(stepper: Stepper, problem: Problem, options: GenerationConfig,
     rng = np.random.default_rng(options.seed) if options.do_sample else None
     finished, some_finished = np.zeros(len(ids), dtype=bool), False
     eos = frozenset(problem.eos_ids)
-    history = History(ids, keep) if len(pipeline) else None
+    processing = len(pipeline) > 0
+    history = History(ids, keep) if processing and pipeline.reads_tokens else None
     width = problem.prompt_ids.shape[1]
     new: list[np.ndarray] = []
     if options.max_new_tokens == 0:
@@ -69,8 +70,12 @@ def stream_tokens(stepper: Stepper, problem: Problem, options: GenerationConfig,
     logits = stepper.first()[source]
     for step in range(options.max_new_tokens):
         # the stepper's logits are ours to change until the next step: processors work in place
-        scores = (logits if history is None
-                  else pipeline(logits.astype(np.float32, copy=False), history.state(width)))
+        if processing:
+            state = (history.state(width) if history is not None
+                     else DecodingState(ids, keep, width, generated=step))
+            scores = pipeline(logits.astype(np.float32, copy=False), state)
+        else:
+            scores = logits
         chosen = sample_rows(scores, rng) if rng is not None else scores.argmax(axis=-1)
         token = (np.where(finished, problem.fill_id, chosen) if some_finished else chosen
                  ).astype(np.int64, copy=False)

