@@ -122,8 +122,16 @@ def with_kit() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
 
 
-def measure(name: str, workdir: Path, genai_python: str, rounds: int) -> dict:
-    """Every runner of model ``name`` timed in interleaved rounds: {runner: seconds per round}."""
+def genai_interpreter(given: str | None) -> str | None:
+    """An interpreter that imports onnxruntime_genai: ``given``, or this one, or None."""
+    python = given or sys.executable
+    probe = subprocess.run([python, "-c", "import onnxruntime_genai"], capture_output=True)
+    return python if probe.returncode == 0 else None
+
+
+def measure(name: str, workdir: Path, genai_python: str | None, rounds: int) -> dict:
+    """Every runner of model ``name`` timed in interleaved rounds: {runner: seconds per round}
+    (onnxruntime-genai's left out without ``genai_python``)."""
     from transformer_kit.apps.peers import ProcessPeer
 
     source = checkpoint(name, workdir)
@@ -135,7 +143,7 @@ def measure(name: str, workdir: Path, genai_python: str, rounds: int) -> dict:
         slug = "".join(c if c.isalnum() else "-" for c in variant)
         folder = kit_export(source, workdir / f"{name}-kit-{slug}", options)
         folders[f"kit {variant}"] = ("kit", sys.executable, folder)
-    for precision in PRECISIONS:
+    for precision in PRECISIONS if genai_python else ():
         say(f"{name}: onnxruntime-genai's {precision}")
         folder = genai_build(genai_python, source, workdir / f"{name}-genai-{precision}", precision, workdir)
         folders[f"genai {precision}"] = ("genai", genai_python, folder)
@@ -155,12 +163,13 @@ def measure(name: str, workdir: Path, genai_python: str, rounds: int) -> dict:
         for peer in peers:
             peer.close()
     agree = {v: peer_tokens(peers, f"kit {v}") == peer_tokens(peers, f"genai {precision}")
-             for v, (precision, _) in KIT_VARIANTS.items()}
+             for v, (precision, _) in KIT_VARIANTS.items()} if genai_python else {}
     return {"new_tokens": new_tokens, "prompt": prompt_length, "agree": agree,
             "seconds": {peer.name: peer.seconds for peer in peers}}
 
 
 def peer_tokens(peers, name: str) -> list[int]:
+    """The tokens of runner ``name``'s first call."""
     return next(p.tokens for p in peers if p.name == name)
 
 
@@ -173,12 +182,15 @@ def report(results: dict, rounds: int) -> None:
     for name, result in results.items():
         seconds, new = result["seconds"], result["new_tokens"]
         for variant, (precision, _) in KIT_VARIANTS.items():
-            kit, genai = seconds[f"kit {variant}"], seconds[f"genai {precision}"]
-            ratios = [g / k for k, g in zip(kit, genai, strict=True)]
+            kit, genai = seconds[f"kit {variant}"], seconds.get(f"genai {precision}")
+            cells = ["-", "-", "-"]
+            if genai is not None:
+                ratios = [g / k for k, g in zip(kit, genai, strict=True)]
+                cells = [f"{new / statistics.median(genai):.0f}",
+                         f"**{statistics.median(ratios):.2f}x** ({' '.join(f'{r:.2f}' for r in ratios)})",
+                         "yes" if result["agree"][variant] else "no"]
             print(f"| {TITLES[name]}, {result['prompt']} + {new} tokens | {variant} | "
-                  f"{new / statistics.median(kit):.0f} | {new / statistics.median(genai):.0f} | "
-                  f"**{statistics.median(ratios):.2f}x** ({' '.join(f'{r:.2f}' for r in ratios)}) | "
-                  f"{'yes' if result['agree'][variant] else 'no'} |")
+                  f"{new / statistics.median(kit):.0f} | {' | '.join(cells)} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["smollm2", "qwen", "llama"],
                         choices=["smollm2", "qwen", "llama"])
     parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--genai-python", default=sys.executable,
-                        help="an interpreter with onnxruntime-genai (default: this one)")
+    parser.add_argument("--genai-python", default=None,
+                        help="an interpreter with onnxruntime-genai (default: this one, if it has it)")
     parser.add_argument("--small", action="store_true", help="a tiny random Llama (the smoke test)")
     parser.add_argument("--json", type=Path, default=None, help="also write the timings here")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -201,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tk-genai-decoding-"))
     workdir.mkdir(parents=True, exist_ok=True)
     names = ["tiny"] if args.small else args.models
-    results = {name: measure(name, workdir, args.genai_python, args.rounds) for name in names}
+    genai_python = genai_interpreter(args.genai_python)
+    if genai_python is None:
+        say("no interpreter with onnxruntime-genai (--genai-python): the kit's rows alone")
+    results = {name: measure(name, workdir, genai_python, args.rounds) for name in names}
     report(results, args.rounds)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
