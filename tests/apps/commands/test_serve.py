@@ -136,6 +136,23 @@ def test_the_prefix_cache_bound_reaches_the_engine(exported, monkeypatch):
     assert bad.exit_code != 0 and "must be at least 0" in bad.output
 
 
+def test_the_prompt_lookup_default_reaches_the_engine(exported, monkeypatch):
+    import uvicorn
+
+    _, folder = exported
+    apps = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    given = invoke("serve", str(folder / "onnx"), "--prompt-lookup-num-tokens", "6")
+    assert given.exit_code == 0, given.output
+    assert "prompt lookup <= 6 tokens" in given.output
+    assert apps[-1].state.server.engine.prompt_lookup_num_tokens == 6
+    default = invoke("serve", str(folder / "onnx"))
+    assert "prompt lookup" not in default.output
+    assert apps[-1].state.server.engine.prompt_lookup_num_tokens is None
+    bad = invoke("serve", str(folder / "onnx"), "--prompt-lookup-num-tokens", "0")
+    assert bad.exit_code != 0 and "--prompt-lookup-num-tokens" in bad.output
+
+
 def test_serve_on_ray_takes_the_key_and_the_body_limit(exported, monkeypatch):
     """--ray passes --api-key (or its environment variable), --max-body-mb and the prompt and
     time bounds on to the deployment (tests/apps/serving/test_ray.py checks they apply there)."""

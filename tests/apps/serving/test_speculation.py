@@ -97,3 +97,33 @@ def test_the_openai_client_asks_for_prompt_lookup_in_extra_body(onnx_model):
                                       extra_body={"prompt_lookup_num_tokens": 0})
         again = client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0)
         assert again.choices[0].model_extra["token_ids"] == tokens
+
+
+def test_an_engine_default_drafts_for_requests_that_set_none(onnx_model):
+    """``Engine(prompt_lookup_num_tokens=...)`` (``serve --prompt-lookup-num-tokens``): a request
+    without the option drafts too, and gets plain greedy's tokens."""
+    with Engine(onnx_model, prompt_lookup_num_tokens=5) as engine:
+        for prompt in REPEATING:
+            tokens = engine.submit(prompt, max_new_tokens=24).result()
+            assert tokens == _alone(onnx_model, prompt, max_new_tokens=24)[:len(tokens)] and tokens
+        stats = engine.stats
+    assert stats["drafted_tokens"] > 0 and stats["accepted_tokens"] > 0
+    with Engine(onnx_model) as engine:  # no default: a request without the option drafts nothing
+        engine.submit(REPEATING[0], max_new_tokens=24).result()
+        assert engine.stats["drafted_tokens"] == 0
+
+
+@pytest.mark.parametrize("count", [0, 65, 2.5, True])
+def test_an_engine_default_out_of_range_is_refused(onnx_model, count):
+    with pytest.raises(InputError, match=r"1\.\.64 drafted tokens"):
+        Engine(onnx_model, prompt_lookup_num_tokens=count, start=False)
+
+
+def test_an_engine_default_on_an_export_that_cannot_check_drafts_is_refused(onnx_model):
+    from transformer_kit.apps.serving.speculation import default_lookup
+
+    batch = onnx_model.batch_decoder()
+    assert default_lookup(4, batch) == 4 and default_lookup(None, batch) is None
+    batch.verifies = False  # as an export made before logit_positions
+    with pytest.raises(InputError, match="export the model again"):
+        default_lookup(4, batch)

@@ -62,6 +62,11 @@ def serve(
                                             "the same tokens (a system prompt, a chat's history) "
                                             "prefill only the rest; least recently used out first. "
                                             "0: off. Default: 256 MiB.")] = DEFAULT_PREFIX_CACHE_BYTES,
+    prompt_lookup_num_tokens: Annotated[int | None, _Opt(
+        min=1, max=64, help="A decoder's prompt lookup (speculative decoding, docs/serving.md) for "
+        "every request that sets no prompt_lookup_num_tokens of its own: at most this many tokens "
+        "drafted from the prompt and the reply so far, checked while a request decodes alone; "
+        "the tokens are those of plain decoding. Default: off (requests ask).")] = None,
 ) -> None:
     """Serve completions in the OpenAI convention (POST /v1/completions, GET /v1/models,
     /health, /metrics) until interrupted; an embedding model's export on POST /v1/embeddings,
@@ -90,7 +95,8 @@ def serve(
         _serve_on_ray(folder, name, host, port, replicas, max_batch, max_queue, provider,
                       api_key=api_key, max_body_bytes=max_body_bytes,
                       max_prompt_tokens=max_prompt_tokens, max_request_seconds=max_request_seconds,
-                      prefix_cache_bytes=prefix_cache_bytes)
+                      prefix_cache_bytes=prefix_cache_bytes,
+                      prompt_lookup_num_tokens=prompt_lookup_num_tokens)
         return
     try:
         import uvicorn
@@ -112,11 +118,14 @@ def serve(
             batching = f"{engine.kind} on POST /v1/{engine.kind}, runs <= {batch_tokens} tokens"
         else:
             engine = Engine(model, max_batch=max_batch, max_queue=max_queue,
-                            prefix_cache_bytes=prefix_cache_bytes)
+                            prefix_cache_bytes=prefix_cache_bytes,
+                            prompt_lookup_num_tokens=prompt_lookup_num_tokens)
             prompts = max_prompt_tokens or model.context_length or DEFAULT_MAX_PROMPT_TOKENS
             cache = f"{prefix_cache_bytes / 2**20:g} MiB" if prefix_cache_bytes else "off"
+            lookup = (f", prompt lookup <= {prompt_lookup_num_tokens} tokens"
+                      if prompt_lookup_num_tokens else "")
             batching = (f"batch <= {max_batch}, prompts <= {prompts} tokens, requests <= "
-                        f"{max_request_seconds:g} s, prefix cache {cache}")
+                        f"{max_request_seconds:g} s, prefix cache {cache}{lookup}")
     except TransformerKitError as exc:
         fail(exc)
     console.print(f"serving {name!r} from {folder} on http://{host}:{port}/v1 "
@@ -144,7 +153,8 @@ def _loopback(host: str) -> bool:
 def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, max_batch: int,
                   max_queue: int, provider: Provider, *, api_key: str | None,
                   max_body_bytes: int, max_prompt_tokens: int | None,
-                  max_request_seconds: float, prefix_cache_bytes: int = 0) -> None:
+                  max_request_seconds: float, prefix_cache_bytes: int = 0,
+                  prompt_lookup_num_tokens: int | None = None) -> None:
     """The decoder of ``folder`` on Ray Serve, ``replicas`` replicas behind Ray's proxy on
     ``host:port``, each with the key and the bounds the one-process server has."""
     try:
@@ -171,7 +181,8 @@ def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, 
                               providers=provider.value, api_key=api_key, max_body_bytes=max_body_bytes,
                               max_prompt_tokens=max_prompt_tokens,
                               max_request_seconds=max_request_seconds,
-                              prefix_cache_bytes=prefix_cache_bytes),
+                              prefix_cache_bytes=prefix_cache_bytes,
+                              prompt_lookup_num_tokens=prompt_lookup_num_tokens),
                   name="transformer-kit", route_prefix="/")
         console.print(f"serving {name!r} on Ray Serve at http://{host}:{port}/v1 ({replicas} replicas); "
                       "Ctrl-C stops it")

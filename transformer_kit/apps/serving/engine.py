@@ -30,7 +30,7 @@ import numpy as np
 
 from transformer_kit.apps.serving.prefix_cache import PrefixCache, block_keys, next_group
 from transformer_kit.apps.serving.requests import END, Request, Row, WaitingQueue, wake_all
-from transformer_kit.apps.serving.speculation import drafting_for, speculative_step
+from transformer_kit.apps.serving.speculation import default_lookup, drafting_for, speculative_step
 from transformer_kit.decoding import SequenceSearch, generation_config
 from transformer_kit.decoding.prompts import plan
 from transformer_kit.errors import InputError, TransformerKitError
@@ -60,11 +60,15 @@ class Engine:
             prompts are prefilled together up to it (a longer prompt runs alone).
         prefix_cache_bytes: most bytes of prompts' caches kept for reuse by prompts that start
             with the same tokens (0: none; see :class:`.PrefixCache`).
+        prompt_lookup_num_tokens: prompt lookup for every request that does not set its own
+            (1..64 drafted tokens at most, as the request option; None: only requests that ask;
+            see :mod:`.speculation`). An export whose step cannot check drafts refuses it.
         start: start the loop now (False: call :meth:`start`; tests fill the queue first).
     """
 
     def __init__(self, model: OnnxModel | str, *, max_batch: int = 16, max_queue: int = 64,
-                 prefill_tokens: int = 4096, prefix_cache_bytes: int = 0, start: bool = True) -> None:
+                 prefill_tokens: int = 4096, prefix_cache_bytes: int = 0,
+                 prompt_lookup_num_tokens: int | None = None, start: bool = True) -> None:
         if min(max_batch, max_queue, prefill_tokens) < 1 or prefix_cache_bytes < 0:
             raise InputError(f"max_batch, max_queue and prefill_tokens must be at least 1 and "
                              f"prefix_cache_bytes at least 0, got {max_batch}, {max_queue}, "
@@ -73,6 +77,7 @@ class Engine:
         self.batch = self.model.batch_decoder()
         self.prefix_cache = (PrefixCache(prefix_cache_bytes, self.batch.cache_ops)
                              if prefix_cache_bytes else None)
+        self.prompt_lookup_num_tokens = default_lookup(prompt_lookup_num_tokens, self.batch)
         self.max_batch, self.max_queue, self.prefill_tokens = max_batch, max_queue, prefill_tokens
         self._waiting: WaitingQueue = WaitingQueue(max_queue)
         self._rows: list[Row] = []
@@ -104,6 +109,8 @@ class Engine:
             raise InputError("This engine is closed; make a new one to submit requests.")
         if timeout is not None and not timeout > 0:
             raise InputError(f"timeout must be more than 0 seconds (or None: no bound), got {timeout}.")
+        if self.prompt_lookup_num_tokens is not None and options.get("prompt_lookup_num_tokens") is None:
+            options["prompt_lookup_num_tokens"] = self.prompt_lookup_num_tokens
         opts = generation_config(None, **options)
         if opts.num_beams > 1 or opts.num_return_sequences > 1:
             raise InputError("The engine decodes one sequence per request by greedy search or "

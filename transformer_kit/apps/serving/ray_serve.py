@@ -77,13 +77,15 @@ class CompletionDeployment:
     def __init__(self, folder: str, model_name: str, max_batch: int, max_queue: int,
                  providers: str = "auto", api_key: str | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_tokens: int | None = None,
-                 max_request_seconds: float | None = None, prefix_cache_bytes: int = 0) -> None:
+                 max_request_seconds: float | None = None, prefix_cache_bytes: int = 0,
+                 prompt_lookup_num_tokens: int | None = None) -> None:
         from transformer_kit.apps.serving.engine import Engine
         from transformer_kit.export import OnnxModel
 
         model = OnnxModel(folder, providers=providers, session_options=_sized_to_the_replica())
         self.engine = Engine(model, max_batch=max_batch, max_queue=max_queue,
-                             prefix_cache_bytes=prefix_cache_bytes)
+                             prefix_cache_bytes=prefix_cache_bytes,
+                             prompt_lookup_num_tokens=prompt_lookup_num_tokens)
         self.model_name, self.api_key, self.max_body_bytes = model_name, api_key, max_body_bytes
         self.max_prompt_tokens, self.max_request_seconds = max_prompt_tokens, max_request_seconds
 
@@ -103,14 +105,16 @@ def application(folder: str | Path, model_name: str, *, replicas: int = 1, max_b
                 providers: str = "auto", api_key: str | None = None,
                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_tokens: int | None = None,
                 max_request_seconds: float | None = None,
-                prefix_cache_bytes: int = 0) -> serve.Application:
+                prefix_cache_bytes: int = 0,
+                prompt_lookup_num_tokens: int | None = None) -> serve.Application:
     """The deployment bound to an export folder: ``replicas`` copies, or Ray Serve's
     ``autoscaling_config`` (e.g. ``{"min_replicas": 1, "max_replicas": 4,
     "target_ongoing_requests": 16}``) instead; ``num_cpus`` Ray reserves for each replica.
     ``api_key`` (None: none) is needed on every endpoint but /health, request bodies are of
     at most ``max_body_bytes``, prompts of at most ``max_prompt_tokens`` tokens and requests of
     at most ``max_request_seconds``, as with :func:`.create_app`; each replica's engine keeps a
-    prefix cache of at most ``prefix_cache_bytes`` (0: none)."""
+    prefix cache of at most ``prefix_cache_bytes`` (0: none) and drafts by prompt lookup for
+    requests that set none with ``prompt_lookup_num_tokens`` (None: only those that ask)."""
     if api_key is not None and not api_key.strip():
         raise ValueError("api_key is empty; give a key, or None to serve without one")
     if max_body_bytes < 1:
@@ -120,4 +124,4 @@ def application(folder: str | Path, model_name: str, *, replicas: int = 1, max_b
                                               max_ongoing_requests=max_batch + max_queue, **scale)
     return deployment.bind(str(Path(folder).resolve()), model_name, max_batch, max_queue, providers,
                            api_key, max_body_bytes, max_prompt_tokens, max_request_seconds,
-                           prefix_cache_bytes)
+                           prefix_cache_bytes, prompt_lookup_num_tokens)

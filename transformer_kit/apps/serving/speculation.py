@@ -39,15 +39,36 @@ class Drafting:
         return prompt_lookup(ids, self.ngram, count, self.eos_ids)
 
 
+#: The most drafted tokens a request (or a server's default) may ask for.
+MOST_DRAFTED = 64
+
+
+def default_lookup(count: int | None, batch: BatchDecoder) -> int | None:
+    """An engine's prompt lookup for requests that set none: ``count`` checked (1..64, and an
+    export whose step checks drafts); None stays None."""
+    if count is None:
+        return None
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MOST_DRAFTED:
+        raise InputError(f"prompt_lookup_num_tokens for every request must be 1..{MOST_DRAFTED} "
+                         f"drafted tokens, got {count!r}; leave it out to draft only for requests "
+                         "that ask.")
+    if not batch.verifies:
+        raise InputError(_OLD_EXPORT)
+    return count
+
+
+_OLD_EXPORT = ("prompt_lookup_num_tokens needs an export whose step gives several positions' logits "
+               "(made by this version of transformer-kit): export the model again, or leave the "
+               "option out.")
+
+
 def drafting_for(options: GenerationConfig, eos_ids: list[int], batch: BatchDecoder) -> Drafting | None:
     """A request's prompt lookup, when its options ask for it; an InputError for an export
     whose step cannot check drafts."""
     if options.prompt_lookup_num_tokens is None:
         return None
     if not batch.verifies:
-        raise InputError("prompt_lookup_num_tokens needs an export whose step gives several positions' "
-                         "logits (made by this version of transformer-kit): export the model again, "
-                         "or leave the option out.")
+        raise InputError(_OLD_EXPORT)
     return Drafting(options.prompt_lookup_num_tokens, options.max_matching_ngram_size, eos_ids)
 
 
