@@ -5,9 +5,8 @@ step boundary in one copy; each streams its tokens as they are chosen and leaves
 it ends (an eos id, a stop string, ``max_new_tokens``) or when its caller cancels it. The batch
 keeps the step graph's layout (left padding and an attention mask, see
 :class:`~transformer_kit.export.batch_steps.BatchDecoder`), so a greedy request gets the tokens
-``OnnxModel.generate`` gives it alone (float32; in int4 the products of a batch run other
-kernels than those of one row and may round differently), and a sampled one with a seed the
-same draws.
+``OnnxModel.generate`` gives it alone (float32; int4 batches run other kernels, which may round
+differently), and a sampled one with a seed the same draws.
 
 One thread runs the loop; ``submit`` may be called from any thread. Queue and batch are bounded,
 and so, when it is submitted with a ``timeout``, is a request's time: past it the request ends
@@ -60,9 +59,7 @@ class Engine:
             prompts are prefilled together up to it (a longer prompt runs alone).
         prefix_cache_bytes: most bytes of prompts' caches kept for reuse by prompts that start
             with the same tokens (0: none; see :class:`.PrefixCache`).
-        prompt_lookup_num_tokens: prompt lookup for every request that does not set its own
-            (1..64 drafted tokens at most, as the request option; None: only requests that ask;
-            see :mod:`.speculation`). An export whose step cannot check drafts refuses it.
+        prompt_lookup_num_tokens: drafts (1..64) for requests that set none (:mod:`.speculation`).
         start: start the loop now (False: call :meth:`start`; tests fill the queue first).
     """
 
@@ -109,7 +106,7 @@ class Engine:
             raise InputError("This engine is closed; make a new one to submit requests.")
         if timeout is not None and not timeout > 0:
             raise InputError(f"timeout must be more than 0 seconds (or None: no bound), got {timeout}.")
-        if self.prompt_lookup_num_tokens is not None and options.get("prompt_lookup_num_tokens") is None:
+        if options.get("prompt_lookup_num_tokens") is None:  # the engine's default, if any
             options["prompt_lookup_num_tokens"] = self.prompt_lookup_num_tokens
         opts = generation_config(None, **options)
         if opts.num_beams > 1 or opts.num_return_sequences > 1:
