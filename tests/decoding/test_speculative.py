@@ -1,7 +1,7 @@
-"""Speculative decoding with prompt lookup (``prompt_lookup_num_tokens``): the drafts are
-transformers' prompt lookup candidates, greedy search gives plain greedy's tokens in both
-runtimes while drafts are accepted, rejected drafts leave the cache as plain decoding would, and
-speculative sampling draws from the processed softmax."""
+"""Speculative decoding with prompt lookup (``prompt_lookup_num_tokens``): the drafts follow
+the longest earlier match (transformers' candidates where the text copies), greedy search gives
+plain greedy's tokens in both runtimes while drafts are accepted, rejected drafts leave the
+cache as plain decoding would, and speculative sampling draws from the processed softmax."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ import transformer_kit as tk
 from tests.decoding.test_sampling import DRAWS, _chi_square_limit
 from transformer_kit.decoding import build_pipeline, generation_config
 from transformer_kit.decoding.search import Problem
-from transformer_kit.decoding.speculative import DraftLength, _Chooser, prompt_lookup
+from transformer_kit.decoding.speculative import (
+    LONGEST_MATCH,
+    DraftLength,
+    _Chooser,
+    lookup_match,
+    prompt_lookup,
+)
 from transformer_kit.decoding.torch_steps import DecoderStepper
 from transformer_kit.errors import InputError
 from transformer_kit.export.onnx_steps import OnnxStepper
@@ -24,16 +30,63 @@ REPEATING = [[5, 9, 12, 7, 5, 9, 12, 7, 5, 9], [3, 4, 30, 31, 32, 33, 3, 4, 30, 
              [20, 21, 22, 23, 24, 25, 26, 27, 28, 20, 21, 22]]
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_drafts_are_transformers_prompt_lookup_candidates(seed):
+def _best_match(ids: list[int], ngram: int) -> tuple[int, int]:
+    """lookup_match written out: (start, matched) of the earlier occurrence of the longest last
+    n-gram (n <= ngram) whose preceding ids match longest, the latest of equals; (0, 0): none."""
+    for n in range(min(ngram, len(ids) - 1), 0, -1):
+        best = None
+        for i in range(len(ids) - n):  # an occurrence ids[i:i + n], ending before the last id
+            if ids[i:i + n] != ids[len(ids) - n:]:
+                continue
+            matched = n
+            while (matched < LONGEST_MATCH and i - (matched - n) - 1 >= 0
+                   and ids[i - (matched - n) - 1] == ids[len(ids) - matched - 1]):
+                matched += 1
+            if best is None or matched >= best[1]:
+                best = (i + n, matched)
+        if best is not None:
+            return best
+    return 0, 0
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_drafts_follow_the_longest_earlier_match(seed):
     rng = np.random.default_rng(seed)
-    ids = rng.integers(0, 6, int(rng.integers(2, 40)))  # a small vocabulary: many earlier matches
+    ids = rng.integers(0, 4, int(rng.integers(2, 60)))  # a small vocabulary: many earlier matches
     ngram, count, eos = int(rng.integers(1, 4)), int(rng.integers(1, 12)), [int(rng.integers(0, 6))]
-    hf = PromptLookupCandidateGenerator(eos_token_id=torch.tensor(eos), num_output_tokens=count,
+    start, matched = _best_match(ids.tolist(), ngram)
+    assert lookup_match(ids, ngram) == (start, matched)
+    expected = ids[start:start + min(count, 2 ** (matched - 1))] if matched else ids[:0]
+    ends = [i for i, t in enumerate(expected) if t in eos]
+    expected = expected[:ends[0]] if ends else expected
+    np.testing.assert_array_equal(prompt_lookup(ids, ngram, count, eos), expected)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_draft_from_one_long_match_is_transformers_prompt_lookup_candidate(seed):
+    """Text copied from the prompt: its last n-gram occurs once earlier, after enough matching
+    ids for the whole draft; the draft is then transformers' candidate."""
+    rng = np.random.default_rng(seed)
+    source = rng.permutation(200)[:int(rng.integers(20, 40))]  # no id twice
+    copied = int(rng.integers(LONGEST_MATCH, len(source) - 1))
+    ids = np.concatenate([source, [500, 501], source[:copied]])
+    ngram, count = int(rng.integers(1, 4)), int(rng.integers(1, 2 ** (LONGEST_MATCH - 1)))
+    hf = PromptLookupCandidateGenerator(eos_token_id=torch.tensor([999]), num_output_tokens=count,
                                         max_matching_ngram_size=ngram, max_length=10_000)
     candidates, _ = hf.get_candidates(torch.from_numpy(ids)[None])
     expected = candidates[0, len(ids):].numpy()
-    np.testing.assert_array_equal(prompt_lookup(ids, ngram, count, eos), expected)
+    np.testing.assert_array_equal(prompt_lookup(ids, ngram, count, [999]), expected)
+    assert len(expected) >= min(count, len(source) - copied) > 0  # the copy goes on
+
+
+def test_short_matches_draft_little():
+    """A match of one id drafts one token, of two ids two, of three four: chance matches cost a
+    short check; the draft grows as the reply keeps copying."""
+    text = [7, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14, 15]
+    for matched, tail in ((1, [40, 30, 4]), (2, [40, 3, 4]), (3, [2, 3, 4]), (4, [1, 2, 3, 4])):
+        ids = np.array([*text, 90, *tail], np.int64)
+        assert lookup_match(ids, 2)[1] == matched
+        np.testing.assert_array_equal(prompt_lookup(ids, 2, 10, []), text[5:5 + 2 ** (matched - 1)])
 
 
 class _Counting:
@@ -196,21 +249,15 @@ def test_an_encoder_decoder_is_refused_with_a_sentence():
         model.generate(torch.tensor([[5, 6, 7]]), 4, prompt_lookup_num_tokens=2)
 
 
-def test_drafts_rejected_at_their_first_token_pause_drafting_longer_each_time():
+def test_an_assistants_draft_length_follows_how_its_drafts_fared():
     length = DraftLength(10)
-    assert length.now(0, 100) == 10 and length.now(0, 5) == 4  # the last step gives one more token
-    length.update(3, 10, 10)  # accepted whole: as long as allowed
-    assert length.now(3, 100) == 10
-    length.update(14, 10, 3)  # in part: one longer than what stood
-    assert length.now(14, 100) == 4
-    pauses = []
-    for produced in (20, 40, 60, 80, 100, 120):
-        length.update(produced, 1, 0)
-        pauses.append(next(n for n in range(produced, produced + 50) if length.now(n, 100)) - produced)
-    assert pauses == [2, 4, 8, 16, 16, 16]
-    assert length.now(200, 100) == 1
-    length.update(200, 1, 1)  # an accepted token ends the pauses
-    assert length.now(201, 100) == 3
+    assert length.now(100) == 10 and length.now(5) == 4  # the last step gives one more token
+    length.update(10, 3)  # in part: one longer than what stood
+    assert length.now(100) == 4
+    length.update(4, 4)  # whole: 2 longer, up to the most
+    assert length.now(100) == 6
+    length.update(6, 0)
+    assert length.now(100) == 1
 
 
 # -- an assistant model (a draft model) ---------------------------------------------------------

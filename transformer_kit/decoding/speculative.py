@@ -1,11 +1,12 @@
 """Speculative decoding: tokens drafted cheaply, checked by the model in one step.
 
-Two drafters. Prompt lookup (transformers' ``prompt_lookup_num_tokens``, its
-``PromptLookupCandidateGenerator``): the last ``max_matching_ngram_size`` ids (then fewer) are
-looked up earlier in the prompt and the output so far, and the ids that followed their first
-earlier occurrence are the draft. An assistant model (transformers' ``assistant_model``): a
-smaller model with the same vocabulary drafts ``num_assistant_tokens`` tokens one by one, as the
-model would choose them (greedy, or sampled from its processed distribution).
+Two drafters. Prompt lookup (transformers' ``prompt_lookup_num_tokens``): the last
+``max_matching_ngram_size`` ids (then fewer) are looked up earlier in the prompt and the output
+so far, and the ids that followed the occurrence whose preceding ids match longest are the
+draft, longer the longer the match (:func:`prompt_lookup`). An assistant model (transformers'
+``assistant_model``): a smaller model with the same vocabulary drafts ``num_assistant_tokens``
+tokens one by one, as the model would choose them (greedy, or sampled from its processed
+distribution).
 
 One step of the model runs the last chosen token and the draft together and gives the logits
 after each (:meth:`verify` of the runtime's stepper); the tokens are then chosen from those
@@ -33,23 +34,49 @@ from transformer_kit.decoding.problem import History, _probabilities, sample_row
 from transformer_kit.decoding.processors import Pipeline
 from transformer_kit.errors import InputError
 
+#: The longest match counted: enough for drafts of 2 ** (8 - 1) = 128 tokens, beyond the most
+#: allowed (64).
+LONGEST_MATCH = 8
 
-def prompt_lookup(ids: np.ndarray, max_ngram: int, count: int, eos_ids: list[int]) -> np.ndarray:
-    """The draft after ``ids`` (length,) int64: up to ``count`` ids that followed the first
-    earlier occurrence of its last n ids (n from ``max_ngram`` down to 1), cut before an end id;
-    empty when none occurs earlier (transformers' prompt lookup)."""
+
+def lookup_match(ids: np.ndarray, max_ngram: int) -> tuple[int, int]:
+    """Where the text after ``ids`` (length,) int64 is looked up, and how well it matches:
+    (start, matched). The last n ids (n from ``max_ngram`` down to 1, the first n that occurs
+    earlier) are found earlier in ``ids``; of their earlier occurrences, the one whose preceding
+    ids also match those before the last n for longest (ties: the latest) is taken; ``start`` is
+    the index after it and ``matched`` how many ids match there (n and the matching ids before,
+    at most :data:`LONGEST_MATCH`). (0, 0) when no id occurs earlier."""
     length = len(ids)
-    if count < 1:
-        return ids[:0]
     for n in range(min(max_ngram, length - 1), 0, -1):
         windows = np.lib.stride_tricks.sliding_window_view(ids[:length - 1], n)  # not the last one
         found = np.flatnonzero((windows == ids[length - n:]).all(axis=1))
-        if len(found):
-            start = int(found[0]) + n
-            draft = ids[start:start + count]
-            ends = np.flatnonzero(np.isin(draft, eos_ids)) if eos_ids else ()
-            return draft[:ends[0]] if len(ends) else draft
-    return ids[:0]
+        if not len(found):
+            continue
+        back = np.arange(1, LONGEST_MATCH - n + 1)  # ids before the n-gram, nearest first
+        before = found[:, None] - back  # (occurrences, back) indices before each occurrence
+        own = length - n - back  # the same distances before the text's own last n ids
+        same = (before >= 0) & (own >= 0) & (ids[np.maximum(before, 0)] == ids[np.maximum(own, 0)])
+        extra = np.cumprod(same, axis=1).sum(axis=1)  # matching ids before each, in a row
+        best = len(extra) - 1 - int(np.argmax(extra[::-1]))  # the longest; the latest of equals
+        return int(found[best]) + n, n + int(extra[best])
+    return 0, 0
+
+
+def prompt_lookup(ids: np.ndarray, max_ngram: int, count: int, eos_ids: list[int]) -> np.ndarray:
+    """The draft after ``ids`` (length,) int64: the ids after the best earlier match of its end
+    (:func:`lookup_match`), up to ``count`` of them and at most 2 ** (matched - 1) (1 after a
+    match of one id, 2 after two, 4 after three...: a long match is text being copied, a short
+    one often chance), cut before an end id; empty when no id occurs earlier.
+
+    With one earlier occurrence and a long enough match, this is transformers' prompt lookup
+    candidate (``PromptLookupCandidateGenerator``); where the n-gram occurs several times,
+    transformers takes the first occurrence and all ``count`` ids after it."""
+    start, matched = lookup_match(ids, max_ngram) if count >= 1 else (0, 0)
+    if not matched:
+        return ids[:0]
+    draft = ids[start:start + min(count, 2 ** (matched - 1))]
+    ends = np.flatnonzero(np.isin(draft, eos_ids)) if eos_ids else ()
+    return draft[:ends[0]] if len(ends) else draft
 
 
 def check_speculative(stepper, problem, options: GenerationConfig) -> None:
@@ -134,49 +161,34 @@ class _Chooser:
 
 
 class DraftLength:
-    """How many tokens to draft next, from how the drafts of this row fared (tokens only, never
-    time: sampling's draws stay a function of the seed).
+    """How many tokens an assistant model drafts next, from how its drafts fared (tokens only,
+    never time: sampling's draws stay a function of the seed).
 
     Starts at ``most``; a draft accepted whole lets the next be 2 longer (up to ``most``), one
-    accepted in part makes the next one token longer than the accepted part. A draft rejected at
-    its first token makes the next one 1 long and, with ``pauses``, pauses drafting for 2, 4, ...
-    up to 16 tokens (reset by the next accepted token): on text with nothing to copy, chance
-    matches of prompt lookup then cost a few two-token steps in a reply, not a long step every
-    token. (An assistant model's misses are not runs of bad luck: it does not pause.)
+    accepted in part or not at all makes the next one token longer than the accepted part.
     """
 
-    #: The longest pause after drafts rejected at their first token, in tokens.
-    MAX_PAUSE = 16
+    def __init__(self, most: int) -> None:
+        self.most, self.length = most, most
 
-    def __init__(self, most: int, pauses: bool = True) -> None:
-        self.most, self.length, self.failures, self.resume = most, most, 0, 0
-        self.pauses = pauses
+    def now(self, left: int) -> int:
+        """Tokens to draft with ``left`` still to produce (the step gives one more)."""
+        return min(self.length, left - 1)
 
-    def now(self, produced: int, left: int) -> int:
-        """Tokens to draft after ``produced`` tokens with ``left`` still to produce (0: none)."""
-        return 0 if produced < self.resume else min(self.length, left - 1)
-
-    def update(self, produced: int, drafted: int, accepted: int) -> None:
-        if accepted == drafted:
-            self.length, self.failures = min(self.most, self.length + 2), 0
-        elif accepted:
-            self.length, self.failures = min(self.most, accepted + 1), 0
-        else:
-            self.failures += 1
-            self.length = 1
-            if self.pauses:
-                self.resume = produced + min(2 ** self.failures, self.MAX_PAUSE)
+    def update(self, drafted: int, accepted: int) -> None:
+        self.length = min(self.most, self.length + 2 if accepted == drafted else accepted + 1)
 
 
 class LookupDrafter:
-    """Prompt lookup's drafts: from the text so far, nothing to keep in step."""
+    """Prompt lookup's drafts: from the text so far, as long as the match allows
+    (:func:`prompt_lookup`); nothing to keep in step."""
 
     def __init__(self, options: GenerationConfig, eos_ids: list[int]) -> None:
         self.ngram, self.eos_ids = options.max_matching_ngram_size, eos_ids
         self.most = options.prompt_lookup_num_tokens
 
-    def propose(self, chooser: _Chooser, produced: int, count: int) -> tuple[np.ndarray, list | None]:
-        return prompt_lookup(chooser.ids(), self.ngram, count, self.eos_ids), None
+    def propose(self, chooser: _Chooser, produced: int, left: int) -> tuple[np.ndarray, list | None]:
+        return prompt_lookup(chooser.ids(), self.ngram, min(self.most, left - 1), self.eos_ids), None
 
     def settle(self, accepted: int, drafted: int) -> None:
         """Nothing: the next draft reads the text as it is."""
@@ -188,11 +200,14 @@ class AssistantDrafter:
     from its cache."""
 
     def __init__(self, stepper, options: GenerationConfig) -> None:
-        self.stepper, self.most = stepper, options.num_assistant_tokens
+        self.stepper, self.length = stepper, DraftLength(options.num_assistant_tokens)
         self.fed = 0  # chosen tokens in the assistant's cache (after the prompt)
         self.first = True
 
-    def propose(self, chooser: _Chooser, produced: int, count: int) -> tuple[np.ndarray, list | None]:
+    def propose(self, chooser: _Chooser, produced: int, left: int) -> tuple[np.ndarray, list | None]:
+        count = self.length.now(left)
+        if count < 1:
+            return np.zeros(0, np.int64), None
         chosen = chooser.history.ids[0, chooser.history.length - (produced - self.fed):chooser.history.length]
         if self.first:
             self.stepper.first()  # the prompt (the model chose the first token itself)
@@ -211,6 +226,7 @@ class AssistantDrafter:
 
     def settle(self, accepted: int, drafted: int) -> None:
         """``accepted`` of ``drafted`` tokens stood: the others leave the assistant's cache."""
+        self.length.update(drafted, accepted)
         cached = drafted - 1  # the last draft never ran
         kept = min(accepted, cached)
         if cached > kept:
@@ -229,7 +245,6 @@ def speculative_tokens(stepper, problem, options: GenerationConfig,
     chooser, eos = _Chooser(problem, options, pipeline), frozenset(problem.eos_ids)
     drafter = (AssistantDrafter(problem.assistant, options) if problem.assistant is not None
                else LookupDrafter(options, problem.eos_ids))
-    length = DraftLength(drafter.most, pauses=problem.assistant is None)
     new: list[np.ndarray] = []
     logits, drafts, qs = stepper.first(), np.zeros(0, np.int64), None
     while True:
@@ -246,10 +261,8 @@ def speculative_tokens(stepper, problem, options: GenerationConfig,
                 stepper.drop(len(drafts) - j)  # the rejected draft and every one after it
                 break
         if len(drafts):
-            length.update(len(new), len(drafts), j)
             drafter.settle(j, len(drafts))
-        count = length.now(len(new), options.max_new_tokens - len(new))  # the step gives one more
-        drafts, qs = drafter.propose(chooser, len(new), count) if count else (drafts[:0], None)
+        drafts, qs = drafter.propose(chooser, len(new), options.max_new_tokens - len(new))
         last = new[-1]
         logits = (stepper.verify(np.concatenate([last, drafts])) if len(drafts)
                   else stepper.next(last, None))

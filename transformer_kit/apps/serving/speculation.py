@@ -17,23 +17,22 @@ import numpy as np
 
 from transformer_kit.apps.serving.requests import Row
 from transformer_kit.decoding import GenerationConfig
-from transformer_kit.decoding.speculative import DraftLength, prompt_lookup
+from transformer_kit.decoding.speculative import prompt_lookup
 from transformer_kit.errors import InputError
 from transformer_kit.export.batch_steps import BatchDecoder
 
 
 class Drafting:
-    """One request's prompt lookup: how long its next draft may be, from how its drafts fared."""
+    """One request's prompt lookup: at most ``most`` drafted tokens, as long as the match allows."""
 
     def __init__(self, most: int, ngram: int, eos_ids: list[int]) -> None:
-        self.length, self.ngram, self.eos_ids = DraftLength(most), ngram, eos_ids
+        self.most, self.ngram, self.eos_ids = most, ngram, eos_ids
 
     def draft(self, row: Row) -> np.ndarray:
-        """Up to the allowed number of drafted ids (k,) after the row's text so far."""
+        """The drafted ids (k,) after the row's text so far (k may be 0)."""
         request = row.request
-        produced = len(request.tokens)
-        count = self.length.now(produced, request.options.max_new_tokens - produced)
-        if count < 1:
+        count = min(self.most, request.options.max_new_tokens - len(request.tokens) - 1)  # the
+        if count < 1:  # step gives one more
             return np.zeros(0, np.int64)
         ids = np.concatenate([request.prompt, np.asarray(request.tokens, np.int64)])
         return prompt_lookup(ids, self.ngram, count, self.eos_ids)
@@ -90,8 +89,6 @@ def speculative_step(batch: BatchDecoder, row: Row, drafts: np.ndarray, stats: d
         if drafted is not None and row.last != drafted:
             batch.drop(len(drafts) - j)
             break
-    if not ended:
-        row.drafting.length.update(len(row.request.tokens), len(drafts), accepted)
     counts = {"steps": 1, "tokens": len(row.request.tokens) - before, "drafted_tokens": len(drafts),
               "accepted_tokens": accepted}
     for key, more in counts.items():
