@@ -16,9 +16,10 @@ model: float32 with the int4 export of the same model as its assistant (``--assi
 drafts a step). "steps" counts runs of the prompt and step graphs (a plain decoder runs one
 per token). "tokens = plain's": how many leading tokens of the prompt lookup runner are the
 plain runner's ("all": the same reply). In float32 they must all be (the script fails otherwise).
-int4 at accuracy level 4 rounds activations to int8 differently in a one-row product (a plain
-step) and a several-row one (a step checking drafts), so a near tie can go the other way there:
-the column says where the first difference came.
+int4 at accuracy level 4 is not exact with drafts: a one-row step (plain) and a several-row
+one (checking drafts) differ in the last bits (onnxruntime's 4-bit kernel sums them in another
+order), and rounding the next products' activations to int8 turns such differences into whole
+int8 steps, so a near tie can go the other way: the column says where the first difference came.
 
     python benchmarks/speculative.py [--rounds 5] [--new-tokens 256] [--drafts 10] [--workdir bench-spec]
     python benchmarks/speculative.py --small   # a tiny random Llama (the smoke test)
