@@ -60,13 +60,17 @@ def variants(few: bool = False) -> dict[str, object]:
 
     rows = {FLOAT: None,
             "int4, nearest (the kit's int4 before)": Int4(rounding="nearest", eight_bit=(), symmetric=True),
-            "int4, search": Int4(eight_bit=(), symmetric=True),
-            "int4, search, 8-bit embedding": Int4(eight_bit=("embedding",), symmetric=True),
-            "int4, search, 8-bit embedding and down": Int4(eight_bit=("embedding", "down"), symmetric=True),
-            "int4, search, block 16, 8-bit embedding and down": Int4(eight_bit=("embedding", "down"),
-                                                                     block_size=16, symmetric=True),
-            "int4, search, asymmetric, 8-bit embedding and down": Int4(eight_bit=("embedding", "down")),
+            "int4, search": Int4(eight_bit=(), symmetric=True, calibration=None),
+            "int4, search, 8-bit embedding": Int4(eight_bit=("embedding",), symmetric=True, calibration=None),
+            "int4, search, asymmetric, 8-bit embedding and down": Int4(eight_bit=("embedding", "down"),
+                                                                     calibration=None),
             "int4, search, asymmetric, 8-bit embedding, value and down": Int4(
+                eight_bit=("embedding", "value", "down"), calibration=None),
+            "int4, calibrated search, asymmetric": Int4(eight_bit=()),
+            "int4, calibrated search, asymmetric, 8-bit embedding": Int4(eight_bit=("embedding",)),
+            "int4, calibrated search, asymmetric, 8-bit embedding and down": Int4(
+                eight_bit=("embedding", "down")),
+            "int4, calibrated search, asymmetric, 8-bit embedding, value and down": Int4(
                 eight_bit=("embedding", "value", "down"))}
     if few:
         rows = {name: quantize for index, (name, quantize) in enumerate(rows.items())

@@ -16,6 +16,7 @@ from onnx import numpy_helper
 import transformer_kit as tk
 from tests.combinations import tiny_config
 from transformer_kit.export import Int4, OnnxModel, export_onnx
+from transformer_kit.export.calibration import calibration_ids, input_importance
 from transformer_kit.export.int4_nodes import QuantizedRows, dequantize_rows, quantize_rows
 from transformer_kit.export.verify import random_ids, relative_error
 
@@ -31,8 +32,10 @@ def _weights(shape=(200, 96), seed=0) -> np.ndarray:
     return w
 
 
-def _block_errors(q: QuantizedRows, w: np.ndarray) -> np.ndarray:
-    return ((dequantize_rows(q) - w) ** 2).reshape(w.shape[0], -1, q.block_size).sum(-1)
+def _block_errors(q: QuantizedRows, w: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """Each block's squared error (N, K / block), each column's weighed by ``weights`` (K,)."""
+    squares = (dequantize_rows(q) - w) ** 2 * (1 if weights is None else weights)
+    return squares.reshape(w.shape[0], -1, q.block_size).sum(-1)
 
 
 @pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric", "asymmetric"])
@@ -102,10 +105,14 @@ def _bits(node: onnx.NodeProto) -> int:
     return next(a.i for a in node.attribute if a.name == "bits")
 
 
+def _weight_name(node: onnx.NodeProto) -> str:
+    """The state-dict name of the weight a quantized node reads, by the name of its bytes."""
+    return node.input[1 if node.op_type == "MatMulNBits" else 0].split(".int4")[0]
+
+
 def _float_rows(model: torch.nn.Module, node: onnx.NodeProto) -> np.ndarray:
-    """The model's float (N, K) rows a quantized node stands for, by the name of its bytes."""
-    name = node.input[1 if node.op_type == "MatMulNBits" else 0].split(".int4")[0]
-    return dict(model.named_parameters(remove_duplicate=False))[name].detach().numpy()
+    """The model's float (N, K) rows a quantized node stands for."""
+    return dict(model.named_parameters(remove_duplicate=False))[_weight_name(node)].detach().numpy()
 
 
 def _dequantized(proto: onnx.ModelProto) -> bytes:
@@ -139,11 +146,12 @@ def exports(model, tmp_path_factory):
     return root
 
 
-def test_the_default_keeps_the_sensitive_weights_in_8_bits_and_searches_the_rest(model, exports):
+def test_the_default_keeps_the_sensitive_weights_in_8_bits_and_searches_the_rest_calibrated(model, exports):
     folder = exports / "level4"
     assert OnnxModel(folder).manifest.quantization_options == {
         "method": "int4", "block_size": BLOCK, "accuracy_level": 4, "symmetric": False, "head": True,
-        "embedding": True, "rounding": "search", "eight_bit": ["embedding", "value", "down"]}
+        "embedding": True, "rounding": "search", "eight_bit": ["embedding", "value", "down"],
+        "calibration": "default"}
     nodes = _quantized_nodes(_load(folder))
     table = [n for n, _ in nodes if n.op_type == "GatherBlockQuantized"]
     head = [n for n, _ in nodes if n.op_type == "MatMulNBits" and n.input[1].startswith("head.")]
@@ -155,14 +163,17 @@ def test_the_default_keeps_the_sensitive_weights_in_8_bits_and_searches_the_rest
            for t in onnx.load(str(folder / "decoder_step.onnx"), load_external_data=False).graph.initializer}
     assert raw[table[0].input[0]]["offset"] == raw[head[0].input[1]]["offset"]  # one 8-bit copy
     nearest = dict((n.name, rows) for n, rows in _quantized_nodes(_load(exports / "nearest")))
+    importance = input_importance(model, calibration_ids(model, "default"))  # the default calibrates
     for node, rows in nodes:
         w = _float_rows(model, node)
         assert dequantize_rows(rows).shape == w.shape
         if rows.bits == 8:  # 8 bits: within one 8-bit step of the block's scale
             step = np.abs(rows.scales).repeat(BLOCK, axis=1)
             assert (np.abs(dequantize_rows(rows) - w) <= step * 1.0001).all()
-        else:  # 4 bits: no block worse than onnxruntime's asymmetric nearest rounding of the weights
-            assert (_block_errors(rows, w) <= _block_errors(nearest[node.name], w) * (1 + 1e-5) + 1e-12).all()
+        else:  # 4 bits: no block's error, each column weighed by its calibrated importance, worse
+            weights = importance[_weight_name(node)]  # than onnxruntime's asymmetric nearest rounding
+            assert (_block_errors(rows, w, weights)
+                    <= _block_errors(nearest[node.name], w, weights) * (1 + 1e-5) + 1e-12).all()
 
 
 def test_below_level_4_the_8bit_head_reads_the_table_values_in_float32(exports):

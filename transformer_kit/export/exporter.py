@@ -15,6 +15,7 @@ import onnx_ir as ir
 import torch
 
 from transformer_kit.errors import ExportError, InputError, TransformerKitError
+from transformer_kit.export.calibration import calibrate
 from transformer_kit.export.files import follow_umask
 from transformer_kit.export.gguf_blocks import FileBlocks
 from transformer_kit.export.graphs import graph_specs
@@ -217,8 +218,9 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
         source = weight_source(model)
         int4 = quantize if isinstance(quantize, Int4) else None
         file_blocks = FileBlocks(model) if int4 is not None else None
-        writer = WeightWriter(staging, source, int4, file_blocks)
         report_progress = progress or (lambda step, done, total: None)
+        writer = WeightWriter(staging, source, int4, file_blocks,
+                              calibrate(model, int4, report_progress) if int4 is not None else {})
         graphs, layers_traced = _trace_and_write(traced, stack, writer, staging, opset, translations,
                                                  buffers, packed, report_progress)
         writer.close()

@@ -42,19 +42,19 @@ class QuantizedRows:
 
 
 def quantize_rows(rows: np.ndarray, block_size: int, symmetric: bool, bits: int = 4,
-                  rounding: str = "nearest") -> QuantizedRows:
+                  rounding: str = "nearest", importance: np.ndarray | None = None) -> QuantizedRows:
     """Quantize ``rows`` (N, K) float32 in blocks of ``block_size`` along K, to ``bits`` (4 or 8).
 
     ``rounding="nearest"``: each block's scale from its largest magnitude (symmetric: that
     weight becomes -8, or -128 in 8 bits) or from its range (asymmetric, zero included), the
     weights rounded to the nearest step; 4 bits by onnxruntime's own kernel
     (``quantize_matmul_4bits``, the one its ``MatMulNBitsQuantizer`` calls: the same bits).
-    ``rounding="search"``: :func:`search_blocks`, the scale of least squared error per block.
+    ``rounding="search"``: :func:`search_blocks`, the scale of least squared error per block,
+    each column's error weighted by ``importance`` (K,) when given (how large the product's
+    inputs are in that column: :mod:`~transformer_kit.export.calibration`).
     8 bits are always symmetric (zero point 128)."""
-    if bits == 8:
-        return _numpy_rows(rows, block_size, True, 8, rounding)
-    if rounding == "search":
-        return _numpy_rows(rows, block_size, symmetric, 4, rounding)
+    if bits == 8 or rounding == "search":
+        return _numpy_rows(rows, block_size, symmetric or bits == 8, bits, rounding, importance)
     from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
     n, k = rows.shape
@@ -76,14 +76,16 @@ def quantize_rows(rows: np.ndarray, block_size: int, symmetric: bool, bits: int 
 SEARCH_FACTORS = (0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1)
 
 
-def search_blocks(x: np.ndarray, bits: int, symmetric: bool,
-                  search: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def search_blocks(x: np.ndarray, bits: int, symmetric: bool, search: bool = True,
+                  weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The integers, scales and zero points of blocks ``x`` (..., block) float32 that minimize
-    each block's squared error ``|x - (q - zero) * scale|^2`` over candidate scales
-    (:data:`SEARCH_FACTORS` times the nearest-rounding scale, both signs when symmetric), each
-    candidate's integers refitted with the least-squares scale ``<x, q - zero> / |q - zero|^2``
-    (as llama.cpp's ``make_qx_quants``). The nearest-rounding scale is one of the candidates,
-    so no block's error exceeds its nearest rounding's.
+    each block's squared error ``sum(weights * (x - (q - zero) * scale)^2)`` over candidate
+    scales (:data:`SEARCH_FACTORS` times the nearest-rounding scale, both signs when symmetric),
+    each candidate's integers refitted with the least-squares scale
+    ``<weights * x, q - zero> / <weights * (q - zero), q - zero>`` (as llama.cpp's
+    ``make_qx_quants``). ``weights`` (..., block), positive, broadcast against ``x``: None
+    weighs every weight alike. The nearest-rounding scale is one of the candidates, so no
+    block's (weighted) error exceeds its nearest rounding's.
 
     ``search=False``: the nearest-rounding scale alone, not refitted (round to nearest).
 
@@ -91,6 +93,7 @@ def search_blocks(x: np.ndarray, bits: int, symmetric: bool,
     (2**(bits-1) when symmetric)."""
     levels = 2 ** bits
     x = x.astype(np.float32)
+    w = np.ones((1,) * x.ndim, np.float32) if weights is None else weights.astype(np.float32)
     if symmetric:
         half = levels // 2
         index = np.abs(x).argmax(-1)[..., None]
@@ -110,10 +113,10 @@ def search_blocks(x: np.ndarray, bits: int, symmetric: bool,
         else:
             zero = np.clip(np.rint(-lo / safe), 0, levels - 1)
             d = np.clip(np.rint(x / safe) + zero, 0, levels - 1) - zero
-        norm = (d * d).sum(-1, keepdims=True)
-        fitted = (np.where(norm > 0, (x * d).sum(-1, keepdims=True) / np.where(norm > 0, norm, 1), 0)
+        norm = (w * d * d).sum(-1, keepdims=True)
+        fitted = (np.where(norm > 0, (w * x * d).sum(-1, keepdims=True) / np.where(norm > 0, norm, 1), 0)
                   if search else scale)
-        error = ((x - d * fitted) ** 2).sum(-1, keepdims=True)
+        error = (w * (x - d * fitted) ** 2).sum(-1, keepdims=True)
         if best_error is None:
             best_error, best_q, best_scale, best_zero = error, d + zero, fitted, zero
             continue
@@ -127,10 +130,15 @@ def search_blocks(x: np.ndarray, bits: int, symmetric: bool,
 
 
 def _numpy_rows(rows: np.ndarray, block_size: int, symmetric: bool, bits: int,
-                rounding: str) -> QuantizedRows:
+                rounding: str, importance: np.ndarray | None = None) -> QuantizedRows:
     """:func:`quantize_rows` in numpy, chunk by chunk of rows."""
     n, k = rows.shape
     blocks = (k + block_size - 1) // block_size
+    weights = None
+    if importance is not None and rounding == "search":
+        weights = np.ones(blocks * block_size, np.float32)  # padding columns: zeros, any weight
+        weights[:k] = importance
+        weights = weights.reshape(1, blocks, block_size)
     width = block_size // 2 if bits == 4 else block_size
     packed = np.zeros((n, blocks, width), dtype=np.uint8)
     scales = np.zeros((n, blocks), dtype=np.float32)
@@ -140,7 +148,7 @@ def _numpy_rows(rows: np.ndarray, block_size: int, symmetric: bool, bits: int,
         chunk = np.zeros((stop - start, blocks * block_size), np.float32)  # K padded with zeros
         chunk[:, :k] = rows[start:stop]
         q, scales[start:stop], zeros[start:stop] = search_blocks(
-            chunk.reshape(stop - start, blocks, block_size), bits, symmetric, rounding == "search")
+            chunk.reshape(stop - start, blocks, block_size), bits, symmetric, rounding == "search", weights)
         q = q.astype(np.uint8)
         packed[start:stop] = (q[..., 0::2] | (q[..., 1::2] << 4)) if bits == 4 else q
     zero_points = None

@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,12 @@ class Int4:
             packed kernel at accuracy level 4; below it they are written as float32 MatMuls of
             the 8-bit values (onnxruntime 1.31's CPU kernel dequantizes an 8-bit matrix on every
             call there), the embedding table staying 8-bit.
+        calibration: the text the search weighs each column's error by (its mean squared input
+            there, llama.cpp's importance matrix: :mod:`~transformer_kit.export.calibration`):
+            ``"default"`` (a few pages of mixed text shipped with the kit; random ids for a
+            model without a tokenizer), a string of text, a UTF-8 text file (a ``Path``), token
+            ids (a tuple of ints), or None (every column alike). Only ``rounding="search"``
+            weighs; with ``"nearest"`` the default means None.
 
     The defaults are the measured best trade on SmolLM2-135M-Instruct (BENCHMARKS.md, "4-bit
     weights that keep their quality"): perplexity 1.066x float32's (nearest rounding in 4 bits
@@ -75,6 +83,7 @@ class Int4:
     embedding: bool = True
     rounding: str = "search"
     eight_bit: tuple[str, ...] = ("embedding", "value", "down")
+    calibration: str | Path | tuple[int, ...] | None = "default"
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or self.block_size not in BLOCK_SIZES:
@@ -96,9 +105,48 @@ class Int4:
                              f"roles among {', '.join(map(repr, EIGHT_BIT_ROLES))} (e.g. "
                              "eight_bit=('embedding', 'down')), or () for 4 bits everywhere.")
         object.__setattr__(self, "eight_bit", tuple(r for r in EIGHT_BIT_ROLES if r in roles))
+        object.__setattr__(self, "calibration", _calibration(self.calibration, self.rounding))
 
     def describe(self) -> dict[str, Any]:
-        return {"method": "int4", **asdict(self)}
+        return {"method": "int4", **asdict(self), "calibration": _described(self.calibration)}
+
+
+def _calibration(given: Any, rounding: str) -> str | Path | tuple[int, ...] | None:
+    """``Int4``'s calibration checked: "default", a text, a file's Path, ids as a tuple, or None."""
+    if given is None or (isinstance(given, str) and given == "default" and rounding == "nearest"):
+        return None
+    if rounding == "nearest":
+        raise InputError("Int4 calibration weighs the scale search's errors, and rounding='nearest' "
+                         "does not search: use rounding='search' (the default), or leave calibration out.")
+    if isinstance(given, os.PathLike):
+        path = Path(given)
+        if not path.is_file():
+            raise InputError(f"Int4 calibration file {str(path)!r} does not exist or is not a file; "
+                             "give a UTF-8 text file, a string of text, token ids, or None.")
+        return path
+    if isinstance(given, str):
+        if not given.strip():
+            raise InputError("Int4 calibration text is empty; give some text, or 'default'.")
+        return given
+    if hasattr(given, "tolist"):  # numpy or torch ids
+        given = given.tolist()
+    if isinstance(given, (list, tuple)) and given and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in given):
+        return tuple(given)
+    raise InputError(f"Int4 calibration={given!r:.60} is not supported; give 'default', a string of "
+                     "text, a pathlib.Path to a UTF-8 text file, token ids (a list of ints), or None.")
+
+
+def _described(calibration: str | Path | tuple[int, ...] | None) -> str | None:
+    """The calibration as the manifest records it (not the whole text)."""
+    if calibration is None or calibration == "default":
+        return calibration
+    if isinstance(calibration, Path):
+        return f"file {calibration.name}"
+    if isinstance(calibration, tuple):
+        return f"{len(calibration)} token ids"
+    digest = hashlib.sha256(calibration.encode()).hexdigest()[:12]
+    return f"text of {len(calibration)} characters (sha256 {digest})"
 
 
 def quantization(quantize: Any) -> str | Int4 | None:

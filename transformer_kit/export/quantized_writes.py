@@ -32,6 +32,16 @@ def _weight_names(expr: Expr) -> list[str]:
     return [name for part in expr[1] for name in _weight_names(part)]
 
 
+def rows_importance(importance: dict[str, np.ndarray], names: list[str], k: int) -> np.ndarray | None:
+    """The importance of a product's rows read from the weights ``names`` (one weight, or
+    several stacked along the rows: a packed q/k/v, which share their inputs): their mean when
+    every one has an importance of length ``k``, else None (the rows are weighed alike)."""
+    found = [importance.get(name) for name in names]
+    if not found or any(v is None or v.shape != (k,) for v in found):
+        return None
+    return np.mean(found, axis=0).astype(np.float32)
+
+
 class QuantizedWrites:
     """Writing and reading quantized rows (see the module's docstring)."""
 
@@ -59,9 +69,16 @@ class QuantizedWrites:
         return np.asarray(self.evaluate(rows), dtype=np.float32)
 
     def _own_rows(self, rows: Expr) -> QuantizedRows:
-        """``rows`` quantized here, as ``Int4`` says (the same bits every time)."""
-        return quantize_rows(self._floats(rows), self.int4.block_size, self.int4.symmetric,
-                             bits=8 if rows in self.eight_bit else 4, rounding=self.int4.rounding)
+        """``rows`` quantized here, as ``Int4`` says (the same bits every time), each column's
+        error weighed by its calibrated importance when the rows are whole weights."""
+        floats = self._floats(rows)
+        stacked = rows[0] == "weight" or (rows[0] == "concat" and rows[2] == 0
+                                          and all(part[0] == "weight" for part in rows[1]))
+        importance = (rows_importance(self.importance, _weight_names(rows), floats.shape[1])
+                      if stacked else None)
+        return quantize_rows(floats, self.int4.block_size, self.int4.symmetric,
+                             bits=8 if rows in self.eight_bit else 4, rounding=self.int4.rounding,
+                             importance=importance)
 
     def _placed_parts(self, q: QuantizedRows) -> dict:
         parts = {"packed": q.packed, "scales": q.scales, "zero_points": q.zero_points, "offsets": q.offsets}

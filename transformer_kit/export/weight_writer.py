@@ -70,11 +70,13 @@ class WeightWriter(QuantizedWrites):
     """Writes the weights of the graphs given to :meth:`write` into ``folder/weights.data``."""
 
     def __init__(self, folder: Path, source: WeightSource, int4: Int4 | None = None,
-                 file_blocks: FileBlocks | None = None) -> None:
+                 file_blocks: FileBlocks | None = None,
+                 importance: dict[str, np.ndarray] | None = None) -> None:
         self.folder = folder
         self.source = source
         self.int4 = int4
         self.file_blocks = file_blocks  # a GGUF model's own blocks, written instead of quantizing
+        self.importance = importance or {}  # weight name -> (K,) its inputs' mean squares
         self.file = WeightsFile(folder / (WEIGHTS_FILE + ".new"))
         self.placed: dict[tuple, tuple | np.ndarray] = {}  # (expr, dtype) -> where, or small array
         self.quantized: dict[Expr, dict] = {}  # rows expr -> what quantize_rows wrote

@@ -123,7 +123,8 @@ def test_int4_options_reach_the_graph(tmp_path):
     assert manifest.quantization == "int4"
     assert manifest.quantization_options == {"method": "int4", "block_size": 16, "accuracy_level": 4,
                                              "symmetric": False, "head": False, "embedding": False,
-                                             "rounding": "nearest", "eight_bit": ["down"]}
+                                             "rounding": "nearest", "eight_bit": ["down"],
+                                             "calibration": None}
     float_head = _nbits_blocks(tmp_path / "int4" / "decoder_step.onnx")
     assert set(float_head) == {16}
     # one layer: its feed-forward output projection in 8 bits, the rest in 4
@@ -135,6 +136,23 @@ def test_int4_options_reach_the_graph(tmp_path):
     assert set(_nbits_bits(tmp_path / "int4-head" / "decoder_step.onnx")) == {4}
     options = OnnxModel(tmp_path / "int4-head").manifest.quantization_options
     assert options["eight_bit"] == [] and options["symmetric"] is True
+
+
+def test_the_calibration_flag(tmp_path):
+    checkpoint = _small_gpt2(tmp_path / "gpt2", n_embd=32)  # no tokenizer
+    plain = invoke("export", str(checkpoint), "--from-hf", "-o", str(tmp_path / "none"), "--quantize", "int4",
+                   "--block-size", "16", "--calibration", "none", "--no-verify")
+    assert plain.exit_code == 0, plain.output
+    assert OnnxModel(tmp_path / "none").manifest.quantization_options["calibration"] is None
+    missing = invoke("export", str(checkpoint), "--from-hf", "-o", str(tmp_path / "x"), "--quantize", "int4",
+                     "--calibration", str(tmp_path / "missing.txt"))
+    assert missing.exit_code == 2 and "--calibration" in missing.output and "does not exist" in missing.output
+    text = tmp_path / "text.txt"
+    text.write_text("some calibration text")
+    untokenized = invoke("export", str(checkpoint), "--from-hf", "-o", str(tmp_path / "y"), "--quantize",
+                         "int4", "--calibration", str(text))
+    assert untokenized.exit_code == 1 and "needs the model's tokenizer" in untokenized.output
+    assert not (tmp_path / "y").exists()
 
 
 @pytest.mark.parametrize(("flags", "hint"), [(["--eight-bit", "attention"], "--eight-bit"),

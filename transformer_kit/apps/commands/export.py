@@ -28,7 +28,7 @@ class Quantization(str, Enum):
 
 
 INT4_OPTIONS = ("--block-size", "--accuracy-level", "--symmetric/--asymmetric", "--float-head",
-                "--float-embedding", "--rounding", "--eight-bit")
+                "--float-embedding", "--rounding", "--eight-bit", "--calibration")
 
 
 def export(
@@ -45,6 +45,7 @@ def export(
     float_embedding: Annotated[bool, typer.Option("--float-embedding", help="int4: keep the token embedding in float32 (else 4-bit, shared with a tied head).")] = False,
     rounding: Annotated[str | None, typer.Option(help="int4: each block's scale: 'search' (least squared error, the default) or 'nearest' (onnxruntime's round to nearest).")] = None,
     eight_bit: Annotated[str | None, typer.Option("--eight-bit", help="int4: weights kept in 8 bits, comma-separated roles among embedding, head, value, down, or 'none' (default: embedding,value,down).")] = None,
+    calibration: Annotated[str | None, typer.Option(help="int4: a UTF-8 text file whose inputs weigh each column's rounding error, 'default' (the kit's own text) or 'none'.")] = None,
     opset: Annotated[int | None, typer.Option(min=18, max=23, help="ONNX opset, 18..23 (default 23).")] = None,
     optimize: Annotated[bool, typer.Option(help="Measure and keep onnxruntime's offline optimizations.")] = False,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the graphs against PyTorch (the default; each layer's weights read as it runs for a checkpoint).")] = True,
@@ -62,7 +63,7 @@ def export(
                                  "--dtype.", param_hint="--quantize")
     given = [name for name, value in zip(INT4_OPTIONS, (block_size, accuracy_level, symmetric,
                                                        float_head or None, float_embedding or None,
-                                                       rounding, eight_bit),
+                                                       rounding, eight_bit, calibration),
                                          strict=True) if value is not None]
     if given and quantize is not Quantization.int4:
         raise typer.BadParameter(f"{', '.join(given)} set int4 quantization; add --quantize int4.",
@@ -75,13 +76,16 @@ def export(
             if eight_bit is not None:
                 roles = [r.strip() for r in eight_bit.split(",") if r.strip()]
                 chosen["eight_bit"] = () if roles == ["none"] else tuple(roles)
+            if calibration is not None:
+                chosen["calibration"] = {"none": None, "default": "default"}.get(calibration, Path(calibration))
             method = Int4(block_size=32 if block_size is None else block_size,
                           accuracy_level=4 if accuracy_level is None else accuracy_level,
                           head=not float_head, embedding=not float_embedding,
                           **chosen)
         except InputError as exc:
-            flag = next((f for f, key in (("--block-size", "block_size"), ("--rounding", "rounding"),
-                                          ("--eight-bit", "eight_bit")) if key in str(exc)),
+            flag = next((f for f, key in (("--calibration", "calibration"), ("--block-size", "block_size"),
+                                          ("--rounding", "rounding"), ("--eight-bit", "eight_bit"))
+                         if key in str(exc)),
                         "--accuracy-level")
             raise typer.BadParameter(str(exc), param_hint=flag) from None
     try:
