@@ -1,8 +1,8 @@
 """Batch-1 greedy decoding against onnxruntime-genai, each runtime in a process of its own.
 
 Three models, each in int4 (MatMulNBits, block 32, accuracy level 4) and float32. The kit's int4
-runs twice: its default (asymmetric blocks, least-squares scales, 8-bit embedding, value and down
-projections: the quality of BENCHMARKS.md's 4-bit section, more bytes a token) and genai's recipe
+runs twice: its default (asymmetric blocks, calibrated least-squares scales, 8-bit embedding and
+down projections: the quality of BENCHMARKS.md's 4-bit section, more bytes a token) and genai's recipe
 (symmetric 4-bit blocks, nearest rounding, the embedding quantized only when the head is tied:
 the same bytes a token as genai's ``-p int4``, so the ratio is the runtimes' own work):
 

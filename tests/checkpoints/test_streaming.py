@@ -127,15 +127,17 @@ def test_an_exports_peak_memory_is_bounded_by_the_checkpoints_bytes(tmp_path):
     """A 100M-parameter bfloat16 checkpoint (199 MB) exported to int4 in a process of its own:
     the export's peak resident memory above the process's after its imports stays under 2.5x the
     checkpoint's bytes (it was 17 bytes a parameter, 8.5x, when whole graphs held their weights;
-    about 1.9x now, most of it tracing, which does not grow with the weights)."""
+    about 1.9x now, most of it tracing, which does not grow with the weights; the default's
+    calibration runs before it and gives its memory back)."""
     weight_bytes = write_random_checkpoint(tmp_path / "ckpt", "llama-100m")
     run = subprocess.run([sys.executable, "-c", MEASURE, str(tmp_path / "ckpt"), str(tmp_path / "onnx")],
                          capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
     base, peak, folder_bytes = map(int, run.stdout.split()[-3:])
     assert peak - base < 2.5 * weight_bytes, f"peak {peak / 1e6:.0f} MB, base {base / 1e6:.0f} MB"
-    # the default int4: 4-bit blocks with scales and zero points, the embedding, value and
-    # feed-forward output projections in 8 bits: 6.9 bits a weight (0.43x the bfloat16 bytes)
-    assert folder_bytes < 0.48 * weight_bytes
+    # the default int4: 4-bit blocks with scales and zero points, the embedding (untied: the
+    # head too) and feed-forward output projections in 8 bits: 6.6 bits a weight (0.41x the
+    # bfloat16 bytes)
+    assert folder_bytes < 0.45 * weight_bytes
     ids = np.array([[5, 6, 7, 8]])
     assert OnnxModel(tmp_path / "onnx").generate(ids, 3).shape == (1, 3)

@@ -1,9 +1,10 @@
 """Int4's quality options: ``rounding="search"`` (each block's scale of least squared error, the
 default) and ``eight_bit`` (roles of weights kept in 8-bit blocks; the default keeps the token
-embedding and its tied head, the value and the feed-forward output projections in 8 bits), with
-asymmetric 4-bit blocks by default. The blocks are checked against the float weights, the
-exported graph against onnxruntime's reading of its own bytes and against the float model, and
-the options against the manifest (``test_int4.py`` covers nearest rounding in 4 bits)."""
+embedding and its tied head and the feed-forward output projections in 8 bits), with
+asymmetric 4-bit blocks by default, calibrated (``test_calibration.py``). The blocks are checked
+against the float weights, the exported graph against onnxruntime's reading of its own bytes and
+against the float model, and the options against the manifest (``test_int4.py`` covers nearest
+rounding in 4 bits)."""
 
 from __future__ import annotations
 
@@ -150,14 +151,14 @@ def test_the_default_keeps_the_sensitive_weights_in_8_bits_and_searches_the_rest
     folder = exports / "level4"
     assert OnnxModel(folder).manifest.quantization_options == {
         "method": "int4", "block_size": BLOCK, "accuracy_level": 4, "symmetric": False, "head": True,
-        "embedding": True, "rounding": "search", "eight_bit": ["embedding", "value", "down"],
+        "embedding": True, "rounding": "search", "eight_bit": ["embedding", "down"],
         "calibration": "default"}
     nodes = _quantized_nodes(_load(folder))
     table = [n for n, _ in nodes if n.op_type == "GatherBlockQuantized"]
     head = [n for n, _ in nodes if n.op_type == "MatMulNBits" and n.input[1].startswith("head.")]
     assert len(table) == len(head) == 1 and _bits(table[0]) == _bits(head[0]) == 8
-    # 2 layers: q, k, o and linear1 in 4 bits, v and linear2 in 8; the table and the head in 8
-    assert sorted(_bits(n) for n, _ in nodes) == [4] * 8 + [8] * 6
+    # 2 layers: q, k, v, o and linear1 in 4 bits, linear2 in 8; the table and the head in 8
+    assert sorted(_bits(n) for n, _ in nodes) == [4] * 10 + [8] * 4
     assert all(len(n.input) == (3 if _bits(n) == 8 else 4) for n, _ in nodes if n.op_type == "MatMulNBits")
     raw = {t.name: {e.key: e.value for e in t.external_data}
            for t in onnx.load(str(folder / "decoder_step.onnx"), load_external_data=False).graph.initializer}
@@ -178,15 +179,15 @@ def test_the_default_keeps_the_sensitive_weights_in_8_bits_and_searches_the_rest
 
 def test_below_level_4_the_8bit_head_reads_the_table_values_in_float32(exports):
     """onnxruntime 1.31's CPU kernel dequantizes 8-bit matrices on every call below level 4, so
-    the tied head's product reads the 8-bit table's values as float32 (and so do the value and
+    the tied head's product reads the 8-bit table's values as float32 (and so do the
     feed-forward output products); the embedding stays 8-bit."""
     proto = _load(exports / "default")
     nodes = _quantized_nodes(proto)
     (table,) = [rows for n, rows in nodes if n.op_type == "GatherBlockQuantized"]
-    assert table.bits == 8 and sorted(_bits(n) for n, _ in nodes) == [4] * 8 + [8]
+    assert table.bits == 8 and sorted(_bits(n) for n, _ in nodes) == [4] * 10 + [8]
     floats = {n.input[1] for n in proto.graph.node if n.op_type == "FusedMatMul"}
-    assert floats == {"head.weight.values"} | {f"decoder.layers.{i}.{part}.weight.values" for i in (0, 1)
-                                               for part in ("self_attention.v_proj", "feedforward.linear2")}
+    assert floats == {"head.weight.values"} | {f"decoder.layers.{i}.feedforward.linear2.weight.values"
+                                               for i in (0, 1)}
     weights = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
     (head,) = [n for n in proto.graph.node
                if n.op_type == "FusedMatMul" and n.input[1] == "head.weight.values"]

@@ -20,8 +20,8 @@ from transformer_kit.memory import available_memory
 #: The tracing's working memory (graphs traced and optimized), measured about 0.4 GB.
 TRACING_BYTES = 600_000_000
 #: Quantized folder bytes per float32 weight byte, rounded up: the default Int4 keeps 4-bit
-#: blocks of 32 (4 bits, a scale and a zero point) with the embedding, value and feed-forward
-#: output projections in 8-bit blocks (0.23 measured on SmolLM2-135M, whose embedding is a
+#: blocks of 32 (4 bits, a scale and a zero point) with the embedding and the feed-forward
+#: output projections in 8-bit blocks (0.21 measured on SmolLM2-135M, whose embedding is a
 #: large share); int8 is 0.25.
 INT4_FOLDER_RATIO = 0.25
 

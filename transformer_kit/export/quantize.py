@@ -71,9 +71,10 @@ class Int4:
 
     The defaults are the measured best trade on SmolLM2-135M-Instruct (BENCHMARKS.md, "4-bit
     weights that keep their quality"): perplexity 1.066x float32's (nearest rounding in 4 bits
-    everywhere, the former default: 1.39x), folder 0.23x float32's (0.16x), decoding 1.07x
-    onnxruntime-genai int4's tokens/s. ``Int4(rounding="nearest", eight_bit=(),
-    symmetric=True)`` is the former int4.
+    everywhere, the first int4: 1.39x), folder 0.21x float32's (0.16x), decoding 1.07x
+    onnxruntime-genai int4's tokens/s. ``eight_bit=("embedding", "value", "down")`` is better
+    (1.041x) and 7 % slower; ``eight_bit=("embedding",)`` is 14 % faster (1.22x genai's) and at
+    1.10x. ``Int4(rounding="nearest", eight_bit=(), symmetric=True)`` is the first int4.
     """
 
     block_size: int = 32
@@ -82,7 +83,7 @@ class Int4:
     head: bool = True
     embedding: bool = True
     rounding: str = "search"
-    eight_bit: tuple[str, ...] = ("embedding", "value", "down")
+    eight_bit: tuple[str, ...] = ("embedding", "down")
     calibration: str | Path | tuple[int, ...] | None = "default"
 
     def __post_init__(self) -> None:
