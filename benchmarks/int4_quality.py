@@ -59,12 +59,12 @@ def variants(few: bool = False) -> dict[str, object]:
     from transformer_kit.export import Int4
 
     rows = {FLOAT: None,
-            "int4, nearest (the kit's int4 before)": Int4(rounding="nearest", eight_bit=(), symmetric=True),
+            "int4, nearest (the kit's first int4)": Int4(rounding="nearest", eight_bit=(), symmetric=True),
             "int4, search": Int4(eight_bit=(), symmetric=True, calibration=None),
             "int4, search, 8-bit embedding": Int4(eight_bit=("embedding",), symmetric=True, calibration=None),
             "int4, search, asymmetric, 8-bit embedding and down": Int4(eight_bit=("embedding", "down"),
                                                                      calibration=None),
-            "int4, search, asymmetric, 8-bit embedding, value and down": Int4(
+            "int4, search, asymmetric, 8-bit embedding, value and down (the default before)": Int4(
                 eight_bit=("embedding", "value", "down"), calibration=None),
             "int4, calibrated search, asymmetric": Int4(eight_bit=()),
             "int4, calibrated search, asymmetric, 8-bit embedding": Int4(eight_bit=("embedding",)),

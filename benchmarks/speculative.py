@@ -10,8 +10,10 @@ Every runner (precision x plain or prompt lookup) is a process of its own with 2
 loaded at once; ``--rounds`` interleaved rounds, the order rotating, each timed generation of a
 greedy reply (until the model ends it, at most ``--new-tokens`` tokens: what a user waits for)
 after a short untimed one (4 tokens: the previous runner's spinning threads settle). Tokens/s
-are the reply's tokens over the median time (prefill included), ratios the median of the
-per-round ratios of tokens/s of the same prompt and precision. One more runner drafts with an assistant
+are the reply's tokens over the median time (the prompt's run included), ratios the median of
+the per-round ratios of tokens/s of the same prompt and precision; "after the first token": the
+same without the prompt's run (which drafting does not change): the tokens the steps gave over
+the time they took. One more runner drafts with an assistant
 model: float32 with the int4 export of the same model as its assistant (``--assistant-tokens``
 drafts a step). "steps" counts runs of the prompt and step graphs (a plain decoder runs one
 per token). "tokens = plain's": how many leading tokens of the prompt lookup runner are the
@@ -85,7 +87,8 @@ def say(text: str) -> None:
 
 # -- the worker: one runner in a process of its own ------------------------------------------------
 def worker(folder: str, drafts: int, assistant: str | None, assistant_tokens: int) -> None:
-    """Reads lines {"prompt": ids, "tokens": n}; answers each with seconds, tokens and steps."""
+    """Reads lines {"prompt": ids, "tokens": n}; answers each with seconds, tokens, steps and the
+    seconds until the prompt's run gave the first token ("first")."""
     import time
 
     import onnxruntime as ort
@@ -97,7 +100,7 @@ def worker(folder: str, drafts: int, assistant: str | None, assistant_tokens: in
     options.intra_op_num_threads = options.inter_op_num_threads = THREADS
     om = OnnxModel(folder, providers="cpu", session_options=options)
     helper = OnnxModel(assistant, providers="cpu", session_options=options) if assistant else None
-    steps = [0]
+    steps, first = [0], []
     for method in ("next", "verify"):
         original = getattr(OnnxStepper, method)
 
@@ -105,6 +108,13 @@ def worker(folder: str, drafts: int, assistant: str | None, assistant_tokens: in
             steps[0] += 1
             return original(*args)
         setattr(OnnxStepper, method, counted)
+    prompt_run = OnnxStepper.first
+
+    def timed_first(*args):
+        logits = prompt_run(*args)
+        first.append(time.perf_counter())  # the model's own comes first (an assistant's later)
+        return logits
+    OnnxStepper.first = timed_first
     lookup = {"prompt_lookup_num_tokens": drafts} if drafts else {}
     if helper is not None:
         lookup = {"assistant_model": helper, "num_assistant_tokens": assistant_tokens}
@@ -115,11 +125,13 @@ def worker(folder: str, drafts: int, assistant: str | None, assistant_tokens: in
             break
         ids, count = np.array([request["prompt"]], np.int64), request["tokens"]
         steps[0] = 0
+        first.clear()
         start = time.perf_counter()
         tokens = om.generate(ids, max_new_tokens=count, attention_mask=np.ones_like(ids),  # the
                              **lookup)[0].tolist()  # template's pad ids are real tokens
         seconds = time.perf_counter() - start
-        print(json.dumps({"seconds": seconds, "tokens": tokens, "steps": steps[0] + 1}), flush=True)
+        print(json.dumps({"seconds": seconds, "tokens": tokens, "steps": steps[0] + 1,
+                          "first": first[0] - start}), flush=True)
 
 
 class Runner:
@@ -152,6 +164,12 @@ class Runner:
 def _speed(answer: dict) -> float:
     """A timed reply's tokens/s (replies of int4 runners may differ in length)."""
     return len(answer["tokens"]) / answer["seconds"]
+
+
+def _decode_speed(answer: dict) -> float:
+    """Tokens/s after the first token: the tokens the steps gave over the time they took (the
+    prompt's run, which drafting does not change, left out)."""
+    return (len(answer["tokens"]) - 1) / max(answer["seconds"] - answer["first"], 1e-9)
 
 
 def _same(runs: list[dict], others: list[dict]) -> str:
@@ -230,18 +248,21 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.drafts}; {args.rounds} rounds")
     print(f"    {' '.join(['python', *sys.argv])}\n")
     print("| precision | prompt | grounded | prompt tokens | reply tokens | plain tokens/s | prompt lookup "
-          "tokens/s | ratio | steps (plain / lookup) | tokens = plain's | "
+          "tokens/s | ratio | ratio after the first token | steps (plain / lookup) | tokens = plain's | "
           "int4 assistant: ratio, tokens = plain's |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |")
     summary = {}
     for p in precisions:
         for t, (task, grounded, _) in enumerate(TASKS):
             plain, lookup = results[p, "plain"][t], results[p, "prompt lookup"][t]
             ratio = statistics.median(_speed(b) / _speed(a) for a, b in zip(plain, lookup, strict=True))
+            decode = statistics.median(_decode_speed(b) / _decode_speed(a)
+                                       for a, b in zip(plain, lookup, strict=True))
             reply = len(plain[0]["tokens"])
             speed = [len(runs[0]["tokens"]) / statistics.median(r["seconds"] for r in runs)
                      for runs in (plain, lookup)]
-            summary[p, task] = {"ratio": ratio, "same": _same(plain, lookup), "grounded": grounded,
+            summary[p, task] = {"ratio": ratio, "decode_ratio": decode, "same": _same(plain, lookup),
+                                "grounded": grounded,
                                 "reply": reply, "tokens_per_s": speed,
                                 "steps": [plain[0]["steps"], lookup[0]["steps"]]}
             assisted = "-"
@@ -252,15 +273,15 @@ def main(argv: list[str] | None = None) -> int:
                 summary[p, task]["assistant_same"] = _same(plain, runs)
                 assisted = f"{summary[p, task]['assistant_ratio']:.2f}x, {summary[p, task]['assistant_same']}"
             print(f"| {p} | {task} | {'yes' if grounded else 'no'} | {len(prompts[t])} | {reply} | "
-                  f"{speed[0]:.0f} | {speed[1]:.0f} | {ratio:.2f}x | "
+                  f"{speed[0]:.0f} | {speed[1]:.0f} | {ratio:.2f}x | {decode:.2f}x | "
                   f"{plain[0]['steps']} / {lookup[0]['steps']} | "
                   f"{summary[p, task]['same']} | {assisted} |")
         for grounded in (True, False):
-            ratios = [row["ratio"] for (q, _), row in summary.items()
-                      if q == p and row["grounded"] == grounded]
-            mean = float(np.exp(np.mean(np.log(ratios))))
+            means = [float(np.exp(np.mean([np.log(row[key]) for (q, _), row in summary.items()
+                                           if q == p and row["grounded"] == grounded])))
+                     for key in ("ratio", "decode_ratio")]
             print(f"| {p} | geometric mean, {'grounded' if grounded else 'nothing to copy'} | | | | | | "
-                  f"**{mean:.2f}x** | | | |")
+                  f"**{means[0]:.2f}x** | **{means[1]:.2f}x** | | | |")
     (workdir / "speculative.json").write_text(json.dumps(
         {f"{p} | {task}": row for (p, task), row in summary.items()}, indent=1))
     # float32 products do not depend on how many rows they have: the tokens must be plain's

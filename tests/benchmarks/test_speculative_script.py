@@ -20,12 +20,12 @@ def test_speculative_benchmark_prints_one_row_per_precision_and_prompt(tmp_path)
     lines = result.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| precision | prompt"))
     rows = [line for line in lines[start + 2:] if line.startswith("|")]
-    assert len(rows) == 2 * (8 + 2) and all(row.count("|") == 12 for row in rows)
+    assert len(rows) == 2 * (8 + 2) and all(row.count("|") == 13 for row in rows)
     float32 = [row for row in rows if row.startswith("| float32 |") and "geometric" not in row]
     assert len(float32) == 8
     for row in float32:  # prompt lookup's tokens and the assistant's: all plain greedy's
         cells = row.strip("| ").split(" | ")
-        assert cells[9] == "all" and cells[10].endswith(", all")
+        assert cells[10] == "all" and cells[11].endswith(", all")
     results = json.loads((tmp_path / "speculative.json").read_text())
     assert len(results) == 16
     for name, row in results.items():

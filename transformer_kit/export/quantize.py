@@ -71,10 +71,10 @@ class Int4:
 
     The defaults are the measured best trade on SmolLM2-135M-Instruct (BENCHMARKS.md, "4-bit
     weights that keep their quality"): perplexity 1.066x float32's (nearest rounding in 4 bits
-    everywhere, the first int4: 1.39x), folder 0.21x float32's (0.16x), decoding 1.07x
+    everywhere, the first int4: 1.39x), folder 0.21x float32's (0.16x), decoding 1.03-1.07x
     onnxruntime-genai int4's tokens/s. ``eight_bit=("embedding", "value", "down")`` is better
-    (1.041x) and 7 % slower; ``eight_bit=("embedding",)`` is 14 % faster (1.22x genai's) and at
-    1.10x. ``Int4(rounding="nearest", eight_bit=(), symmetric=True)`` is the first int4.
+    (1.041x) and 3-7 % slower; ``eight_bit=("embedding",)`` is about 10 % faster (1.12-1.22x
+    genai's) and at 1.10x. ``Int4(rounding="nearest", eight_bit=(), symmetric=True)`` is the first int4.
     """
 
     block_size: int = 32
