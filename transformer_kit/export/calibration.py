@@ -65,6 +65,9 @@ def calibration_ids(model: nn.Module, calibration: str | Path | tuple[int, ...])
     if isinstance(text, Path):
         text = text.read_text(encoding="utf-8")
     ids = tokenizer.encode([text], add_special_tokens=False)[0][0]
+    if ids.max() >= vocab:
+        raise InputError(f"The model's tokenizer gives ids up to {ids.max()} for the calibration text, "
+                         f"beyond the model's {vocab} tokens; give token ids, or calibration=None.")
     return ids[:DEFAULT_TOKENS] if calibration == "default" else ids
 
 
