@@ -8,7 +8,7 @@ aside); one more row exports the file's own blocks at accuracy level 4 (weights 
 int8 activations of level 4 alone cost). onnxruntime-genai's int4 is built by its model builder
 (``-p int4 -e cpu``) from the same float32 weights (a Hugging Face folder transformers writes from
 the GGUF file), in the interpreter ``--genai-python`` (one with onnxruntime-genai; the row is left
-out when there is none).
+out when there is none). Blocks are symmetric unless a row says "asymmetric".
 
 Held text: the Python documentation that ships with CPython's standard library
 (``pydoc_data.topics``, the pages of ``help('topics')``), topics in sorted order, joined by blank
@@ -59,19 +59,23 @@ def variants(few: bool = False) -> dict[str, object]:
     from transformer_kit.export import Int4
 
     rows = {FLOAT: None,
-            "int4, nearest (the kit's first int4)": Int4(rounding="nearest", eight_bit=(), symmetric=True),
-            "int4, search": Int4(eight_bit=(), symmetric=True, calibration=None),
-            "int4, search, 8-bit embedding": Int4(eight_bit=("embedding",), symmetric=True, calibration=None),
-            "int4, search, asymmetric, 8-bit embedding and down": Int4(eight_bit=("embedding", "down"),
-                                                                     calibration=None),
+            "int4, nearest (the kit's first int4)": Int4(rounding="nearest", eight_bit=()),
+            "int4, search": Int4(eight_bit=(), calibration=None),
+            "int4, search, 8-bit embedding": Int4(eight_bit=("embedding",), calibration=None),
+            "int4, search, asymmetric, 8-bit embedding and down": Int4(
+                eight_bit=("embedding", "down"), symmetric=False, calibration=None),
             "int4, search, asymmetric, 8-bit embedding, value and down (the default before)": Int4(
-                eight_bit=("embedding", "value", "down"), calibration=None),
-            "int4, calibrated search, asymmetric": Int4(eight_bit=()),
-            "int4, calibrated search, asymmetric, 8-bit embedding": Int4(eight_bit=("embedding",)),
+                eight_bit=("embedding", "value", "down"), symmetric=False, calibration=None),
+            "int4, calibrated search, 8-bit embedding": Int4(eight_bit=("embedding",)),
+            "int4, calibrated search, 8-bit embedding and down": Int4(eight_bit=("embedding", "down")),
+            "int4, calibrated search, 8-bit embedding, value and down": Int4(
+                eight_bit=("embedding", "value", "down")),
+            "int4, calibrated search, asymmetric, 8-bit embedding": Int4(
+                eight_bit=("embedding",), symmetric=False),
             "int4, calibrated search, asymmetric, 8-bit embedding and down": Int4(
-                eight_bit=("embedding", "down")),
+                eight_bit=("embedding", "down"), symmetric=False),
             "int4, calibrated search, asymmetric, 8-bit embedding, value and down": Int4(
-                eight_bit=("embedding", "value", "down"))}
+                eight_bit=("embedding", "value", "down"), symmetric=False)}
     if few:
         rows = {name: quantize for index, (name, quantize) in enumerate(rows.items())
                 if index < 2 or quantize == Int4()}

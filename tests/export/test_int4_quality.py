@@ -1,7 +1,7 @@
 """Int4's quality options: ``rounding="search"`` (each block's scale of least squared error, the
 default) and ``eight_bit`` (roles of weights kept in 8-bit blocks; the default keeps the token
 embedding and its tied head and the feed-forward output projections in 8 bits), with
-asymmetric 4-bit blocks by default, calibrated (``test_calibration.py``). The blocks are checked
+symmetric 4-bit blocks by default, calibrated (``test_calibration.py``). The blocks are checked
 against the float weights, the exported graph against onnxruntime's reading of its own bytes and
 against the float model, and the options against the manifest (``test_int4.py`` covers nearest
 rounding in 4 bits)."""
@@ -137,8 +137,7 @@ def _dequantized(proto: onnx.ModelProto) -> bytes:
 @pytest.fixture(scope="module")
 def exports(model, tmp_path_factory):
     root = tmp_path_factory.mktemp("int4-quality")
-    options = {"nearest": Int4(block_size=BLOCK, accuracy_level=1, rounding="nearest", eight_bit=(),
-                               symmetric=False),
+    options = {"nearest": Int4(block_size=BLOCK, accuracy_level=1, rounding="nearest", eight_bit=()),
                "search": Int4(block_size=BLOCK, accuracy_level=1, eight_bit=()),
                "default": Int4(block_size=BLOCK, accuracy_level=1),
                "level4": Int4(block_size=BLOCK)}
@@ -150,7 +149,7 @@ def exports(model, tmp_path_factory):
 def test_the_default_keeps_the_sensitive_weights_in_8_bits_and_searches_the_rest_calibrated(model, exports):
     folder = exports / "level4"
     assert OnnxModel(folder).manifest.quantization_options == {
-        "method": "int4", "block_size": BLOCK, "accuracy_level": 4, "symmetric": False, "head": True,
+        "method": "int4", "block_size": BLOCK, "accuracy_level": 4, "symmetric": True, "head": True,
         "embedding": True, "rounding": "search", "eight_bit": ["embedding", "down"],
         "calibration": "default"}
     nodes = _quantized_nodes(_load(folder))
@@ -159,7 +158,7 @@ def test_the_default_keeps_the_sensitive_weights_in_8_bits_and_searches_the_rest
     assert len(table) == len(head) == 1 and _bits(table[0]) == _bits(head[0]) == 8
     # 2 layers: q, k, v, o and linear1 in 4 bits, linear2 in 8; the table and the head in 8
     assert sorted(_bits(n) for n, _ in nodes) == [4] * 10 + [8] * 4
-    assert all(len(n.input) == (3 if _bits(n) == 8 else 4) for n, _ in nodes if n.op_type == "MatMulNBits")
+    assert all(len(n.input) == 3 for n, _ in nodes if n.op_type == "MatMulNBits")  # no zero points
     raw = {t.name: {e.key: e.value for e in t.external_data}
            for t in onnx.load(str(folder / "decoder_step.onnx"), load_external_data=False).graph.initializer}
     assert raw[table[0].input[0]]["offset"] == raw[head[0].input[1]]["offset"]  # one 8-bit copy
@@ -172,7 +171,7 @@ def test_the_default_keeps_the_sensitive_weights_in_8_bits_and_searches_the_rest
             step = np.abs(rows.scales).repeat(BLOCK, axis=1)
             assert (np.abs(dequantize_rows(rows) - w) <= step * 1.0001).all()
         else:  # 4 bits: no block's error, each column weighed by its calibrated importance, worse
-            weights = importance[_weight_name(node)]  # than onnxruntime's asymmetric nearest rounding
+            weights = importance[_weight_name(node)]  # than onnxruntime's nearest rounding
             assert (_block_errors(rows, w, weights)
                     <= _block_errors(nearest[node.name], w, weights) * (1 + 1e-5) + 1e-12).all()
 

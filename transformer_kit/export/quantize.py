@@ -42,10 +42,11 @@ class Int4:
         accuracy_level: the type ``MatMulNBits`` computes in on the CPU: 4 = int8 activations
             (fastest on x86, as onnxruntime-genai's int4 models), 1 = float32, 0 = the
             kernel's default. CUDA ignores it.
-        symmetric: a scale per block (zero point 8) rather than a scale and a zero point (the
-            default: asymmetric blocks measured 1.107x float32's perplexity against 1.168x
-            symmetric on SmolLM2-135M, at the same speed within noise). 8-bit blocks are
-            always symmetric.
+        symmetric: a scale per block (zero point 8, the default) rather than a scale and a zero
+            point. Calibrated, asymmetric blocks are a little better (1.066x float32's
+            perplexity against 1.085x on SmolLM2-135M) but onnxruntime's kernels run them
+            16-36 % slower per product on AVX2 CPUs (the same speed with AVX-512 VNNI). 8-bit
+            blocks are always symmetric.
         head: also quantize the output head (the vocabulary projection). It is the largest
             single matrix of small models; onnxruntime-genai quantizes it too.
         embedding: also quantize the token embedding (``GatherBlockQuantized``, blocks along
@@ -70,16 +71,16 @@ class Int4:
             weighs; with ``"nearest"`` the default means None.
 
     The defaults are the measured best trade on SmolLM2-135M-Instruct (BENCHMARKS.md, "4-bit
-    weights that keep their quality"): perplexity 1.066x float32's (nearest rounding in 4 bits
-    everywhere, the first int4: 1.39x), folder 0.21x float32's (0.16x), decoding 1.03-1.07x
-    onnxruntime-genai int4's tokens/s. ``eight_bit=("embedding", "value", "down")`` is better
-    (1.041x) and 3-7 % slower; ``eight_bit=("embedding",)`` is about 10 % faster (1.12-1.22x
-    genai's) and at 1.10x. ``Int4(rounding="nearest", eight_bit=(), symmetric=True)`` is the first int4.
+    weights that keep their quality"): perplexity 1.085x float32's (nearest rounding in 4 bits
+    everywhere, the first int4: 1.39x), folder 0.21x float32's (0.16x), decoding faster than
+    onnxruntime-genai int4's on CPUs with or without AVX-512. ``eight_bit=("embedding", "value",
+    "down")`` is better (1.058x) and slower; ``eight_bit=("embedding",)`` faster and at 1.105x.
+    ``Int4(rounding="nearest", eight_bit=())`` is the first int4.
     """
 
     block_size: int = 32
     accuracy_level: int = 4
-    symmetric: bool = False
+    symmetric: bool = True
     head: bool = True
     embedding: bool = True
     rounding: str = "search"

@@ -40,7 +40,7 @@ def export(
     quantize: Annotated[Quantization | None, typer.Option(help="int8: dynamic int8 quantization of the matrix products; int4: 4-bit MatMulNBits weights.")] = None,
     block_size: Annotated[int | None, typer.Option(help="int4: weights per scale, 16..256, a power of 2 (default 32).")] = None,
     accuracy_level: Annotated[int | None, typer.Option(help="int4: compute type on the CPU, 4 = int8 (default), 1 = float32, 0 = the kernel's default.")] = None,
-    symmetric: Annotated[bool | None, typer.Option("--symmetric/--asymmetric", help="int4: a scale per block (zero point 8), or a scale and a zero point (the default).")] = None,
+    symmetric: Annotated[bool | None, typer.Option("--symmetric/--asymmetric", help="int4: a scale per block (zero point 8, the default), or a scale and a zero point.")] = None,
     float_head: Annotated[bool, typer.Option("--float-head", help="int4: keep the output head in float32.")] = False,
     float_embedding: Annotated[bool, typer.Option("--float-embedding", help="int4: keep the token embedding in float32 (else 4-bit, shared with a tied head).")] = False,
     rounding: Annotated[str | None, typer.Option(help="int4: each block's scale: 'search' (least squared error, the default) or 'nearest' (onnxruntime's round to nearest).")] = None,
