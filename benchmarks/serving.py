@@ -83,7 +83,10 @@ def stream(client: httpx.Client, url: str, prompt: list[int], new: int) -> tuple
     with client.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as response:
         response.raise_for_status()
         for line in response.iter_lines():
-            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["token_ids"]:
+            event = json.loads(line[6:]) if line.startswith("data: {") else {}
+            if "error" in event:
+                raise RuntimeError(f"the server failed a request: {event['error']['message']}")
+            if event and event["choices"][0]["token_ids"]:
                 stamps.append(time.perf_counter())
     return stamps[0] - start, list(np.diff(stamps)), len(stamps)
 
@@ -92,9 +95,15 @@ def load(url: str, clients: int, requests: int, prompts: list[list[int]], new: i
          streamer=stream) -> dict:
     """``clients`` threads stream until ``requests`` are answered; aggregate numbers.
     ``streamer(client, url, prompt, new)``: one request, as :func:`stream`."""
-    lock, taken, ttft, gaps, tokens = threading.Lock(), [0], [], [], [0]
+    lock, taken, ttft, gaps, tokens, failures = threading.Lock(), [0], [], [], [0], []
 
     def client_loop() -> None:
+        try:
+            answer_requests()
+        except Exception as exc:  # raised again in the main thread, below
+            failures.append(exc)
+
+    def answer_requests() -> None:
         with httpx.Client() as client:
             while True:
                 with lock:
@@ -114,6 +123,8 @@ def load(url: str, clients: int, requests: int, prompts: list[list[int]], new: i
         thread.start()
     for thread in threads:
         thread.join()
+    if failures:
+        raise failures[0]
     wall = time.perf_counter() - start
     return {"clients": clients, "tokens_per_s": tokens[0] / wall, "tokens": tokens[0], "wall_s": wall,
             "ttft_p50_ms": 1e3 * np.percentile(ttft, 50), "ttft_p99_ms": 1e3 * np.percentile(ttft, 99),

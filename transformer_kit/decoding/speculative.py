@@ -1,12 +1,9 @@
 """Speculative decoding: tokens drafted cheaply, checked by the model in one step.
 
-Two drafters. Prompt lookup (transformers' ``prompt_lookup_num_tokens``): the last
-``max_matching_ngram_size`` ids (then fewer) are looked up earlier in the prompt and the output
-so far, and the ids that followed the occurrence whose preceding ids match longest are the
-draft, longer the longer the match (:func:`prompt_lookup`). An assistant model (transformers'
-``assistant_model``): a smaller model with the same vocabulary drafts ``num_assistant_tokens``
-tokens one by one, as the model would choose them (greedy, or sampled from its processed
-distribution).
+Two drafters. Prompt lookup (transformers' ``prompt_lookup_num_tokens``): the ids after the
+best earlier match of the text's end, in the prompt and the output so far (:func:`prompt_lookup`).
+An assistant model (transformers' ``assistant_model``): a smaller model with the same vocabulary
+drafts up to ``num_assistant_tokens`` tokens one by one, as the model would choose them.
 
 One step of the model runs the last chosen token and the draft together and gives the logits
 after each (:meth:`verify` of the runtime's stepper); the tokens are then chosen from those
@@ -34,8 +31,7 @@ from transformer_kit.decoding.problem import History, _probabilities, sample_row
 from transformer_kit.decoding.processors import Pipeline
 from transformer_kit.errors import InputError
 
-#: The longest match counted: enough for drafts of 2 ** (8 - 1) = 128 tokens, beyond the most
-#: allowed (64).
+#: The longest match counted: enough for drafts of 2 ** (8 - 1) = 128 tokens (at most 64 asked).
 LONGEST_MATCH = 8
 
 
@@ -66,11 +62,9 @@ def prompt_lookup(ids: np.ndarray, max_ngram: int, count: int, eos_ids: list[int
     """The draft after ``ids`` (length,) int64: the ids after the best earlier match of its end
     (:func:`lookup_match`), up to ``count`` of them and at most 2 ** (matched - 1) (1 after a
     match of one id, 2 after two, 4 after three...: a long match is text being copied, a short
-    one often chance), cut before an end id; empty when no id occurs earlier.
-
-    With one earlier occurrence and a long enough match, this is transformers' prompt lookup
-    candidate (``PromptLookupCandidateGenerator``); where the n-gram occurs several times,
-    transformers takes the first occurrence and all ``count`` ids after it."""
+    one often chance), cut before an end id; empty when no id occurs earlier. With one earlier
+    occurrence and a long match, transformers' ``PromptLookupCandidateGenerator`` drafts the same
+    (of several, it takes the first occurrence and all ``count`` ids after it)."""
     start, matched = lookup_match(ids, max_ngram) if count >= 1 else (0, 0)
     if not matched:
         return ids[:0]
@@ -161,12 +155,9 @@ class _Chooser:
 
 
 class DraftLength:
-    """How many tokens an assistant model drafts next, from how its drafts fared (tokens only,
-    never time: sampling's draws stay a function of the seed).
-
-    Starts at ``most``; a draft accepted whole lets the next be 2 longer (up to ``most``), one
-    accepted in part or not at all makes the next one token longer than the accepted part.
-    """
+    """How many tokens an assistant model drafts next (tokens only, never time: sampling's draws
+    stay a function of the seed): ``most`` at first; after a draft accepted whole, 2 more (up to
+    ``most``); after one accepted in part or not at all, one more than the accepted part."""
 
     def __init__(self, most: int) -> None:
         self.most, self.length = most, most
@@ -190,8 +181,8 @@ class LookupDrafter:
     def propose(self, chooser: _Chooser, produced: int, left: int) -> tuple[np.ndarray, list | None]:
         return prompt_lookup(chooser.ids(), self.ngram, min(self.most, left - 1), self.eos_ids), None
 
-    def settle(self, accepted: int, drafted: int) -> None:
-        """Nothing: the next draft reads the text as it is."""
+    def settle(self, accepted: int, drafted: int) -> None:  # the next draft reads the text as it is
+        pass
 
 
 class AssistantDrafter:
@@ -218,8 +209,7 @@ class AssistantDrafter:
         drafts, qs = [], []
         for i in range(count):
             token, q = chooser.draw(logits)
-            drafts.append(token)
-            qs.append(q)
+            drafts, qs = [*drafts, token], [*qs, q]
             if i + 1 < count:  # the last draft's logits are not needed
                 logits = self.stepper.next(np.array([token], np.int64), None)[0]
         return np.array(drafts, np.int64), (None if chooser.rng is None else qs)
@@ -227,8 +217,7 @@ class AssistantDrafter:
     def settle(self, accepted: int, drafted: int) -> None:
         """``accepted`` of ``drafted`` tokens stood: the others leave the assistant's cache."""
         self.length.update(drafted, accepted)
-        cached = drafted - 1  # the last draft never ran
-        kept = min(accepted, cached)
+        cached, kept = drafted - 1, min(accepted, drafted - 1)  # the last draft never ran
         if cached > kept:
             self.stepper.drop(cached - kept)
         self.fed += kept

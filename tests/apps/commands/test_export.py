@@ -122,7 +122,7 @@ def test_int4_options_reach_the_graph(tmp_path):
     manifest = OnnxModel(tmp_path / "int4").manifest
     assert manifest.quantization == "int4"
     assert manifest.quantization_options == {"method": "int4", "block_size": 16, "accuracy_level": 4,
-                                             "symmetric": False, "head": False, "embedding": False,
+                                             "symmetric": True, "head": False, "embedding": False,
                                              "rounding": "nearest", "eight_bit": ["down"],
                                              "calibration": None}
     float_head = _nbits_blocks(tmp_path / "int4" / "decoder_step.onnx")

@@ -191,3 +191,24 @@ def test_requests_continuing_one_previous_turn_together_both_reuse_it(onnx_model
         engine.close()
     for prompt, tokens in zip(prompts, results, strict=True):
         _same(tokens, _alone(onnx_model, prompt))
+
+
+def test_a_hit_waiting_behind_a_shorter_prompt_without_one_is_prefilled_from_its_hit(onnx_model):
+    """Waiting requests are taken shortest first: a cache hit behind a shorter prompt that has
+    none leaves the queue on its own (requests are compared by identity, never by their arrays)."""
+    vocab = onnx_model.manifest.src_vocab
+    turn, short = _prefix(vocab, 20, seed=8), _prefix(vocab, 5, seed=9)
+    longer = np.concatenate([turn, _endings(vocab, 1, seed=10)[0]])
+    engine = Engine(onnx_model, prefix_cache_bytes=10**7, start=False)
+    try:
+        engine.submit(turn, max_new_tokens=1)
+        engine._admit()  # the turn is prefilled and kept
+        requests = [engine.submit(p, max_new_tokens=NEW) for p in (short, longer)]
+        engine.start()
+        results = [r.result() for r in requests]
+        assert [r.finish_reason for r in requests] == ["length"] * 2, requests[0].error
+        assert [r.cached_tokens for r in requests] == [0, len(turn)]
+    finally:
+        engine.close()
+    for prompt, tokens in zip((short, longer), results, strict=True):
+        _same(tokens, _alone(onnx_model, prompt))

@@ -3,24 +3,23 @@
 Waiting requests are prefilled together (left-padded) and join the running batch at the next
 step boundary in one copy; each streams its tokens as they are chosen and leaves the batch when
 it ends (an eos id, a stop string, ``max_new_tokens``) or when its caller cancels it. The batch
-keeps the step graph's layout (left padding and an attention mask, see
-:class:`~transformer_kit.export.batch_steps.BatchDecoder`), so a greedy request gets the tokens
-``OnnxModel.generate`` gives it alone (float32; int4 batches run other kernels, which may round
-differently), and a sampled one with a seed the same draws.
+keeps the step graph's layout (left padding and an attention mask: ``BatchDecoder``), so a greedy
+request gets the tokens ``OnnxModel.generate`` gives it alone (float32; int4 batches run other
+kernels, which may round differently), and a sampled one with a seed the same draws.
 
 One thread runs the loop; ``submit`` may be called from any thread. Queue and batch are bounded,
 and so, when it is submitted with a ``timeout``, is a request's time: past it the request ends
 (``"timeout"``) at the next step boundary, waiting or running, and its row leaves the batch.
 Asynchronous readers (:meth:`Request.arrivals`) are woken once per step per event loop.
 
-With ``prefix_cache_bytes``, prompts' caches are kept (:mod:`.prefix_cache`) and a prompt that
-starts with a cached one's tokens prefills only the rest.
-"""
+With ``prefix_cache_bytes``, prompts' caches are kept (:mod:`.prefix_cache`): a prompt that starts
+with a cached one's tokens prefills only the rest. A failed step is logged with its traceback."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import threading
 from typing import Any
@@ -287,6 +286,7 @@ class Engine:
                 self._wake(self._rows)
             except Exception as exc:  # a failed step ends the batch's requests, not the engine
                 message = f"{type(exc).__name__}: {exc}"
+                logging.getLogger(__name__).exception("A step failed; its requests end with an error")
                 rows = {id(row) for row in self._rows}  # and those out of the queue, not yet in
                 stranded = [r for r in self._taken if r.finish_reason is None and id(r._row) not in rows]
                 for request in [*(row.request for row in self._rows), *stranded]:

@@ -39,7 +39,7 @@ class WaitingQueue(queue.Queue):
         return out
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself: two with the same fields are two requests
 class Request:
     """A submitted request: iterate it for its new tokens (ints) as they are chosen.
 
