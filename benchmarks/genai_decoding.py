@@ -1,7 +1,7 @@
 """Batch-1 greedy decoding against onnxruntime-genai, each runtime in a process of its own.
 
 Three models, each in int4 (MatMulNBits, block 32, accuracy level 4) and float32. The kit's int4
-runs twice: its default (asymmetric blocks, calibrated least-squares scales, 8-bit embedding and
+runs twice: its default (symmetric blocks, calibrated least-squares scales, 8-bit embedding and
 down projections: the quality of BENCHMARKS.md's 4-bit section, more bytes a token) and genai's recipe
 (symmetric 4-bit blocks, nearest rounding, the embedding quantized only when the head is tied:
 the same bytes a token as genai's ``-p int4``, so the ratio is the runtimes' own work):
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -99,12 +100,13 @@ def kit_export(source: Path, out: Path, options: dict | None) -> Path:
     """The kit's export of ``source`` into ``out`` (once): int4 with ``options`` (the
     embedding quantized only with a tied head, as genai's builder does), float32 when None."""
     import transformer_kit as tk
+    from transformer_kit.apps.benchmark import export_is_current
     from transformer_kit.export import Int4, export_onnx
 
-    if not (out / "manifest.json").exists():
-        model = tk.from_hf(source)
-        quantize = (None if options is None
-                    else Int4(embedding=model.config.tie_embeddings, **options))
+    model = tk.from_hf(source, stream=True)
+    quantize = None if options is None else Int4(embedding=model.config.tie_embeddings, **options)
+    if not export_is_current(out, quantize):  # none yet, or made with other options
+        shutil.rmtree(out, ignore_errors=True)
         export_onnx(model, out, quantize=quantize, verify=False)
     return out
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.worker, args.folder, args.new_tokens)
         return 0
-    from transformer_kit.apps.benchmark import folder_bytes
+    from transformer_kit.apps.benchmark import export_is_current, folder_bytes
     from transformer_kit.apps.genai_peer import genai_version
     from transformer_kit.apps.peers import (
         ProcessPeer,
@@ -249,9 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in rows.items():
         folder = workdir / "".join(c if c.isalnum() or c == "-" else "_" for c in name)
         row["folder"] = folder
-        if not (folder / "manifest.json").exists():
+        quantize = row["quantize"]
+        if not export_is_current(folder, Int4() if quantize == "blocks" else quantize):
             say(f"exporting {name}")
-            quantize = row["quantize"]
+            shutil.rmtree(folder, ignore_errors=True)
             model.gguf_blocks = blocks if quantize == "blocks" else None
             start = time.perf_counter()
             export_onnx(model, folder, verify=False, quantize=Int4() if quantize == "blocks" else quantize)

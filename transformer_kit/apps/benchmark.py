@@ -255,3 +255,18 @@ def exported(model: torch.nn.Module, folder: Path, providers: str = "auto", **ex
     if not (folder / "manifest.json").exists():
         print(export_onnx(model, folder, **export_options), file=sys.stderr)
     return OnnxModel(folder, providers)
+
+
+def export_is_current(folder: Path, quantize: Any = None) -> bool:
+    """Whether ``folder`` holds an export made with ``quantize`` (an ``Int4``'s options, or its
+    absence), so a benchmark's workdir never reuses an export made with another version's
+    defaults (an ``Int4()`` of an older kit)."""
+    import json
+
+    from transformer_kit.export import Int4
+
+    manifest = folder / "manifest.json"
+    if not manifest.exists():
+        return False
+    wanted = json.loads(json.dumps(quantize.describe() if isinstance(quantize, Int4) else {}, default=str))
+    return json.loads(manifest.read_text()).get("quantization_options", {}) == wanted

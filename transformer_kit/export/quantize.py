@@ -72,8 +72,8 @@ class Int4:
 
     The defaults are the measured best trade on SmolLM2-135M-Instruct (BENCHMARKS.md, "4-bit
     weights that keep their quality"): perplexity 1.085x float32's (nearest rounding in 4 bits
-    everywhere, the first int4: 1.39x), folder 0.21x float32's (0.16x), decoding faster than
-    onnxruntime-genai int4's on CPUs with or without AVX-512. ``eight_bit=("embedding", "value",
+    everywhere, the first int4: 1.39x), folder 0.21x float32's (0.16x), decoding 1.10-1.25x
+    onnxruntime-genai int4's tokens/s (an AVX2 machine). ``eight_bit=("embedding", "value",
     "down")`` is better (1.058x) and slower; ``eight_bit=("embedding",)`` faster and at 1.105x.
     ``Int4(rounding="nearest", eight_bit=())`` is the first int4.
     """
