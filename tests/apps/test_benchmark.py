@@ -114,3 +114,15 @@ def test_optimum_runs_the_same_checkpoint_to_the_same_tokens(gpt2, tmp_path):
     out = optimum.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0,
                            attention_mask=torch.ones_like(ids))[:, 6:]
     assert torch.equal(out, model.generate(ids, 8))
+
+
+def test_an_export_is_current_only_for_the_options_it_was_made_with(gpt2, tmp_path):
+    from transformer_kit.export import Int4
+
+    folder = tmp_path / "int4"
+    assert not b.export_is_current(folder, Int4())  # nothing there yet
+    export_onnx(tk.from_hf(gpt2), folder, quantize=Int4(block_size=16, calibration=None), verify=False)
+    assert b.export_is_current(folder, Int4(block_size=16, calibration=None))
+    assert not b.export_is_current(folder, Int4(block_size=16, calibration=None, symmetric=False))
+    assert not b.export_is_current(folder, Int4(block_size=16))  # calibrated
+    assert not b.export_is_current(folder, None)  # float32
