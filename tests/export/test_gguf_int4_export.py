@@ -94,13 +94,18 @@ def test_with_every_matrix_mapped_the_logits_match_within_float_rounding(tmp_pat
         model.get_parameter(name).copy_(torch.from_numpy(dequantize(data, GGMLQuantizationType.Q4_1)))
     ids = random_ids(3, 12, VOCAB, 0, seed=6).numpy()
     export_onnx(model, tmp_path / "fp32", verify=False)
-    report = export_onnx(model, tmp_path / "gguf", quantize=LEVEL1, verify=False)
+    steps = []
+    report = export_onnx(model, tmp_path / "gguf", quantize=LEVEL1, verify=False,
+                         progress=lambda step, done, total: steps.append(step))
     assert len(report.from_file_blocks) == len(report.weight_origins) == 2 * 6 + 1
+    assert not [s for s in steps if "calibrat" in s]  # nothing quantized here: no calibration pass
     error = relative_error(OnnxModel(tmp_path / "gguf", providers="cpu")(ids),
                            OnnxModel(tmp_path / "fp32", providers="cpu")(ids))
-    blocks = model.gguf_blocks
+    blocks, steps = model.gguf_blocks, []
     del model.gguf_blocks
-    export_onnx(model, tmp_path / "kit", quantize=LEVEL1, verify=False)
+    export_onnx(model, tmp_path / "kit", quantize=LEVEL1, verify=False,
+                progress=lambda step, done, total: steps.append(step))
+    assert "calibrating 4-bit weights" in steps  # the kit's own blocks are calibrated
     model.gguf_blocks = blocks
     requantized = relative_error(OnnxModel(tmp_path / "kit", providers="cpu")(ids),
                                  OnnxModel(tmp_path / "fp32", providers="cpu")(ids))

@@ -74,7 +74,7 @@ class QuantizedWrites:
         floats = self._floats(rows)
         stacked = rows[0] == "weight" or (rows[0] == "concat" and rows[2] == 0
                                           and all(part[0] == "weight" for part in rows[1]))
-        importance = (rows_importance(self.importance, _weight_names(rows), floats.shape[1])
+        importance = (rows_importance(self.importance(), _weight_names(rows), floats.shape[1])
                       if stacked else None)
         return quantize_rows(floats, self.int4.block_size, self.int4.symmetric,
                              bits=8 if rows in self.eight_bit else 4, rounding=self.int4.rounding,

@@ -71,16 +71,25 @@ class WeightWriter(QuantizedWrites):
 
     def __init__(self, folder: Path, source: WeightSource, int4: Int4 | None = None,
                  file_blocks: FileBlocks | None = None,
-                 importance: dict[str, np.ndarray] | None = None) -> None:
+                 importance: dict[str, np.ndarray] | Callable[[], dict[str, np.ndarray]] | None = None,
+                 ) -> None:
         self.folder = folder
         self.source = source
         self.int4 = int4
         self.file_blocks = file_blocks  # a GGUF model's own blocks, written instead of quantizing
-        self.importance = importance or {}  # weight name -> (K,) its inputs' mean squares
+        self._importance = {} if importance is None else importance  # or what computes it
         self.file = WeightsFile(folder / (WEIGHTS_FILE + ".new"))
         self.placed: dict[tuple, tuple | np.ndarray] = {}  # (expr, dtype) -> where, or small array
         self.quantized: dict[Expr, dict] = {}  # rows expr -> what quantize_rows wrote
         self.eight_bit: set[Expr] = set()  # rows exprs quantized in 8 bits (Int4.eight_bit)
+
+    def importance(self) -> dict[str, np.ndarray]:
+        """Weight name -> (K,) its inputs' mean squares over the calibration text; when given as
+        what computes it, computed the first time a product is quantized here (a GGUF model whose
+        products all take the file's blocks never runs the calibration pass)."""
+        if callable(self._importance):
+            self._importance = self._importance()
+        return self._importance
 
     # -- values ---------------------------------------------------------------------------------
     def evaluate(self, expr: Expr) -> np.ndarray:
