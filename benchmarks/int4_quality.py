@@ -250,13 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in rows.items():
         folder = workdir / "".join(c if c.isalnum() or c == "-" else "_" for c in name)
         row["folder"] = folder
-        quantize = row["quantize"]
-        if not export_is_current(folder, Int4() if quantize == "blocks" else quantize):
+        quantize = Int4() if row["quantize"] == "blocks" else row["quantize"]
+        if not export_is_current(folder, quantize):
             say(f"exporting {name}")
             shutil.rmtree(folder, ignore_errors=True)
-            model.gguf_blocks = blocks if quantize == "blocks" else None
+            model.gguf_blocks = blocks if row["quantize"] == "blocks" else None
             start = time.perf_counter()
-            export_onnx(model, folder, verify=False, quantize=Int4() if quantize == "blocks" else quantize)
+            export_onnx(model, folder, verify=False, quantize=quantize)
             say(f"  {time.perf_counter() - start:.0f} s")
         row["bytes"] = folder_bytes(folder)
     model.gguf_blocks = blocks

@@ -247,12 +247,15 @@ def onnx_runner_name(om) -> str:
 
 def exported(model: torch.nn.Module, folder: Path, providers: str = "auto", **export_options):
     """An OnnxModel of ``model`` in ``folder``, exported (report on stderr) unless an earlier
-    export is already there, so repeated benchmark runs in one workdir reuse it."""
+    export with the same quantization is already there, so repeated benchmark runs in one
+    workdir reuse it."""
+    import shutil
     import sys
 
     from transformer_kit.export import OnnxModel, export_onnx
 
-    if not (folder / "manifest.json").exists():
+    if not export_is_current(folder, export_options.get("quantize")):
+        shutil.rmtree(folder, ignore_errors=True)
         print(export_onnx(model, folder, **export_options), file=sys.stderr)
     return OnnxModel(folder, providers)
 
@@ -263,10 +266,12 @@ def export_is_current(folder: Path, quantize: Any = None) -> bool:
     defaults (an ``Int4()`` of an older kit)."""
     import json
 
-    from transformer_kit.export import Int4
+    from transformer_kit.export.quantize import Int4, method, quantization
 
     manifest = folder / "manifest.json"
     if not manifest.exists():
         return False
+    quantize = quantization(quantize)  # "int4" -> Int4()
+    made = json.loads(manifest.read_text())
     wanted = json.loads(json.dumps(quantize.describe() if isinstance(quantize, Int4) else {}, default=str))
-    return json.loads(manifest.read_text()).get("quantization_options", {}) == wanted
+    return made.get("quantization") == method(quantize) and made.get("quantization_options", {}) == wanted

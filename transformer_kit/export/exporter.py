@@ -219,10 +219,12 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
         int4 = quantize if isinstance(quantize, Int4) else None
         file_blocks = FileBlocks(model) if int4 is not None else None
         report_progress = progress or (lambda step, done, total: None)
-        # calibrated before tracing (its memory given back first); a model with GGUF blocks only
-        # when a product is first quantized here (none, when every product takes the file's blocks)
-        importance = (None if int4 is None else functools.partial(calibrate, model, int4, report_progress)
-                      if file_blocks else calibrate(model, int4, report_progress))
+        # int4's calibration runs before tracing (its memory given back first); for a model with
+        # GGUF blocks, when a product first needs it (never, when all take the file's blocks)
+        importance = None
+        if int4 is not None:
+            calibration = functools.partial(calibrate, model, int4, report_progress)
+            importance = calibration if file_blocks else calibration()
         writer = WeightWriter(staging, source, int4, file_blocks, importance)
         graphs, layers_traced = _trace_and_write(traced, stack, writer, staging, opset, translations,
                                                  buffers, packed, report_progress)
