@@ -206,13 +206,13 @@ class AssistantDrafter:
         logits = (self.stepper.verify(chosen)[-1] if len(chosen) > 1
                   else self.stepper.next(chosen, None)[0])
         self.fed = produced
-        drafts, qs = [], []
+        drawn = []  # (token, the distribution it was drawn from)
         for i in range(count):
-            token, q = chooser.draw(logits)
-            drafts, qs = [*drafts, token], [*qs, q]
+            drawn.append(chooser.draw(logits))
             if i + 1 < count:  # the last draft's logits are not needed
-                logits = self.stepper.next(np.array([token], np.int64), None)[0]
-        return np.array(drafts, np.int64), (None if chooser.rng is None else qs)
+                logits = self.stepper.next(np.array([drawn[-1][0]], np.int64), None)[0]
+        drafts, qs = zip(*drawn, strict=True)
+        return np.array(drafts, np.int64), (None if chooser.rng is None else list(qs))
 
     def settle(self, accepted: int, drafted: int) -> None:
         """``accepted`` of ``drafted`` tokens stood: the others leave the assistant's cache."""
