@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -100,14 +99,12 @@ def kit_export(source: Path, out: Path, options: dict | None) -> Path:
     """The kit's export of ``source`` into ``out`` (once): int4 with ``options`` (the
     embedding quantized only with a tied head, as genai's builder does), float32 when None."""
     import transformer_kit as tk
-    from transformer_kit.apps.benchmark import export_is_current
-    from transformer_kit.export import Int4, export_onnx
+    from transformer_kit.apps.benchmark import export_unless_current
+    from transformer_kit.export import Int4
 
     model = tk.from_hf(source, stream=True)
     quantize = None if options is None else Int4(embedding=model.config.tie_embeddings, **options)
-    if not export_is_current(out, quantize):  # none yet, or made with other options
-        shutil.rmtree(out, ignore_errors=True)
-        export_onnx(model, out, quantize=quantize, verify=False)
+    export_unless_current(model, out, quantize=quantize, verify=False)
     return out
 
 

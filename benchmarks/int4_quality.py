@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -229,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.worker, args.folder, args.new_tokens)
         return 0
-    from transformer_kit.apps.benchmark import export_is_current, folder_bytes
+    from transformer_kit.apps.benchmark import export_unless_current, folder_bytes
     from transformer_kit.apps.genai_peer import genai_version
     from transformer_kit.apps.peers import (
         ProcessPeer,
@@ -237,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         smollm2_checkpoint,
         smollm2_or_tiny_llama,
     )
-    from transformer_kit.export import Int4, OnnxModel, export_onnx
+    from transformer_kit.export import Int4, OnnxModel
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tk-int4q-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -250,14 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in rows.items():
         folder = workdir / "".join(c if c.isalnum() or c == "-" else "_" for c in name)
         row["folder"] = folder
+        model.gguf_blocks = blocks if row["quantize"] == "blocks" else None
+        start = time.perf_counter()
         quantize = Int4() if row["quantize"] == "blocks" else row["quantize"]
-        if not export_is_current(folder, quantize):
-            say(f"exporting {name}")
-            shutil.rmtree(folder, ignore_errors=True)
-            model.gguf_blocks = blocks if row["quantize"] == "blocks" else None
-            start = time.perf_counter()
-            export_onnx(model, folder, verify=False, quantize=quantize)
-            say(f"  {time.perf_counter() - start:.0f} s")
+        if export_unless_current(model, folder, verify=False, quantize=quantize) is not None:
+            say(f"exported {name} in {time.perf_counter() - start:.0f} s")
         row["bytes"] = folder_bytes(folder)
     model.gguf_blocks = blocks
 

@@ -249,15 +249,28 @@ def exported(model: torch.nn.Module, folder: Path, providers: str = "auto", **ex
     """An OnnxModel of ``model`` in ``folder``, exported (report on stderr) unless an earlier
     export with the same quantization is already there, so repeated benchmark runs in one
     workdir reuse it."""
-    import shutil
     import sys
 
-    from transformer_kit.export import OnnxModel, export_onnx
+    from transformer_kit.export import OnnxModel
 
-    if not export_is_current(folder, export_options.get("quantize")):
-        shutil.rmtree(folder, ignore_errors=True)
-        print(export_onnx(model, folder, **export_options), file=sys.stderr)
+    report = export_unless_current(model, folder, **export_options)
+    if report is not None:
+        print(report, file=sys.stderr)
     return OnnxModel(folder, providers)
+
+
+def export_unless_current(model: torch.nn.Module, folder: Path, **export_options):
+    """``export_onnx(model, folder, **export_options)`` unless ``folder`` holds an export with
+    the same quantization (:func:`export_is_current`; another one is removed first): the
+    export's report, or None when the folder was reused."""
+    import shutil
+
+    from transformer_kit.export import export_onnx
+
+    if export_is_current(folder, export_options.get("quantize")):
+        return None
+    shutil.rmtree(folder, ignore_errors=True)
+    return export_onnx(model, folder, **export_options)
 
 
 def export_is_current(folder: Path, quantize: Any = None) -> bool:
