@@ -8,8 +8,9 @@ projections in 8 bits. GPTQ (Frantar et al., 2022) uses the whole second moment 
 it rounds one column at a time and moves the rounding error onto the columns not yet rounded,
 through the Cholesky factor of H^-1. Here it runs with the kit's blocks (32 weights,
 symmetric), each block's scale chosen by the kit's search on the weights as they stand when the
-block is reached, H from the same calibration text (``export/calibration.txt``, 2,048 tokens),
-in the float32 model (not layer by layer).
+block is reached (its columns weighed by the dampened H's diagonal), H from the same
+calibration text (``export/calibration.txt``, 2,048 tokens), in the float32 model (not layer by
+layer).
 
 Perplexity is measured in PyTorch (transformers) with the weights replaced by their dequantized
 values (float activations: about 0.004 below the level-4 figures of ``int4_quality.py``), on
