@@ -1,6 +1,6 @@
 """Int4's quality options: ``rounding="search"`` (each block's scale of least squared error, the
 default) and ``eight_bit`` (roles of weights kept in 8-bit blocks; the default keeps the token
-embedding and its tied head and the feed-forward output projections in 8 bits), with
+embedding and its tied head and every product of the first eighth of the layers in 8 bits), with
 symmetric 4-bit blocks by default, calibrated (``test_calibration.py``). The blocks are checked
 against the float weights, the exported graph against onnxruntime's reading of its own bytes and
 against the float model, and the options against the manifest (``test_int4.py`` covers nearest
@@ -19,10 +19,14 @@ from tests.combinations import tiny_config
 from transformer_kit.export import Int4, OnnxModel, export_onnx
 from transformer_kit.export.calibration import calibration_ids, input_importance
 from transformer_kit.export.int4_nodes import QuantizedRows, dequantize_rows, quantize_rows
+from transformer_kit.export.quantized_writes import early_layers
 from transformer_kit.export.verify import random_ids, relative_error
 
 BLOCK = 16
 VOCAB = 300
+#: The products of a layer of the tiny model, by weight name.
+LAYER_PRODUCTS = ("self_attention.q_proj", "self_attention.k_proj", "self_attention.v_proj",
+                  "self_attention.o_proj", "feedforward.linear1", "feedforward.linear2")
 
 
 def _weights(shape=(200, 96), seed=0) -> np.ndarray:
@@ -150,14 +154,17 @@ def test_the_default_keeps_the_sensitive_weights_in_8_bits_and_searches_the_rest
     folder = exports / "level4"
     assert OnnxModel(folder).manifest.quantization_options == {
         "method": "int4", "block_size": BLOCK, "accuracy_level": 4, "symmetric": True, "head": True,
-        "embedding": True, "rounding": "search", "eight_bit": ["embedding", "down"],
+        "embedding": True, "rounding": "search", "eight_bit": ["embedding", "early"],
         "calibration": "default"}
     nodes = _quantized_nodes(_load(folder))
     table = [n for n, _ in nodes if n.op_type == "GatherBlockQuantized"]
     head = [n for n, _ in nodes if n.op_type == "MatMulNBits" and n.input[1].startswith("head.")]
     assert len(table) == len(head) == 1 and _bits(table[0]) == _bits(head[0]) == 8
-    # 2 layers: q, k, v, o and linear1 in 4 bits, linear2 in 8; the table and the head in 8
-    assert sorted(_bits(n) for n, _ in nodes) == [4] * 10 + [8] * 4
+    # 2 layers: the first (an eighth of 2, at least one) in 8 bits, the second's q, k, v, o,
+    # linear1 and linear2 in 4; the table and the head in 8
+    eight = {n.input[1].split(".int4")[0] for n, _ in nodes if n.op_type == "MatMulNBits" and _bits(n) == 8}
+    assert eight == {"head.weight"} | {f"decoder.layers.0.{part}.weight" for part in LAYER_PRODUCTS}
+    assert sorted(_bits(n) for n, _ in nodes) == [4] * 6 + [8] * 8
     assert all(len(n.input) == 3 for n, _ in nodes if n.op_type == "MatMulNBits")  # no zero points
     raw = {t.name: {e.key: e.value for e in t.external_data}
            for t in onnx.load(str(folder / "decoder_step.onnx"), load_external_data=False).graph.initializer}
@@ -178,15 +185,15 @@ def test_the_default_keeps_the_sensitive_weights_in_8_bits_and_searches_the_rest
 
 def test_below_level_4_the_8bit_head_reads_the_table_values_in_float32(exports):
     """onnxruntime 1.31's CPU kernel dequantizes 8-bit matrices on every call below level 4, so
-    the tied head's product reads the 8-bit table's values as float32 (and so do the
-    feed-forward output products); the embedding stays 8-bit."""
+    the tied head's product reads the 8-bit table's values as float32 (and so do the first
+    layer's products); the embedding stays 8-bit."""
     proto = _load(exports / "default")
     nodes = _quantized_nodes(proto)
     (table,) = [rows for n, rows in nodes if n.op_type == "GatherBlockQuantized"]
-    assert table.bits == 8 and sorted(_bits(n) for n, _ in nodes) == [4] * 10 + [8]
+    assert table.bits == 8 and sorted(_bits(n) for n, _ in nodes) == [4] * 6 + [8]
     floats = {n.input[1] for n in proto.graph.node if n.op_type == "FusedMatMul"}
-    assert floats == {"head.weight.values"} | {f"decoder.layers.{i}.feedforward.linear2.weight.values"
-                                               for i in (0, 1)}
+    assert floats == {"head.weight.values"} | {f"decoder.layers.0.{part}.weight.values"
+                                               for part in LAYER_PRODUCTS}
     weights = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
     (head,) = [n for n in proto.graph.node
                if n.op_type == "FusedMatMul" and n.input[1] == "head.weight.values"]
@@ -247,5 +254,19 @@ def test_bad_quality_options_are_refused(options, message):
 
 def test_roles_are_kept_in_one_order():
     assert Int4(eight_bit=["down", "embedding"]).eight_bit == ("embedding", "down")
+    assert Int4(eight_bit=("early", "down", "embedding")).eight_bit == ("embedding", "down", "early")
     assert Int4(eight_bit="head").eight_bit == ("head",)
     assert Int4(eight_bit=()).eight_bit == ()
+
+
+@pytest.mark.parametrize(("layers", "early"), [(1, [0]), (2, [0]), (8, [0]), (9, [0, 1]), (24, [0, 1, 2]),
+                                               (30, [0, 1, 2, 3])])
+def test_the_early_role_is_the_first_eighth_of_each_stack(layers, early):
+    """llama.cpp's ``use_more_bits`` rule (layer i of n with i < n / 8), stack by stack."""
+    names = [f"{stack}.layers.{i}.feedforward.linear2.weight" for stack in ("encoder", "decoder")
+             for i in range(layers)] + ["decoder.layers.0.self_attention.q_proj.weight", "head.weight"]
+    assert early_layers(names) == {(f"{stack}.layers", i) for stack in ("encoder", "decoder") for i in early}
+    longer = [f"decoder.layers.{i}.x.weight" for i in range(2 * layers)]  # stacks counted apart
+    assert early_layers(names[:layers] + longer) == ({("encoder.layers", i) for i in early}
+                                                     | {("decoder.layers", i) for i in range(2 * layers)
+                                                        if 8 * i < 2 * layers})

@@ -30,7 +30,9 @@ ROUNDINGS = {"search": "the scale of least squared error among candidates, per b
 EIGHT_BIT_ROLES = {"embedding": "the token embedding table (and a tied head, which reads it)",
                    "head": "the output head (and the embedding table, when tied)",
                    "value": "the attention's value projections (v_proj)",
-                   "down": "the feed-forward's output projections (down, linear2)"}
+                   "down": "the feed-forward's output projections (down, linear2)",
+                   "early": "every product of each stack's first eighth of layers (layer i of n "
+                            "with i < n / 8: at least the first)"}
 
 
 @dataclass(frozen=True)
@@ -43,9 +45,10 @@ class Int4:
             (fastest on x86, as onnxruntime-genai's int4 models), 1 = float32, 0 = the
             kernel's default. CUDA ignores it.
         symmetric: a scale per block (zero point 8, the default) rather than a scale and a zero
-            point. Calibrated, asymmetric blocks are a little better (1.066x float32's
-            perplexity against 1.085x on SmolLM2-135M) but onnxruntime's kernels run them
-            16-36 % slower per product on AVX2 CPUs (the same speed with AVX-512 VNNI). 8-bit
+            point. Calibrated, asymmetric blocks are a little better (with the 8-bit table and
+            down projections, 1.066x float32's perplexity against 1.085x on SmolLM2-135M) but
+            onnxruntime's kernels run them 16-36 % slower per product on AVX2 CPUs (the same
+            speed with AVX-512 VNNI). 8-bit
             blocks are always symmetric.
         head: also quantize the output head (the vocabulary projection). It is the largest
             single matrix of small models; onnxruntime-genai quantizes it too.
@@ -57,7 +60,7 @@ class Int4:
             block, at no cost when running) or ``"nearest"`` (onnxruntime's quantizer, the
             kit's int4 before this option).
         eight_bit: roles of weights kept in 8-bit blocks (symmetric, same block size) instead of
-            4: any of ``"embedding"``, ``"head"``, ``"value"``, ``"down"`` (see
+            4: any of ``"embedding"``, ``"head"``, ``"value"``, ``"down"``, ``"early"`` (see
             :data:`EIGHT_BIT_ROLES`), or ``()`` for 4 bits everywhere. A packed q/k/v product
             holding a value projection is 8-bit as a whole. 8-bit products run on onnxruntime's
             packed kernel at accuracy level 4; below it they are written as float32 MatMuls of
@@ -71,11 +74,14 @@ class Int4:
             weighs; with ``"nearest"`` the default means None.
 
     The defaults are the measured best trade on SmolLM2-135M-Instruct (BENCHMARKS.md, "4-bit
-    weights that keep their quality"): perplexity 1.085x float32's (nearest rounding in 4 bits
-    everywhere, the first int4: 1.39x), folder 0.21x float32's (0.16x), decoding 1.10-1.25x
-    onnxruntime-genai int4's tokens/s (an AVX2 machine). ``eight_bit=("embedding", "value",
-    "down")`` is better (1.058x) and slower; ``eight_bit=("embedding",)`` faster and at 1.105x.
-    ``Int4(rounding="nearest", eight_bit=())`` is the first int4.
+    weights that keep their quality"): perplexity 1.091x float32's (nearest rounding in 4 bits
+    everywhere, the first int4: 1.39x), folder 0.20x float32's (0.16x), decoding 1.08x
+    onnxruntime-genai int4's tokens/s in a 30-round pair run (an AVX2 machine; the early layers'
+    4 % more bytes: an error in the first layers reaches every later one, so their products in
+    8 bits buy as much as every down projection's, 1.085x at 0.98x genai's speed).
+    ``eight_bit=("embedding", "value", "down")`` is better (1.058x) and slower;
+    ``eight_bit=("embedding",)`` faster (1.14x) and at 1.105x. ``Int4(rounding="nearest",
+    eight_bit=())`` is the first int4.
     """
 
     block_size: int = 32
@@ -84,7 +90,7 @@ class Int4:
     head: bool = True
     embedding: bool = True
     rounding: str = "search"
-    eight_bit: tuple[str, ...] = ("embedding", "down")
+    eight_bit: tuple[str, ...] = ("embedding", "early")
     calibration: str | Path | tuple[int, ...] | None = "default"
 
     def __post_init__(self) -> None:
@@ -105,7 +111,7 @@ class Int4:
                 or set(roles) - set(EIGHT_BIT_ROLES)):
             raise InputError(f"Int4 eight_bit={self.eight_bit!r} is not supported; give a tuple of "
                              f"roles among {', '.join(map(repr, EIGHT_BIT_ROLES))} (e.g. "
-                             "eight_bit=('embedding', 'down')), or () for 4 bits everywhere.")
+                             "eight_bit=('embedding', 'early')), or () for 4 bits everywhere.")
         object.__setattr__(self, "eight_bit", tuple(r for r in EIGHT_BIT_ROLES if r in roles))
         object.__setattr__(self, "calibration", _calibration(self.calibration, self.rounding))
 

@@ -8,6 +8,8 @@ initializers (``file``, ``quantized``, ``int4``, ``eight_bit``, ``file_blocks``,
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx_ir as ir
 
@@ -30,6 +32,20 @@ def _weight_names(expr: Expr) -> list[str]:
     if expr[0] == "transpose":
         return _weight_names(expr[1])
     return [name for part in expr[1] for name in _weight_names(part)]
+
+
+#: A weight of a stack's layer: the stack's path and the layer's index (``decoder.layers.3.``).
+_LAYER = re.compile(r"^(.*\.layers)\.(\d+)\.")
+
+
+def early_layers(names: list[str]) -> set[tuple[str, int]]:
+    """(stack, index) of the layers in the first eighth of each stack whose weights ``names``
+    holds (layer i of n with i < n / 8: at least the first; llama.cpp's ``use_more_bits``
+    gives its Q4_K_M's first layers more bits so)."""
+    counts: dict[str, int] = {}
+    for match in filter(None, map(_LAYER.match, names)):
+        counts[match[1]] = max(counts.get(match[1], 0), int(match[2]) + 1)
+    return {(stack, i) for stack, n in counts.items() for i in range(n) if 8 * i < n}
 
 
 def rows_importance(importance: dict[str, np.ndarray], names: list[str], k: int) -> np.ndarray | None:
@@ -156,16 +172,22 @@ class QuantizedWrites:
                         heads: set[ir.Node]) -> set[Expr]:
         """The rows expressions of ``graph`` whose roles ``Int4.eight_bit`` names: the token
         embedding's table, the head's rows (one expression when tied), the products holding a
-        value projection (a packed q/k/v one as a whole) or a feed-forward's output projection."""
+        value projection (a packed q/k/v one as a whole), a feed-forward's output projection, or
+        any product of a stack's first eighth of layers (:func:`early_layers`)."""
         roles = set(self.int4.eight_bit)
+        early = (early_layers([name for _, _, value in uses for name in _weight_names(exprs[value])])
+                 if "early" in roles else set())
         found = set()
         for node, index, value in uses:
             expr = exprs[value]
             if node.op_type == "MatMul" and node.domain == "" and index == 1:
                 rows = simplify(("transpose", expr, (1, 0)))
-                names = [part.split(".")[-2] for part in _weight_names(rows) if "." in part]
+                weights = _weight_names(rows)
+                names = [part.split(".")[-2] for part in weights if "." in part]
+                layers = {(m[1], int(m[2])) for m in map(_LAYER.match, weights) if m}
                 if (("head" in roles and node in heads) or ("value" in roles and "v_proj" in names)
-                        or ("down" in roles and {"down", "linear2"} & set(names))):
+                        or ("down" in roles and {"down", "linear2"} & set(names))
+                        or (layers and layers <= early)):
                     found.add(rows)
             elif "embedding" in roles and index == 0 and self._quantizable_gather(graph, node, value):
                 found.add(expr)

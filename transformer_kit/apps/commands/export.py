@@ -44,7 +44,7 @@ def export(
     float_head: Annotated[bool, typer.Option("--float-head", help="int4: keep the output head in float32.")] = False,
     float_embedding: Annotated[bool, typer.Option("--float-embedding", help="int4: keep the token embedding in float32 (else 4-bit, shared with a tied head).")] = False,
     rounding: Annotated[str | None, typer.Option(help="int4: each block's scale: 'search' (least squared error, the default) or 'nearest' (onnxruntime's round to nearest).")] = None,
-    eight_bit: Annotated[str | None, typer.Option("--eight-bit", help="int4: weights kept in 8 bits, comma-separated roles among embedding, head, value, down, or 'none' (default: embedding,down).")] = None,
+    eight_bit: Annotated[str | None, typer.Option("--eight-bit", help="int4: weights kept in 8 bits, comma-separated roles among embedding, head, value, down, early (the first eighth of the layers), or 'none' (default: embedding,early).")] = None,
     calibration: Annotated[str | None, typer.Option(help="int4: a UTF-8 text file whose inputs weigh each column's rounding error, 'default' (the kit's own text) or 'none'.")] = None,
     opset: Annotated[int | None, typer.Option(min=18, max=23, help="ONNX opset, 18..23 (default 23).")] = None,
     optimize: Annotated[bool, typer.Option(help="Measure and keep onnxruntime's offline optimizations.")] = False,
