@@ -1,12 +1,13 @@
 """GPTQ against the kit's calibrated scale search, on the real SmolLM2-135M-Instruct: does
 GPTQ's error feedback let more of the weights stay in 4 bits at the same perplexity?
 
-The kit's int4 default (``Int4()``) chooses each block's scale by least squares, each column's
-error weighed by its mean squared input over the calibration text (the diagonal of the input's
-second moment, llama.cpp's importance matrix), and keeps the embedding (tied head) and down
-projections in 8 bits. GPTQ (Frantar et al., 2022) uses the whole second moment H = E[x x^T]:
-it rounds one column at a time and moves the rounding error onto the columns not yet rounded,
-through the Cholesky factor of H^-1. Here it runs with the kit's blocks (32 weights,
+The kit's int4 (``Int4()``) chooses each block's scale by least squares, each column's error
+weighed by its mean squared input over the calibration text (the diagonal of the input's second
+moment, llama.cpp's importance matrix); its default when this ran kept the embedding (tied head)
+and down projections in 8 bits (``eight_bit=("embedding", "down")``, the rows here). GPTQ
+(Frantar et al., 2022) uses the whole second moment H = E[x x^T]: it rounds one column at a
+time and moves the rounding error onto the columns not yet rounded, through the Cholesky factor
+of H^-1. Here it runs with the kit's blocks (32 weights,
 symmetric), each block's scale chosen by the kit's search on the weights as they stand when the
 block is reached (its columns weighed by the dampened H's diagonal), H from the same
 calibration text (``export/calibration.txt``, 2,048 tokens), in the float32 model (not layer by

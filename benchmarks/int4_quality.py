@@ -70,6 +70,8 @@ def variants(few: bool = False) -> dict[str, object]:
                 eight_bit=("embedding", "value", "down"), symmetric=False, calibration=None),
             "int4, calibrated search, 8-bit embedding": Int4(eight_bit=("embedding",)),
             "int4, calibrated search, 8-bit embedding and down": Int4(eight_bit=("embedding", "down")),
+            "int4, calibrated search, 8-bit embedding and the first eighth of the layers": Int4(
+                eight_bit=("embedding", "early")),
             "int4, calibrated search, 8-bit embedding, value and down": Int4(
                 eight_bit=("embedding", "value", "down")),
             "int4, calibrated search, asymmetric, 8-bit embedding": Int4(
