@@ -61,6 +61,18 @@ def second_moments(model, ids: torch.Tensor) -> dict[str, torch.Tensor]:
     return {name: sums[name] / counts[name] for name in sums}
 
 
+def perplexity(model, held: torch.Tensor) -> float:
+    """exp(mean next-token loss) of ``model`` over ``held`` (4,097 ids), windows of 512."""
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, 4096, WINDOW):
+            chunk = held[start:start + WINDOW + 1]
+            logits = model(chunk[None, :-1]).logits[0].double()
+            nll += torch.nn.functional.cross_entropy(logits, chunk[1:], reduction="sum").item()
+            count += len(chunk) - 1
+    return float(np.exp(nll / count))
+
+
 def importance(h: torch.Tensor) -> np.ndarray:
     """The kit's calibrated column weights: the diagonal of H plus FLOOR of its mean."""
     d = torch.diagonal(h).float().numpy()
@@ -127,16 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     moments = second_moments(model, calibration)
     held_moments = second_moments(model, held[4097 - 2048:])  # the held text's second half
 
-    def perplexity() -> float:
-        nll, count = 0.0, 0
-        with torch.no_grad():
-            for start in range(0, 4096, WINDOW):
-                chunk = held[start:start + WINDOW + 1]
-                logits = model(chunk[None, :-1]).logits[0].double()
-                nll += torch.nn.functional.cross_entropy(logits, chunk[1:], reduction="sum").item()
-                count += len(chunk) - 1
-        return float(np.exp(nll / count))
-
     def quantized(method: str, eight_bit: tuple[str, ...], damp: float) -> float:
         start = time.perf_counter()
         with torch.no_grad():
@@ -155,14 +157,14 @@ def main(argv: list[str] | None = None) -> int:
             table.copy_(searched(table.detach(), 8 if "embedding" in eight_bit else 4, moments["lm_head"]))
         return time.perf_counter() - start
 
-    reference = perplexity()
+    reference = perplexity(model, held)
     print(f"float32: perplexity {reference:.3f}", flush=True)
     runs = [("search", ("embedding", "down"), 0.0), ("search", ("embedding",), 0.0)]
     runs += [("gptq", eight_bit, damp) for damp in args.damp
              for eight_bit in (("embedding",), ("embedding", "down"))]
     for method, eight_bit, damp in runs:
         seconds = quantized(method, eight_bit, damp)
-        value = perplexity()
+        value = perplexity(model, held)
         label = f"{method}{f' damp {damp}' if method == 'gptq' else ''}, 8-bit {' and '.join(eight_bit)}"
         print(f"{label}: perplexity {value:.3f} = {value / reference:.4f}x float32 ({seconds:.0f} s)",
               flush=True)

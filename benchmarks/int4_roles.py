@@ -31,12 +31,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int4_gptq import WINDOW, importance, second_moments
+from int4_gptq import importance, perplexity, second_moments
 from int4_quality import held_text
 
 from transformer_kit.export.calibration import DEFAULT_TEXT
@@ -84,16 +83,6 @@ def main(argv: list[str] | None = None) -> int:
 
     held = encode(held_text())[:4097]
     moments = second_moments(model, encode(DEFAULT_TEXT.read_text(encoding="utf-8"))[:2048])
-
-    def perplexity() -> float:
-        nll, tokens = 0.0, 0
-        with torch.no_grad():
-            for start in range(0, 4096, WINDOW):
-                chunk = held[start:start + WINDOW + 1]
-                logits = model(chunk[None, :-1]).logits[0].double()
-                nll += torch.nn.functional.cross_entropy(logits, chunk[1:], reduction="sum").item()
-                tokens += len(chunk) - 1
-        return float(np.exp(nll / tokens))
 
     def quantized(eight: Callable[[str], bool], embedding: torch.Tensor, head: torch.Tensor,
                   scales: dict[str, torch.Tensor] | None = None) -> None:
@@ -169,14 +158,14 @@ def main(argv: list[str] | None = None) -> int:
             ("4-bit table in blocks of 16, the first eighth and every down projection in 8 bits",
              lambda n: layer(n) in early or "down_proj" in n, "4, blocks of 16", "4, blocks of 16")]
 
-    reference = perplexity()
+    reference = perplexity(model, held)
     print(f"| weights (SmolLM2-135M-Instruct, {count} layers) | perplexity | vs float32 |")
     print("| --- | ---: | ---: |")
     print(f"| float32 | {reference:.3f} | 1.000x |", flush=True)
     for label, eight, embedding, head in rows:
         start = time.perf_counter()
         quantized(eight, tables[embedding], tables[head])  # one table object: tied
-        value = perplexity()
+        value = perplexity(model, held)
         print(f"| {label} | {value:.3f} | {value / reference:.4f}x |", flush=True)
         print(f"  ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
     scales = awq_scales()
@@ -185,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                            "gate_proj", "up_proj"))):
         quantized(lambda name: False, tables[8], tables[8],
                   {n: s for n, s in scales.items() if any(g in n for g in groups)})
-        value = perplexity()
+        value = perplexity(model, held)
         print(f"| {label} | {value:.3f} | {value / reference:.4f}x |", flush=True)
     return 0
 
