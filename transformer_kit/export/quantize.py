@@ -48,8 +48,7 @@ class Int4:
             point. Calibrated, asymmetric blocks are a little better (with the 8-bit table and
             down projections, 1.066x float32's perplexity against 1.085x on SmolLM2-135M) but
             onnxruntime's kernels run them 16-36 % slower per product on AVX2 CPUs (the same
-            speed with AVX-512 VNNI). 8-bit
-            blocks are always symmetric.
+            speed with AVX-512 VNNI). 8-bit blocks are always symmetric.
         head: also quantize the output head (the vocabulary projection). It is the largest
             single matrix of small models; onnxruntime-genai quantizes it too.
         embedding: also quantize the token embedding (``GatherBlockQuantized``, blocks along
@@ -76,9 +75,10 @@ class Int4:
     The defaults are the measured best trade on SmolLM2-135M-Instruct (BENCHMARKS.md, "4-bit
     weights that keep their quality"): perplexity 1.091x float32's (nearest rounding in 4 bits
     everywhere, the first int4: 1.39x), folder 0.20x float32's (0.16x), decoding 1.08x
-    onnxruntime-genai int4's tokens/s in a 30-round pair run (an AVX2 machine; the early layers'
-    4 % more bytes: an error in the first layers reaches every later one, so their products in
-    8 bits buy as much as every down projection's, 1.085x at 0.98x genai's speed).
+    onnxruntime-genai int4's tokens/s in a 30-round pair run (an AVX2 machine). The first
+    eighth of the layers adds 7 % to the table's bytes and buys nearly what every down
+    projection does (``eight_bit=("embedding", "down")``: 1.085x, 13 % more, 0.98x genai's
+    speed): an error in the first layers reaches every later one.
     ``eight_bit=("embedding", "value", "down")`` is better (1.058x) and slower;
     ``eight_bit=("embedding",)`` faster (1.14x) and at 1.105x. ``Int4(rounding="nearest",
     eight_bit=())`` is the first int4.
