@@ -76,9 +76,9 @@ class Int4:
     weights that keep their quality"): perplexity 1.091x float32's (nearest rounding in 4 bits
     everywhere, the first int4: 1.39x), folder 0.20x float32's (0.16x), decoding 1.08x
     onnxruntime-genai int4's tokens/s in a 30-round pair run (an AVX2 machine). The first
-    eighth of the layers adds 7 % to the table's bytes and buys nearly what every down
-    projection does (``eight_bit=("embedding", "down")``: 1.085x, 13 % more, 0.98x genai's
-    speed): an error in the first layers reaches every later one.
+    eighth of the layers adds 7 % to the folder of ``eight_bit=("embedding",)`` and buys nearly
+    what every down projection does (``eight_bit=("embedding", "down")``: 1.085x, 13 % more,
+    0.98x genai's speed): an error in the first layers reaches every later one.
     ``eight_bit=("embedding", "value", "down")`` is better (1.058x) and slower;
     ``eight_bit=("embedding",)`` faster (1.14x) and at 1.105x. ``Int4(rounding="nearest",
     eight_bit=())`` is the first int4.
