@@ -79,9 +79,10 @@ def importance(h: torch.Tensor) -> np.ndarray:
     return d + FLOOR * d.mean()
 
 
-def searched(w: torch.Tensor, bits: int, h: torch.Tensor) -> torch.Tensor:
-    """(N, K) ``w`` through the kit's calibrated search, dequantized."""
-    q = quantize_rows(w.numpy(), BLOCK, True, bits=bits, rounding="search", importance=importance(h))
+def searched(w: torch.Tensor, bits: int, h: torch.Tensor, block: int = BLOCK,
+             symmetric: bool = True) -> torch.Tensor:
+    """(N, K) ``w`` through the kit's calibrated search (columns weighed by H's diagonal), dequantized."""
+    q = quantize_rows(w.numpy(), block, symmetric, bits=bits, rounding="search", importance=importance(h))
     return torch.from_numpy(dequantize_rows(q)[:, :w.shape[1]])
 
 

@@ -35,21 +35,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int4_gptq import importance, perplexity, second_moments
+from int4_gptq import perplexity, searched, second_moments
 from int4_quality import held_text
 
 from transformer_kit.export.calibration import DEFAULT_TEXT
-from transformer_kit.export.int4_nodes import dequantize_rows, quantize_rows
 from transformer_kit.export.quantized_writes import early_layers
 
 AWQ_ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
-
-
-def searched(w: torch.Tensor, bits: int, h: torch.Tensor, block: int = 32,
-             symmetric: bool = True) -> torch.Tensor:
-    """(N, K) ``w`` through the kit's calibrated search (columns weighed by H's diagonal), dequantized."""
-    q = quantize_rows(w.numpy(), block, symmetric, bits=bits, rounding="search", importance=importance(h))
-    return torch.from_numpy(dequantize_rows(q)[:, :w.shape[1]])
 
 
 def output_error(w: torch.Tensor, q: torch.Tensor, h: torch.Tensor) -> float:
