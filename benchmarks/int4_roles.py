@@ -49,6 +49,12 @@ def output_error(w: torch.Tensor, q: torch.Tensor, h: torch.Tensor) -> float:
     return float(torch.einsum("nk,kl,nl->", d, h, d))
 
 
+def awq_searched(w: torch.Tensor, h: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """(N, K) ``w`` in 4 bits with its input columns scaled by ``s`` (K,) first (the inputs
+    divided by it, so H by s s^T), dequantized and scaled back."""
+    return searched((w * s).contiguous(), 4, h / torch.outer(s, s).double()) / s
+
+
 def layer(name: str) -> int:
     return int(name.split(".")[2])
 
@@ -87,8 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 w, h = original[f"{name}.weight"], moments[name]
                 module = model.get_submodule(name)
                 if scales and name in scales and not eight(name):
-                    s = scales[name]
-                    module.weight.copy_(searched((w * s).contiguous(), 4, h / torch.outer(s, s).double()) / s)
+                    module.weight.copy_(awq_searched(w, h, scales[name]))
                 else:
                     module.weight.copy_(searched(w, 8 if eight(name) else 4, h))
 
@@ -104,10 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                 for alpha in AWQ_ALPHAS:
                     s = size ** alpha
                     s = s / torch.sqrt(s.max() * s.min())
-                    hs = h / torch.outer(s, s).double()
-                    weights = [original[f"{n}.weight"] for n in group]
-                    error = sum(output_error(w, searched((w * s).contiguous(), 4, hs) / s, h)
-                                for w in weights)
+                    error = sum(output_error(w, awq_searched(w, h, s), h)
+                                for w in (original[f"{n}.weight"] for n in group))
                     if best is None or error < best[0]:
                         best = (error, s)
                 chosen.update(dict.fromkeys(group, best[1]))
