@@ -1,4 +1,5 @@
-"""Shared fixtures: a clean process-wide registry around tests that register plugins."""
+"""Shared fixtures: a clean process-wide registry around tests that register plugins; the
+exporter's traces memoized for the session (``tests/trace_memo.py``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import transformer_kit as tk
+from tests import trace_memo
 
 
 def _share_cores_between_workers() -> None:
@@ -29,6 +31,15 @@ def _share_cores_between_workers() -> None:
 
 
 _share_cores_between_workers()
+if not os.environ.get("TK_FRESH_TRACES"):  # set it to trace every export afresh
+    torch.onnx.export = trace_memo.memoized(torch.onnx.export)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test that monkeypatches may swap code a trace runs, which no fingerprint sees: its
+    exports (and its module's fixtures first made for it) trace afresh and are not kept."""
+    trace_memo.MEMO.enabled = "monkeypatch" not in getattr(item, "fixturenames", ())
 
 
 @pytest.fixture
