@@ -3,10 +3,9 @@
 Most of the suite's time goes to ``torch.onnx.export`` tracing tiny models (about 9 s a graph on
 a 2-core worker: 70 % of the workers' time), and a quarter of those traces repeated one already
 made in the same worker: the same model exported float32 and int4, with and without
-calibration, by two test modules. A trace
-depends only on the traced module (on PyTorch's ``meta`` device: structure, shapes and dtypes,
-never weights) and the export's arguments, so this memo returns a copy of the first trace of
-the same fingerprint instead of tracing again.
+calibration, by two test modules. A trace depends only on the traced module (on PyTorch's
+``meta`` device: structure, shapes and dtypes, never weights) and the export's arguments, so
+this memo returns a copy of the first trace of the same fingerprint instead of tracing again.
 
 The fingerprint is conservative: every submodule's class, attributes, parameter and buffer
 shapes and dtypes, hooks, and the export's arguments, canonicalized recursively; a function is
@@ -184,5 +183,4 @@ def memoized(export: Callable) -> Callable:
         MEMO.traces[key] = _copy(program.model)
         return program
 
-    export_or_copy.__wrapped_export__ = export
     return export_or_copy
