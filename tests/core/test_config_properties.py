@@ -8,6 +8,7 @@ new ones, run with ``--hypothesis-seed=<n>`` after removing ``derandomize`` loca
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 
 import pytest
@@ -19,59 +20,223 @@ import transformer_kit as tk
 from tests.combinations import (
     ATTENTION,
     BLOCKS,
-    CAUSAL_MASKS,
     FEEDFORWARD,
     NORMS,
+    POOLINGS,
     POSITIONAL,
     QK_NORMS,
 )
 
 ARCHITECTURES = ["encoder_decoder", "encoder", "decoder"]
-ENCODER_MASKS = ["none", *CAUSAL_MASKS]
+ACTIVATIONS = ["identity", "tanh", "sigmoid", "relu", "gelu", "silu", "softmax"]
+
+
+def _named(name: str, params: dict) -> str | dict:
+    """A component entry as a config writes it: the name alone, or with its parameters."""
+    return {"name": name, **params} if params else name
+
+
+def _some(draw, options: dict) -> dict:
+    """Each of ``options`` (key -> strategy) drawn or left out (the component's default)."""
+    return {key: draw(strategy) for key, strategy in options.items() if draw(st.booleans())}
+
+
+def _attention(draw) -> str | dict:
+    return _named(draw(st.sampled_from(ATTENTION)), _some(draw, {
+        "scale": st.sampled_from([0.2, 0.7, 1.5]), "softcap": st.sampled_from([1.5, 30.0])}))
+
+
+def _rotary_scaling(draw, rotary_dim: int) -> dict:
+    kind = draw(st.sampled_from(["linear", "llama3", "yarn", "longrope"]))
+    if kind == "linear":
+        return {"type": "linear", "factor": draw(st.sampled_from([2.0, 4.0]))}
+    if kind == "llama3":
+        return {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": draw(st.sampled_from([4, 8]))}
+    if kind == "yarn":
+        return {"type": "yarn", "factor": draw(st.sampled_from([2.0, 4.0])),
+                "original_max_position_embeddings": 8, **_some(draw, {
+                    "beta_fast": st.just(16), "beta_slow": st.just(2), "truncate": st.booleans(),
+                    "attention_factor": st.just(1.1)})}
+    factors = st.lists(st.sampled_from([1.0, 1.5, 2.0, 6.0]), min_size=rotary_dim // 2,
+                       max_size=rotary_dim // 2)
+    return {"type": "longrope", "original_max_position_embeddings": draw(st.sampled_from([4, 8])),
+            "short_factor": draw(factors), "long_factor": draw(factors),
+            **_some(draw, {"attention_factor": st.just(1.2)})}
+
+
+def _positional(draw, head_dim: int, names: list[str]) -> str | dict:
+    """A positional encoding among ``names``, with parameters drawn for it."""
+    name = draw(st.sampled_from(names))
+    params: dict = {}
+    if name == "sinusoidal":
+        params = _some(draw, {"base": st.sampled_from([100.0, 10000.0]),
+                              "layout": st.sampled_from(["interleaved", "split"])})
+    elif name == "learned":
+        params = _some(draw, {"token_types": st.sampled_from([0, 2]), "offset": st.sampled_from([0, 2])})
+    elif name == "rotary":
+        rotary_dim = draw(st.sampled_from(range(2, head_dim + 1, 2)))
+        params = _some(draw, {"base": st.sampled_from([100.0, 500000.0])})
+        if rotary_dim != head_dim:
+            params["rotary_dim"] = rotary_dim
+        if draw(st.booleans()):
+            params["scaling"] = _rotary_scaling(draw, rotary_dim)
+    elif name == "relative_bias":
+        params = _some(draw, {"num_buckets": st.sampled_from([8, 32]), "max_distance": st.just(20)})
+    return _named(name, params)
+
+
+def _mask(draw, architecture: str) -> str | dict:
+    name = draw(st.sampled_from(["none", "causal", "sliding_window"] if architecture == "encoder"
+                                else ["causal", "sliding_window"]))
+    return {"name": name, "window": draw(st.integers(1, 4))} if name == "sliding_window" else name
+
+
+def _feedforward(draw) -> str | dict:
+    name = draw(st.sampled_from(FEEDFORWARD))
+    options = {"bias": st.booleans()}
+    if name in ("gelu", "geglu"):
+        options["approximate"] = st.sampled_from(["none", "tanh"])
+    return _named(name, _some(draw, options))
+
+
+def _norm(draw) -> str | dict:
+    name = draw(st.sampled_from(NORMS))
+    options = {"eps": st.sampled_from([1e-6, 1e-5, 0.1])}
+    options["bias" if name == "layernorm" else "unit_offset"] = st.booleans()
+    return _named(name, _some(draw, options))
+
+
+def _qk_norm(draw) -> str | dict | None:
+    name = draw(st.sampled_from(QK_NORMS))
+    if name is None:
+        return None
+    options = {"eps": st.sampled_from([1e-6, 0.1])}
+    if name == "per_head_rmsnorm":
+        options["unit_offset"] = st.booleans()
+    return _named(name, _some(draw, options))
+
+
+def _layer_variants(draw, config: dict, head_dim: int) -> None:
+    """Per-layer variation (``layer_types``): up to two variants, each replacing some of the
+    kinds a layer may vary (a variant's positional encoding acts inside attention only)."""
+    names = draw(st.lists(st.sampled_from(["local", "global", "nope"]), min_size=1, max_size=2,
+                          unique=True))
+    variants = {}
+    for name in names:
+        kinds = {"mask": lambda: _mask(draw, config["architecture"]),
+                 "positional": lambda: _positional(draw, head_dim, ["rotary", "alibi", "relative_bias",
+                                                                   "none"]),
+                 "attention": lambda: _attention(draw), "feedforward": lambda: _feedforward(draw),
+                 "norm": lambda: _norm(draw)}
+        if config["qk_norm"] is not None:
+            kinds["qk_norm"] = lambda: _qk_norm(draw) or "rmsnorm"
+        chosen = draw(st.lists(st.sampled_from(sorted(kinds)), max_size=3, unique=True))
+        variants[name] = {kind: kinds[kind]() for kind in chosen}
+    count = config["num_layers"]
+    variants = {name: variants[name] for name in names[:count]}  # every variant used
+    config["layer_types"] = draw(st.permutations([names[i % len(variants)] for i in range(count)]))
+    config["layer_variants"] = variants
+
+
+def _sentence_outputs(draw, config: dict) -> None:
+    """An encoder's head: an LM head, a sentence embedding (pooling, dense layers, prompts) or
+    a classifier, or none."""
+    head = draw(st.sampled_from(["none", "lm_head", "pooling", "classifier"]))
+    if head == "lm_head":
+        config["lm_head"] = True
+    elif head == "pooling":
+        config["pooling"] = draw(st.sampled_from(POOLINGS))
+        widths = [config["d_model"], *draw(st.lists(st.integers(1, 6), max_size=2))]
+        dense = [{"in_features": a, "out_features": b, "bias": draw(st.booleans()),
+                  "activation": draw(st.sampled_from(ACTIVATIONS))}
+                 for a, b in itertools.pairwise(widths)]
+        prompts = draw(st.sampled_from([{}, {"query": "query: "}]))
+        config["sentence_embedding"] = {
+            "dense": dense, "normalize": draw(st.booleans()), "include_prompt": draw(st.booleans()),
+            "prompts": prompts, "default_prompt_name": "query" if prompts and draw(st.booleans()) else None,
+            "similarity": draw(st.sampled_from(["cosine", "dot", "euclidean", "manhattan"]))}
+    elif head == "classifier":
+        labels = draw(st.integers(1, 3))
+        config["classifier"] = {
+            "num_labels": labels, "pooler_activation": draw(st.sampled_from(ACTIVATIONS)),
+            "activation": draw(st.sampled_from([None, *ACTIVATIONS])),
+            "labels": draw(st.sampled_from([None, [f"label{i}" for i in range(labels)]]))}
+    if head in ("pooling", "classifier"):
+        config["max_seq_length"] = draw(st.sampled_from([None, 6]))
+        config["lowercase"] = draw(st.booleans())
 
 
 @st.composite
 def valid_configs(draw) -> dict:
+    """A random valid config drawing every field a user can set: sizes, separate source and
+    target vocabularies, ids (none, one or several end ids), every component with its
+    parameters, per-layer variants, multipliers, an encoder's heads."""
     architecture = draw(st.sampled_from(ARCHITECTURES))
     heads = draw(st.sampled_from([1, 2, 4]))
     head_dim = draw(st.sampled_from([2, 4, 6]))
     kv_heads = draw(st.sampled_from([k for k in (1, 2, 4) if heads % k == 0]))
-    vocab = draw(st.integers(5, 40))
-    ids = draw(st.lists(st.integers(0, vocab - 1), min_size=3, max_size=3, unique=True))
-    config = {
-        "architecture": architecture, "vocab_size": vocab, "d_model": heads * head_dim,
-        "num_heads": heads, "num_kv_heads": kv_heads, "num_layers": draw(st.integers(1, 2)),
+    d_model = heads * head_dim
+    config: dict = {"architecture": architecture, "d_model": d_model}
+    if draw(st.booleans()):  # a head width of its own (T5's d_kv): d_model need not divide
+        d_model = config["d_model"] = draw(st.integers(2, 16))
+        config["head_dim"] = head_dim
+    if architecture == "encoder_decoder" and draw(st.booleans()):  # the paper's translation setup
+        src, tgt = draw(st.integers(5, 40)), draw(st.integers(5, 40))
+        config["src_vocab_size"], config["tgt_vocab_size"] = src, tgt
+    else:
+        config["vocab_size"] = src = tgt = draw(st.integers(5, 40))
+    ids = draw(st.lists(st.integers(0, min(src, tgt) - 1), min_size=4, max_size=4, unique=True))
+    config.update({
+        "num_heads": heads, "num_kv_heads": kv_heads, "num_layers": draw(st.integers(1, 3)),
         "d_ff": draw(st.integers(1, 12)), "dropout": draw(st.sampled_from([0.0, 0.25])),
-        "max_len": draw(st.integers(8, 24)), "pad_id": ids[0], "bos_id": ids[1], "eos_id": ids[2],
+        "max_len": draw(st.integers(8, 24)),
+        "pad_id": draw(st.sampled_from([ids[0], None])), "bos_id": draw(st.sampled_from([ids[1], None])),
+        "eos_id": draw(st.sampled_from([ids[2], [ids[2], ids[3]], None])),
+        "forced_bos_id": draw(st.sampled_from([None, ids[3]])),
         "tie_embeddings": draw(st.booleans()), "scale_embeddings": draw(st.booleans()),
         "attention_bias": draw(st.booleans()),
         "attention_out_bias": draw(st.sampled_from([None, True, False])),
-        "attention": draw(st.sampled_from(ATTENTION)),
-        "positional": draw(st.sampled_from(POSITIONAL)),
-        "mask": draw(st.sampled_from(ENCODER_MASKS if architecture == "encoder" else CAUSAL_MASKS)),
-        "block": draw(st.sampled_from(BLOCKS)), "feedforward": draw(st.sampled_from(FEEDFORWARD)),
-        "norm": draw(st.sampled_from(NORMS)), "qk_norm": draw(st.sampled_from(QK_NORMS)),
-    }
+        "embedding_norm": draw(st.booleans()), "head_bias": draw(st.booleans()),
+        "attention": _attention(draw),
+        "positional": _positional(draw, head_dim, POSITIONAL),
+        "mask": _mask(draw, architecture),
+        "block": _named(draw(st.sampled_from(BLOCKS)),
+                        _some(draw, {"residual_scale": st.sampled_from([0.5, 2.0])})),
+        "feedforward": _feedforward(draw), "norm": _norm(draw), "qk_norm": _qk_norm(draw),
+    })
+    if architecture == "encoder_decoder":
+        for key in ("encoder_layers", "decoder_layers"):
+            config[key] = draw(st.sampled_from([None, 1, 2]))
+    elif draw(st.integers(0, 3)) == 0:
+        _layer_variants(draw, config, head_dim)
     if architecture == "encoder":
-        config["lm_head"] = draw(st.booleans())
-    residual = draw(st.sampled_from([1.0, 0.5, 2.0]))
-    if residual != 1.0:
-        config["block"] = {"name": config["block"], "residual_scale": residual}
+        _sentence_outputs(draw, config)
     if not config["scale_embeddings"]:
         config["embedding_scale"] = draw(st.sampled_from([None, 0.5, 12.0]))
-    if architecture != "encoder" or config["lm_head"]:
+    if architecture != "encoder" or config.get("lm_head"):
         config["logit_scale"] = draw(st.sampled_from([None, 0.125, 3.0]))
         config["logit_softcap"] = draw(st.sampled_from([None, 0.5, 30.0]))
     return config
 
 
+def _vocabularies(config: dict) -> tuple[int, int]:
+    """(source, target) vocabulary sizes of a config."""
+    shared = config.get("vocab_size")
+    return (shared, shared) if shared else (config["src_vocab_size"], config["tgt_vocab_size"])
+
+
 def _inputs(config: dict, model) -> tuple[torch.Tensor, ...]:
+    src_vocab, tgt_vocab = _vocabularies(config)
+    pad = config["pad_id"]
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, config["vocab_size"], (2, 5), generator=gen)
-    ids[ids == config["pad_id"]] = (config["pad_id"] + 1) % config["vocab_size"]
-    ids[1, :2] = config["pad_id"]  # a padded row
+    ids = torch.randint(0, src_vocab, (2, 5), generator=gen)
+    if pad is not None:
+        ids[ids == pad] = (pad + 1) % src_vocab
+        ids[1, :2] = pad  # a padded row
     if config["architecture"] == "encoder_decoder":
-        return ids, ids[:, :3].clone()
+        tgt = torch.randint(0, tgt_vocab, (2, 3), generator=gen)
+        return ids, tgt
     return (ids,)
 
 
@@ -84,14 +249,17 @@ def test_every_valid_config_builds_and_runs_to_finite_outputs(config):
     inputs = _inputs(config, model)
     with torch.no_grad():
         out = model(*inputs)
-    width = config["vocab_size"] if config["architecture"] != "encoder" or config.get("lm_head") \
+    width = _vocabularies(config)[1] if config["architecture"] != "encoder" or config.get("lm_head") \
         else config["d_model"]
     assert out.shape == (2, inputs[-1].shape[1], width)
     assert torch.isfinite(out).all()
-    if config["architecture"] != "encoder":
+    if config["architecture"] == "encoder_decoder" and config["bos_id"] is None:
+        with pytest.raises(tk.ConfigError, match="starts from bos_id"):  # nothing to start from
+            model.generate(inputs[0], 3)
+    elif config["architecture"] != "encoder":
         new = model.generate(inputs[0], 3)
         assert new.shape[0] == 2 and new.shape[1] <= 3
-        assert ((new >= 0) & (new < config["vocab_size"])).all()
+        assert ((new >= 0) & (new < _vocabularies(config)[1])).all()
 
 
 @settings(max_examples=8, deadline=None, derandomize=True,
@@ -119,7 +287,7 @@ WRONG_VALUES = ["x", 1.5, [1], {"a": 1}, None, True]
 def invalid_configs(draw) -> tuple[dict, str]:
     """A valid config with one thing made wrong; returns it and what was changed."""
     config = copy.deepcopy(draw(valid_configs()))
-    vocab = config["vocab_size"]
+    vocab = max(_vocabularies(config))
     mutation = draw(st.sampled_from([
         "wrong_type", "size", "dropout", "id", "kv_heads", "unknown_key", "unknown_component",
         "unknown_param", "heads", "architecture", "component_type",
@@ -127,7 +295,7 @@ def invalid_configs(draw) -> tuple[dict, str]:
     if mutation == "wrong_type":
         key = draw(st.sampled_from(SIZE_KEYS + BOOL_KEYS + ["dropout", "pad_id", "bos_id"]))
         value = draw(st.sampled_from(WRONG_VALUES))
-        if (key in BOOL_KEYS and value is True) or (key == "pad_id" and value is None):
+        if (key in BOOL_KEYS and value is True) or (key in ("pad_id", "bos_id") and value is None):
             value = "x"
         if key == "num_kv_heads" and value is None:
             value = 1.5
@@ -147,6 +315,7 @@ def invalid_configs(draw) -> tuple[dict, str]:
         config["num_kv_heads"] = draw(st.sampled_from([k for k in range(2, 9)
                                                        if heads % k or k > heads]))
     elif mutation == "heads":
+        config.pop("head_dim", None)  # d_model must then divide into the heads
         config["num_heads"] = draw(st.sampled_from([h for h in (3, 5, 7) if config["d_model"] % h]))
     elif mutation == "unknown_key":
         config[draw(st.sampled_from(["d_modle", "num_head", "dropuot", "vocabsize", "layers"]))] = 1

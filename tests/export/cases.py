@@ -119,5 +119,12 @@ SENTENCE_CASES = [
         "encoder", attention="einsum", positional="relative_bias",
         classifier={"num_labels": 3, "pooler_activation": "gelu"})),
 ]
+#: The paper's translation setup: separate source and target vocabularies (no ``vocab_size``),
+#: the target's smaller, with its own embedding table and an output head tied to it.
+VOCABULARY_CASES = [
+    ("encoder_decoder-sdpa-sinusoidal-causal-post_norm-relu-layernorm-kv2-separate_vocabularies",
+     tiny_config("encoder_decoder", vocab_size=None, src_vocab_size=41, tgt_vocab_size=29,
+                 attention="sdpa", tie_embeddings=True)),
+]
 CASES = (sampled_cases("decoder", 6) + sampled_cases("encoder_decoder", 6) + sampled_cases("encoder", 6)
-         + SCALED_CASES + VARIANT_CASES + MULTIPLIER_CASES + SENTENCE_CASES)
+         + SCALED_CASES + VARIANT_CASES + MULTIPLIER_CASES + SENTENCE_CASES + VOCABULARY_CASES)

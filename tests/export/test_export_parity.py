@@ -86,10 +86,18 @@ def test_generation_matches_pytorch_token_for_token(exported):
 @pytest.mark.parametrize("architecture", ["decoder", "encoder_decoder", "encoder"])
 def test_the_sampled_cases_hold_every_value_of_every_kind(architecture):
     from tests.combinations import ATTENTION, BLOCKS, FEEDFORWARD, NORMS, POSITIONAL, QK_NORMS
-    from tests.export.cases import MULTIPLIER_CASES, SCALED_CASES, SENTENCE_CASES, VARIANT_CASES
+    from tests.export.cases import (
+        MULTIPLIER_CASES,
+        SCALED_CASES,
+        SENTENCE_CASES,
+        VARIANT_CASES,
+        VOCABULARY_CASES,
+    )
 
-    # rotary scalings, layer variants, multipliers and sentence outputs, on top of the sample
-    scaled = {case_id for case_id, _ in SCALED_CASES + VARIANT_CASES + MULTIPLIER_CASES + SENTENCE_CASES}
+    # rotary scalings, layer variants, multipliers, sentence outputs and separate vocabularies,
+    # on top of the sample
+    scaled = {case_id for case_id, _ in
+              SCALED_CASES + VARIANT_CASES + MULTIPLIER_CASES + SENTENCE_CASES + VOCABULARY_CASES}
     configs = [c for case_id, c in CASES if case_id.startswith(architecture + "-") and case_id not in scaled]
     for key, values in (("attention", ATTENTION), ("positional", POSITIONAL), ("block", BLOCKS),
                         ("feedforward", FEEDFORWARD), ("norm", NORMS), ("num_kv_heads", [1, 2, 4]),

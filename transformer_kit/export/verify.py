@@ -155,7 +155,7 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
                       for a, e in zip(past, present, strict=True))
         if step + 1 < len(widths):  # the chosen token, then random ones (drafted tokens)
             following = widths[step + 1]
-            drafted = random_ids(batch, following - 1, cfg.vocab_size, None, seed + step).numpy()
+            drafted = random_ids(batch, following - 1, cfg.tgt_vocab, None, seed + step).numpy()
             ids = np.concatenate([expected.argmax(-1, keepdim=True).numpy(), drafted], axis=1)
             if mask is not None:
                 mask = np.concatenate([mask, np.ones((batch, following), np.int64)], axis=1)
