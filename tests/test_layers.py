@@ -25,7 +25,9 @@ OUTER_LAYERS = ("apps", "export", "plugins")
 #: and Gemma 2's embedding_scale, logit_scale, logit_softcap and the output head applying them).
 #: 3,300 until encoders gave sentence outputs (issue 26: sentence-transformers folders read in
 #: checkpoints/, their config keys, the pooling kind, the encoder's sentence outputs and token types).
-CORE_LINE_LIMIT = 3_650
+#: 3,650 until components brought their ONNX lowerings (issue 42: ``tk.Lowering`` and its
+#: hook, the registry's index of lowerings, and the mark of which component made each object).
+CORE_LINE_LIMIT = 3_750
 #: The decoding subsystem (options, logits processors, strategies, text, the PyTorch stepper) is a
 #: core package with a budget of its own, so the model core stays small as decoding grows.
 #: 1,000 lines until the per-token fast path of greedy search and sampling (issue 13: no state

@@ -10,7 +10,7 @@ applications (``transformer_kit.apps``: command line, demo, plots, benchmarks) s
 nothing here imports them (the contracts in pyproject.toml check it).
 """
 
-from transformer_kit.component import KINDS, MODEL_KINDS, CheckpointFamily, Component
+from transformer_kit.component import KINDS, MODEL_KINDS, CheckpointFamily, Component, Lowering
 from transformer_kit.config import ComponentSpec, ModelConfig, load_config
 from transformer_kit.decoding import GenerationConfig, LogitsProcessor
 from transformer_kit.errors import (
@@ -87,7 +87,7 @@ __all__ = [
     "CheckpointFamily", "Component",
     "ComponentError", "ComponentSpec", "ConfigError", "ContextLengthError", "ExportError",
     "GenerationConfig",
-    "InputError", "LogitsProcessor", "MaskError", "ModelConfig", "PluginError", "ProviderError",
+    "InputError", "LogitsProcessor", "Lowering", "MaskError", "ModelConfig", "PluginError", "ProviderError",
     "Registry", "TransformerKitError", "UnknownComponentError", "__version__", "build_model",
     "config_from_gguf", "config_from_hf", "from_gguf", "from_hf", "get_registry", "hookimpl",
     "hookspec", "load_config", "load_model", "register_plugin", "reset_registry", "unregister_plugin",

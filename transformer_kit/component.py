@@ -1,5 +1,6 @@
-"""What a plugin contributes: components (a named factory of one kind, with capability metadata)
-and checkpoint families (how a Hugging Face ``model_type`` maps onto a config and weights)."""
+"""What a plugin contributes: components (a named factory of one kind, with capability metadata),
+their lowerings (how a component writes its ONNX nodes) and checkpoint families (how a Hugging
+Face ``model_type`` maps onto a config and weights)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ KINDS: tuple[str, ...] = (*MODEL_KINDS, "logits_processor")
 LOWERINGS: dict[str, frozenset[str]] = {"attention": frozenset({"attention"}),
                                         "positional": frozenset({"rotary"}),
                                         "feedforward": frozenset({"gate_up"})}
+
+#: What a lowering may write, by kind: the interface's calls (``transformer_kit.interfaces``).
+LOWERING_METHODS: dict[str, tuple[str, ...]] = {
+    **{kind: ("forward",) for kind in MODEL_KINDS}, "positional": ("embed", "rotate", "score_bias")}
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 
@@ -90,6 +95,57 @@ class Component:
                 f"Component {self.kind}/{self.name}: lowerings {sorted(unknown)} are not known for "
                 f"kind {self.kind!r}; known: {known}."
             )
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """How a registered component writes its ONNX nodes: the export builds its graphs from the
+    lowerings of the model's components (a component without one is traced alone).
+
+    Each function is called as ``function(g, module, *inputs)`` with the inputs of the call it
+    lowers as ``onnx_ir.Value``s, shaped as the kind's interface shapes the tensors
+    (:mod:`transformer_kit.interfaces`), and returns the call's outputs as Values (``None``
+    where the interface allows it). ``g`` is the export's graph builder: ``g.op.MatMul(a, b)``
+    writes a node, ``g.weight(module, "weight")`` reads a parameter or buffer, ``g.call(child,
+    x)`` lowers a sub-module, ``g.linear(linear, x)`` a ``nn.Linear``
+    (``transformer_kit.export.graph_builder.GraphBuilder``; docs/plugins.md has a worked example).
+
+    Args:
+        kind, name: the component lowered (registered by this plugin or another one).
+        forward: the module's call (every kind but ``positional``; a mask's ``__call__``).
+        embed, rotate, score_bias: a positional encoding's three points, each optional: leave
+            out a point the encoding does not act at (its inherited method does nothing).
+    """
+
+    kind: str
+    name: str
+    forward: Callable[..., Any] | None = None
+    embed: Callable[..., Any] | None = None
+    rotate: Callable[..., Any] | None = None
+    score_bias: Callable[..., Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in LOWERING_METHODS:
+            raise ValueError(f"Lowering kind {self.kind!r} is not one of {', '.join(LOWERING_METHODS)}; "
+                             "name the kind of the component it lowers.")
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ValueError(f"Lowering name {self.name!r} is not a component name: use letters, "
+                             "digits, '_', '-' or '.', starting with a letter.")
+        allowed = LOWERING_METHODS[self.kind]
+        given = {m: f for m in ("forward", "embed", "rotate", "score_bias")
+                 if (f := getattr(self, m)) is not None}
+        wrong = sorted(set(given) - set(allowed))
+        if wrong or not given:
+            raise ValueError(f"Lowering {self.kind}/{self.name}: a {self.kind} lowering writes "
+                             f"{' and/or '.join(allowed)}; got {', '.join(sorted(given)) or 'none'}.")
+        for method, function in given.items():
+            if not callable(function):
+                raise TypeError(f"Lowering {self.kind}/{self.name}: {method} must be callable, got "
+                                f"{type(function).__name__}.")
+
+    def methods(self) -> dict[str, Callable[..., Any]]:
+        """The calls this lowering writes, by the interface method's name."""
+        return {m: f for m in LOWERING_METHODS[self.kind] if (f := getattr(self, m)) is not None}
 
 
 @dataclass(frozen=True)

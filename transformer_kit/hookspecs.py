@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pluggy
 
-from transformer_kit.component import CheckpointFamily, Component
+from transformer_kit.component import CheckpointFamily, Component, Lowering
 
 PROJECT = "transformer_kit"
 
@@ -27,10 +27,17 @@ def transformer_kit_checkpoint_families() -> list[CheckpointFamily]:  # type: ig
 
 
 @hookspec
+def transformer_kit_lowerings() -> list[Lowering]:  # type: ignore[empty-body]
+    """Return the lowerings this plugin contributes: how components (its own or another
+    plugin's) write their ONNX nodes. The export traces a component that has none."""
+
+
+@hookspec
 def transformer_kit_onnx_translations() -> dict:  # type: ignore[empty-body]
     """Return ONNX translations for custom torch ops this plugin's components call.
 
     A mapping from a torch operator (e.g. ``torch.ops.my_plugin.fused_norm.default``) to an
     onnxscript function that builds its ONNX (or onnxruntime contrib) nodes; the export layer
-    passes them to ``torch.onnx.export(custom_translation_table=...)``.
+    passes them to ``torch.onnx.export(custom_translation_table=...)`` when it traces a
+    component that has no lowering.
     """

@@ -1,6 +1,9 @@
 """The registry: a pluggy plugin manager plus an index of what the plugins contribute.
 
-Components are indexed by (kind, name), checkpoint families by ``model_type``. A plugin's
+Longer than 300 lines because it indexes each of the three contributions (components, their
+lowerings, checkpoint families) with the same registration, conflict and lookup rules.
+
+Components and their lowerings are indexed by (kind, name), checkpoint families by ``model_type``. A plugin's
 contributions are read when it is registered, by calling its hooks through pluggy (a subset
 hook caller holding just that plugin, so each contribution's plugin is known and a conflict
 names both). Built-ins are an ordinary plugin (``builtin``, loaded by name from a table, as
@@ -22,7 +25,7 @@ from typing import Any
 import pluggy
 
 from transformer_kit import hookspecs
-from transformer_kit.component import KINDS, CheckpointFamily, Component
+from transformer_kit.component import KINDS, CheckpointFamily, Component, Lowering
 from transformer_kit.errors import (
     CheckpointError,
     ComponentError,
@@ -37,8 +40,10 @@ from transformer_kit.registry_entries import (
     PluginFailure,
     RegisteredComponent,
     RegisteredFamily,
+    RegisteredLowering,
     hashable_plugin,
     index_contributions,
+    mark_component,
     origin,
 )
 
@@ -58,6 +63,7 @@ class Registry:
         for name in blocked:
             self.plugin_manager.set_blocked(name)
         self._components: dict[tuple[str, str], RegisteredComponent] = {}
+        self._lowerings: dict[tuple[str, str], RegisteredLowering] = {}
         self._families: dict[str, RegisteredFamily] = {}
         self.failures: list[PluginFailure] = []
 
@@ -88,11 +94,15 @@ class Registry:
             raise PluginError(f"{where} is not a valid transformer_kit plugin: {exc}") from exc
         try:
             components = self._contributions(name, where, "transformer_kit_components", Component)
+            lowerings = self._contributions(name, where, "transformer_kit_lowerings", Lowering)
             families = self._contributions(name, where, "transformer_kit_checkpoint_families",
                                            CheckpointFamily)
             new_components = index_contributions(self._components, components,
                                                  lambda c: (c.kind, c.name), lambda c: f"{c.kind} {c.name!r}",
                                                  RegisteredComponent, name, distribution)
+            new_lowerings = index_contributions(self._lowerings, lowerings, lambda lo: (lo.kind, lo.name),
+                                                lambda lo: f"the lowering of {lo.kind} {lo.name!r}",
+                                                RegisteredLowering, name, distribution)
             new_families = index_contributions(self._families, families, lambda f: f.model_type,
                                                lambda f: f"checkpoint family {f.model_type!r}",
                                                RegisteredFamily, name, distribution)
@@ -100,6 +110,7 @@ class Registry:
             pm.unregister(name=name)
             raise
         self._components.update(new_components)
+        self._lowerings.update(new_lowerings)
         self._families.update(new_families)
         return name
 
@@ -112,6 +123,7 @@ class Registry:
             )
         self.plugin_manager.unregister(name=name)
         self._components = {k: e for k, e in self._components.items() if e.plugin != name}
+        self._lowerings = {k: e for k, e in self._lowerings.items() if e.plugin != name}
         self._families = {k: e for k, e in self._families.items() if e.plugin != name}
 
     def plugins(self) -> list[str]:
@@ -211,7 +223,9 @@ class Registry:
         label = f"{kind} {name!r} ({origin(entry.plugin, entry.distribution)})"
         kwargs = bind_factory_arguments(entry.component.factory, label, dict(context or {}), params)
         try:
-            return entry.component.factory(**kwargs)
+            made = entry.component.factory(**kwargs)
+            mark_component(made, entry)  # the export finds its lowering by it
+            return made
         except TransformerKitError:
             raise
         except ValueError as exc:
@@ -220,6 +234,15 @@ class Registry:
             raise ComponentError(
                 f"The factory of {label} raised {type(exc).__name__}: {exc}"
             ) from exc
+
+    # -- lowerings ---------------------------------------------------------------------------
+    def lowering(self, kind: str, name: str) -> RegisteredLowering | None:
+        """How component ``kind``/``name`` writes its ONNX nodes, or None (the export traces it)."""
+        return self._lowerings.get((kind, name))
+
+    def lowerings(self) -> list[RegisteredLowering]:
+        """Every registered lowering, sorted by kind then name."""
+        return [e for _, e in sorted(self._lowerings.items())]
 
     # -- checkpoint families ---------------------------------------------------------------
     def model_types(self) -> list[str]:

@@ -3,13 +3,18 @@ plugins that failed to load, and the indexing that refuses a name two plugins bo
 
 from __future__ import annotations
 
+import contextlib
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from transformer_kit.component import CheckpointFamily, Component
+from transformer_kit.component import CheckpointFamily, Component, Lowering
 from transformer_kit.errors import PluginError
+
+#: The attribute that holds, on every object a registry's factory made, its
+#: :class:`RegisteredComponent` (the export finds each component's lowering by it).
+COMPONENT_ATTRIBUTE = "tk_component"
 
 
 @dataclass(frozen=True)
@@ -19,6 +24,28 @@ class RegisteredComponent:
     component: Component
     plugin: str
     distribution: str | None
+
+
+@dataclass(frozen=True)
+class RegisteredLowering:
+    """A lowering together with where it came from."""
+
+    lowering: Lowering
+    plugin: str
+    distribution: str | None
+
+
+def mark_component(obj: object, entry: RegisteredComponent) -> None:
+    """Record on ``obj`` (what ``entry``'s factory made) the component it is; an object that
+    takes no attributes (``__slots__``) stays unmarked, and the export traces it."""
+    with contextlib.suppress(AttributeError, TypeError):
+        setattr(obj, COMPONENT_ATTRIBUTE, entry)
+
+
+def component_of(obj: object) -> RegisteredComponent | None:
+    """The registered component that made ``obj``, or None (not made by a registry)."""
+    entry = getattr(obj, COMPONENT_ATTRIBUTE, None)
+    return entry if isinstance(entry, RegisteredComponent) else None
 
 
 @dataclass(frozen=True)
