@@ -1,21 +1,33 @@
-"""The built-in plugin (``builtin``): components and checkpoint families, contributed through the
-same hooks as any third-party plugin."""
+"""The built-in plugin (``builtin``): components, their ONNX lowerings and checkpoint families,
+contributed through the same hooks as any third-party plugin."""
 
 from __future__ import annotations
 
-from transformer_kit import CheckpointFamily, Component, hookimpl
-from transformer_kit.plugins.attention import EinsumAttention, MatmulAttention, SdpaAttention
+from transformer_kit import CheckpointFamily, Component, Lowering, hookimpl
+from transformer_kit.plugins.attention import (
+    EinsumAttention,
+    MatmulAttention,
+    SdpaAttention,
+    attention_onnx,
+)
 from transformer_kit.plugins.blocks import (
     ParallelBlock,
     PostNormBlock,
     PostSublayerNormBlock,
     PreNormBlock,
     SandwichBlock,
+    parallel_onnx,
+    post_norm_onnx,
+    post_sublayer_norm_onnx,
+    pre_norm_onnx,
+    sandwich_onnx,
 )
 from transformer_kit.plugins.families import builtin_families
 from transformer_kit.plugins.feedforward import (
     GeGLU,
     SwiGLU,
+    feedforward_onnx,
+    gated_onnx,
     gelu_feedforward,
     relu_feedforward,
     silu_feedforward,
@@ -31,13 +43,23 @@ from transformer_kit.plugins.logits import (
     TopK,
     TopP,
 )
-from transformer_kit.plugins.masks import CausalMask, NoMask, SlidingWindowMask
+from transformer_kit.plugins.masks import (
+    CausalMask,
+    NoMask,
+    SlidingWindowMask,
+    causal_onnx,
+    no_mask_onnx,
+    sliding_window_onnx,
+)
 from transformer_kit.plugins.norms import (
     QKNorm,
     layer_norm,
+    layer_norm_onnx,
     per_head_rms_norm,
     projection_rms_norm,
+    qk_norm_onnx,
     rms_norm,
+    rms_norm_onnx,
 )
 from transformer_kit.plugins.pooling import (
     ClsPooling,
@@ -45,7 +67,12 @@ from transformer_kit.plugins.pooling import (
     MaxPooling,
     MeanPooling,
     WeightedMeanPooling,
+    cls_onnx,
+    last_token_onnx,
+    max_onnx,
+    mean_onnx,
     mean_sqrt_len_pooling,
+    weighted_mean_onnx,
 )
 from transformer_kit.plugins.positional import (
     ALiBiPositions,
@@ -54,6 +81,12 @@ from transformer_kit.plugins.positional import (
     RelativePositionBias,
     RotaryPositions,
     SinusoidalPositions,
+    alibi_onnx,
+    learned_onnx,
+    no_positions_onnx,
+    relative_bias_onnx,
+    rotary_onnx,
+    sinusoidal_onnx,
 )
 
 __all__ = [
@@ -100,6 +133,7 @@ __all__ = [
     "silu_feedforward",
     "transformer_kit_checkpoint_families",
     "transformer_kit_components",
+    "transformer_kit_lowerings",
 ]
 
 _BIAS = frozenset({"score_bias"})
@@ -196,6 +230,38 @@ _LOGITS_PROCESSORS = [
     Component("logits_processor", "min_p", MinP,
               description="drops tokens below `p` x the top probability (sampling)"),
 ]
+
+
+@hookimpl
+def transformer_kit_lowerings() -> list[Lowering]:
+    """How each built-in component writes its ONNX nodes (each beside its component)."""
+    return [
+        *[Lowering("attention", name, forward=attention_onnx) for name in ("matmul", "einsum", "sdpa")],
+        Lowering("positional", "sinusoidal", embed=sinusoidal_onnx),
+        Lowering("positional", "learned", embed=learned_onnx),
+        Lowering("positional", "rotary", rotate=rotary_onnx),
+        Lowering("positional", "relative_bias", score_bias=relative_bias_onnx),
+        Lowering("positional", "alibi", score_bias=alibi_onnx),
+        Lowering("positional", "none", embed=no_positions_onnx),
+        Lowering("mask", "causal", forward=causal_onnx),
+        Lowering("mask", "sliding_window", forward=sliding_window_onnx),
+        Lowering("mask", "none", forward=no_mask_onnx),
+        Lowering("block", "post_norm", forward=post_norm_onnx),
+        Lowering("block", "pre_norm", forward=pre_norm_onnx),
+        Lowering("block", "parallel", forward=parallel_onnx),
+        Lowering("block", "post_sublayer_norm", forward=post_sublayer_norm_onnx),
+        Lowering("block", "sandwich", forward=sandwich_onnx),
+        *[Lowering("feedforward", name, forward=feedforward_onnx) for name in ("relu", "gelu", "silu")],
+        *[Lowering("feedforward", name, forward=gated_onnx) for name in ("swiglu", "geglu")],
+        Lowering("norm", "layernorm", forward=layer_norm_onnx),
+        Lowering("norm", "rmsnorm", forward=rms_norm_onnx),
+        *[Lowering("qk_norm", name, forward=qk_norm_onnx) for name in ("per_head_rmsnorm", "rmsnorm")],
+        Lowering("pooling", "cls", forward=cls_onnx),
+        Lowering("pooling", "lasttoken", forward=last_token_onnx),
+        *[Lowering("pooling", name, forward=mean_onnx) for name in ("mean", "mean_sqrt_len")],
+        Lowering("pooling", "weightedmean", forward=weighted_mean_onnx),
+        Lowering("pooling", "max", forward=max_onnx),
+    ]
 
 
 @hookimpl

@@ -6,6 +6,8 @@ All three compute softmax(q k^T / sqrt(head_dim) + bias) v over the keys a boole
 ``softcap`` c bounds each score as c * tanh(score / c) before the mask (Gemma 2). float16/bfloat16 inputs
 are computed in float32 and rounded once at the end by the reference kernels, and by ``sdpa``
 on the CPU (which has no fast half-precision attention); ``sdpa`` runs natively elsewhere.
+:func:`attention_onnx` writes the formula as ONNX nodes for all three (where ``sdpa`` can, the
+export puts one ONNX ``Attention`` op in its place instead: its ``attention`` lowering).
 """
 
 from __future__ import annotations
@@ -102,3 +104,30 @@ class SdpaAttention(_ScaledKernel):
             attn_mask = attn_mask.expand(*attn_mask.shape[:-2], q.shape[-2], attn_mask.shape[-1])
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
         return out.masked_fill(~has_key, 0.0)
+
+
+# -- ONNX ------------------------------------------------------------------------------------------
+def attention_onnx(g, kernel: _ScaledKernel, q, k, v, mask=None, bias=None):
+    """The lowering of the three kernels (one formula): q (batch, heads, q_len, dim), k and v
+    (batch, heads, k_len, dim), mask (batch, 1, q_len | 1, k_len) bool (True = may attend),
+    bias (batch, heads, q_len, k_len) -> (batch, heads, q_len, dim). Scores, softmax and the
+    weighted sum in float32 whatever the activations' type, as the kernels compute them; a row
+    with no visible key gives zeros."""
+    half = g.float_type != g.FLOAT
+    if half:
+        q, k, v = (g.op.Cast(t, to=g.FLOAT) for t in (q, k, v))
+    dim = q.shape[-1] if q.shape is not None and isinstance(q.shape[-1], int) else g.config.attention_head_dim
+    scale = kernel.scale if kernel.scale is not None else 1.0 / math.sqrt(dim)
+    scores = g.op.Mul(g.op.MatMul(q, g.op.Transpose(k, perm=[0, 1, 3, 2])), g.constant(scale, g.FLOAT))
+    if kernel.softcap is not None:
+        cap = g.constant(kernel.softcap, g.FLOAT)
+        scores = g.op.Mul(g.op.Tanh(g.op.Div(scores, cap)), cap)
+    if bias is not None:
+        scores = g.op.Add(scores, bias if bias.dtype == g.FLOAT else g.op.Cast(bias, to=g.FLOAT))
+    if mask is not None:
+        scores = g.op.Where(mask, scores, g.constant(torch.finfo(torch.float32).min, g.FLOAT))
+    weights = g.op.Softmax(scores, axis=-1)
+    if mask is not None:
+        weights = g.op.Where(mask, weights, g.constant(0.0, g.FLOAT))
+    out = g.op.MatMul(weights, v)
+    return g.op.Cast(out, to=g.float_type) if half else out

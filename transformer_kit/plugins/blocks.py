@@ -4,7 +4,11 @@
 norm before and after each sub-layer).
 
 Every block takes ``residual_scale`` (1.0): what each sub-layer adds to the residual stream is
-multiplied by it first (Granite's residual_multiplier: x = x + scale * sublayer(norm(x)))."""
+multiplied by it first (Granite's residual_multiplier: x = x + scale * sublayer(norm(x))).
+
+Each block's ONNX lowering follows its forward, call for call: ``x`` (batch, len, d_model) and
+the attention inputs as graph values, the sub-layers written by ``g.call``.
+"""
 
 from __future__ import annotations
 
@@ -119,3 +123,53 @@ class SandwichBlock(_Layer):
             attended = self.cross_attention(self.cross_norm(x), cross_inputs)
             x = x + self.scaled(self.cross_dropout(self.cross_post_norm(attended)))
         return x + self.scaled(self.ff_dropout(self.ff_post_norm(self.feedforward(self.ff_norm(x)))))
+
+
+# -- ONNX: each block's arrangement as the export writes it (dropout is the identity there) --------
+def _scaled(g, block: _Layer, x):
+    return x if block.residual_scale == 1.0 else g.op.Mul(x, block.residual_scale)
+
+
+def post_norm_onnx(g, block: PostNormBlock, x, self_inputs, cross_inputs=None):
+    x = g.call(block.self_norm, g.op.Add(x, _scaled(g, block, g.call(block.self_attention, x, self_inputs))))
+    if block.cross_attention is not None:
+        attended = g.call(block.cross_attention, x, cross_inputs)
+        x = g.call(block.cross_norm, g.op.Add(x, _scaled(g, block, attended)))
+    return g.call(block.ff_norm, g.op.Add(x, _scaled(g, block, g.call(block.feedforward, x))))
+
+
+def pre_norm_onnx(g, block: PreNormBlock, x, self_inputs, cross_inputs=None):
+    attended = g.call(block.self_attention, g.call(block.self_norm, x), self_inputs)
+    x = g.op.Add(x, _scaled(g, block, attended))
+    if block.cross_attention is not None:
+        attended = g.call(block.cross_attention, g.call(block.cross_norm, x), cross_inputs)
+        x = g.op.Add(x, _scaled(g, block, attended))
+    return g.op.Add(x, _scaled(g, block, g.call(block.feedforward, g.call(block.ff_norm, x))))
+
+
+def parallel_onnx(g, block: ParallelBlock, x, self_inputs, cross_inputs=None):
+    out = g.op.Add(x, _scaled(g, block, g.call(block.self_attention, g.call(block.self_norm, x),
+                                               self_inputs)))
+    if block.cross_attention is not None:
+        cross = g.call(block.cross_attention, g.call(block.cross_norm, x), cross_inputs)
+        out = g.op.Add(out, _scaled(g, block, cross))
+    return g.op.Add(out, _scaled(g, block, g.call(block.feedforward, g.call(block.ff_norm, x))))
+
+
+def post_sublayer_norm_onnx(g, block: PostSublayerNormBlock, x, self_inputs, cross_inputs=None):
+    attended = g.call(block.self_norm, g.call(block.self_attention, x, self_inputs))
+    x = g.op.Add(x, _scaled(g, block, attended))
+    if block.cross_attention is not None:
+        attended = g.call(block.cross_norm, g.call(block.cross_attention, x, cross_inputs))
+        x = g.op.Add(x, _scaled(g, block, attended))
+    return g.op.Add(x, _scaled(g, block, g.call(block.ff_norm, g.call(block.feedforward, x))))
+
+
+def sandwich_onnx(g, block: SandwichBlock, x, self_inputs, cross_inputs=None):
+    attended = g.call(block.self_attention, g.call(block.self_norm, x), self_inputs)
+    x = g.op.Add(x, _scaled(g, block, g.call(block.self_post_norm, attended)))
+    if block.cross_attention is not None:
+        attended = g.call(block.cross_attention, g.call(block.cross_norm, x), cross_inputs)
+        x = g.op.Add(x, _scaled(g, block, g.call(block.cross_post_norm, attended)))
+    fed = g.call(block.feedforward, g.call(block.ff_norm, x))
+    return g.op.Add(x, _scaled(g, block, g.call(block.ff_post_norm, fed)))

@@ -1,6 +1,9 @@
-"""Position-wise feed-forward networks: ReLU (the paper), GELU, SwiGLU."""
+"""Position-wise feed-forward networks: ReLU (the paper), GELU, SiLU, SwiGLU, GeGLU; with their
+ONNX lowerings."""
 
 from __future__ import annotations
+
+import math
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -96,3 +99,32 @@ def feedforward_for_activation(activation: str, model_type: str) -> dict:
         raise CheckpointError(f"{model_type}: activation {activation!r} is not supported; supported: "
                               f"{', '.join(HF_ACTIVATIONS)}.")
     return dict(HF_ACTIVATIONS[activation])
+
+
+# -- ONNX ------------------------------------------------------------------------------------------
+def gelu_onnx(g, x, approximate: str = "none"):
+    """GELU of x: one ``Gelu`` op from opset 20; before it, its formula (erf, or tanh's)."""
+    if g.opset >= 20:
+        return g.op.Gelu(x, approximate=approximate)
+    if approximate == "tanh":
+        inner = g.op.Mul(g.op.Add(x, g.op.Mul(g.op.Mul(g.op.Mul(x, x), x), 0.044715)),
+                         math.sqrt(2.0 / math.pi))
+        return g.op.Mul(g.op.Mul(x, 0.5), g.op.Add(g.op.Tanh(inner), 1.0))
+    return g.op.Mul(g.op.Mul(x, 0.5), g.op.Add(g.op.Erf(g.op.Mul(x, 1.0 / math.sqrt(2.0))), 1.0))
+
+
+def silu_onnx(g, x):
+    """SiLU (swish) of x: x * sigmoid(x)."""
+    return g.op.Mul(x, g.op.Sigmoid(x))
+
+
+def feedforward_onnx(g, ff: FeedForward, x):
+    """linear2(activation(linear1(x))): x (batch, len, d_model) -> same."""
+    return g.linear(ff.linear2, g.call(ff.activation, g.linear(ff.linear1, x)))
+
+
+def gated_onnx(g, ff: SwiGLU, x):
+    """down(activation(gate(x)) * up(x)), gate and up one product in a generating model."""
+    gate, up = g.linears([ff.gate, ff.up], x)
+    activated = (gelu_onnx(g, gate, ff.approximate) if isinstance(ff, GeGLU) else silu_onnx(g, gate))
+    return g.linear(ff.down, g.op.Mul(activated, up))

@@ -3,7 +3,8 @@
 
 Every module takes ``keep`` (batch, len) bool: True for the positions pooled (real tokens, less
 the prompt when the sentence embedding excludes it). Sums run in float32 whatever the hidden
-states' dtype, and a row with no kept position gives zeros (never NaN or -inf).
+states' dtype, and a row with no kept position gives zeros (never NaN or -inf). Each pooling's
+ONNX lowering follows it at the end of the module.
 """
 
 from __future__ import annotations
@@ -78,3 +79,63 @@ class MaxPooling(nn.Module):
 
 def mean_sqrt_len_pooling() -> MeanPooling:
     return MeanPooling(sqrt_len=True)
+
+
+# -- ONNX: hidden (batch, len, d_model), keep (batch, len) bool -> (batch, d_model) ---------------
+def _kept_weights(g, keep):
+    """(batch, len, 1) float32, 1 where kept."""
+    return g.op.Unsqueeze(g.op.Cast(keep, to=g.FLOAT), [-1])
+
+
+def _pick(g, hidden, index):
+    """Row b's hidden state at position index[b] (batch,) int64 -> (batch, d_model)."""
+    width = g.op.Shape(hidden, start=2, end=3)
+    index = g.op.Expand(g.op.Unsqueeze(index, [1, 2]), g.op.Concat([1, 1], width, axis=0))
+    return g.op.Squeeze(g.op.GatherElements(hidden, index, axis=1), [1])
+
+
+def cls_onnx(g, pooling: ClsPooling, hidden, keep):
+    first = g.op.ArgMax(g.op.Cast(keep, to=g.FLOAT), axis=1, keepdims=0)
+    return _pick(g, hidden, first)
+
+
+def last_token_onnx(g, pooling: LastTokenPooling, hidden, keep):
+    flipped = g.op.Slice(g.op.Cast(keep, to=g.FLOAT), [-1], [-(2**62)], [1], [-1])
+    found = g.op.ReduceMax(flipped, [1], keepdims=0)
+    last = g.op.Sub(g.op.Sub(g.op.Shape(keep, start=1, end=2), [1]),
+                    g.op.ArgMax(flipped, axis=1, keepdims=0))
+    last = g.op.Where(g.op.Equal(found, g.constant(0.0, g.FLOAT)),
+                      g.op.Sub(g.op.Shape(keep, start=1, end=2), [1]), last)
+    picked = _pick(g, hidden, last)
+    return g.op.Mul(picked, g.op.Unsqueeze(g.op.Cast(g.op.Greater(found, g.constant(0.0, g.FLOAT)),
+                                                     to=g.float_type), [1]))
+
+
+def mean_onnx(g, pooling: MeanPooling, hidden, keep):
+    weights = _kept_weights(g, keep)
+    product = g.op.Mul(hidden, g.op.Cast(weights, to=g.float_type))
+    total = g.op.ReduceSum(g.op.Cast(product, to=g.FLOAT), [1], keepdims=0)
+    count = g.op.Max(g.op.ReduceSum(weights, [1], keepdims=0), g.constant(1e-9, g.FLOAT))
+    mean = g.op.Div(total, g.op.Sqrt(count) if pooling.sqrt_len else count)
+    return mean if g.float_type == g.FLOAT else g.op.Cast(mean, to=g.float_type)
+
+
+def weighted_mean_onnx(g, pooling: WeightedMeanPooling, hidden, keep):
+    weights = _kept_weights(g, keep)
+    length = g.op.Cast(g.op.Squeeze(g.op.Shape(keep, start=1, end=2), [0]), to=g.FLOAT)
+    position = g.op.Range(g.constant(1.0, g.FLOAT), g.op.Add(length, g.constant(1.0, g.FLOAT)),
+                          g.constant(1.0, g.FLOAT))
+    weighted = g.op.Mul(weights, g.op.Unsqueeze(position, [0, 2]))
+    wide = hidden if g.float_type == g.FLOAT else g.op.Cast(hidden, to=g.FLOAT)
+    total = g.op.ReduceSum(g.op.Mul(wide, weighted), [1], keepdims=0)
+    mean = g.op.Div(total, g.op.Max(g.op.ReduceSum(weighted, [1], keepdims=0),
+                                    g.constant(1e-9, g.FLOAT)))
+    return mean if g.float_type == g.FLOAT else g.op.Cast(mean, to=g.float_type)
+
+
+def max_onnx(g, pooling: MaxPooling, hidden, keep):
+    lowest = float(torch.finfo(torch.float16 if g.float_type == g.FLOAT16 else torch.float32).min)
+    best = g.op.ReduceMax(g.op.Where(g.op.Unsqueeze(keep, [-1]), hidden, g.constant(lowest)), [1],
+                          keepdims=0)
+    any_kept = g.op.ReduceMax(g.op.Cast(keep, to=g.FLOAT), [1], keepdims=1)
+    return g.op.Mul(best, g.op.Cast(any_kept, to=g.float_type))

@@ -1,4 +1,9 @@
-"""Positional encodings: sinusoidal (the paper), learned, rotary, ALiBi, T5's relative bias, none."""
+"""Positional encodings: sinusoidal (the paper), learned, rotary, ALiBi, T5's relative bias, none;
+each with its ONNX lowering (the points it acts at, written as the export writes them).
+
+Longer than 300 lines because each encoding is here twice, in PyTorch and in ONNX, so that the
+two stay side by side.
+"""
 
 from __future__ import annotations
 
@@ -221,3 +226,99 @@ class RelativePositionBias(PositionalEncoding):
         """(batch, q_len), (batch, k_len) -> (batch, heads, q_len, k_len)."""
         relative = k_positions[:, None, :] - q_positions[:, :, None]
         return self.table(self.buckets(relative)).permute(0, 3, 1, 2)
+
+
+# -- ONNX: each encoding's points as the export writes them ---------------------------------------
+def no_positions_onnx(g, positional: PositionalEncoding, x, positions):
+    """``none`` (and every encoding's inherited ``embed``): the embeddings as they are."""
+    return x
+
+
+def sinusoidal_onnx(g, positional: SinusoidalPositions, x, positions):
+    """x (batch, len, d_model) + the sin/cos table of positions (batch, len), in float32."""
+    angles = g.op.Mul(g.op.Unsqueeze(g.op.Cast(positions, to=g.FLOAT), [-1]),
+                      g.weight(positional, "inv_freq", g.FLOAT))
+    table = g.op.Where(g.weight(positional, "is_even"), g.op.Sin(angles), g.op.Cos(angles))
+    return g.op.Add(x, table if g.float_type == g.FLOAT else g.op.Cast(table, to=g.float_type))
+
+
+def learned_onnx(g, positional: LearnedPositions, x, positions, token_types=None):
+    """x (batch, len, d_model) + the table's rows of ``positions`` (+ offset) and the token-type
+    rows of ``token_types`` (batch, len; row 0 everywhere when None)."""
+    rows = g.op.Add(positions, [positional.offset]) if positional.offset else positions
+    x = g.op.Add(x, g.op.Gather(g.weight(positional.table, "weight"), rows, axis=0))
+    if positional.token_type is None:
+        return x
+    types = token_types if token_types is not None else g.constant(0)
+    return g.op.Add(x, g.op.Gather(g.weight(positional.token_type, "weight"), types, axis=0))
+
+
+def rotary_cos_sin(g, positional: PositionalEncoding, positions):
+    """cos, sin (batch, len, rotary_dim / 2) in the activations' type of ``positions`` (batch,
+    len) times the encoding's ``inv_freq`` (the ``rotary`` lowering's contract), computed in
+    float32: with longrope's long frequencies for a call whose positions pass ``original`` and
+    the ``attention_factor`` of yarn and longrope when the encoding has them."""
+    inv_freq = g.weight(positional, "inv_freq", g.FLOAT)
+    if getattr(positional, "long_inv_freq", None) is not None:
+        longest = g.op.Add(g.op.ReduceMax(positions, keepdims=0), [1])
+        inv_freq = g.op.Where(g.op.Greater(longest, [positional.original]),
+                              g.weight(positional, "long_inv_freq", g.FLOAT), inv_freq)
+    angles = g.op.Mul(g.op.Unsqueeze(g.op.Cast(positions, to=g.FLOAT), [-1]), inv_freq)
+    cos, sin = g.op.Cos(angles), g.op.Sin(angles)
+    factor = getattr(positional, "attention_factor", 1.0)
+    if factor != 1.0:
+        cos, sin = (g.op.Mul(t, g.constant(factor, g.FLOAT)) for t in (cos, sin))
+    if g.float_type != g.FLOAT:
+        cos, sin = g.op.Cast(cos, to=g.float_type), g.op.Cast(sin, to=g.float_type)
+    return cos, sin
+
+
+def rotary_onnx(g, positional: RotaryPositions, x, positions):
+    """x (batch, heads, len, head_dim) turned by position: one ``RotaryEmbedding`` op from opset
+    23, the halves' turn in elementwise ops before it."""
+    cos, sin = rotary_cos_sin(g, positional, positions)
+    dim = positional.rotary_dim
+    if g.opset >= 23:
+        return g.op.RotaryEmbedding(x, cos, sin, interleaved=0, rotary_embedding_dim=dim)
+    cos, sin = (g.op.Unsqueeze(t, [1]) for t in (cos, sin))  # (batch, 1, len, dim / 2)
+    half = dim // 2
+    first = g.op.Slice(x, [0], [half], [3])
+    second = g.op.Slice(x, [half], [dim], [3])
+    rest = g.op.Slice(x, [dim], [2**62], [3])
+    turned = [g.op.Sub(g.op.Mul(first, cos), g.op.Mul(second, sin)),
+              g.op.Add(g.op.Mul(second, cos), g.op.Mul(first, sin))]
+    return g.op.Concat(*turned, rest, axis=3)
+
+
+def alibi_onnx(g, positional: ALiBiPositions, q_positions, k_positions):
+    """(batch, heads, q_len, k_len) float32: -slope_h * |q_pos - k_pos|."""
+    distance = g.op.Cast(g.op.Abs(g.op.Sub(g.op.Unsqueeze(q_positions, [2]),
+                                           g.op.Unsqueeze(k_positions, [1]))), to=g.FLOAT)
+    slopes = g.op.Neg(g.op.Unsqueeze(g.weight(positional, "slopes", g.FLOAT), [0, 2, 3]))
+    return g.op.Mul(slopes, g.op.Unsqueeze(distance, [1]))
+
+
+def relative_bias_onnx(g, positional: RelativePositionBias, q_positions, k_positions):
+    """(batch, heads, q_len, k_len) float32: the table's row of each key's distance bucket
+    (T5's ``_relative_position_bucket``, term for term)."""
+    relative = g.op.Sub(g.op.Unsqueeze(k_positions, [1]), g.op.Unsqueeze(q_positions, [2]))
+    buckets = positional.num_buckets
+    if positional.causal:
+        offset = None
+        distance = g.op.Max(g.op.Neg(relative), [0])
+    else:
+        buckets //= 2
+        offset = g.op.Mul(g.op.Cast(g.op.Greater(relative, [0]), to=g.INT64), [buckets])
+        distance = g.op.Abs(relative)
+    exact = buckets // 2
+    scaled = g.op.Div(g.op.Cast(g.op.Max(distance, [1]), to=g.FLOAT), g.constant(float(exact), g.FLOAT))
+    logs = g.op.Div(g.op.Log(scaled), g.constant(math.log(positional.max_distance / exact), g.FLOAT))
+    large = g.op.Add(g.op.Cast(g.op.Mul(logs, g.constant(float(buckets - exact), g.FLOAT)), to=g.INT64),
+                     [exact])
+    large = g.op.Min(large, [buckets - 1])
+    bucket = g.op.Where(g.op.Less(distance, [exact]), distance, large)
+    if offset is not None:
+        bucket = g.op.Add(offset, bucket)
+    bias = g.op.Transpose(g.op.Gather(g.weight(positional.table, "weight"), bucket, axis=0),
+                          perm=[0, 3, 1, 2])
+    return bias if g.float_type == g.FLOAT else g.op.Cast(bias, to=g.FLOAT)
