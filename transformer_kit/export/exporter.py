@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import shutil
 import tempfile
 import time
@@ -33,7 +34,7 @@ from transformer_kit.export.packed_feedforward import packed_feedforward_patch
 from transformer_kit.export.quantize import Int4, method, quantization, quantize_graph
 from transformer_kit.export.report import ExportReport, versions
 from transformer_kit.export.traced_ahead import TracedAhead, can_trace_ahead
-from transformer_kit.export.tracing import skeleton, trace_graph, trace_stack_once
+from transformer_kit.export.tracing import skeleton, tidy, trace_graph, trace_stack_once
 from transformer_kit.export.translations import collect_translations
 from transformer_kit.export.weight_writer import WeightWriter, weight_source
 from transformer_kit.export.weights import WEIGHTS_FILE, share_weights
@@ -162,6 +163,36 @@ def _trace_and_write(traced: torch.nn.Module, stack: str | None, writer: WeightW
     return graphs, layers_traced
 
 
+def _build_and_write(model: TransformerModel, dtype: str, writer: WeightWriter, staging: Path,
+                     opset: int, translations: dict,
+                     report_progress: Callable[[str, int, int], None]) -> dict[str, GraphInfo]:
+    """Build each graph from the model's lowerings and write it with its weights."""
+    from transformer_kit.export import kit_lowerings, model_graphs
+    from transformer_kit.export.graph_builder import FLOAT, FLOAT16, GraphBuilder
+    from transformer_kit.export.traced_components import ComponentTracer
+    from transformer_kit.registry import get_registry
+
+    float_type = FLOAT16 if dtype == "float16" else FLOAT
+    registry, tracer = get_registry(), ComponentTracer(opset, translations)
+
+    def builder(name: str) -> GraphBuilder:
+        return GraphBuilder(model, name, float_type=float_type, opset=opset, registry=registry,
+                            fallback=tracer.call, core=kit_lowerings.find)
+
+    graphs: dict[str, GraphInfo] = {}
+    for name in model_graphs.graph_names(model):
+        report_progress(f"building {name}", 0, 1)
+        built = model_graphs.build_graph(name, model, builder)
+        tidy(built.model)
+        fuse_for_onnxruntime(built.model)
+        file = f"{name}.onnx"
+        writer.write(built.model, "", staging / file,
+                     functools.partial(report_progress, f"writing the weights of {name}"))
+        graphs[name] = GraphInfo(file, built.inputs, built.outputs)
+    order = ["model", "encoder", "decoder_step"]
+    return {name: graphs[name] for name in sorted(graphs, key=order.index)}
+
+
 def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | None = None,
                 dtype: str = "float32", verify: bool = True, quantize: str | Int4 | None = None,
                 optimize: bool = False, tolerance: float | None = None,
@@ -226,8 +257,12 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
             calibration = functools.partial(calibrate, model, int4, report_progress)
             importance = calibration if file_blocks else calibration()
         writer = WeightWriter(staging, source, int4, file_blocks, importance)
-        graphs, layers_traced = _trace_and_write(traced, stack, writer, staging, opset, translations,
-                                                 buffers, packed, report_progress)
+        if os.environ.get("TK_EXPORT_TRACE"):
+            graphs, layers_traced = _trace_and_write(traced, stack, writer, staging, opset, translations,
+                                                     buffers, packed, report_progress)
+        else:
+            graphs, layers_traced = _build_and_write(model, dtype, writer, staging, opset, translations,
+                                                     report_progress), {}
         writer.close()
         if quantize == "int8":  # onnxruntime's dynamic quantizer reads each whole graph
             for info in graphs.values():

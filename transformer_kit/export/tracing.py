@@ -72,7 +72,8 @@ def _to_meta(value: Any) -> Any:
     return value
 
 
-def _first_line(exc: Exception) -> str:
+def first_line(exc: Exception) -> str:
+    """The first line of an exception's message, without the exporter's colours."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # the exporter colours its text
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -93,12 +94,12 @@ def trace_graph(name: str, spec: GraphSpec, opset: int, translations: dict,
         except Exception as exc:
             raise ExportError(
                 f"torch.onnx.export failed for graph {name!r}: {type(exc).__name__}: "
-                f"{_first_line(exc)}. If a component calls a custom op, its plugin can map the op "
+                f"{first_line(exc)}. If a component calls a custom op, its plugin can map the op "
                 "to ONNX through the transformer_kit_onnx_translations hook."
             ) from exc
         model = program.model
         bind_buffers(model, buffers, prefix)
-        _optimize(model)
+        tidy(model)
     model.ir_version = min(model.ir_version, MAX_IR_VERSION)
     return model
 
@@ -135,11 +136,12 @@ def _numpy(tensor: Tensor, dtype: ir.DataType | None) -> np.ndarray:
     return array.astype(dtype.numpy()) if dtype is not None else array
 
 
-def _optimize(model: ir.Model) -> None:
+def tidy(model: ir.Model) -> None:
     """What ``torch.onnx.export(optimize=True)`` does: constant folding (never of a weight:
     they have no value here) and the ONNX fusions."""
     import onnxscript.optimizer
     import onnxscript.rewriter.onnx_fusions
 
-    onnxscript.optimizer.optimize_ir(model)
-    onnxscript.rewriter.onnx_fusions.fuse(model)
+    with quiet_exporter():  # it logs every weight it cannot deduplicate (they have no value here)
+        onnxscript.optimizer.optimize_ir(model)
+        onnxscript.rewriter.onnx_fusions.fuse(model)

@@ -1,0 +1,255 @@
+"""The graphs an export writes, built from the model's components (no tracing).
+
+Each graph declares its inputs, runs the model's flow on graph values as ``model.py`` runs it on
+tensors (the attention inputs of ``stacks.py``, the embedder, the stacks and the heads, each
+written by its lowering) and names its outputs:
+
+- ``model``: the full forward with the ``attention_mask`` (1 = real token) as an input; an
+  encoder's with its sentence embedding or classifier outputs.
+- ``decoder_step``: one decoding step with the key/value cache as plain tensors
+  (``past_key_values.{i}.key/value`` in, ``present.{i}.key/value`` out, (batch, kv_heads, len,
+  head_dim)); a zero-length past makes one graph serve the prompt and every later token. A
+  decoder's gives the logits of the new positions ``logit_positions`` lists (``[-1]``: the last),
+  row ``b * n + j`` for row b's position j; an encoder-decoder's the last position's.
+- ``encoder`` (encoder_decoder): the source mask and every decoder layer's cross-attention keys
+  and values (``cross.{i}.key/value``), computed once per input.
+
+The step graph is built first: a component traced for lack of a lowering is then traced at its
+most general shapes (new tokens after a past), which the other graphs reuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from transformer_kit.export.graph_builder import BOOL, INT64, GraphBuilder
+from transformer_kit.export.graphs import kv_names, scores_are_logits, takes_token_types
+from transformer_kit.export.onnx_steps import LOGIT_POSITIONS
+from transformer_kit.interfaces import AttentionInputs, AttentionMask, LayerCache, PositionalEncoding
+from transformer_kit.model import TransformerModel
+from transformer_kit.stacks import Stack
+
+#: Far past any sequence: a slice's open end.
+_END = 2**62
+
+
+@dataclass
+class BuiltGraph:
+    """One graph: its ONNX model (weights without values) and its inputs and outputs by name."""
+
+    model: ir.Model
+    inputs: list[str]
+    outputs: list[str]
+
+
+def keep_of(g: GraphBuilder, mask: ir.Value) -> ir.Value:
+    """An attention mask (batch, len) int64 -> (batch, len) bool, True for real tokens."""
+    return g.shaped(g.op.Not(g.op.Equal(mask, [0])), mask.shape, BOOL)
+
+
+def _all_real(g: GraphBuilder, batch: ir.Value, length: ir.Value) -> ir.Value:
+    """(batch, length) bool, all True: a target side without padding."""
+    return g.op.ConstantOfShape(g.op.Concat(batch, length, axis=0),
+                                value=ir.tensor(np.array([True])))
+
+
+def attention_inputs(g: GraphBuilder, keep: ir.Value, new: ir.Value | None,
+                     positional: PositionalEncoding, mask: AttentionMask, mask_path: str
+                     ) -> AttentionInputs:
+    """Masks, positions and score bias of self-attention over ``keep`` (batch, k_len) bool
+    (cached tokens, then new ones), for its last ``new`` (1,) int64 positions (None: all), as
+    ``stacks.self_attention_inputs`` computes them: positions count real tokens."""
+    batch, k_len = list(keep.shape)
+    counted = g.op.CumSum(g.op.Cast(keep, to=INT64), g.constant(np.array(1, np.int64)))
+    k_positions = g.shaped(g.op.Max(g.op.Sub(counted, [1]), [0]), [batch, k_len], INT64)
+    q_len = k_len if new is None else "new"
+    q_positions = k_positions if new is None else g.shaped(  # the last ``new`` of them
+        g.op.Slice(k_positions, g.op.Sub(g.op.Shape(keep, start=1, end=2), new), [_END], [1]),
+        [batch, q_len], INT64)
+    combined = g.shaped(g.op.Unsqueeze(keep, [1, 2]), [batch, 1, 1, k_len], BOOL)
+    restriction = g.call(mask, q_positions, k_positions, path=mask_path)
+    if restriction is not None:
+        combined = g.shaped(g.op.And(combined, restriction), [batch, 1, q_len, k_len], BOOL)
+    bias = g.call(positional, q_positions, k_positions, method="score_bias")
+    if bias is not None:
+        g.shaped(bias, [batch, g.config.num_heads, q_len, k_len], bias.dtype)
+    return AttentionInputs(combined, q_positions, k_positions, bias, positional)
+
+
+def stack_inputs(g: GraphBuilder, stack: Stack, keep: ir.Value, new: ir.Value | None,
+                 positional: PositionalEncoding, mask: AttentionMask, mask_path: str
+                 ) -> list[AttentionInputs]:
+    """Each layer's self-attention inputs, as ``Stack.attention_inputs``: the stack's, or its
+    layer variant's own mask and positional encoding (built once per variant)."""
+    stack_path = g.path_of(stack, "stack")
+    with g.scope(f"{stack_path}.attention_inputs"):
+        shared = attention_inputs(g, keep, new, positional, mask, mask_path)
+    variants = stack.variants
+    if variants is None:
+        return [shared] * len(stack.layers)
+    positionals = dict(variants.positionals.items())
+    by_variant = {}
+    for name in dict.fromkeys(variants.layer_types):
+        own_mask, own_positional = variants.masks.get(name), positionals.get(name)
+        if own_mask is None and own_positional is None:
+            by_variant[name] = shared
+            continue
+        with g.scope(f"{stack_path}.variants.{name}.attention_inputs"):
+            by_variant[name] = attention_inputs(
+                g, keep, new, own_positional or positional, own_mask or mask,
+                f"{stack_path}.variants.masks.{name}" if own_mask is not None else mask_path)
+    return [by_variant[name] for name in variants.layer_types]
+
+
+def _caches(g: GraphBuilder, model: TransformerModel, prefix: str, length: str) -> list[ir.Value]:
+    """Graph inputs ``{prefix}.{i}.key/value`` (batch, kv_heads, length, head_dim)."""
+    cfg = model.config
+    shape = ["batch", cfg.kv_heads, length, cfg.attention_head_dim]
+    return [g.input(name, g.float_type, shape) for name in kv_names(prefix, len(model.decoder.layers))]
+
+
+def _pairs(values: list[ir.Value]) -> list[tuple[ir.Value, ir.Value]]:
+    return [(values[i], values[i + 1]) for i in range(0, len(values), 2)]
+
+
+# -- decoders --------------------------------------------------------------------------------------
+def decoder_model(g: GraphBuilder, model: TransformerModel) -> None:
+    ids = g.input("input_ids", INT64, ["batch", "len"])
+    keep = keep_of(g, g.input("attention_mask", INT64, ["batch", "len"]))
+    inputs = stack_inputs(g, model.decoder, keep, None, model.embed.positional, model.mask, "mask")
+    x = g.call(model.embed, ids, inputs[0].q_positions)
+    x = g.call(model.decoder, x, inputs)
+    g.output(g.call(model.head, x), "logits")
+
+
+def decoder_step(g: GraphBuilder, model: TransformerModel) -> None:
+    ids = g.input("input_ids", INT64, ["batch", "new"])
+    keep = keep_of(g, g.input("attention_mask", INT64, ["batch", "total"]))
+    past = _caches(g, model, "past_key_values", "past")
+    positions = g.input(LOGIT_POSITIONS, INT64, ["kept"])
+    new = g.op.Shape(ids, start=1, end=2)
+    inputs = stack_inputs(g, model.decoder, keep, new, model.embed.positional, model.mask, "mask")
+    caches = [LayerCache(k, v) for k, v in _pairs(past)]
+    x = g.call(model.embed, ids, inputs[0].q_positions)
+    x = g.call(model.decoder, x, inputs, None, caches)
+    x = g.shaped(g.op.Gather(x, positions, axis=1), ["batch", "kept", model.config.d_model], g.float_type)
+    with g.scope("head"):
+        logits = g.op.Reshape(g.call(model.head, x), [-1, model.config.tgt_vocab])
+    g.output(logits, "logits")
+    for i, cache in enumerate(caches):
+        g.output(cache.key, f"present.{i}.key")
+        g.output(cache.value, f"present.{i}.value")
+
+
+# -- encoders --------------------------------------------------------------------------------------
+def encoder_model(g: GraphBuilder, model: TransformerModel) -> None:
+    ids = g.input("input_ids", INT64, ["batch", "len"])
+    keep = keep_of(g, g.input("attention_mask", INT64, ["batch", "len"]))
+    sentence = model.config.sentence_embedding
+    pooling_mask = types = None
+    if model.sentence_head is not None and sentence is not None and not sentence.include_prompt:
+        pooling_mask = g.input("pooling_mask", INT64, ["batch", "len"])
+    if model.classifier is not None and takes_token_types(model):
+        types = g.input("token_type_ids", INT64, ["batch", "len"])
+    inputs = stack_inputs(g, model.encoder, keep, None, model.embed.positional, model.mask, "mask")
+    x = g.call(model.embed, ids, inputs[0].q_positions, types)
+    hidden = g.call(model.encoder, x, inputs)
+    if model.sentence_head is not None:
+        pooled = keep if pooling_mask is None else g.shaped(g.op.And(keep, keep_of(g, pooling_mask)),
+                                                            keep.shape, BOOL)
+        embedding = g.call(model.sentence_head, hidden, pooled)
+        g.output(hidden, "last_hidden_state")
+        g.output(embedding, "sentence_embedding")
+    elif model.classifier is not None:
+        logits, scores = g.call(model.classifier, hidden)
+        g.output(logits, "logits")
+        if not scores_are_logits(model):
+            g.output(scores, "scores")
+    elif model.head is not None:
+        g.output(g.call(model.head, hidden), "logits")
+    else:
+        g.output(hidden, "last_hidden_state")
+
+
+# -- encoder-decoders ------------------------------------------------------------------------------
+def _encode(g: GraphBuilder, model: TransformerModel, src: ir.Value, keep: ir.Value) -> ir.Value:
+    """memory (batch, src_len, d_model) of the source, as ``EncoderDecoderTransformer.encode``."""
+    inputs = stack_inputs(g, model.encoder, keep, None, model.src_embed.positional, model.encoder_mask,
+                          "encoder_mask")
+    return g.call(model.encoder, g.call(model.src_embed, src, inputs[0].q_positions), inputs)
+
+
+def _decode(g: GraphBuilder, model: TransformerModel, tgt: ir.Value, memory: ir.Value | None,
+            src_keep: ir.Value, caches: list[LayerCache] | None) -> ir.Value:
+    """The decoder stack's output (batch, new, d_model) for target tokens after the cached ones,
+    as ``EncoderDecoderTransformer.decode`` (without the head)."""
+    new = g.op.Shape(tgt, start=1, end=2)
+    length, total = (new, "len") if caches is None else (
+        g.op.Add(g.op.Shape(caches[0].key, start=2, end=3), new), "total")
+    keep = g.shaped(_all_real(g, g.op.Shape(tgt, start=0, end=1), length), ["batch", total], BOOL)
+    self_inputs = stack_inputs(g, model.decoder, keep, None if caches is None else new,
+                               model.tgt_embed.positional, model.decoder_mask, "decoder_mask")
+    cross = AttentionInputs(mask=g.shaped(g.op.Unsqueeze(src_keep, [1, 2]), ["batch", 1, 1, "src_len"], BOOL),
+                            memory=memory)
+    x = g.call(model.tgt_embed, tgt, self_inputs[0].q_positions)
+    return g.call(model.decoder, x, self_inputs, cross, caches)
+
+
+def seq2seq_model(g: GraphBuilder, model: TransformerModel) -> None:
+    src = g.input("src_ids", INT64, ["batch", "src_len"])
+    tgt = g.input("tgt_ids", INT64, ["batch", "len"])
+    keep = keep_of(g, g.input("attention_mask", INT64, ["batch", "src_len"]))
+    memory = _encode(g, model, src, keep)
+    g.output(g.call(model.head, _decode(g, model, tgt, memory, keep, None)), "logits")
+
+
+def seq2seq_encoder(g: GraphBuilder, model: TransformerModel) -> None:
+    from transformer_kit.export.kit_lowerings import keys_values
+
+    src = g.input("src_ids", INT64, ["batch", "src_len"])
+    keep = keep_of(g, g.input("attention_mask", INT64, ["batch", "src_len"]))
+    memory = _encode(g, model, src, keep)
+    g.output(g.op.Cast(keep, to=INT64), "encoder_attention_mask")
+    for i, layer in enumerate(model.decoder.layers):
+        key, value = keys_values(g, layer.cross_attention, memory)
+        g.output(key, f"cross.{i}.key")
+        g.output(value, f"cross.{i}.value")
+
+
+def seq2seq_step(g: GraphBuilder, model: TransformerModel) -> None:
+    ids = g.input("input_ids", INT64, ["batch", "new"])
+    src_keep = keep_of(g, g.input("encoder_attention_mask", INT64, ["batch", "src_len"]))
+    cross = _caches(g, model, "cross", "src_len")
+    past = _caches(g, model, "past_key_values", "past")
+    caches = [LayerCache(k, v, ck, cv) for (k, v), (ck, cv) in zip(_pairs(past), _pairs(cross), strict=True)]
+    x = _decode(g, model, ids, None, src_keep, caches)
+    last = g.shaped(g.op.Gather(x, g.constant(-1), axis=1), ["batch", model.config.d_model], g.float_type)
+    g.output(g.call(model.head, last), "logits")
+    for i, cache in enumerate(caches):
+        g.output(cache.key, f"present.{i}.key")
+        g.output(cache.value, f"present.{i}.value")
+
+
+#: Per architecture, its graphs in the order they are built (the step first).
+GRAPHS: dict[str, dict[str, Callable[[GraphBuilder, TransformerModel], None]]] = {
+    "decoder": {"decoder_step": decoder_step, "model": decoder_model},
+    "encoder": {"model": encoder_model},
+    "encoder_decoder": {"decoder_step": seq2seq_step, "encoder": seq2seq_encoder, "model": seq2seq_model},
+}
+
+
+def build_graph(name: str, model: TransformerModel, make_builder: Callable[[str], GraphBuilder]
+                ) -> BuiltGraph:
+    """Graph ``name`` of ``model``, written by a builder from ``make_builder(name)``."""
+    g = make_builder(name)
+    GRAPHS[model.architecture][name](g, model)
+    return BuiltGraph(g.model_ir(), [v.name for v in g.graph.inputs], [v.name for v in g.graph.outputs])
+
+
+def graph_names(model: TransformerModel) -> list[str]:
+    """The graphs ``model`` exports, in the order they are built."""
+    return list(GRAPHS[model.architecture])
