@@ -1,5 +1,5 @@
-"""Shared fixtures: a clean process-wide registry around tests that register plugins; the
-exporter's traces memoized for the session (``tests/trace_memo.py``)."""
+"""Shared fixtures: a clean process-wide registry around tests that register plugins, and
+each pytest-xdist worker's share of the cores."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import transformer_kit as tk
-from tests import trace_memo
 
 
 def _share_cores_between_workers() -> None:
@@ -31,15 +30,6 @@ def _share_cores_between_workers() -> None:
 
 
 _share_cores_between_workers()
-if not os.environ.get("TK_FRESH_TRACES"):  # set it to trace every export afresh
-    torch.onnx.export = trace_memo.memoized(torch.onnx.export)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A test that monkeypatches may swap code a trace runs, which no fingerprint sees: its
-    exports (and its module's fixtures first made for it) trace afresh and are not kept."""
-    trace_memo.MEMO.enabled = "monkeypatch" not in getattr(item, "fixturenames", ())
 
 
 @pytest.fixture

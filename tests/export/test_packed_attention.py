@@ -1,8 +1,8 @@
 """Self-attention whose kernel declares the ``attention`` lowering (``sdpa``) exports as one ONNX
 Attention op per layer on packed heads, the cache concatenated inside it, and rotary positions
 (the ``rotary`` lowering) as RotaryEmbedding ops; other kernels, ALiBi and opsets below 23 keep
-the general graph. Both must match eager PyTorch, and the rewrite exists only while the export
-traces: the eager model has one forward path."""
+the general graph. Both must match eager PyTorch, and the export leaves the model as it was:
+the eager model has one forward path."""
 
 from __future__ import annotations
 
@@ -15,12 +15,9 @@ import torch
 
 import transformer_kit as tk
 from tests.combinations import tiny_config
-from transformer_kit.attention import AttentionInputs, LayerCache, MultiHeadAttention
+from transformer_kit.attention import MultiHeadAttention
 from transformer_kit.export import OnnxModel, export_onnx
-from transformer_kit.export.packed_attention import packed_attention_patch, packed_forward
-from transformer_kit.export.patching import packed_parameters
 from transformer_kit.plugins.attention import SdpaAttention
-from transformer_kit.stacks import self_attention_inputs
 
 
 def _ops(path) -> collections.Counter:
@@ -113,26 +110,6 @@ def test_a_rotary_without_the_lowering_keeps_its_own_turn(fresh_registry, tmp_pa
     assert ops["RotaryEmbedding"] == 0 and ops["Neg"] >= 4
 
 
-@torch.no_grad()
-def test_the_custom_op_computes_what_the_eager_layer_computes(gqa_decoder):
-    """The op's own PyTorch implementation (used while tracing) equals the layer's eager path."""
-    layer = gqa_decoder.decoder.layers[0].self_attention
-    torch.manual_seed(1)
-    x = torch.randn(2, 3, 16)
-    past_k, past_v = torch.randn(2, 2, 4, 4), torch.randn(2, 2, 4, 4)
-    keep = torch.ones(2, 7, dtype=torch.bool)
-    keep[1, :2] = False
-    inputs = self_attention_inputs(keep, 3, gqa_decoder.embed.positional, gqa_decoder.mask)
-    cache = LayerCache(past_k.clone(), past_v.clone())
-    expected = layer(x, AttentionInputs(**{**inputs.__dict__, "cache": cache}))
-    q, k, v = layer.q_proj(x), layer.k_proj(x), layer.v_proj(x)
-    out, key, value = torch.ops.transformer_kit.packed_cached_attention(
-        q, k, v, inputs.mask.expand(2, 1, 3, 7), past_k, past_v, 4, 2, 0.5, 0.0)
-    torch.testing.assert_close(layer.o_proj(out), expected, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(key, cache.key)
-    torch.testing.assert_close(value, cache.value)
-
-
 def _plugin(component: tk.Component, name: str):
     import types
 
@@ -163,26 +140,16 @@ def test_an_unknown_lowering_is_refused():
         tk.Component("norm", "x", torch.nn.LayerNorm, lowerings={"attention"})
 
 
-def test_the_patch_exists_only_inside_the_export(gqa_decoder, tmp_path):
+def test_the_export_leaves_the_model_as_it_was(gqa_decoder, tmp_path):
     layers = [m for m in gqa_decoder.modules() if isinstance(m, MultiHeadAttention)]
     ids = torch.tensor([[3, 4, 5, 6]])
     with torch.no_grad():
         before = gqa_decoder(ids)
-    with packed_attention_patch(gqa_decoder) as patched:
-        assert patched == len(layers) == 2
-        assert all(m.forward.__func__.func is packed_forward for m in layers)
-        assert all(packed_parameters(m, "packed_qkv")[0].shape == (16 + 2 * 8, 16) for m in layers)
-    assert all("forward" not in m.__dict__ for m in layers)  # the class's own forward again
-    assert all(packed_parameters(m, "packed_qkv") == (None, None) for m in layers)
+    attributes = [set(m.__dict__) for m in layers]
     export_onnx(gqa_decoder, tmp_path / "onnx")
-    assert all("forward" not in m.__dict__ for m in layers)
+    assert [set(m.__dict__) for m in layers] == attributes
     with torch.no_grad():
         assert torch.equal(gqa_decoder(ids), before)
-    with pytest.raises(RuntimeError, match="inside"), packed_attention_patch(gqa_decoder):
-        raise RuntimeError("inside")
-    assert all("forward" not in m.__dict__ for m in layers)  # undone after an error too
-    with packed_attention_patch(gqa_decoder, enabled=False) as patched:
-        assert patched == 0
 
 
 def test_the_core_attention_module_has_one_forward_path():

@@ -1,8 +1,9 @@
-"""A feed-forward component that declares the ``gate_up`` lowering (``swiglu``) exports its gate
-and up projections as one product over the concatenated weights in a generating model's graphs:
-the same outputs as PyTorch, and in int4 the same logits to the bit as two products, since
-4-bit blocks run along the input dimension of each output column. Encoders and components
-without the contract keep two products; the rewrite exists only while the export traces."""
+"""A gated feed-forward (``swiglu``, ``geglu``) exports its gate and up projections as one product
+over the concatenated weights in a generating model's graphs: the same outputs as PyTorch, and in
+int4 the same logits to the bit as two products, since 4-bit blocks run along the input
+dimension of each output column. Encoders keep two products. A third-party component that
+declares the ``gate_up`` lowering but brings no lowering of its own gets the packed product and
+its ``gated`` traced; one without the contract is traced whole."""
 
 from __future__ import annotations
 
@@ -12,11 +13,8 @@ import pytest
 import torch
 
 import transformer_kit as tk
-import transformer_kit.export.exporter as exporter
 from tests.combinations import tiny_config
 from transformer_kit.export import OnnxModel, export_onnx
-from transformer_kit.export.packed_feedforward import packed_feedforward_patch
-from transformer_kit.export.patching import packed_parameters
 from transformer_kit.plugins.feedforward import SwiGLU
 
 
@@ -54,13 +52,31 @@ def test_gate_and_up_are_one_product_and_match_pytorch(swiglu_decoder, tmp_path)
     np.testing.assert_allclose(om(ids.numpy()), swiglu_decoder(ids).numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_int4_logits_are_those_of_two_products_to_the_bit(swiglu_decoder, tmp_path, monkeypatch):
+def _two_products(g, ff, x):
+    """SwiGLU's lowering with gate and up as two products (a plugin's own lowering)."""
+    gate, up = g.linear(ff.gate, x), g.linear(ff.up, x)
+    return g.linear(ff.down, g.op.Mul(g.op.Mul(gate, g.op.Sigmoid(gate)), up))
+
+
+class TwoProducts:
+    @tk.hookimpl
+    def transformer_kit_components(self):
+        return [tk.Component("feedforward", "swiglu_two", SwiGLU)]
+
+    @tk.hookimpl
+    def transformer_kit_lowerings(self):
+        return [tk.Lowering("feedforward", "swiglu_two", forward=_two_products)]
+
+
+def test_int4_logits_are_those_of_two_products_to_the_bit(swiglu_decoder, tmp_path, fresh_registry):
     export_onnx(swiglu_decoder, tmp_path / "packed", quantize="int4")
     assert _weight_widths(tmp_path / "packed" / "decoder_step.onnx", "MatMulNBits").count(
         2 * swiglu_decoder.config.d_ff) == 2
-    monkeypatch.setattr(exporter, "packed_feedforward_patch",
-                        lambda model: packed_feedforward_patch(model, enabled=False))
-    export_onnx(swiglu_decoder, tmp_path / "two", quantize="int4")
+    tk.register_plugin(TwoProducts(), "two_products")
+    two = tk.build_model({**swiglu_decoder.config.to_dict(), "feedforward": "swiglu_two"}).eval()
+    two.load_state_dict(swiglu_decoder.state_dict())
+    report = export_onnx(two, tmp_path / "two", quantize="int4")
+    assert report.traced_components == {}  # its own lowering wrote it
     assert swiglu_decoder.config.d_ff in _weight_widths(tmp_path / "two" / "decoder_step.onnx",
                                                         "MatMulNBits")
     ids = np.array([[3, 4, 5, 6, 7, 8], [0, 0, 9, 10, 11, 12]])
@@ -72,25 +88,32 @@ def test_int4_logits_are_those_of_two_products_to_the_bit(swiglu_decoder, tmp_pa
 def test_encoders_keep_two_products(tmp_path):
     torch.manual_seed(0)
     encoder = tk.build_model(tiny_config("encoder", feedforward="swiglu")).eval()
-    with packed_feedforward_patch(encoder) as patched:
-        assert patched == 0
+    assert export_onnx(encoder, tmp_path / "onnx").max_error < 1e-5
+    widths = _weight_widths(tmp_path / "onnx" / "model.onnx", "MatMul")
+    assert encoder.config.d_ff in widths and 2 * encoder.config.d_ff not in widths
 
 
-def test_the_patch_exists_only_inside_the_export(swiglu_decoder):
-    layers = [m for m in swiglu_decoder.modules() if isinstance(m, SwiGLU)]
-    ids = torch.tensor([[3, 4, 5, 6]])
-    with torch.no_grad():
-        before = swiglu_decoder(ids)
-        with packed_feedforward_patch(swiglu_decoder) as patched:
-            assert patched == len(layers) == 2
-            assert all(packed_parameters(m, "packed_gate_up")[0].shape
-                       == (2 * m.gate.out_features, m.gate.in_features) for m in layers)
-            assert torch.allclose(swiglu_decoder(ids), before, atol=1e-6)
-    assert all("forward" not in m.__dict__ and packed_parameters(m, "packed_gate_up") == (None, None)
-               for m in layers)
-    with pytest.raises(RuntimeError, match="inside"), packed_feedforward_patch(swiglu_decoder):
-        raise RuntimeError("inside")
-    assert all("forward" not in m.__dict__ for m in layers)  # undone after an error too
+class DeclaredGated(SwiGLU):
+    """A plugin's gated unit (tanh-gated) that declares the ``gate_up`` contract, no lowering."""
+
+    def gated(self, gate, up):
+        return self.down(torch.tanh(gate) * up)
+
+
+def test_a_component_declaring_gate_up_gets_one_product_and_its_gated_traced(fresh_registry, tmp_path):
+    class Plugin:
+        @tk.hookimpl
+        def transformer_kit_components(self):
+            return [tk.Component("feedforward", "tanh_glu", DeclaredGated, lowerings={"gate_up"})]
+
+    tk.register_plugin(Plugin(), "tanh_glu")
+    torch.manual_seed(0)
+    model = tk.build_model(tiny_config("decoder", d_ff=24, feedforward="tanh_glu")).eval()
+    report = export_onnx(model, tmp_path / "onnx")
+    assert report.max_error < 1e-5 and report.tokens_match
+    assert _weight_widths(tmp_path / "onnx" / "decoder_step.onnx", "MatMul").count(48) == 2
+    (why,) = report.traced_components.values()
+    assert why.startswith("no lowering registered; traced 1 time")  # gated, once for both layers
 
 
 class GatedWithoutContract(torch.nn.Module):
@@ -116,6 +139,8 @@ def test_a_component_without_the_contract_keeps_its_forward(fresh_registry, tmp_
     tk.register_plugin(Plugin(), "tanh_gated")
     torch.manual_seed(0)
     model = tk.build_model(tiny_config("decoder", feedforward="tanh_gated")).eval()
-    with packed_feedforward_patch(model) as patched:
-        assert patched == 0
-    assert export_onnx(model, tmp_path / "onnx").max_error < 1e-5
+    report = export_onnx(model, tmp_path / "onnx")
+    assert report.max_error < 1e-5 and report.tokens_match
+    assert model.config.d_ff in _weight_widths(tmp_path / "onnx" / "decoder_step.onnx", "MatMul")
+    assert list(report.traced_components) == [
+        "feedforward 'tanh_gated' (plugin 'tanh_gated')"]

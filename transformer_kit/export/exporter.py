@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 import shutil
 import tempfile
 import time
@@ -12,48 +10,34 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import onnx_ir as ir
 import torch
 
 from transformer_kit.errors import ExportError, InputError, TransformerKitError
+from transformer_kit.export import kit_lowerings, model_graphs
 from transformer_kit.export.calibration import calibrate
 from transformer_kit.export.files import follow_umask
 from transformer_kit.export.gguf_blocks import FileBlocks
-from transformer_kit.export.graphs import graph_specs
+from transformer_kit.export.graph_builder import FLOAT, FLOAT16, GraphBuilder
+from transformer_kit.export.graph_passes import finish
 from transformer_kit.export.kept_weights import reference_source
-from transformer_kit.export.layer_stacks import TRACED_LAYERS, repeatable_stack
 from transformer_kit.export.manifest import MANIFEST_FILE, GraphInfo, Manifest
 from transformer_kit.export.memory_estimate import refuse_if_too_large
-from transformer_kit.export.ort_fusions import fuse_for_onnxruntime
-from transformer_kit.export.packed_attention import (
-    PACKED_ATTENTION_OPSET,
-    packed_attention_patch,
-    packed_attention_translations,
-)
-from transformer_kit.export.packed_feedforward import packed_feedforward_patch
 from transformer_kit.export.quantize import Int4, method, quantization, quantize_graph
 from transformer_kit.export.report import ExportReport, versions
-from transformer_kit.export.traced_ahead import TracedAhead, can_trace_ahead
-from transformer_kit.export.tracing import skeleton, tidy, trace_graph, trace_stack_once
+from transformer_kit.export.traced_components import ComponentTracer
 from transformer_kit.export.translations import collect_translations
 from transformer_kit.export.weight_writer import WeightWriter, weight_source
 from transformer_kit.export.weights import WEIGHTS_FILE, share_weights
 from transformer_kit.model import TransformerModel
+from transformer_kit.registry import get_registry
 
-#: How long an export waits, at least, for a graph traced ahead once it needs it (or 4x the time
-#: it took to trace one here, when longer) before it stops that process and traces the graph.
-AHEAD_PATIENCE_SECONDS = 60.0
-#: Smaller models trace every graph here: their export takes seconds, and a process forked from
-#: one that has run onnxruntime inherits its sessions without their threads (the child leaves
-#: them alone, and is stopped if it waits on one, but that wait would cost more than it saves).
-TRACE_AHEAD_MIN_PARAMETERS = 50_000_000
-DEFAULT_OPSET = 23  # scaled_dot_product_attention becomes the single ONNX Attention op
-MIN_OPSET = 18  # the oldest opset torch's dynamo exporter writes
+DEFAULT_OPSET = 23  # ONNX's Attention and RotaryEmbedding ops
+MIN_OPSET = 18  # the oldest opset the lowerings write
 TOLERANCES = {"float32": 1e-4, "float16": 2e-2}
 #: The default float32 tolerance is at least this many times PyTorch's own float32 spread on the
 #: verification's inputs (against float64): onnxruntime's error and PyTorch's each reach about
 #: that spread, in other directions, so 2x is their sum and 4x leaves room for other CPUs'
-#: reduction orders. A wrong translation errs by 1e-2 and more, far above either.
+#: reduction orders. A wrong lowering errs by 1e-2 and more, far above either.
 SPREAD_FACTOR = 4
 DTYPES = ("float32", "float16")
 _EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf files stop at 2 GB
@@ -66,10 +50,12 @@ def _file_bytes(folder: Path, graphs: dict[str, GraphInfo]) -> dict[str, int]:
     return sizes
 
 
-def tensor_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's distinct parameters and buffers (a tied weight counts once), on
-    any device (``meta`` included)."""
-    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+def tensor_bytes(model: torch.nn.Module, dtype: str = "float32") -> int:
+    """Bytes of the model's distinct parameters and buffers (a tied weight counts once) in the
+    export's ``dtype`` (floating ones), on any device (``meta`` included)."""
+    size = torch.finfo(getattr(torch, dtype)).bits // 8
+    return sum(t.numel() * (size if t.dtype.is_floating_point else t.element_size())
+               for t in [*model.parameters(), *model.buffers()])
 
 
 def _check_arguments(model: Any, opset: int, dtype: str, quantize: str | Int4 | None) -> None:
@@ -113,67 +99,12 @@ def _publish(staging: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _trace_and_write(traced: torch.nn.Module, stack: str | None, writer: WeightWriter, staging: Path,
-                     opset: int, translations: dict, buffers: dict[str, torch.Tensor], packed: bool,
-                     report_progress: Callable[[str, int, int], None],
-                     ) -> tuple[dict[str, GraphInfo], dict[str, int]]:
-    """Trace each graph of ``traced`` (a skeleton) and write its weights: the graphs, and how
-    many layers were traced of those whose stack was repeated. The graphs after the first are
-    traced ahead in a forked process while this one traces and writes the first."""
-    specs = graph_specs(traced)
-
-    def trace(name: str) -> tuple[ir.Model, int | None]:
-        spec = specs[name]
-        prefix = "" if spec.module is traced else "model."
-        with packed_attention_patch(traced, enabled=packed), packed_feedforward_patch(traced):
-            once = trace_stack_once(name, traced, stack, opset, translations, buffers) if stack else None
-            graph = once or trace_graph(name, spec, opset, translations, buffers, prefix)
-        fuse_for_onnxruntime(graph)
-        return graph, TRACED_LAYERS if once is not None else None
-
-    names = list(specs)
-    ahead = None
-    large = sum(p.numel() for p in traced.parameters()) >= TRACE_AHEAD_MIN_PARAMETERS
-    if len(names) > 1 and large and can_trace_ahead():
-        with contextlib.suppress(OSError):  # no fork (strict overcommit, a process limit): trace here
-            ahead = TracedAhead(trace, names[1:], staging)
-    graphs: dict[str, GraphInfo] = {}
-    layers_traced: dict[str, int] = {}
-    traced_here = 0.0
-    try:
-        for name in names:
-            spec = specs[name]
-            report_progress(f"tracing {name}", 0, 1)
-            taken = None
-            if ahead is not None and name in ahead.names:  # it traces what this process did
-                taken = ahead.take(name, patience=max(AHEAD_PATIENCE_SECONDS, 4 * traced_here))
-            tracing = time.perf_counter()
-            graph, layers = taken or trace(name)
-            traced_here = max(traced_here, time.perf_counter() - tracing)
-            if layers is not None:
-                layers_traced[name] = layers
-            file = f"{name}.onnx"
-            writer.write(graph, "" if spec.module is traced else "model.", staging / file,
-                         functools.partial(report_progress, f"writing the weights of {name}"))
-            del graph
-            graphs[name] = GraphInfo(file, spec.inputs, spec.outputs)
-    finally:
-        if ahead is not None:
-            ahead.close()
-    return graphs, layers_traced
-
-
 def _build_and_write(model: TransformerModel, dtype: str, writer: WeightWriter, staging: Path,
-                     opset: int, translations: dict,
+                     opset: int, tracer: ComponentTracer,
                      report_progress: Callable[[str, int, int], None]) -> dict[str, GraphInfo]:
     """Build each graph from the model's lowerings and write it with its weights."""
-    from transformer_kit.export import kit_lowerings, model_graphs
-    from transformer_kit.export.graph_builder import FLOAT, FLOAT16, GraphBuilder
-    from transformer_kit.export.traced_components import ComponentTracer
-    from transformer_kit.registry import get_registry
-
     float_type = FLOAT16 if dtype == "float16" else FLOAT
-    registry, tracer = get_registry(), ComponentTracer(opset, translations)
+    registry = get_registry()
 
     def builder(name: str) -> GraphBuilder:
         return GraphBuilder(model, name, float_type=float_type, opset=opset, registry=registry,
@@ -183,8 +114,7 @@ def _build_and_write(model: TransformerModel, dtype: str, writer: WeightWriter, 
     for name in model_graphs.graph_names(model):
         report_progress(f"building {name}", 0, 1)
         built = model_graphs.build_graph(name, model, builder)
-        tidy(built.model)
-        fuse_for_onnxruntime(built.model)
+        finish(built.model)
         file = f"{name}.onnx"
         writer.write(built.model, "", staging / file,
                      functools.partial(report_progress, f"writing the weights of {name}"))
@@ -216,7 +146,7 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
             measured latency with and without, and the optimized graphs are kept only when they
             verify and are faster.
         progress: called as ``progress(step, done, total)`` while the export works (the
-            command line draws it as a progress bar): each graph traced, each weight written,
+            command line draws it as a progress bar): each graph built, each weight written,
             then verification.
     Returns:
         an :class:`ExportReport` with the measured errors, the sizes and the times.
@@ -239,30 +169,20 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
     staging = _prepare_folder(out_dir)
     was_training = model.training
     try:
-        traced, buffers = skeleton(model, half=dtype == "float16")
-        stack = repeatable_stack(model)
-        translations = collect_translations()
-        packed = opset >= PACKED_ATTENTION_OPSET
-        if packed:
-            translations = {**packed_attention_translations(), **translations}
-        weight_bytes = tensor_bytes(traced)
+        tracer = ComponentTracer(opset, collect_translations())
+        weight_bytes = tensor_bytes(model, dtype)
         source = weight_source(model)
         int4 = quantize if isinstance(quantize, Int4) else None
         file_blocks = FileBlocks(model) if int4 is not None else None
         report_progress = progress or (lambda step, done, total: None)
-        # int4's calibration runs before tracing (its memory given back first); for a model with
-        # GGUF blocks, when a product first needs it (never, when all take the file's blocks)
+        # int4's calibration runs before the graphs are written (its memory given back first); for
+        # a model with GGUF blocks, when a product first needs it (never, when all take the file's)
         importance = None
         if int4 is not None:
             calibration = functools.partial(calibrate, model, int4, report_progress)
             importance = calibration if file_blocks else calibration()
         writer = WeightWriter(staging, source, int4, file_blocks, importance)
-        if os.environ.get("TK_EXPORT_TRACE"):
-            graphs, layers_traced = _trace_and_write(traced, stack, writer, staging, opset, translations,
-                                                     buffers, packed, report_progress)
-        else:
-            graphs, layers_traced = _build_and_write(model, dtype, writer, staging, opset, translations,
-                                                     report_progress), {}
+        graphs = _build_and_write(model, dtype, writer, staging, opset, tracer, report_progress)
         writer.close()
         if quantize == "int8":  # onnxruntime's dynamic quantizer reads each whole graph
             for info in graphs.values():
@@ -283,7 +203,7 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
         export_seconds = time.perf_counter() - start
         report = ExportReport(out_dir, model.architecture, opset, dtype, method(quantize),
                               _file_bytes(staging, graphs), export_seconds=export_seconds,
-                              weight_bytes=weight_bytes, layers_traced=layers_traced,
+                              weight_bytes=weight_bytes, traced_components=dict(tracer.traced),
                               weight_origins=dict(file_blocks.origins) if file_blocks else {})
         model.eval()
         if verify or optimize:

@@ -23,6 +23,9 @@ Nodes and values are named by the module path that wrote them
 (``decoder.layers.3.self_attention.q_proj/MatMul``), so a graph opened in Netron or an
 onnxruntime profile points at the component. The values the kit hands a lowering carry their
 shapes (symbolic axes such as ``batch`` and ``len``) and element types.
+
+Longer than 300 lines because it is the whole API a lowering writes with (nodes, constants,
+weights, shapes, sub-module calls and their fallback), one class a plugin author reads at once.
 """
 
 from __future__ import annotations

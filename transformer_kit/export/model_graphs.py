@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from transformer_kit.export.attention_lowering import keys_values
 from transformer_kit.export.graph_builder import BOOL, INT64, GraphBuilder
-from transformer_kit.export.graphs import kv_names, scores_are_logits, takes_token_types
 from transformer_kit.export.onnx_steps import LOGIT_POSITIONS
 from transformer_kit.interfaces import AttentionInputs, AttentionMask, LayerCache, PositionalEncoding
 from transformer_kit.model import TransformerModel
@@ -35,6 +35,23 @@ from transformer_kit.stacks import Stack
 
 #: Far past any sequence: a slice's open end.
 _END = 2**62
+
+
+def kv_names(prefix: str, num_layers: int) -> list[str]:
+    """``{prefix}.{i}.key`` and ``.value`` of every layer, in order."""
+    return [f"{prefix}.{i}.{part}" for i in range(num_layers) for part in ("key", "value")]
+
+
+def scores_are_logits(model: TransformerModel) -> bool:
+    """Whether a classifier's score activation is the identity (the graph then outputs the
+    logits alone: one tensor cannot be two outputs)."""
+    return model.config.classifier.score_activation == "identity"
+
+
+def takes_token_types(model: TransformerModel) -> bool:
+    """Whether an encoder's embedding has a token-type table of more than one row (BERT's)."""
+    table = getattr(model.embed.positional, "token_type", None)
+    return table is not None and table.num_embeddings > 1
 
 
 @dataclass
@@ -208,8 +225,6 @@ def seq2seq_model(g: GraphBuilder, model: TransformerModel) -> None:
 
 
 def seq2seq_encoder(g: GraphBuilder, model: TransformerModel) -> None:
-    from transformer_kit.export.kit_lowerings import keys_values
-
     src = g.input("src_ids", INT64, ["batch", "src_len"])
     keep = keep_of(g, g.input("attention_mask", INT64, ["batch", "src_len"]))
     memory = _encode(g, model, src, keep)

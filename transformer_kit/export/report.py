@@ -37,9 +37,9 @@ class ExportReport:
     #: Quantized exports: share of positions whose top-1 token equals PyTorch's float32 one
     #: (the verification's random prompts, every real position).
     top1_agreement: float | None = None
-    #: Graphs whose stack of identical layers was traced with only a few layers and then
-    #: repeated in the graph (``layer_replication.py``): how many were traced. Others: all.
-    layers_traced: dict[str, int] = field(default_factory=dict)
+    #: Components the export traced alone for lack of a lowering: label -> why, how many times
+    #: and how long (empty when every component brought its lowering).
+    traced_components: dict[str, str] = field(default_factory=dict)
     #: int4 exports of a model with GGUF blocks (``model.gguf_blocks``): for each quantized
     #: matrix, "GGUF Q4_1 blocks" when the file's own blocks were written (not quantized
     #: again), else "quantized here (why)". Empty for other models.
@@ -86,6 +86,9 @@ class ExportReport:
                          f"{len(self.weight_origins) - kept} quantized here")
             lines += [f"    {name}: {origin}" for name, origin in self.weight_origins.items()
                       if not origin.startswith("GGUF ")]
+        if self.traced_components:
+            lines.append("  traced alone (no lowering):")
+            lines += [f"    {label}: {why}" for label, why in self.traced_components.items()]
         if self.optimization:
             lines.append(f"  optimization: {self.optimization}")
         lines.append(f"  export {self.export_seconds:.1f} s, verify {self.verify_seconds:.1f} s")

@@ -14,6 +14,10 @@ export, keyed by what the component computes (its class, its settings, its param
 its buffers' values) and the kinds of its inputs, and reused for every layer and graph that
 calls it again. The step graph is built first, so a trace is made at the most general shapes
 (new tokens after a past) and serves the other graphs, whose calls are special cases of them.
+
+Longer than 300 lines because the fallback is one path from a call's graph values to inlined
+nodes: its inputs flattened and rebuilt, the module copied to ``meta``, the trace, the key that
+finds it again, and the inlining.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import re
 import time
 from collections.abc import Hashable
 from typing import Any
@@ -31,7 +36,7 @@ from torch import Tensor, nn
 from torch.export import Dim
 
 from transformer_kit.errors import ExportError
-from transformer_kit.export.tracing import bind_buffers, first_line, quiet_exporter, tidy
+from transformer_kit.export.graph_passes import quiet_exporter, tidy
 from transformer_kit.interfaces import AttentionInputs, LayerCache
 from transformer_kit.registry_entries import COMPONENT_ATTRIBUTE, component_of, origin
 
@@ -40,6 +45,26 @@ EXAMPLE_SIZES = {"batch": 2, "len": 5, "new": 3, "past": 4, "total": 7, "src_len
 _SPARE_SIZES = (11, 13, 17, 19, 23, 29, 31, 37)
 _TORCH_TYPES = {ir.DataType.FLOAT: torch.float32, ir.DataType.FLOAT16: torch.float16,
                 ir.DataType.INT64: torch.int64, ir.DataType.INT32: torch.int32, ir.DataType.BOOL: torch.bool}
+
+
+def first_line(exc: Exception) -> str:
+    """The first line of an exception's message, without the exporter's colours."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def bind_buffers(model: ir.Model, buffers: dict[str, Tensor]) -> None:
+    """Give the traced buffers' initializers their values (by state-dict name); take the
+    weights' (meta) values away: the export's own weights take their place."""
+    for key, value in model.graph.initializers.items():
+        raw = getattr(value.const_value, "raw", None)
+        if key in buffers:  # real values: folded where torch's export folded them
+            array = buffers[key].detach().cpu()
+            array = (array.float() if array.dtype == torch.bfloat16 else array).numpy()
+            value.const_value = ir.Tensor(array.astype(value.dtype.numpy()) if value.dtype else array,
+                                          name=key)
+        elif isinstance(raw, Tensor) and raw.is_meta:
+            value.const_value = None
 
 
 @dataclasses.dataclass
@@ -313,7 +338,7 @@ class ComponentTracer:
                     "transformer_kit_onnx_translations hook."
                 ) from exc
             model = program.model
-            bind_buffers(model, buffers, "")
+            bind_buffers(model, buffers)
             tidy(model)
         return _Trace(model, pattern, wrapper.result, list(wrapper.cache_fields))
 

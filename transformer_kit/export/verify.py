@@ -10,14 +10,15 @@ import torch
 from transformer_kit.checkpoints.streaming import weights_per_module
 from transformer_kit.decoding.prompts import keep_from_pad, left_align
 from transformer_kit.errors import ExportError
-from transformer_kit.export.graphs import EXAMPLE_LEN
 from transformer_kit.export.onnx_steps import LAST_POSITION, LOGIT_POSITIONS
 from transformer_kit.export.runtime import OnnxModel
 from transformer_kit.export.weight_writer import WeightSource
 from transformer_kit.model import TransformerModel
 
-#: Shapes (batch, length) checked after every export; none equals the export example.
+#: Shapes (batch, length) of the forward graph checked after every export.
 VERIFY_SHAPES = ((3, 7), (1, 4))
+#: Prompts' length in the step, sentence-output and generation checks (more or less by a few).
+PROMPT_LEN = 5
 #: Random prompts (count, length) of a quantized export's top-1 agreement: 256 positions, less
 #: the padding (a standard error of 0.3 points at 99.7 %, 1.9 at 90 %; each position costs a
 #: forward token in PyTorch float32 and in onnxruntime).
@@ -78,7 +79,7 @@ def check_forward(model: TransformerModel, om: OnnxModel, batch: int, length: in
 def check_sentence_outputs(model: TransformerModel, om: OnnxModel, seed: int = 0) -> float:
     """Relative error of the sentence embedding (or the classifier's scores) on a padded
     batch, each row's pooled positions (or token types) varied, against PyTorch."""
-    length = _fit(EXAMPLE_LEN + 3, model)
+    length = _fit(PROMPT_LEN + 3, model)
     ids = random_ids(3, length, model.config.vocab_size, model.config.pad_id, seed)
     pad = model.config.pad_id
     keep = (ids != pad) if pad is not None else torch.ones_like(ids, dtype=torch.bool)
@@ -110,7 +111,7 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
     caches = model.new_cache(batch, torch.empty(0))  # float32 on the CPU, as the reference
     errors = []
     if model.architecture == "decoder":
-        prompts = random_ids(batch, _fit(EXAMPLE_LEN + 2, model, room=4), cfg.vocab_size, cfg.pad_id,
+        prompts = random_ids(batch, _fit(PROMPT_LEN + 2, model, room=4), cfg.vocab_size, cfg.pad_id,
                              seed).numpy()
         ids, keep = left_align(prompts, keep_from_pad(prompts, cfg.pad_id))
         mask = keep.astype(np.int64)
@@ -124,7 +125,7 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
             return model.step(torch.from_numpy(new_ids), torch.from_numpy(mask) != 0, caches,
                               last_only=True)[:, -1]
     else:
-        src = random_ids(batch, _fit(EXAMPLE_LEN + 2, model), cfg.src_vocab, cfg.pad_id, seed)
+        src = random_ids(batch, _fit(PROMPT_LEN + 2, model), cfg.src_vocab, cfg.pad_id, seed)
         src_mask = keep_from_pad(src.numpy(), cfg.pad_id).astype(np.int64)
         encoded = om._sessions["encoder"].run(None, {"src_ids": src.numpy(), "attention_mask": src_mask})
         fixed = dict(zip(om.manifest.graphs["encoder"].outputs, encoded, strict=True))
@@ -234,7 +235,7 @@ def verify_export(model: TransformerModel, om: OnnxModel, tolerance: float | Non
         vocab = cfg.src_vocab if model.architecture == "encoder_decoder" else cfg.vocab_size
         steps = 4 if model.max_positions is None else max(0, min(4, model.max_positions - 1))
         room = 0 if model.architecture == "encoder_decoder" else steps
-        length = _fit(EXAMPLE_LEN + 1, model, room=room)
+        length = _fit(PROMPT_LEN + 1, model, room=room)
         prompts = random_ids(3, length, vocab, cfg.pad_id, seed=7)
         tokens_match = bool(np.array_equal(om.generate(prompts.numpy(), steps),
                                            model.generate(prompts, steps).numpy()))
