@@ -34,7 +34,8 @@ from transformer_kit.export.weight_writer import weight_source
 DEFAULT_TEXT = Path(__file__).with_name("calibration.txt")
 #: The most tokens of the default text (or of random ids) run; a user's text runs whole.
 DEFAULT_TOKENS = 2048
-#: The longest window run at once (the model's context length, if shorter).
+#: The longest window of text (the model's context length, if shorter); the windows run as one
+#: batch.
 WINDOW = 512
 #: Added to every column's importance, as a share of the row's mean: a column whose inputs
 #: were near zero in the text still counts a little (its inputs need not be zero elsewhere).
@@ -99,9 +100,10 @@ def input_importance(model: nn.Module, ids: np.ndarray,
     """Each linear layer's mean squared input per column over ``ids`` (tokens,), plus
     :data:`FLOOR` of its mean: {weight name: (K,) float32}, under every name of a tied weight.
     The model runs in float32 as the export's reference does (a streamed model reads each
-    layer's weights as it runs), one window a pass; ``progress(done, total)`` after each."""
+    layer's weights as it runs), every window in one pass (each layer's weights read once);
+    ``progress(done, total)`` after each layer."""
     window = min(WINDOW, model.context_length or WINDOW)
-    pieces = _windows(ids, window)
+    batch = np.stack(_windows(ids, window))  # (windows, window)
     names: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(param), []).append(name)
@@ -116,7 +118,7 @@ def input_importance(model: nn.Module, ids: np.ndarray,
         x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).double()
         sums[key] = sums.get(key, 0) + (x * x).sum(0)
         counts[key] = counts.get(key, 0) + len(x)
-        if module is head:  # the last product: (window, vocab) logits and the head's weights spared
+        if module is head:  # the last product: (tokens, vocab) logits and the head's weights spared
             raise _HeadReached
 
     for module_name, module in model.named_modules():
@@ -124,12 +126,15 @@ def input_importance(model: nn.Module, ids: np.ndarray,
             key = f"{module_name}.weight"
             owners[key] = names.get(id(module.weight), [key])
             hooks.append(module.register_forward_pre_hook(lambda m, i, key=key: record(m, i, key)))
+    layers = [layer for stack in ("encoder", "decoder") if hasattr(model, stack)
+              for layer in getattr(model, stack).layers]
+    done = iter(range(1, len(layers) + 1))
+    if progress is not None:
+        hooks += [layer.register_forward_hook(lambda *_: progress(next(done), len(layers)))
+                  for layer in layers]
     try:
         with torch.no_grad(), reference(model, weight_source(model)):
-            for done, piece in enumerate(pieces, 1):  # one window a pass: its logits alone are
-                _run(model, torch.from_numpy(piece[None]))  # (window, vocab) float32
-                if progress is not None:
-                    progress(done, len(pieces))
+            _run(model, torch.from_numpy(batch))
     finally:
         for hook in hooks:
             hook.remove()
