@@ -1,5 +1,6 @@
 """The example third-party package installs with pip, is found through its entry point, and a
-model naming its component builds, exports and runs; its own tests pass."""
+model naming its component builds, exports (by the component's own lowering) and runs; its own
+tests pass (one exports a component without a lowering, traced)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def test_installed_plugin_builds_exports_and_runs(plugin_python, tmp_path):
         ids = np.array([[4, 5, 6, 7], [8, 9, 0, 0]])
         same = np.array_equal(om.generate(ids, 6), model.generate(torch.from_numpy(ids), 6).numpy())
         print("error", report.max_error, "same", same)
+        print("traced", sorted(report.traced_components) or None)  # its lowering wrote the kernel
     """, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
@@ -66,6 +68,7 @@ def test_installed_plugin_builds_exports_and_runs(plugin_python, tmp_path):
     error_line = next(li for li in lines if li.startswith("error"))
     _, error, _, same = error_line.split()
     assert float(error) <= 1e-4 and same == "True"
+    assert "traced None" in lines
     listing = subprocess.run([str(plugin_python), "-m", "transformer_kit", "components", "--kind",
                               "attention"], capture_output=True, text=True, check=False,
                              env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
@@ -77,4 +80,4 @@ def test_the_plugins_own_tests_pass(plugin_python):
                              str(PACKAGE / "tests")], capture_output=True, text=True, cwd=PACKAGE,
                             check=False)
     assert result.returncode == 0, result.stdout[-3000:]
-    assert "3 passed" in result.stdout
+    assert "4 passed" in result.stdout

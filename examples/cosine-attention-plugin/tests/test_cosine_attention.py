@@ -40,3 +40,26 @@ def test_builds_by_name_when_registered():
     assert isinstance(kernel, CosineAttention) and kernel.temperature.item() == 4.0
     ids = torch.tensor([[3, 4, 5]])
     assert torch.equal(model.generate(ids, 4), model.generate(ids, 4, use_cache=False))
+
+
+def test_exports_with_its_lowering_and_traces_the_norm_without_one(tmp_path):
+    import tk_cosine_attention
+
+    from transformer_kit.export import OnnxModel, export_onnx
+
+    registry = tk.get_registry()
+    if "cosine" not in registry.names("attention"):
+        tk.register_plugin(tk_cosine_attention, name="cosine_attention")
+    torch.manual_seed(0)
+    model = tk.build_model({"architecture": "decoder", "vocab_size": 20, "d_model": 16,
+                            "num_heads": 4, "num_kv_heads": 2, "num_layers": 2, "d_ff": 32,
+                            "dropout": 0.0, "attention": "cosine", "qk_norm": "l2_heads",
+                            "positional": "rotary"})
+    report = export_onnx(model, tmp_path / "onnx")
+    assert report.max_error <= 1e-4 and report.tokens_match
+    # the kernel's own lowering wrote it; the norm, which has none, was traced once for both layers
+    (traced,) = report.traced_components
+    assert traced.startswith("qk_norm 'l2_heads'") and "traced 1 time" in report.traced_components[traced]
+    ids = torch.tensor([[3, 4, 5, 6]])
+    om = OnnxModel(tmp_path / "onnx", providers="cpu")
+    assert torch.equal(torch.from_numpy(om.generate(ids.numpy(), 5)), model.generate(ids, 5))
