@@ -289,3 +289,72 @@ def test_checkpoint_families_come_from_plugins(fresh_registry):
 def test_blocking_builtin_removes_its_families_too(fresh_registry, monkeypatch):
     monkeypatch.setenv(tk.registry.BLOCK_ENV, "builtin")
     assert tk.reset_registry().model_types() == []
+
+
+# -- lowerings -------------------------------------------------------------------------------------
+def _writes_nothing(g, module, *inputs):
+    return inputs[0]
+
+
+def test_invalid_lowerings_are_refused():
+    with pytest.raises(ValueError, match=r"Lowering kind 'attn' is not one of"):
+        tk.Lowering("attn", "x", forward=_writes_nothing)
+    with pytest.raises(ValueError, match=r"Lowering name '9x'"):
+        tk.Lowering("norm", "9x", forward=_writes_nothing)
+    with pytest.raises(ValueError, match=r"a norm lowering writes forward; got rotate"):
+        tk.Lowering("norm", "x", rotate=_writes_nothing)
+    with pytest.raises(ValueError, match=r"writes embed and/or rotate and/or score_bias; got none"):
+        tk.Lowering("positional", "x")
+    with pytest.raises(TypeError, match=r"forward must be callable, got int"):
+        tk.Lowering("norm", "x", forward=3)
+    assert set(tk.Lowering("positional", "x", rotate=_writes_nothing).methods()) == {"rotate"}
+
+
+def _lowering_plugin(*lowerings, name="lowering_plugin"):
+    module = types.ModuleType(name)
+    module.transformer_kit_lowerings = tk.hookimpl(lambda: list(lowerings))
+    return module
+
+
+def test_lowerings_come_from_plugins_and_leave_with_them(fresh_registry):
+    lowering = tk.Lowering("norm", "someone_elses", forward=_writes_nothing)
+    assert fresh_registry.lowering("norm", "someone_elses") is None
+    tk.register_plugin(_lowering_plugin(lowering), name="lowers")
+    found = fresh_registry.lowering("norm", "someone_elses")
+    assert found.lowering is lowering and found.plugin == "lowers"
+    assert found in fresh_registry.lowerings()
+    tk.unregister_plugin("lowers")
+    assert fresh_registry.lowering("norm", "someone_elses") is None
+
+
+def test_two_lowerings_of_one_component_name_both_plugins(fresh_registry):
+    clash = tk.Lowering("attention", "matmul", forward=_writes_nothing)
+    with pytest.raises(tk.PluginError, match=r"lowering of attention 'matmul' is provided by both "
+                                             r"plugin 'builtin' and plugin 'clashing'"):
+        tk.register_plugin(_lowering_plugin(clash), name="clashing")
+    assert "clashing" not in fresh_registry.plugins()
+
+
+def test_a_lowering_hook_returning_the_wrong_type_is_named(fresh_registry):
+    with pytest.raises(tk.PluginError, match=r"plugin 'wrong'.*every item must be a tk.Lowering"):
+        tk.register_plugin(_lowering_plugin(_writes_nothing), name="wrong")
+
+
+def test_every_builtin_component_of_a_model_has_a_lowering(fresh_registry):
+    missing = [f"{e.component.kind}/{e.component.name}" for e in fresh_registry.entries()
+               if e.component.kind != "logits_processor"
+               and fresh_registry.lowering(e.component.kind, e.component.name) is None]
+    assert missing == []
+
+
+def test_what_a_factory_makes_knows_its_component(fresh_registry):
+    from transformer_kit.registry_entries import component_of
+
+    model = tk.build_model(tiny_config("decoder", norm="rmsnorm", feedforward="swiglu"))
+    layer = model.decoder.layers[0]
+    assert component_of(layer).component.name == "post_norm"
+    assert component_of(layer.feedforward).component.name == "swiglu"
+    assert component_of(layer.self_norm).component.name == "rmsnorm"
+    assert component_of(layer.self_attention.kernel).component.name == "matmul"
+    assert component_of(model.mask).component.name == "causal"
+    assert component_of(layer.self_attention) is None  # the core's own module

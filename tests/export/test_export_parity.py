@@ -29,6 +29,7 @@ def test_export_verifies(exported):
     assert report.tolerance == 1e-4
     assert report.max_error <= 1e-4
     assert set(report.graph_bytes) == {*om.manifest.graphs, WEIGHTS_FILE}
+    assert report.traced_components == {}  # every built-in component wrote its own nodes
 
 
 def test_every_weight_is_stored_once(exported):

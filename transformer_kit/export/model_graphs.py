@@ -65,7 +65,8 @@ class BuiltGraph:
 
 def keep_of(g: GraphBuilder, mask: ir.Value) -> ir.Value:
     """An attention mask (batch, len) int64 -> (batch, len) bool, True for real tokens."""
-    return g.shaped(g.op.Not(g.op.Equal(mask, [0])), mask.shape, BOOL)
+    with g.scope(mask.name):
+        return g.shaped(g.op.Not(g.op.Equal(mask, [0])), mask.shape, BOOL)
 
 
 def _all_real(g: GraphBuilder, batch: ir.Value, length: ir.Value) -> ir.Value:
@@ -148,14 +149,18 @@ def decoder_step(g: GraphBuilder, model: TransformerModel) -> None:
     keep = keep_of(g, g.input("attention_mask", INT64, ["batch", "total"]))
     past = _caches(g, model, "past_key_values", "past")
     positions = g.input(LOGIT_POSITIONS, INT64, ["kept"])
-    new = g.op.Shape(ids, start=1, end=2)
+    with g.scope("input_ids"):
+        new = g.op.Shape(ids, start=1, end=2)
     inputs = stack_inputs(g, model.decoder, keep, new, model.embed.positional, model.mask, "mask")
     caches = [LayerCache(k, v) for k, v in _pairs(past)]
     x = g.call(model.embed, ids, inputs[0].q_positions)
     x = g.call(model.decoder, x, inputs, None, caches)
-    x = g.shaped(g.op.Gather(x, positions, axis=1), ["batch", "kept", model.config.d_model], g.float_type)
+    with g.scope(LOGIT_POSITIONS):
+        x = g.shaped(g.op.Gather(x, positions, axis=1), ["batch", "kept", model.config.d_model],
+                     g.float_type)
+    logits = g.call(model.head, x)
     with g.scope("head"):
-        logits = g.op.Reshape(g.call(model.head, x), [-1, model.config.tgt_vocab])
+        logits = g.op.Reshape(logits, [-1, model.config.tgt_vocab])
     g.output(logits, "logits")
     for i, cache in enumerate(caches):
         g.output(cache.key, f"present.{i}.key")
@@ -176,8 +181,11 @@ def encoder_model(g: GraphBuilder, model: TransformerModel) -> None:
     x = g.call(model.embed, ids, inputs[0].q_positions, types)
     hidden = g.call(model.encoder, x, inputs)
     if model.sentence_head is not None:
-        pooled = keep if pooling_mask is None else g.shaped(g.op.And(keep, keep_of(g, pooling_mask)),
-                                                            keep.shape, BOOL)
+        pooled = keep
+        if pooling_mask is not None:
+            pooling_keep = keep_of(g, pooling_mask)
+            with g.scope("pooling_mask"):
+                pooled = g.shaped(g.op.And(keep, pooling_keep), keep.shape, BOOL)
         embedding = g.call(model.sentence_head, hidden, pooled)
         g.output(hidden, "last_hidden_state")
         g.output(embedding, "sentence_embedding")
@@ -204,14 +212,15 @@ def _decode(g: GraphBuilder, model: TransformerModel, tgt: ir.Value, memory: ir.
             src_keep: ir.Value, caches: list[LayerCache] | None) -> ir.Value:
     """The decoder stack's output (batch, new, d_model) for target tokens after the cached ones,
     as ``EncoderDecoderTransformer.decode`` (without the head)."""
-    new = g.op.Shape(tgt, start=1, end=2)
-    length, total = (new, "len") if caches is None else (
-        g.op.Add(g.op.Shape(caches[0].key, start=2, end=3), new), "total")
-    keep = g.shaped(_all_real(g, g.op.Shape(tgt, start=0, end=1), length), ["batch", total], BOOL)
+    with g.scope(g.path_of(model.decoder, "decoder") + ".attention_inputs"):
+        new = g.op.Shape(tgt, start=1, end=2)
+        length, total = (new, "len") if caches is None else (
+            g.op.Add(g.op.Shape(caches[0].key, start=2, end=3), new), "total")
+        keep = g.shaped(_all_real(g, g.op.Shape(tgt, start=0, end=1), length), ["batch", total], BOOL)
+        src_mask = g.shaped(g.op.Unsqueeze(src_keep, [1, 2]), ["batch", 1, 1, "src_len"], BOOL)
     self_inputs = stack_inputs(g, model.decoder, keep, None if caches is None else new,
                                model.tgt_embed.positional, model.decoder_mask, "decoder_mask")
-    cross = AttentionInputs(mask=g.shaped(g.op.Unsqueeze(src_keep, [1, 2]), ["batch", 1, 1, "src_len"], BOOL),
-                            memory=memory)
+    cross = AttentionInputs(mask=src_mask, memory=memory)
     x = g.call(model.tgt_embed, tgt, self_inputs[0].q_positions)
     return g.call(model.decoder, x, self_inputs, cross, caches)
 
@@ -228,7 +237,8 @@ def seq2seq_encoder(g: GraphBuilder, model: TransformerModel) -> None:
     src = g.input("src_ids", INT64, ["batch", "src_len"])
     keep = keep_of(g, g.input("attention_mask", INT64, ["batch", "src_len"]))
     memory = _encode(g, model, src, keep)
-    g.output(g.op.Cast(keep, to=INT64), "encoder_attention_mask")
+    with g.scope("encoder_attention_mask"):
+        g.output(g.op.Cast(keep, to=INT64), "encoder_attention_mask")
     for i, layer in enumerate(model.decoder.layers):
         key, value = keys_values(g, layer.cross_attention, memory)
         g.output(key, f"cross.{i}.key")
@@ -242,7 +252,9 @@ def seq2seq_step(g: GraphBuilder, model: TransformerModel) -> None:
     past = _caches(g, model, "past_key_values", "past")
     caches = [LayerCache(k, v, ck, cv) for (k, v), (ck, cv) in zip(_pairs(past), _pairs(cross), strict=True)]
     x = _decode(g, model, ids, None, src_keep, caches)
-    last = g.shaped(g.op.Gather(x, g.constant(-1), axis=1), ["batch", model.config.d_model], g.float_type)
+    with g.scope("head"):  # the last position's logits alone
+        last = g.shaped(g.op.Gather(x, g.constant(-1), axis=1), ["batch", model.config.d_model],
+                        g.float_type)
     g.output(g.call(model.head, last), "logits")
     for i, cache in enumerate(caches):
         g.output(cache.key, f"present.{i}.key")

@@ -317,14 +317,15 @@ class ComponentTracer:
         wrapper = _Call(target, method, spec, copies).eval()
         sizes = dict(EXAMPLE_SIZES)
         examples, dynamic = zip(*[_example(v, sizes) for v in leaves], strict=True) if leaves else ((), ())
-        with torch.no_grad():
-            wrapper([*examples])  # the result's structure and the caches' fields, on meta
-        outputs = (0 if wrapper.result is None else 1 if wrapper.result == "tensor" else wrapper.result)
-        count = outputs + len(wrapper.cache_fields)
-        if count == 0:
-            return _Trace(None, pattern, None, [])
         with quiet_exporter():
             try:
+                with torch.no_grad():
+                    wrapper([*examples])  # the result's structure and the caches' fields, on meta
+                outputs = (0 if wrapper.result is None else 1 if wrapper.result == "tensor"
+                           else wrapper.result)
+                count = outputs + len(wrapper.cache_fields)
+                if count == 0:
+                    return _Trace(None, pattern, None, [])
                 program = torch.onnx.export(
                     wrapper, ([*examples],), dynamo=True, opset_version=self.opset,
                     dynamic_shapes=([*dynamic],), input_names=[f"in{i}" for i in range(len(leaves))],

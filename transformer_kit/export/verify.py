@@ -57,9 +57,9 @@ def _forward_inputs(model: TransformerModel, batch: int, length: int, seed: int)
 
 
 def _fit(length: int, model: TransformerModel, room: int = 0) -> int:
-    """``length`` capped so that ``length + room`` positions fit the model (at least 1)."""
-    limit = model.max_positions
-    return length if limit is None else max(1, min(length, limit - room))
+    """``length`` capped so that ``length + room`` positions fit the model's context (its
+    positional encoding's bound, else its ``max_len``, as generation enforces it; at least 1)."""
+    return max(1, min(length, model.context_length - room))
 
 
 @torch.no_grad()
@@ -233,7 +233,7 @@ def verify_export(model: TransformerModel, om: OnnxModel, tolerance: float | Non
     if generates:
         cfg = model.config
         vocab = cfg.src_vocab if model.architecture == "encoder_decoder" else cfg.vocab_size
-        steps = 4 if model.max_positions is None else max(0, min(4, model.max_positions - 1))
+        steps = max(0, min(4, model.context_length - 1))
         room = 0 if model.architecture == "encoder_decoder" else steps
         length = _fit(PROMPT_LEN + 1, model, room=room)
         prompts = random_ids(3, length, vocab, cfg.pad_id, seed=7)
