@@ -55,7 +55,8 @@ def guard_streamed(model: nn.Module) -> None:
 
 
 def drop_guards(model: nn.Module) -> None:
-    """Remove what :func:`guard_streamed` added (from a copy of a streamed model that is traced)."""
+    """Remove what :func:`guard_streamed` added (from a copy of a streamed model's component that
+    the export traces)."""
     for module in model.modules():
         module.__dict__.pop("_streaming_guard", None)
         for key in [k for k, hook in module._forward_pre_hooks.items() if hook is _refuse_meta_call]:

@@ -229,7 +229,7 @@ def _rank(value: ir.Value, name: str) -> int:
     rank = value.shape.rank() if value.shape is not None else None
     if rank is None:
         raise ExportError(f"{name}: weights with block offsets (a GGUF file's mins) need the "
-                          "input's rank, which the traced graph left unknown. Export with "
+                          "input's rank, which the graph left unknown. Export with "
                           "quantize='int4' from float weights instead, or report this graph.")
     return rank
 

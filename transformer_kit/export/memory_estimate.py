@@ -2,8 +2,8 @@
 
 The weights are written one at a time, so the peak follows the largest tensor, not the model:
 it is read (in the checkpoint's dtype), turned to float32 and transposed or quantized in a copy,
-about three float32 copies of it at once, beside the tracing's own working memory (which does
-not grow with the weights). Verification adds the onnxruntime session over the export (its
+about three float32 copies of it at once, beside a fixed working allowance (the graphs' building,
+int4's calibration batch and block search). Verification adds the onnxruntime session over the export (its
 ``weights.data`` is mapped, and read pages count) and PyTorch's reference, one large layer at a
 time in float64 when the float32 spread is measured.
 """
@@ -17,8 +17,10 @@ from torch import nn
 from transformer_kit.errors import ExportError
 from transformer_kit.memory import available_memory
 
-#: The tracing's working memory (graphs traced and optimized), measured about 0.4 GB.
-TRACING_BYTES = 600_000_000
+#: The working allowance beside the largest tensor's copies: the graphs' building and passes,
+#: int4's calibration batch (its windows at once) and its block search (a chunk per core);
+#: 0.15 GB measured for a 100M-parameter model's calibration.
+WORKING_BYTES = 600_000_000
 #: Quantized folder bytes per float32 weight byte, rounded up: the default Int4 keeps 4-bit
 #: blocks of 32 (4 bits, a scale and a zero point) with the embedding and the feed-forward
 #: output projections in 8-bit blocks (0.21 measured on SmolLM2-135M, whose embedding is a
@@ -42,9 +44,9 @@ def estimate(model: nn.Module, quantize: object, dtype: str) -> MemoryEstimate:
     params = list(model.parameters())
     largest = max((p.numel() for p in params), default=0)
     weights32 = sum(p.numel() for p in params) * 4
-    writing = TRACING_BYTES + 3 * largest * 4
+    writing = WORKING_BYTES + 3 * largest * 4
     folder = weights32 * (INT4_FOLDER_RATIO if quantize else (0.5 if dtype == "float16" else 1.0))
-    verifying = TRACING_BYTES + int(folder) + largest * 8 * 2
+    verifying = WORKING_BYTES + int(folder) + largest * 8 * 2
     return MemoryEstimate(writing, verifying)
 
 

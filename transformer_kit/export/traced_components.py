@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.export import Dim
 
+from transformer_kit.checkpoints.streaming import drop_guards
 from transformer_kit.errors import ExportError
 from transformer_kit.export.graph_passes import quiet_exporter, tidy
 from transformer_kit.interfaces import AttentionInputs, LayerCache
@@ -235,6 +236,7 @@ def _meta_copy(obj: Any, half: bool) -> tuple[Any, dict[str, Tensor]]:
     memo: dict[int, Any] = {id(p): nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False)
                             for p in obj.parameters()}
     copied = copy.deepcopy(obj, memo)
+    drop_guards(copied)  # a streamed model's layers refuse to run outside the export
     buffers = {name: b.detach().clone() for name, b in copied.named_buffers()}
     copied.to("meta")
     copied.half() if half else copied.float()

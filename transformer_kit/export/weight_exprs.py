@@ -2,7 +2,7 @@
 
 An expression is a tuple: ``("weight", name)`` for a weight by state-dict name,
 ``("transpose", expr, perm)`` and ``("concat", (expr, ...), axis)`` for the ONNX operations on
-weights alone that the exporter leaves in a traced graph (a linear layer reads its matrix
+weights alone in a built graph (a linear layer reads its matrix
 transposed; the packed q/k/v and gate/up matrices are concatenations). The writer evaluates
 them on one weight at a time and writes the result's bytes instead of the operation.
 """

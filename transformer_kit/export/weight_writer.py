@@ -1,10 +1,10 @@
 """Streaming an export's weights into ``weights.data``, one tensor at a time.
 
-The traced graphs (``tracing.py``) name their weights but hold none. :class:`WeightWriter` walks
+The built graphs (``model_graphs.py``) name their weights but hold none. :class:`WeightWriter` walks
 each graph, reads every weight from its source when it is written (a model's parameter, or a
 checkpoint tensor read and converted on demand) and appends it to the export's one
 ``weights.data``, so at most one weight (and its quantized form) is in memory at a time, and no
-graph ever holds its weights inside. What the exporter left as operations on weights is done
+graph ever holds its weights inside. What a graph computes from weights alone is done
 here, on each weight: ``Transpose`` and ``Concat`` of weights (a linear layer's transposed
 matrix, the packed q/k/v and gate/up matrices) are folded into the bytes written; with int4,
 ``MatMul`` becomes ``MatMulNBits`` and the token embedding's ``Gather`` becomes
@@ -48,7 +48,7 @@ class ModelWeights:
 
     def load(self, name: str) -> Tensor:
         if name not in self.tensors:
-            raise ExportError(f"The traced graph reads a weight {name!r} that the model does not have.")
+            raise ExportError(f"The graph reads a weight {name!r} that the model does not have.")
         return self.tensors[name]
 
 
@@ -118,7 +118,7 @@ class WeightWriter(QuantizedWrites):
     def _initializer(self, graph: ir.Graph, name: str, dtype: ir.DataType, offset: int,
                      length: int, shape: tuple[int, ...]) -> ir.Value:
         """The initializer ``name`` of ``graph`` reading ``length`` bytes at ``offset`` of
-        weights.data (created, or given its value when the trace left it without one)."""
+        weights.data (created, or given its value when the graph named it without one)."""
         return self._holding(graph, name, dtype, shape,
                              lambda: self._external(name, dtype, offset, length, shape))
 
@@ -165,8 +165,8 @@ class WeightWriter(QuantizedWrites):
 
     def write(self, model: ir.Model, prefix: str, path: Path,
               progress: Callable[[int, int], None] | None = None) -> None:
-        """Fold, quantize and write the weights of ``model`` (traced by ``trace_graph`` with
-        ``prefix`` before the state-dict names), then save the graph as ``path``.
+        """Fold, quantize and write the weights of ``model`` (a built graph, with ``prefix``
+        before the state-dict names), then save the graph as ``path``.
         ``progress(done, total)`` is called after each weight the graph reads."""
         graph = model.graph
         exprs: dict[ir.Value, Expr] = {}

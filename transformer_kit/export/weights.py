@@ -1,10 +1,10 @@
 """One copy of every weight per export folder, and export folders that stay inside themselves.
 
-The exporter traces each graph on its own, so every graph carries its own copy of the weights
-:func:`share_weights` moves every tensor of every graph into one ``weights.data`` file,
-stored once by content: a tensor equal to one already stored points at the same bytes. Large tensors
-start at page-aligned offsets, so onnxruntime maps them from the file on the CPU instead of
-reading them into memory, and two sessions on the folder share the pages.
+Graphs rewritten by another tool (onnxruntime's int8 quantizer, its offline optimizer) carry
+their own copies of the weights; :func:`share_weights` moves every tensor of every graph into one
+``weights.data`` file, stored once by content: a tensor equal to one already stored points at the
+same bytes. Large tensors start at page-aligned offsets, so onnxruntime maps them from the file
+on the CPU instead of reading them into memory, and two sessions on the folder share the pages.
 
 :func:`check_graph` refuses a graph that is unreadable, does not match its manifest or
 reads external data from outside its folder.
