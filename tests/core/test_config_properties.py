@@ -216,7 +216,9 @@ def valid_configs(draw) -> dict:
         config["embedding_scale"] = draw(st.sampled_from([None, 0.5, 12.0]))
     if architecture != "encoder" or config.get("lm_head"):
         config["logit_scale"] = draw(st.sampled_from([None, 0.125, 3.0]))
-        config["logit_softcap"] = draw(st.sampled_from([None, 0.5, 30.0]))
+        # a cap that saturates tanh (0.5 on logits of 1 and more) makes exact float32 ties, which
+        # PyTorch and onnxruntime break apart: greedy tokens would differ where the logits agree
+        config["logit_softcap"] = draw(st.sampled_from([None, 2.0, 30.0]))
     return config
 
 

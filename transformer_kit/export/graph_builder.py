@@ -128,7 +128,6 @@ class GraphBuilder:
         self._paths = {id(m): path for path, m in model.named_modules(remove_duplicate=False)}
         # a tied weight by its last name (the output head's, as torch's exporter names it)
         self._parameters = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
-        self._buffers = {id(b): n for n, b in model.named_buffers()}
         self._scope = ""
         self._counts: Counter[str] = Counter()
         self._values: dict[tuple, ir.Value] = {}  # weights and constants, written once each
@@ -205,27 +204,30 @@ class GraphBuilder:
     def weight(self, module: nn.Module, name: str, dtype: ir.DataType | None = None) -> ir.Value:
         """Parameter or buffer ``name`` of ``module`` as a graph value: a parameter by its
         state-dict name (a tied weight by its last name), without its values (the export's
-        weight writer streams them into weights.data); a buffer with its values. Floating ones
-        in the activations' type unless ``dtype`` says."""
+        weight writer streams them into weights.data), in the activations' type if floating (in
+        ``dtype`` through a ``Cast``, as a half-precision model's ``weight.float()``); a buffer
+        with its values, in ``dtype`` (floating ones in the activations' type by default)."""
         tensor = getattr(module, name, None)
         if not isinstance(tensor, torch.Tensor):
             raise ExportError(f"{type(module).__name__} has no parameter or buffer {name!r}; a "
                               "lowering reads the tensors its module holds.")
         floating = tensor.dtype.is_floating_point
-        dtype = dtype or (self.float_type if floating else _TORCH_TYPES.get(tensor.dtype, INT64))
+        stored = self.float_type if floating else _TORCH_TYPES.get(tensor.dtype, INT64)
+        dtype = dtype or stored
         if id(tensor) not in self._parameters:
             if floating:
                 tensor = tensor.float()
             return self.constant(tensor.numpy(force=True).astype(dtype.numpy()), dtype)
         full_name = self._parameters[id(tensor)]
-        key = ("weight", full_name, dtype)
-        if key not in self._values:
-            name = full_name if dtype in (self.float_type, _TORCH_TYPES.get(tensor.dtype)) else \
-                f"{full_name}.{dtype.name.lower()}"
-            value = ir.Value(name=name, shape=ir.Shape(tuple(tensor.shape)), type=ir.TensorType(dtype))
-            self.graph.initializers[name] = value  # no value: the weight writer streams it
-            self._values[key] = value
-        return self._values[key]
+        if ("weight", full_name) not in self._values:
+            value = ir.Value(name=full_name, shape=ir.Shape(tuple(tensor.shape)), type=ir.TensorType(stored))
+            self.graph.initializers[full_name] = value  # no value: the weight writer streams it
+            self._values["weight", full_name] = value
+        value = self._values["weight", full_name]
+        if dtype == stored:
+            return value
+        with self.scope(full_name):
+            return self.shaped(self.op.Cast(value, to=dtype), value.shape, dtype)
 
     # -- shapes -----------------------------------------------------------------------------------
     def input(self, name: str, dtype: ir.DataType, shape: Sequence[int | str]) -> ir.Value:

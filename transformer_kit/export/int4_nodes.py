@@ -101,6 +101,10 @@ def search_blocks(x: np.ndarray, bits: int, symmetric: bool, search: bool = True
 
     The block-wise sums are batched matrix products (``<a, b>`` over each block), and the
     integers of the best candidate are made again once at the end rather than kept for each.
+    With the refitted scale a 4-bit candidate's error is ``<w x, x> - <w x, d>^2 / <w d, d>`` (d
+    the integers less the zero point): the search compares the last term and computes no
+    residual. An 8-bit block's error is about 1/65536 of ``<w x, x>``, below float32's rounding
+    of that difference, so 8-bit candidates compare their residuals.
 
     ``search=False``: the nearest-rounding scale alone, not refitted (round to nearest).
 
@@ -147,9 +151,14 @@ def search_blocks(x: np.ndarray, bits: int, symmetric: bool, search: bool = True
         best_error = None
         for i, scale in enumerate(candidates):
             d, _ = integers(scale)
-            d *= fitted(d)
-            residual = np.subtract(x, d, out=d)  # the error itself: no cancellation in 8 bits
-            error = dots(residual if w is None else w * residual, residual)
+            wd = d if w is None else w * d
+            norm, dot = dots(wd, d), dots(wx, d)
+            if bits == 4:  # error = <w x, x> - dot^2 / norm: the constant left out
+                error = -np.where(norm > 0, dot * dot / np.where(norm > 0, norm, 1), 0)
+            else:  # 8 bits err by 1/65536 of <w x, x>, below float32's rounding of that form
+                d *= np.where(norm > 0, dot / np.where(norm > 0, norm, 1), 0)
+                residual = np.subtract(x, d, out=d)
+                error = dots(residual if w is None else np.multiply(w, residual, out=wd), residual)
             if best_error is None:
                 best_error = error
             else:
