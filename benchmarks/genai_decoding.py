@@ -2,7 +2,8 @@
 
 Three models, each in int4 (MatMulNBits, block 32, accuracy level 4) and float32. The kit's int4
 runs twice: its default (symmetric blocks, calibrated least-squares scales, 8-bit embedding and
-down projections: the quality of BENCHMARKS.md's 4-bit section, more bytes a token) and genai's recipe
+the first eighth of the layers: the quality of BENCHMARKS.md's 4-bit section, more bytes a
+token) and genai's recipe
 (symmetric 4-bit blocks, nearest rounding, the embedding quantized only when the head is tied:
 the same bytes a token as genai's ``-p int4``, so the ratio is the runtimes' own work):
 
@@ -16,12 +17,18 @@ The kit exports each checkpoint (``tk.from_hf``) and onnxruntime-genai's model b
 (``-p int4`` / ``-p fp32``, CPU; in ``--genai-python``, an interpreter with onnxruntime-genai).
 Every runner is a worker process (onnxruntime's default threads), given one prompt and asked for
 exactly ``--new-tokens`` greedy tokens per call; the runners of a model take turns in
-``--rounds`` interleaved rounds, the order rotating, each timed call after an untimed one (the
-previous runner's spinning threads, cold caches). Tokens/s are medians over rounds, ratios the
+``--rounds`` interleaved rounds, each round in a seeded shuffled order (in a rotation each runner
+always follows the same one, and two identical exports measured 0.88x so, the one after a
+float32 runner slower), each timed call after an untimed one (the previous runner's spinning
+threads, cold caches). Tokens/s are medians over rounds, ratios the
 median of the per-round ratios kit / genai at the same precision.
 
+``--baseline CHECKOUT`` adds, for every kit runner, the same weights exported by another checkout
+of the kit (an earlier commit: its export in a process with ``PYTHONPATH`` at it), decoded by this
+checkout's runtime in the same rounds: a second table gives this checkout's graphs against those.
+
     python benchmarks/genai_decoding.py [--rounds 5] [--models smollm2 qwen llama]
-        [--workdir bench-genai-decoding] [--genai-python VENV/bin/python]
+        [--workdir bench-genai-decoding] [--genai-python VENV/bin/python] [--baseline CHECKOUT]
     python benchmarks/genai_decoding.py --small   # a tiny random Llama (the smoke test)
 """
 
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -108,6 +116,20 @@ def kit_export(source: Path, out: Path, options: dict | None) -> Path:
     return out
 
 
+def baseline_export(checkout: Path, source: Path, out: Path, options: dict | None) -> Path:
+    """``source`` exported into ``out`` (once) by the kit of ``checkout``, as :func:`kit_export`."""
+    if not (out / "manifest.json").exists():
+        code = ("import json, sys; import transformer_kit as tk; "
+                "from transformer_kit.export import Int4, export_onnx; "
+                "m = tk.from_hf(sys.argv[1], stream=True); o = json.loads(sys.argv[3]); "
+                "q = None if o is None else Int4(embedding=m.config.tie_embeddings, **o); "
+                "export_onnx(m, sys.argv[2], quantize=q, verify=False)")
+        # run outside this checkout: Python puts the working directory first on its path
+        subprocess.run([sys.executable, "-c", code, str(source), str(out), json.dumps(options)],
+                       check=True, env={**os.environ, "PYTHONPATH": str(checkout)}, cwd=out.parent)
+    return out
+
+
 def genai_build(python: str, source: Path, out: Path, precision: str, workdir: Path) -> Path:
     code = ("import sys; from pathlib import Path; from transformer_kit.apps.genai_peer import build_genai; "
             "build_genai(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]))")
@@ -128,9 +150,11 @@ def genai_interpreter(given: str | None) -> str | None:
     return python if probe.returncode == 0 else None
 
 
-def measure(name: str, workdir: Path, genai_python: str | None, rounds: int) -> dict:
+def measure(name: str, workdir: Path, genai_python: str | None, rounds: int,
+            baseline: Path | None = None) -> dict:
     """Every runner of model ``name`` timed in interleaved rounds: {runner: seconds per round}
-    (onnxruntime-genai's left out without ``genai_python``)."""
+    (onnxruntime-genai's left out without ``genai_python``; the ``baseline`` checkout's exports
+    with it)."""
     from transformer_kit.apps.peers import ProcessPeer
 
     source = checkpoint(name, workdir)
@@ -142,6 +166,10 @@ def measure(name: str, workdir: Path, genai_python: str | None, rounds: int) -> 
         slug = "".join(c if c.isalnum() else "-" for c in variant)
         folder = kit_export(source, workdir / f"{name}-kit-{slug}", options)
         folders[f"kit {variant}"] = ("kit", sys.executable, folder)
+        if baseline is not None:
+            say(f"{name}: the baseline's {variant}")
+            folder = baseline_export(baseline, source, workdir / f"{name}-baseline-{slug}", options)
+            folders[f"baseline {variant}"] = ("kit", sys.executable, folder)
     for precision in PRECISIONS if genai_python else ():
         say(f"{name}: onnxruntime-genai's {precision}")
         folder = genai_build(genai_python, source, workdir / f"{name}-genai-{precision}", precision, workdir)
@@ -152,10 +180,10 @@ def measure(name: str, workdir: Path, genai_python: str | None, rounds: int) -> 
                    "--new-tokens", str(new_tokens)]
         peers.append(ProcessPeer(runner, command, prompt, with_kit()))
     try:
+        order = random.Random(0)  # a seeded shuffle a round: no runner always follows the same one
         for index in range(rounds):
             say(f"{name}: round {index + 1}/{rounds}")
-            shift = index % len(peers)
-            for peer in [*peers[shift:], *peers[:shift]]:
+            for peer in order.sample(peers, len(peers)):
                 peer.run()  # settle
                 peer.seconds.append(peer.run()["seconds"])
     finally:
@@ -163,7 +191,9 @@ def measure(name: str, workdir: Path, genai_python: str | None, rounds: int) -> 
             peer.close()
     agree = {v: peer_tokens(peers, f"kit {v}") == peer_tokens(peers, f"genai {precision}")
              for v, (precision, _) in KIT_VARIANTS.items()} if genai_python else {}
-    return {"new_tokens": new_tokens, "prompt": prompt_length, "agree": agree,
+    same = {v: peer_tokens(peers, f"kit {v}") == peer_tokens(peers, f"baseline {v}")
+            for v in KIT_VARIANTS} if baseline is not None else {}
+    return {"new_tokens": new_tokens, "prompt": prompt_length, "agree": agree, "same_as_baseline": same,
             "seconds": {peer.name: peer.seconds for peer in peers}}
 
 
@@ -190,6 +220,20 @@ def report(results: dict, rounds: int) -> None:
                          "yes" if result["agree"][variant] else "no"]
             print(f"| {TITLES[name]}, {result['prompt']} + {new} tokens | {variant} | "
                   f"{new / statistics.median(kit):.0f} | {' | '.join(cells)} |")
+    if not any(result.get("same_as_baseline") for result in results.values()):
+        return
+    print("\n| model | kit's weights | this checkout's graphs, tokens/s | the baseline's | this / "
+          "baseline (all rounds) | same tokens |")
+    print("| --- | --- | ---: | ---: | --- | --- |")
+    for name, result in results.items():
+        seconds, new = result["seconds"], result["new_tokens"]
+        for variant in KIT_VARIANTS:
+            kit, base = seconds[f"kit {variant}"], seconds[f"baseline {variant}"]
+            ratios = [b / k for k, b in zip(kit, base, strict=True)]
+            print(f"| {TITLES[name]}, {result['prompt']} + {new} tokens | {variant} | "
+                  f"{new / statistics.median(kit):.0f} | {new / statistics.median(base):.0f} | "
+                  f"**{statistics.median(ratios):.2f}x** ({' '.join(f'{r:.2f}' for r in ratios)}) | "
+                  f"{'yes' if result['same_as_baseline'][variant] else 'no'} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="an interpreter with onnxruntime-genai (default: this one, if it has it)")
     parser.add_argument("--small", action="store_true", help="a tiny random Llama (the smoke test)")
     parser.add_argument("--json", type=Path, default=None, help="also write the timings here")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="another checkout of the kit whose exports of the same weights run too")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--folder", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--new-tokens", type=int, default=None, help=argparse.SUPPRESS)
@@ -215,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     genai_python = genai_interpreter(args.genai_python)
     if genai_python is None:
         say("no interpreter with onnxruntime-genai (--genai-python): the kit's rows alone")
-    results = {name: measure(name, workdir, genai_python, args.rounds) for name in names}
+    results = {name: measure(name, workdir, genai_python, args.rounds, args.baseline) for name in names}
     report(results, args.rounds)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
