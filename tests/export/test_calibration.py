@@ -17,8 +17,9 @@ from tests.combinations import tiny_config
 from tests.decoding.test_text import byte_level_tokenizer
 from transformer_kit.decoding.text import TextTokenizer
 from transformer_kit.export import Int4, OnnxModel, export_onnx
-from transformer_kit.export.calibration import DEFAULT_TOKENS, FLOOR, calibration_ids, input_importance
+from transformer_kit.export.calibration import FLOOR, calibration_ids, input_importance
 from transformer_kit.export.int4_nodes import search_blocks
+from transformer_kit.export.quantize import DEFAULT_TOKENS
 
 VOCAB = 300
 
@@ -119,7 +120,7 @@ def test_a_calibrated_export_is_closer_to_the_float_model(tmp_path):
         errors[name] = float(np.sqrt(((logits - expected) ** 2).mean()))
     assert errors["default"] < 0.8 * errors["plain"], errors
     options = OnnxModel(tmp_path / "default").manifest.quantization_options
-    assert options["calibration"] == "default"
+    assert options["calibration"] == "default (512 tokens)"
     assert OnnxModel(tmp_path / "plain").manifest.quantization_options["calibration"] is None
 
 

@@ -27,13 +27,12 @@ import torch
 from torch import nn
 
 from transformer_kit.errors import InputError
+from transformer_kit.export.quantize import DEFAULT_TOKENS
 from transformer_kit.export.verify import reference
 from transformer_kit.export.weight_writer import weight_source
 
 #: The text calibrated on when the user gives none.
 DEFAULT_TEXT = Path(__file__).with_name("calibration.txt")
-#: The most tokens of the default text (or of random ids) run; a user's text runs whole.
-DEFAULT_TOKENS = 2048
 #: The longest window of text (the model's context length, if shorter); the windows run as one
 #: batch.
 WINDOW = 512

@@ -35,6 +35,14 @@ EIGHT_BIT_ROLES = {"embedding": "the token embedding table (and a tied head, whi
                             "with i < n / 8: at least the first)"}
 
 
+#: The most tokens of the default calibration text (or of random ids) the model runs; a user's
+#: text runs whole. On SmolLM2 (benchmarks/int4_quality.py's held text) four slices of 512
+#: tokens of the default text gave 1.082-1.091x float32's perplexity and its first 2,048 tokens
+#: 1.091x, at a quarter of the products: what the weighting finds is settled by a few hundred
+#: tokens (BENCHMARKS.md).
+DEFAULT_TOKENS = 512
+
+
 @dataclass(frozen=True)
 class Int4:
     """4-bit weight-only quantization (``MatMulNBits``).
@@ -67,9 +75,10 @@ class Int4:
             call there), the embedding table staying 8-bit.
         calibration: the text the search weighs each column's error by (its mean squared input
             there, llama.cpp's importance matrix: :mod:`~transformer_kit.export.calibration`):
-            ``"default"`` (a few pages of mixed text shipped with the kit; random ids for a
-            model without a tokenizer), a string of text, a UTF-8 text file (a ``Path``), token
-            ids (a tuple of ints), or None (every column alike). Only ``rounding="search"``
+            ``"default"`` (the first :data:`DEFAULT_TOKENS` tokens of a few pages of mixed text
+            shipped with the kit; random ids for a model without a tokenizer), a string of
+            text, a UTF-8 text file (a ``Path``), token ids (a tuple of ints), or None (every
+            column alike). Only ``rounding="search"``
             weighs; with ``"nearest"`` the default means None.
 
     The defaults are the measured best trade on SmolLM2-135M-Instruct (BENCHMARKS.md, "4-bit
@@ -147,8 +156,10 @@ def _calibration(given: Any, rounding: str) -> str | Path | tuple[int, ...] | No
 
 def _described(calibration: str | Path | tuple[int, ...] | None) -> str | None:
     """The calibration as the manifest records it (not the whole text)."""
-    if calibration is None or calibration == "default":
-        return calibration
+    if calibration is None:
+        return None
+    if calibration == "default":
+        return f"default ({DEFAULT_TOKENS} tokens)"
     if isinstance(calibration, Path):
         return f"file {calibration.name}"
     if isinstance(calibration, tuple):
