@@ -1,11 +1,12 @@
-"""CUDA on paper: every op of every graph the kit exports (float32, float16, int4; decoder,
-encoder, encoder-decoder) has a kernel in onnxruntime's CUDA execution provider for the types it
-is given, or is a CPU fallback that docs/export.md names with its cost.
+"""CUDA kernels without a GPU: every op of every graph the kit exports (float32, float16, int4;
+decoder, encoder, encoder-decoder) has a kernel in onnxruntime's CUDA execution provider for the
+types it is given, or is a CPU fallback that docs/export.md names with its cost.
 
-No GPU is lent to this project, so the check reads the table of CUDA kernels registered in the
-pinned onnxruntime-gpu wheel (``data/cuda_kernels_onnxruntime_1.31.1.json``: its source line says
-how it was read) and looks each node up by domain, op, the version of the op's schema at the
-graph's opset, and the element type of each input.
+Runs on every machine (tests/gpu runs the exports on a GPU where there is one): it reads the
+table of CUDA kernels registered in the pinned onnxruntime-gpu wheel
+(``data/cuda_kernels_onnxruntime_1.31.1.json``: its source line says how it was read) and looks
+each node up by domain, op, the version of the op's schema at the graph's opset, and the element
+type of each input.
 """
 
 from __future__ import annotations

@@ -76,3 +76,13 @@ def resolve_providers(providers: str | Sequence) -> list:
             raise ProviderError(f"Provider {name!r} is not available in this onnxruntime; "
                               f"available: {', '.join(sorted(available))}.")
     return providers
+
+
+def exact_float32(providers: list, dtype: str) -> list:
+    """``providers`` with CUDA's TF32 turned off for a float32 export where CUDA is named
+    without options: onnxruntime's CUDA provider multiplies float32 matrices in TF32 by
+    default (10-bit mantissas on Ampere and later), about 1e-3 relative error where the CPU
+    gives 1e-7. A float16 export, or CUDA given with options of its own, is left as given."""
+    if dtype != "float32":
+        return providers
+    return [(CUDA, {"use_tf32": "0"}) if entry == CUDA else entry for entry in providers]

@@ -36,7 +36,7 @@ from transformer_kit.export.batch_steps import BatchDecoder
 from transformer_kit.export.cache_ops import CacheOps
 from transformer_kit.export.manifest import Manifest
 from transformer_kit.export.onnx_steps import OnnxStepper
-from transformer_kit.export.providers import CUDA, resolve_providers
+from transformer_kit.export.providers import CUDA, exact_float32, resolve_providers
 from transformer_kit.export.weights import check_graph
 from transformer_kit.id_checks import check_id_array, check_positions
 
@@ -75,7 +75,7 @@ class OnnxModel(Chats, Embeds):
                  disabled_optimizers: str | Sequence[str] = "auto") -> None:
         self.path = Path(path)
         self.manifest = Manifest.read(self.path)
-        self._providers = resolve_providers(providers)
+        self._providers = exact_float32(resolve_providers(providers), self.manifest.dtype)
         self._options = session_options
         if disabled_optimizers == "auto":
             names = [p[0] if isinstance(p, (tuple, list)) else p for p in self._providers]
