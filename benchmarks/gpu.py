@@ -10,7 +10,9 @@ default ``Int4()``), without verification (the GPU tests check the exports). Run
 - ``torch static``: transformers' ``generate`` on the same checkpoint in float16 with its static
   cache and automatic compilation off (``disable_compile=True``);
 - ``torch static compiled``: the same with transformers' automatic ``torch.compile`` of the
-  forward (what a static cache gets by default on CUDA), timed after its compiling calls.
+  forward (what a static cache gets by default on CUDA), timed after its compiling calls; only
+  with ``--compiled`` (a run of its own: batch-1 decoding of ``kit float16``, ``torch static``
+  and this runner), since each cache length it meets compiles again (tens of seconds each).
 
 Workloads, each greedy with exactly the new tokens asked (``min_new_tokens``): decoding at batch
 1 and 16 (prompts of 16 tokens; tokens/s from ``(t(N) - t(1)) / (N - 1)`` a row, so the prefill
@@ -30,6 +32,7 @@ rounds, the order shuffled with a seed, each timed call after an untimed one; fi
 medians. Writes one JSON file (``--out``) and prints the table for BENCHMARKS.md.
 
     python benchmarks/gpu.py --out gpu.json              # on a GPU (benchmarks/gpu_session.sh)
+    python benchmarks/gpu.py --compiled --out compiled.json   # the torch.compile runner
     python benchmarks/gpu.py --dry-run --out dry.json    # the CPU provider and small shapes
 """
 
@@ -53,9 +56,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 PROMPT = 16
-#: Runners timed at batch-1 decoding only: each new shape of a compiled static cache compiles
-#: (and captures CUDA graphs) again, about half a minute each.
-BATCH_1_ONLY = {"torch static compiled"}
 
 
 def say(text: str) -> None:
@@ -106,8 +106,9 @@ def synchronized(fn: Callable[[], object], device: str) -> Callable[[], float]:
     return timed
 
 
-def decoder_runners(checkpoint: Path, folders: dict[str, Path], device: str, compile_torch: bool):
-    """{runner: generate(ids, new_tokens) -> (rows, new) tokens} for the kit's exports and PyTorch."""
+def decoder_runners(checkpoint: Path, folders: dict[str, Path], device: str, compiled_too: bool):
+    """{runner: generate(ids, new_tokens) -> (rows, new) tokens} for the kit's exports and PyTorch
+    (``compiled_too``: with the compiled runner)."""
     import transformers
 
     from transformer_kit.export import OnnxModel
@@ -122,7 +123,7 @@ def decoder_runners(checkpoint: Path, folders: dict[str, Path], device: str, com
         runners[name] = kit
     hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float16).to(device).eval()
     for name, compiled in (("torch static", False), ("torch static compiled", True)):
-        if compiled and not compile_torch:
+        if compiled and not compiled_too:
             continue
 
         def peer(ids, new, compiled=compiled):
@@ -145,8 +146,6 @@ def decoding(runners: dict[str, Callable], vocab: int, device: str, batches: lis
     calls: dict[tuple[str, str, int], Callable[[], float]] = {}
     for name, generate in runners.items():
         for workload, ids in prompts.items():
-            if name in BATCH_1_ONLY and workload != "batch 1":
-                continue
             for count in ((1, new) if workload.startswith("batch") else (1,)):
                 call = lambda g=generate, i=ids, c=count: g(i, c)  # noqa: E731
                 calls[name, workload, count] = synchronized(call, device)
@@ -170,7 +169,9 @@ def decoding(runners: dict[str, Callable], vocab: int, device: str, batches: lis
             first = statistics.median(times[name, workload, 1])
             if workload.startswith("batch"):
                 whole = statistics.median(times[name, workload, new])
-                row[f"{workload} tokens/s"] = len(ids) * (new - 1) / (whole - first)
+                decoding_s = whole - first  # a dry run's few tokens may drown in noise: no rate then
+                rate = len(ids) * (new - 1) / decoding_s if decoding_s > 0 else float("nan")
+                row[f"{workload} tokens/s"] = rate
             else:
                 row[f"{workload} ms"] = first * 1e3
     return results
@@ -230,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("gpu.json"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=None, help="default 128 (8 in a dry run)")
-    parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile runner")
+    parser.add_argument("--compiled", action="store_true",
+                        help="batch-1 decoding of kit float16 and PyTorch with and without torch.compile "
+                        "(a run of its own: compiling takes minutes)")
     parser.add_argument("--dry-run", action="store_true",
                         help="the CPU provider and small shapes: checks the script, not the GPU")
     args = parser.parse_args(argv)
@@ -240,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     shape = args.shape or ("llama-100m" if args.dry_run else "qwen2.5-0.5b")
     new = args.new_tokens or (8 if args.dry_run else 128)
     batches, prefills = ([1, 4], [64, 128]) if args.dry_run else ([1, 16], [512, 2048])
+    if args.compiled:
+        batches, prefills = [1], []
     args.workdir.mkdir(parents=True, exist_ok=True)
     result: dict = {"environment": environment(device), "shape": shape, "new tokens": new,
                     "prompt": PROMPT, "rounds": args.rounds, "command": " ".join(["python", *sys.argv])}
@@ -269,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     config = json.loads((checkpoint / "config.json").read_text())
     parameters = sum(np.prod(s) for s in _shapes(config))
     read = {name: folder_bytes(folder) for name, folder in folders.items()}  # the graphs and weights
-    runners = decoder_runners(checkpoint, folders, device, not args.no_compile and device == "cuda")
+    if args.compiled:
+        folders = {"kit float16": folders["kit float16"]}
+    runners = decoder_runners(checkpoint, folders, device, args.compiled)
     read |= {name: 2 * parameters for name in runners if name.startswith("torch")}
     rows = decoding(runners, config["vocab_size"], device, batches, prefills, new, args.rounds)
     for name, row in rows.items():
@@ -277,8 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         row["bound tokens/s"] = bandwidth / read[name]
         row["share of the bound, batch 1"] = row["batch 1 tokens/s"] / row["bound tokens/s"]
     result["decoding"] = rows
-    result["embeddings"] = embeddings(args.workdir, "tiny" if args.dry_run else "bge-base", device,
-                                      args.rounds, 64 if args.dry_run else 1024, 32 if args.dry_run else 128)
+    if not args.compiled:
+        texts, length = (64, 32) if args.dry_run else (1024, 128)
+        result["embeddings"] = embeddings(args.workdir, "tiny" if args.dry_run else "bge-base", device,
+                                          args.rounds, texts, length)
     args.out.write_text(json.dumps(result, indent=1, default=float))
     print(table(result))
     return 0
@@ -316,7 +325,9 @@ def table(result: dict) -> str:
         cells += [f"{row[k]:.1f}" if k in row else "-" for k in prefill]
         cells += [f"{row['bytes a token'] / 1e6:.0f} MB", f"{row['share of the bound, batch 1']:.0%}"]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    emb = result["embeddings"]
+    emb = result.get("embeddings")
+    if emb is None:
+        return "\n".join(lines)
     lines += ["", f"Embeddings ({emb['shape']} shape, {emb['texts']} texts of {emb['tokens a text']} tokens, "
               f"batches of {emb['batch']}; max abs difference {emb['max abs difference']:.1e}): "
               + ", ".join(f"{k.removesuffix(' embeddings/s')} {v:.0f}/s" for k, v in emb.items()

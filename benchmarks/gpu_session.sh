@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # On a lent GPU machine, in one device call (prepared here by benchmarks/gpu_pack.sh, whose part
 # calls go first): install what the image lacks, then run the GPU tests and benchmarks/gpu.py,
-# everything written under $OUT (7 files):
+# everything written under $OUT:
 #   environment.txt  nvidia-smi, the interpreter's versions and onnxruntime's providers
 #   tests.txt        pytest tests/gpu and the CUDA kernel-table test (with the slowest tests)
 #   tests.xml        the same as JUnit XML
 #   gpu.json, gpu.md the benchmark's figures and its table for BENCHMARKS.md; gpu.log its progress
 #   install.txt      what the install step printed
-# Each step has a time limit of its own, so that a hang leaves the others' results; about 6
-# minutes in all on an H100 (tests 150 s at most, the benchmark 270 s).
+# Each step has a time limit of its own, so that a hang leaves the others' results: about 6
+# minutes in all on an H100 (tests 150 s at most, the benchmark 240 s).
+# 'bash benchmarks/gpu_session.sh compiled' (a later call, if time is left): PyTorch with
+# torch.compile against the kit at batch 1 (compiled.json, compiled.md, compiled.log; 240 s).
 set -uo pipefail
 out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out"
@@ -36,11 +38,18 @@ print("a CUDA session works:", cuda_works())
 PY
 } > "$out/environment.txt" 2>&1
 cat "$out/environment.txt"
+if [ "${1:-}" = compiled ]; then
+  timeout 240 python3 benchmarks/gpu.py --compiled --workdir /tmp/bench-gpu --out "$out/compiled.json" \
+    > "$out/compiled.md" 2> "$out/compiled.log"
+  echo "benchmark exit status $?" >> "$out/compiled.log"
+  tail -n 5 "$out/compiled.log"; cat "$out/compiled.md"
+  exit 0
+fi
 timeout 150 python3 -m pytest tests/gpu tests/export/test_cuda_kernels.py -q -p no:cacheprovider \
   --durations=10 --junitxml "$out/tests.xml" > "$out/tests.txt" 2>&1
 echo "pytest exit status $?" >> "$out/tests.txt"
 tail -n 40 "$out/tests.txt"
-timeout 270 python3 benchmarks/gpu.py --workdir /tmp/bench-gpu --out "$out/gpu.json" \
+timeout 240 python3 benchmarks/gpu.py --workdir /tmp/bench-gpu --out "$out/gpu.json" \
   > "$out/gpu.md" 2> "$out/gpu.log"
 echo "benchmark exit status $?" >> "$out/gpu.log"
 tail -n 5 "$out/gpu.log"

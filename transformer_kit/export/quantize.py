@@ -36,8 +36,8 @@ EIGHT_BIT_ROLES = {"embedding": "the token embedding table (and a tied head, whi
 
 
 #: The most tokens of the default calibration text (or of random ids) the model runs; a user's
-#: text runs whole. On SmolLM2 (benchmarks/int4_quality.py's held text) four slices of 512
-#: tokens of the default text gave 1.082-1.091x float32's perplexity and its first 2,048 tokens
+#: text runs whole. On SmolLM2 (benchmarks/int4_quality.py's held text) three slices of 512
+#: tokens of the default text gave 1.082-1.090x float32's perplexity and its first 2,048 tokens
 #: 1.091x, at a quarter of the products: what the weighting finds is settled by a few hundred
 #: tokens (BENCHMARKS.md).
 DEFAULT_TOKENS = 512
@@ -78,11 +78,11 @@ class Int4:
             ``"default"`` (the first :data:`DEFAULT_TOKENS` tokens of a few pages of mixed text
             shipped with the kit; random ids for a model without a tokenizer), a string of
             text, a UTF-8 text file (a ``Path``), token ids (a tuple of ints), or None (every
-            column alike). Only ``rounding="search"``
-            weighs; with ``"nearest"`` the default means None.
+            column alike). Only ``rounding="search"`` weighs; with ``"nearest"`` the default
+            means None.
 
     The defaults are the measured best trade on SmolLM2-135M-Instruct (BENCHMARKS.md, "4-bit
-    weights that keep their quality"): perplexity 1.091x float32's (nearest rounding in 4 bits
+    weights that keep their quality"): perplexity 1.082x float32's (nearest rounding in 4 bits
     everywhere, the first int4: 1.39x), folder 0.20x float32's (0.16x), decoding 1.08x
     onnxruntime-genai int4's tokens/s in a 30-round pair run (an AVX2 machine). The first
     eighth of the layers adds 7 % to the folder of ``eight_bit=("embedding",)`` and buys nearly
