@@ -1,6 +1,6 @@
 """The structure holds: import-linter's contracts (layers core <- plugins <- export <- apps, a
-root that imports only the core, no import cycles) pass, and they fail when broken; the core
-stays small and so does every module."""
+root that imports only the core, no import cycles) pass, and they fail when broken; no package
+reads another package's private names; the core stays small and so does every module."""
 
 from __future__ import annotations
 
@@ -142,3 +142,61 @@ def test_no_module_is_long_without_saying_why():
             if len(p.read_text().splitlines()) > MODULE_LINE_LIMIT
             and "Longer than 300 lines because" not in p.read_text()]
     assert not long, long
+
+
+def _package(path: Path, root: Path) -> str:
+    """The package a module belongs to: its first folder under ``root`` ("" for the root's own)."""
+    parts = path.relative_to(root).parts
+    return parts[0] if len(parts) > 1 else ""
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_reads_across_packages(root: Path) -> list[str]:
+    """``obj._name`` read in one package of ``root`` where ``_name`` is a private name the
+    package tree defines only in other packages (a method, a class, a module-level name or an
+    attribute set on ``self``): "file:line _name". Third-party privates (torch's
+    ``module._parameters``) are not the kit's to forbid; ``self``, ``cls`` and ``super()`` reads
+    are a class's own."""
+    defined: dict[str, set[str]] = {}
+    reads: list[tuple[str, Path, int, str]] = []
+    for path in sorted(root.rglob("*.py")):
+        package = _package(path, root)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+                names += [t.attr for t in targets if isinstance(t, ast.Attribute)
+                          and isinstance(t.value, ast.Name) and t.value.id in ("self", "cls")]
+            elif isinstance(node, ast.Attribute) and _is_private(node.attr):
+                owner = node.value
+                own = (isinstance(owner, ast.Name) and owner.id in ("self", "cls")) or (
+                    isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "super")
+                if not own and isinstance(node.ctx, ast.Load):
+                    reads.append((package, path, node.lineno, node.attr))
+                continue
+            else:
+                continue
+            for name in filter(_is_private, names):
+                defined.setdefault(name, set()).add(package)
+    return [f"{path.relative_to(root.parent)}:{line} {name}" for package, path, line, name in reads
+            if name in defined and package not in defined[name]]
+
+
+def test_no_package_reads_another_packages_private_names():
+    assert private_reads_across_packages(PACKAGE) == []
+
+
+def test_a_private_read_across_packages_is_found(tmp_path):
+    (tmp_path / "kit" / "runtime").mkdir(parents=True)
+    (tmp_path / "kit" / "serving").mkdir()
+    (tmp_path / "kit" / "runtime" / "model.py").write_text(
+        "class Model:\n    def _run(self):\n        self._cache = 1\n        return self._cache\n")
+    (tmp_path / "kit" / "serving" / "engine.py").write_text(
+        "def serve(model, module):\n    module._parameters\n    return model._run(), model._cache\n")
+    assert sorted(private_reads_across_packages(tmp_path / "kit")) == [
+        "kit/serving/engine.py:3 _cache", "kit/serving/engine.py:3 _run"]

@@ -35,7 +35,8 @@ def _l2_normalize(x: np.ndarray) -> np.ndarray:
 
 class Embeds:
     """Sentence embeddings and cross-encoder scores, for a runtime that implements
-    :meth:`_embedding_settings`, :meth:`_run_embedding` and :meth:`_run_scores`.
+    :meth:`embedding_settings`, :meth:`run_embedding` and :meth:`run_scores` (public: the
+    server's embedding engine runs the padded batches it makes through the last two).
 
     The runtimes call :meth:`encode` ``embed`` (``OnnxModel.embed``, and ``model.embed(texts)``
     on the PyTorch encoder, whose ``embed`` module passes texts on to it)."""
@@ -43,15 +44,15 @@ class Embeds:
     tokenizer: Any
     _text_encoder: TextEncoder | None = None
 
-    def _embedding_settings(self) -> tuple[dict, int | None]:
+    def embedding_settings(self) -> tuple[dict, int | None]:
         """The model config as a dict, and the positional encoding's bound (or None)."""
         raise NotImplementedError
 
-    def _run_embedding(self, ids: np.ndarray, keep: np.ndarray, pooled: np.ndarray) -> np.ndarray:
+    def run_embedding(self, ids: np.ndarray, keep: np.ndarray, pooled: np.ndarray) -> np.ndarray:
         """ids, keep, pooled (batch, len) -> sentence embeddings (batch, dim) float32."""
         raise NotImplementedError
 
-    def _run_scores(self, ids: np.ndarray, keep: np.ndarray, types: np.ndarray) -> np.ndarray:
+    def run_scores(self, ids: np.ndarray, keep: np.ndarray, types: np.ndarray) -> np.ndarray:
         """ids, keep, token types (batch, len) -> scores (batch, num_labels) float32."""
         raise NotImplementedError
 
@@ -59,12 +60,12 @@ class Embeds:
     def text_encoder(self) -> TextEncoder:
         """Turns texts into the token ids ``embed`` and ``rerank`` run (prompts, truncation)."""
         if self._text_encoder is None:
-            settings, bound = self._embedding_settings()
+            settings, bound = self.embedding_settings()
             self._text_encoder = TextEncoder(self.tokenizer, settings, bound)
         return self._text_encoder
 
     def _require(self, key: str, what: str, fix: str) -> dict:
-        settings, _ = self._embedding_settings()
+        settings, _ = self.embedding_settings()
         if settings.get(key) is None:
             raise InputError(f"This model has no {what} (its config has no {key!r}); {fix}")
         return settings
@@ -97,7 +98,7 @@ class Embeds:
         vectors: np.ndarray | None = None
         for batch in plan_batches(encoded.tokens, encoded.pooled, batch_size=batch_size,
                                   max_batch_tokens=max_batch_tokens, pad_id=settings.get("pad_id") or 0):
-            out = np.asarray(self._run_embedding(batch.ids, batch.keep, batch.extra), np.float32)
+            out = np.asarray(self.run_embedding(batch.ids, batch.keep, batch.extra), np.float32)
             if vectors is None:
                 vectors = np.empty((len(encoded.tokens), out.shape[1]), np.float32)
             vectors[batch.rows] = out
@@ -124,7 +125,7 @@ class Embeds:
         scores = np.empty((len(tokens), settings["classifier"]["num_labels"]), np.float32)
         for batch in plan_batches(tokens, types, batch_size=batch_size,
                                   max_batch_tokens=max_batch_tokens, pad_id=settings.get("pad_id") or 0):
-            scores[batch.rows] = self._run_scores(batch.ids, batch.keep, batch.extra)
+            scores[batch.rows] = self.run_scores(batch.ids, batch.keep, batch.extra)
         return scores[:, 0] if scores.shape[1] == 1 else scores
 
     def rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None,

@@ -131,7 +131,7 @@ class GraphBuilder:
         self._registry, self._fallback, self._core = registry, fallback, core
         self._paths = {id(m): path for path, m in model.named_modules(remove_duplicate=False)}
         # a tied weight by its last name (the output head's, as torch's exporter names it)
-        self._parameters = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+        self._parameter_names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
         self._scope = ""
         self._counts: Counter[str] = Counter()
         self._values: dict[tuple, ir.Value] = {}  # weights and constants, written once each
@@ -218,11 +218,11 @@ class GraphBuilder:
         floating = tensor.dtype.is_floating_point
         stored = self.float_type if floating else _TORCH_TYPES.get(tensor.dtype, INT64)
         dtype = dtype or stored
-        if id(tensor) not in self._parameters:
+        if id(tensor) not in self._parameter_names:
             if floating:
                 tensor = tensor.float()
             return self.constant(tensor.numpy(force=True).astype(dtype.numpy()), dtype)
-        full_name = self._parameters[id(tensor)]
+        full_name = self._parameter_names[id(tensor)]
         if ("weight", full_name) not in self._values:
             value = ir.Value(name=full_name, shape=ir.Shape(tuple(tensor.shape)), type=ir.TensorType(stored))
             self.graph.initializers[full_name] = value  # no value: the weight writer streams it

@@ -155,7 +155,7 @@ class OnnxModel(Chats, Embeds):
     #: Sentence embeddings (n, dim) of texts or token ids: see :meth:`Embeds.encode`.
     embed = Embeds.encode
 
-    def _embedding_settings(self) -> tuple[dict, int | None]:
+    def embedding_settings(self) -> tuple[dict, int | None]:
         return self.manifest.config, self.manifest.max_positions
 
     def _run_outputs(self, output: str, ids: np.ndarray, keep: np.ndarray,
@@ -166,10 +166,10 @@ class OnnxModel(Chats, Embeds):
             feeds[extra[0]] = extra[1]
         return self._session("model").run([output], feeds)[0]
 
-    def _run_embedding(self, ids: np.ndarray, keep: np.ndarray, pooled: np.ndarray) -> np.ndarray:
+    def run_embedding(self, ids: np.ndarray, keep: np.ndarray, pooled: np.ndarray) -> np.ndarray:
         return self._run_outputs("sentence_embedding", ids, keep, ("pooling_mask", pooled))
 
-    def _run_scores(self, ids: np.ndarray, keep: np.ndarray, types: np.ndarray) -> np.ndarray:
+    def run_scores(self, ids: np.ndarray, keep: np.ndarray, types: np.ndarray) -> np.ndarray:
         output = "scores" if "scores" in self.manifest.graphs["model"].outputs else "logits"
         return self._run_outputs(output, ids, keep, ("token_type_ids", types))
 

@@ -92,10 +92,10 @@ def check_sentence_outputs(model: TransformerModel, om: OnnxModel, seed: int = 0
     types = extra if "token_type_ids" in inputs else None  # else one segment
     if model.sentence_head is not None:
         expected = model.sentence_embedding(ids, keep.long(), extra).float().numpy()
-        actual = om._run_embedding(ids.numpy(), keep.numpy(), extra.numpy())
+        actual = om.run_embedding(ids.numpy(), keep.numpy(), extra.numpy())
     else:
         expected = model.classify(ids, keep.long(), types)[1].float().numpy()
-        actual = om._run_scores(ids.numpy(), keep.numpy(), extra.numpy())
+        actual = om.run_scores(ids.numpy(), keep.numpy(), extra.numpy())
     return relative_error(actual, expected)
 
 

@@ -7,7 +7,7 @@ first waiting request, then gathers the requests that arrive within ``max_wait_s
 ``max_batch_tokens`` real tokens are gathered), runs all their inputs in one call
 (:func:`~transformer_kit.embedding.plan_batches`, longest first, each run at most
 ``batch_size`` rows and ``max_batch_tokens`` padded tokens, through the model's
-``_run_embedding`` or ``_run_scores``) and hands each request its own rows. While a call runs,
+``run_embedding`` or ``run_scores``) and hands each request its own rows. While a call runs,
 new requests wait and go together into the next one.
 """
 
@@ -87,7 +87,7 @@ class EmbeddingEngine:
         self.kind: Kind = model_kind(self.model)
         self.max_queue, self.max_batch_tokens = max_queue, max_batch_tokens
         self.batch_size, self.max_wait_s = batch_size, max_wait_s
-        self._run = self.model._run_embedding if self.kind == "embeddings" else self.model._run_scores
+        self._run = self.model.run_embedding if self.kind == "embeddings" else self.model.run_scores
         self._pad_id = self.model.manifest.pad_id or 0
         self._waiting: queue.Queue[Job] = queue.Queue(max_queue)
         self._held: Job | None = None  # taken from the queue but over the call's budget: next call

@@ -70,7 +70,7 @@ class EmbeddingServer:
         self.engine, self.model_name, self.metrics = engine, model_name, metrics
         self.max_inputs = max_inputs
         model = engine.model
-        settings, _ = model._embedding_settings()
+        settings, _ = model.embedding_settings()
         #: Inputs' tokens as the model runs them, with no cut: an over-long input is refused.
         self.measuring = TextEncoder(model.tokenizer, {**settings, "max_seq_length": _UNCUT}, None)
         #: Most tokens of one input (the model's max_seq_length or positional bound).
