@@ -3,10 +3,11 @@ prefill and sentence embeddings, with the GPU's memory-bandwidth bound.
 
 Decoder: a random bfloat16 checkpoint in a published shape (``--shape``, Qwen2.5-0.5B by default;
 ``transformer_kit/apps/random_checkpoints.py``), exported by the kit in float16 and in int4 (the
-default ``Int4()``), without verification (the GPU tests check the exports). Runners:
+default ``Int4()``, with float32 activations and with float16 ones), without verification (the
+GPU tests check the exports). Runners:
 
-- ``kit float16``, ``kit int4``: ``OnnxModel(folder, "cuda").generate`` (IO binding: the cache
-  stays on the device);
+- ``kit float16``, ``kit int4``, ``kit int4 float16``: ``OnnxModel(folder, "cuda").generate`` (IO
+  binding: the cache stays on the device);
 - ``torch static``: transformers' ``generate`` on the same checkpoint in float16 with its static
   cache and automatic compilation off (``disable_compile=True``);
 - ``torch static compiled``: the same with transformers' automatic ``torch.compile`` of the
@@ -220,7 +221,7 @@ def embeddings(workdir: Path, shape: str, device: str, rounds: int, texts: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from transformer_kit.apps.benchmark import export_is_current, export_unless_current, folder_bytes
+    from transformer_kit.apps.benchmark import export_is_current, folder_bytes
     from transformer_kit.apps.genai_peer import write_tokenizer
     from transformer_kit.apps.random_checkpoints import SHAPES, write_random_checkpoint
 
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     result["copy bandwidth GB/s"] = bandwidth / 1e9
 
     import transformer_kit as tk
-    from transformer_kit.export import Int4
+    from transformer_kit.export import Int4, export_onnx
 
     checkpoint = args.workdir / f"{shape}-bf16"
     if not (checkpoint / "config.json").exists():
@@ -261,15 +262,16 @@ def main(argv: list[str] | None = None) -> int:
         write_random_checkpoint(checkpoint, shape)
         write_tokenizer(checkpoint, 1000)
     folders = {name: args.workdir / f"{shape}-{name.replace(' ', '-')}"
-               for name in ("kit float16", "kit int4")}
+               for name in ("kit float16", "kit int4", "kit int4 float16")}
     model = None
     for name, folder in folders.items():
-        quantize = Int4() if name == "kit int4" else None
-        if not export_is_current(folder, quantize):
+        quantize = Int4() if "int4" in name else None
+        dtype = "float16" if name.endswith("float16") else "float32"
+        if not (export_is_current(folder, quantize) and json.loads(
+                (folder / "manifest.json").read_text())["dtype"] == dtype):
             say(f"exporting {name}")
             model = model or tk.from_hf(checkpoint)
-            export_unless_current(model, folder, verify=False, quantize=quantize,
-                                  dtype="float32" if quantize else "float16")
+            export_onnx(model, folder, verify=False, quantize=quantize, dtype=dtype)
     del model
     config = json.loads((checkpoint / "config.json").read_text())
     parameters = sum(np.prod(s) for s in _shapes(config))

@@ -50,6 +50,7 @@ MODELS = {
 }
 EXPORTS = [(name, "float32") for name in MODELS] + [
     ("llama-style decoder", "float16"), ("llama-style decoder", "int4"),
+    ("llama-style decoder", "int4 float16"), ("paper encoder-decoder", "int4 float16"),
     ("gpt2-style decoder", "int4"), ("paper encoder-decoder", "float16"),
     ("sentence encoder, weightedmean pooling", "float16"), ("cross-encoder", "float16")]
 
@@ -130,8 +131,8 @@ def test_every_exported_op_has_a_cuda_kernel(name, precision, tmp_path):
     architecture, overrides = MODELS[name]
     torch.manual_seed(0)
     model = tk.build_model(tiny_config(architecture, vocab_size=64, d_model=32, d_ff=64, **overrides)).eval()
-    quantize = Int4(block_size=16) if precision == "int4" else None
-    export_onnx(model, tmp_path / "onnx", dtype="float16" if precision == "float16" else "float32",
+    quantize = Int4(block_size=16) if precision.startswith("int4") else None
+    export_onnx(model, tmp_path / "onnx", dtype="float16" if precision.endswith("float16") else "float32",
                 quantize=quantize, verify=False)
     problems = []
     for path in sorted((tmp_path / "onnx").glob("*.onnx")):

@@ -119,7 +119,6 @@ def test_opset_18_decomposes_sdpa_and_23_uses_the_attention_op(tmp_path):
     [
         ({"dtype": "int4"}, "dtype='int4' is not supported"),
         ({"quantize": "int3"}, "quantize='int3' is not supported; choose None, 'int8', 'int4'"),
-        ({"dtype": "float16", "quantize": "int4"}, "int4 quantization starts from a float32 export"),
         ({"opset": 12}, r"opset=12 is not supported; choose 18..23"),
         ({"dtype": "float16", "quantize": "int8"}, "starts from a float32 export"),
     ],

@@ -225,3 +225,32 @@ def test_the_head_is_found_behind_the_logit_transforms(tmp_path):
     ids = random_ids(2, 9, 300, 0, seed=4).numpy()
     logits = OnnxModel(tmp_path / "float-head", providers="cpu")(ids)
     assert np.abs(logits).max() <= 2.0
+
+
+def test_int4_with_float16_activations_writes_the_float32_exports_blocks(exports, tmp_path):
+    """``dtype="float16"`` with int4 (the GPU's usual 4-bit form): the same 4-bit integers as the
+    float32 export, their scales rounded to float16, float16 products, and logits within
+    float16's tolerance of the float32 int4 export's (the default recipe: its 8-bit roles and
+    calibration take the same float32 weights)."""
+    model, _, _ = exports
+    recipe = Int4(block_size=BLOCK)
+    export_onnx(model, tmp_path / "f32", quantize=recipe, verify=False)
+    report = export_onnx(model, tmp_path / "f16", dtype="float16", quantize=recipe)
+    assert report.dtype == "float16" and report.errors  # verified against PyTorch: reported
+    blocks = ("MatMulNBits", "GatherBlockQuantized")
+    found = []
+    for name in ("f32", "f16"):
+        graph = onnx.load(str(tmp_path / name / "decoder_step.onnx")).graph
+        arrays = {t.name: numpy_helper.to_array(t, base_dir=str(tmp_path / name)) for t in graph.initializer}
+        found.append([(n, arrays) for n in graph.node if n.op_type in blocks])
+    assert len(found[0]) == len(found[1]) > 0
+    for (single, floats), (half, halves) in zip(*found, strict=True):
+        packed = 1 if single.op_type == "MatMulNBits" else 0
+        np.testing.assert_array_equal(floats[single.input[packed]], halves[half.input[packed]])
+        scales = halves[half.input[2]]
+        assert scales.dtype == np.float16
+        np.testing.assert_array_equal(scales, floats[single.input[2]].astype(np.float16))
+    ids = np.random.default_rng(0).integers(1, 300, (2, 9))
+    half_logits = OnnxModel(tmp_path / "f16", "cpu")(ids)
+    assert half_logits.dtype == np.float16
+    assert relative_error(half_logits.astype(np.float32), OnnxModel(tmp_path / "f32", "cpu")(ids)) < 2e-2

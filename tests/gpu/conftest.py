@@ -11,6 +11,9 @@ CPU, as a user would before serving on a GPU):
 - ``decoder``: Llama-like, grouped KV heads (4 -> 2), rotary positions, RMSNorm, SwiGLU;
 - ``encoder``: BERT-like with mean pooling and a normalized sentence embedding;
 - ``encoder_decoder``: the paper's, with separate source and target vocabularies.
+
+Precisions: float32, float16, int4 (float32 activations) and "int4 float16" (the same blocks with
+float16 activations and scales).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from transformer_kit.export.providers import cuda_works
 DRY_RUN = os.environ.get("TK_GPU_DRY_RUN") == "1"
 #: The provider the tests put on trial ("cuda"; "cpu" in a dry run).
 TARGET = "cpu" if DRY_RUN else "cuda"
-PRECISIONS = ("float32", "float16", "int4")
+#: "int4 float16": int4 blocks with float16 activations and scales (the GPU's usual 4-bit form).
+PRECISIONS = ("float32", "float16", "int4", "int4 float16")
 COMMON = {"d_model": 64, "num_heads": 4, "num_kv_heads": 2, "num_layers": 2, "d_ff": 128,
           "dropout": 0.0, "max_len": 128, "pad_id": 0}
 MODELS = {
@@ -71,9 +75,9 @@ def exports(tmp_path_factory):
     def get(name: str, precision: str) -> tuple[tk.TransformerModel, Path]:
         if (name, precision) not in made:
             model = models.setdefault(name, build(name))
-            folder = tmp_path_factory.mktemp(f"{name}-{precision}")
-            export_onnx(model, folder, dtype="float16" if precision == "float16" else "float32",
-                        quantize=Int4() if precision == "int4" else None)
+            folder = tmp_path_factory.mktemp(f"{name}-{precision.replace(' ', '-')}")
+            export_onnx(model, folder, dtype="float16" if precision.endswith("float16") else "float32",
+                        quantize=Int4() if precision.startswith("int4") else None)
             made[name, precision] = model, folder
         return made[name, precision]
     return get

@@ -24,7 +24,7 @@ from transformer_kit.export import OnnxModel
 #: the export's own verification tolerance; int4: the CPU's MatMulNBits rounds its activations
 #: to int8 (accuracy level 4) where CUDA's multiplies them in float32, so the two differ by
 #: that rounding on top of the shared 4-bit weights.
-TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "int4": 5e-2}
+TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "int4": 5e-2, "int4 float16": 5e-2}
 NEW_TOKENS = 12
 
 
@@ -68,7 +68,7 @@ def test_logits_match_the_cpu_and_pytorch(exports, name, precision):
     real = mask.astype(bool) if name == "decoder" else np.ones(tgt.shape, bool)  # padding's rows aside
     assert relative(target_logits[real], cpu_logits[real]) < TOLERANCE[precision]
     torch_logits = reference.detach().numpy()[real]
-    if precision == "int4":  # 4-bit weights: no further from float32 than the CPU's run
+    if precision.startswith("int4"):  # 4-bit weights: no further from float32 than the CPU's run
         cpu_error = relative(cpu_logits[real], torch_logits)
         assert relative(target_logits[real], torch_logits) <= 1.25 * cpu_error + 1e-3
     else:
@@ -84,7 +84,7 @@ def test_sentence_embeddings_match_the_cpu_and_pytorch(exports, precision):
     vectors = on_target.encode(texts)
     assert vectors.shape == (5, 64)
     assert relative(vectors, on_cpu.encode(texts)) < TOLERANCE[precision]
-    tolerance = 5e-2 if precision == "int4" else TOLERANCE[precision]  # int4's own error, as verified
+    tolerance = 5e-2 if precision.startswith("int4") else TOLERANCE[precision]  # int4's own error
     assert relative(vectors, model.encode(texts)) < tolerance
 
 

@@ -64,9 +64,9 @@ def _check_arguments(model: Any, opset: int, dtype: str, quantize: str | Int4 | 
                          f"{type(model).__name__}.")
     if dtype not in DTYPES:
         raise InputError(f"dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)}.")
-    if quantize and dtype != "float32":
-        raise InputError(f"{method(quantize)} quantization starts from a float32 export; use "
-                         "dtype='float32'.")
+    if quantize == "int8" and dtype != "float32":
+        raise InputError("int8 quantization starts from a float32 export; use dtype='float32' "
+                         "(int4 takes float16 too).")
     if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= DEFAULT_OPSET:
         raise InputError(f"opset={opset!r} is not supported; choose {MIN_OPSET}..{DEFAULT_OPSET} "
                          f"(default {DEFAULT_OPSET}).")
@@ -134,7 +134,8 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
         out_dir: a new or empty folder, or an earlier export to replace. Written to a temporary
             folder first and moved into place only when complete.
         opset: ONNX opset, 18..23 (default 23).
-        dtype: ``"float32"`` or ``"float16"`` (weights and activations in half precision).
+        dtype: ``"float32"`` or ``"float16"`` (weights and activations in half precision; with
+            int4, the activations and the blocks' scales, the GPU's usual 4-bit form).
         verify: run onnxruntime against PyTorch on fresh inputs with padding and raise
             :class:`ExportError` above ``tolerance`` (relative; default in float32 1e-4 or
             4x PyTorch's own float32 spread against float64 on the same inputs, whichever is

@@ -61,12 +61,14 @@ def rows_importance(importance: dict[str, np.ndarray], names: list[str], k: int)
 class QuantizedWrites:
     """Writing and reading quantized rows (see the module's docstring)."""
 
-    def _quantize(self, rows: Expr) -> dict:
+    def _quantize(self, rows: Expr, floats: ir.DataType = ir.DataType.FLOAT) -> dict:
         """``rows`` (N, K) in 4-bit blocks (8-bit for :attr:`eight_bit`, or a GGUF file's own),
-        written once: parts, sizes. Below accuracy level 4 the kit's 8-bit rows are written as
-        their float32 values (``"values"``) instead, for their products: onnxruntime 1.31's CPU
-        ``MatMulNBits`` dequantizes an 8-bit matrix on every call there; their blocks are
-        written too when a table reads them (:meth:`_parts`)."""
+        written once: parts, sizes; scales (and a file's offsets) in ``floats``, the type of the
+        activations they multiply (float32, or float16 in a half-precision export). Below
+        accuracy level 4 the kit's 8-bit rows are written as their values (``"values"``, in
+        ``floats``) instead, for their products: onnxruntime 1.31's CPU ``MatMulNBits``
+        dequantizes an 8-bit matrix on every call there; their blocks are written too when a
+        table reads them (:meth:`_parts`)."""
         if rows not in self.quantized:
             q: QuantizedRows | None = (self.file_blocks.rows(rows, lambda: self._floats(rows))
                                        if self.file_blocks else None)
@@ -74,10 +76,10 @@ class QuantizedWrites:
             q = q if q is not None else self._own_rows(rows)
             entry = {"n": q.packed.shape[0], "k": q.k, "bits": q.bits, "block_size": q.block_size}
             if own and q.bits == 8 and self.int4.accuracy_level != 4:
-                values = dequantize_rows(q)
+                values = dequantize_rows(q).astype(floats.numpy())
                 entry["values"] = (*self.file.place(values), values.shape)
             else:
-                entry.update(self._placed_parts(q))
+                entry.update(self._placed_parts(q, floats))
             self.quantized[rows] = entry
         return self.quantized[rows]
 
@@ -96,29 +98,33 @@ class QuantizedWrites:
                              bits=8 if rows in self.eight_bit else 4, rounding=self.int4.rounding,
                              importance=importance)
 
-    def _placed_parts(self, q: QuantizedRows) -> dict:
-        parts = {"packed": q.packed, "scales": q.scales, "zero_points": q.zero_points, "offsets": q.offsets}
+    def _placed_parts(self, q: QuantizedRows, floats: ir.DataType) -> dict:
+        scale_type = floats.numpy()
+        parts = {"packed": q.packed, "scales": q.scales.astype(scale_type), "zero_points": q.zero_points,
+                 "offsets": None if q.offsets is None else q.offsets.astype(scale_type)}
         return {part: (*self.file.place(array), array.shape) for part, array in parts.items()
-                if array is not None}
+                if array is not None} | {"floats": floats}
 
-    def _parts(self, rows: Expr) -> dict:
+    def _parts(self, rows: Expr, floats: ir.DataType) -> dict:
         """:meth:`_quantize`'s entry of ``rows`` with its blocks written."""
-        q = self._quantize(rows)
+        q = self._quantize(rows, floats)
         if "packed" not in q:
-            q.update(self._placed_parts(self._own_rows(rows)))
+            q.update(self._placed_parts(self._own_rows(rows), floats))
         return q
 
-    def _quantized_inputs(self, graph: ir.Graph, rows: Expr, table: bool) -> list[ir.Value]:
+    def _quantized_inputs(self, graph: ir.Graph, rows: Expr, table: bool,
+                          floats: ir.DataType) -> list[ir.Value]:
         """[packed, scales, (zero points)] initializers of ``rows``; the packed bytes shaped
-        (N, K / 2) as a table for GatherBlockQuantized, else (N, blocks, block / 2)."""
-        q = self._parts(rows)
+        (N, K / 2) as a table for GatherBlockQuantized, else (N, blocks, block / 2); scales in
+        ``floats``."""
+        q = self._parts(rows, floats)
         base = name_of(rows)
         offset, length, shape = q["packed"]
         if table:
             shape = (shape[0], shape[1] * shape[2])
         values = [self._initializer(graph, f"{base}.int4{'.table' if table else ''}", ir.DataType.UINT8,
                                     offset, length, shape)]
-        values.append(self._initializer(graph, f"{base}.scales", ir.DataType.FLOAT, *q["scales"]))
+        values.append(self._initializer(graph, f"{base}.scales", q["floats"], *q["scales"]))
         if "zero_points" in q:
             values.append(self._initializer(graph, f"{base}.zero_points", ir.DataType.UINT8,
                                             *q["zero_points"]))
@@ -129,20 +135,21 @@ class QuantizedWrites:
         q = self.quantized[rows]
         if "offsets" not in q:
             return None
-        return self._initializer(graph, f"{name_of(rows)}.offsets", ir.DataType.FLOAT, *q["offsets"])
+        return self._initializer(graph, f"{name_of(rows)}.offsets", q["floats"], *q["offsets"])
 
     def _matmul_nbits(self, graph: ir.Graph, node: ir.Node, weight: Expr) -> None:
         rows = simplify(("transpose", weight, (1, 0)))  # x @ B reads B.T's rows
         if self.file_blocks and self.file_blocks.float_product(rows, self.int4.accuracy_level,
                                                                lambda: self.evaluate(rows)):
             return self._fused_transposed(graph, node, rows, node.inputs[1])
-        if "values" in self._quantize(rows):  # 8 bits below accuracy level 4: float32 values
-            value = self._initializer(graph, f"{name_of(rows)}.values", ir.DataType.FLOAT,
+        floats = node.inputs[0].dtype or ir.DataType.FLOAT  # the activations' type
+        if "values" in self._quantize(rows, floats):  # 8 bits below accuracy level 4: their values
+            value = self._initializer(graph, f"{name_of(rows)}.values", floats,
                                       *self.quantized[rows]["values"])
             return self._replace(graph, node, [ir.node("FusedMatMul", [node.inputs[0], value],
                                                        {"transA": 0, "transB": 1, "alpha": 1.0},
                                                        domain=MICROSOFT, name=f"{node.name}_transB")])
-        inputs = self._quantized_inputs(graph, rows, table=False)
+        inputs = self._quantized_inputs(graph, rows, table=False, floats=floats)
         q = self.quantized[rows]
         attributes = {"K": q["k"], "N": q["n"], "bits": q["bits"], "block_size": q["block_size"]}
         if self.int4.accuracy_level:
@@ -156,7 +163,8 @@ class QuantizedWrites:
         self._replace(graph, node, new)
 
     def _gather_quantized(self, graph: ir.Graph, node: ir.Node, table: Expr) -> None:
-        data, *rest = self._quantized_inputs(graph, table, table=True)
+        floats = node.inputs[0].dtype or ir.DataType.FLOAT  # the table's type: the output's
+        data, *rest = self._quantized_inputs(graph, table, table=True, floats=floats)
         q = self.quantized[table]
         attributes = {"bits": q["bits"], "block_size": q["block_size"], "gather_axis": 0,
                       "quantize_axis": 1}

@@ -54,7 +54,6 @@ def test_a_config_without_weights_is_exported_with_a_loud_warning(tmp_path):
     (["--block-size", "32"], "--block-size"), (["--float-head"], "--float-head"),
     (["--quantize", "int4", "--block-size", "24"], "--block-size"),
     (["--quantize", "int4", "--accuracy-level", "7"], "--accuracy-level"),
-    (["--quantize", "int4", "--dtype", "float16"], "--quantize"),
     (["--opset", "30"], "--opset"), (["--quantize", "int8", "--dtype", "float16"], "--quantize"),
     (["--eos-id", "x"], "--eos-id"), (["--pad-id", "-3"], "--pad-id"),
 ])

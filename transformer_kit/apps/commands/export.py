@@ -58,9 +58,9 @@ def export(
     from transformer_kit.export.quantize import Int4
 
     overrides = special_id_overrides(pad_id, bos_id, eos_id)
-    if quantize is not None and dtype is not Dtype.float32:
-        raise typer.BadParameter(f"--quantize {quantize.value} starts from float32 weights; leave out "
-                                 "--dtype.", param_hint="--quantize")
+    if quantize is Quantization.int8 and dtype is not Dtype.float32:
+        raise typer.BadParameter("--quantize int8 starts from float32 weights; leave out --dtype "
+                                 "(int4 takes --dtype float16).", param_hint="--quantize")
     given = [name for name, value in zip(INT4_OPTIONS, (block_size, accuracy_level, symmetric,
                                                        float_head or None, float_embedding or None,
                                                        rounding, eight_bit, calibration),
