@@ -100,8 +100,9 @@ class QuantizedWrites:
 
     def _placed_parts(self, q: QuantizedRows, floats: ir.DataType) -> dict:
         scale_type = floats.numpy()
-        parts = {"packed": q.packed, "scales": q.scales.astype(scale_type), "zero_points": q.zero_points,
-                 "offsets": None if q.offsets is None else q.offsets.astype(scale_type)}
+        parts = {"packed": q.packed, "scales": q.scales.astype(scale_type, copy=False),
+                 "zero_points": q.zero_points,
+                 "offsets": None if q.offsets is None else q.offsets.astype(scale_type, copy=False)}
         return {part: (*self.file.place(array), array.shape) for part, array in parts.items()
                 if array is not None} | {"floats": floats}
 
