@@ -155,7 +155,7 @@ def test_the_default_keeps_the_sensitive_weights_in_8_bits_and_searches_the_rest
     assert OnnxModel(folder).manifest.quantization_options == {
         "method": "int4", "block_size": BLOCK, "accuracy_level": 4, "symmetric": True, "head": True,
         "embedding": True, "rounding": "search", "eight_bit": ["embedding", "early"],
-        "calibration": "default (512 tokens)"}
+        "calibration": "default (512 tokens)", "search_factors": [0.9, 1.0, 1.1]}
     nodes = _quantized_nodes(_load(folder))
     table = [n for n, _ in nodes if n.op_type == "GatherBlockQuantized"]
     head = [n for n, _ in nodes if n.op_type == "MatMulNBits" and n.input[1].startswith("head.")]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_kit.errors import InputError
+from transformer_kit.export.int4_nodes import SEARCH_FACTORS
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
@@ -125,7 +126,11 @@ class Int4:
         object.__setattr__(self, "calibration", _calibration(self.calibration, self.rounding))
 
     def describe(self) -> dict[str, Any]:
-        return {"method": "int4", **asdict(self), "calibration": _described(self.calibration)}
+        """The options as the manifest records them, with the candidate scales the search tried
+        (so that an export made by a kit that searched others is told apart)."""
+        factors = list(SEARCH_FACTORS) if self.rounding == "search" else []
+        return {"method": "int4", **asdict(self), "calibration": _described(self.calibration),
+                "search_factors": factors}
 
 
 def _calibration(given: Any, rounding: str) -> str | Path | tuple[int, ...] | None:

@@ -123,7 +123,7 @@ def test_int4_options_reach_the_graph(tmp_path):
     assert manifest.quantization_options == {"method": "int4", "block_size": 16, "accuracy_level": 4,
                                              "symmetric": True, "head": False, "embedding": False,
                                              "rounding": "nearest", "eight_bit": ["down"],
-                                             "calibration": None}
+                                             "calibration": None, "search_factors": []}
     float_head = _nbits_blocks(tmp_path / "int4" / "decoder_step.onnx")
     assert set(float_head) == {16}
     # one layer: its feed-forward output projection in 8 bits, the rest in 4
