@@ -83,7 +83,7 @@ class Int4:
             means None.
 
     The defaults are the measured best trade on SmolLM2-135M-Instruct (BENCHMARKS.md, "4-bit
-    weights that keep their quality"): perplexity 1.082x float32's (nearest rounding in 4 bits
+    weights that keep their quality"): perplexity 1.073x float32's (nearest rounding in 4 bits
     everywhere, the first int4: 1.39x), folder 0.20x float32's (0.16x), decoding 1.08x
     onnxruntime-genai int4's tokens/s in a 30-round pair run (an AVX2 machine). The first
     eighth of the layers adds 7 % to the folder of ``eight_bit=("embedding",)`` and buys nearly
