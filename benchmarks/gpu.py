@@ -221,7 +221,7 @@ def embeddings(workdir: Path, shape: str, device: str, rounds: int, texts: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from transformer_kit.apps.benchmark import export_is_current, folder_bytes
+    from transformer_kit.apps.benchmark import export_is_current, export_unless_current, folder_bytes
     from transformer_kit.apps.genai_peer import write_tokenizer
     from transformer_kit.apps.random_checkpoints import SHAPES, write_random_checkpoint
 
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     result["copy bandwidth GB/s"] = bandwidth / 1e9
 
     import transformer_kit as tk
-    from transformer_kit.export import Int4, export_onnx
+    from transformer_kit.export import Int4
 
     checkpoint = args.workdir / f"{shape}-bf16"
     if not (checkpoint / "config.json").exists():
@@ -267,11 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, folder in folders.items():
         quantize = Int4() if "int4" in name else None
         dtype = "float16" if name.endswith("float16") else "float32"
-        if not (export_is_current(folder, quantize) and json.loads(
-                (folder / "manifest.json").read_text())["dtype"] == dtype):
+        if not export_is_current(folder, quantize, dtype):
             say(f"exporting {name}")
             model = model or tk.from_hf(checkpoint)
-            export_onnx(model, folder, verify=False, quantize=quantize, dtype=dtype)
+            export_unless_current(model, folder, verify=False, quantize=quantize, dtype=dtype)
     del model
     config = json.loads((checkpoint / "config.json").read_text())
     parameters = sum(np.prod(s) for s in _shapes(config))

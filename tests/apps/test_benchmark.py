@@ -128,5 +128,6 @@ def test_an_export_is_current_only_for_the_options_it_was_made_with(gpt2, tmp_pa
     assert not b.export_is_current(folder, None)  # float32
     export_onnx(tk.from_hf(gpt2), tmp_path / "float32", verify=False)
     assert b.export_is_current(tmp_path / "float32", None)
+    assert not b.export_is_current(tmp_path / "float32", None, "float16")  # another precision
     assert not b.export_is_current(tmp_path / "float32", "int8")
     assert not b.export_is_current(tmp_path / "float32", "int4")

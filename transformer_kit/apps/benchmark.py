@@ -261,22 +261,22 @@ def exported(model: torch.nn.Module, folder: Path, providers: str = "auto", **ex
 
 def export_unless_current(model: torch.nn.Module, folder: Path, **export_options):
     """``export_onnx(model, folder, **export_options)`` unless ``folder`` holds an export with
-    the same quantization (:func:`export_is_current`; another one is removed first): the
-    export's report, or None when the folder was reused."""
+    the same quantization and dtype (:func:`export_is_current`; another one is removed first):
+    the export's report, or None when the folder was reused."""
     import shutil
 
     from transformer_kit.export import export_onnx
 
-    if export_is_current(folder, export_options.get("quantize")):
+    if export_is_current(folder, export_options.get("quantize"), export_options.get("dtype", "float32")):
         return None
     shutil.rmtree(folder, ignore_errors=True)
     return export_onnx(model, folder, **export_options)
 
 
-def export_is_current(folder: Path, quantize: Any = None) -> bool:
+def export_is_current(folder: Path, quantize: Any = None, dtype: str = "float32") -> bool:
     """Whether ``folder`` holds an export made with ``quantize`` (an ``Int4``'s options, or its
-    absence), so a benchmark's workdir never reuses an export made with another version's
-    defaults (an ``Int4()`` of an older kit)."""
+    absence) in ``dtype``, so a benchmark's workdir never reuses an export made with another
+    version's defaults (an ``Int4()`` of an older kit) or in another precision."""
     import json
 
     from transformer_kit.export.quantize import Int4, method, quantization
@@ -287,4 +287,5 @@ def export_is_current(folder: Path, quantize: Any = None) -> bool:
     quantize = quantization(quantize)  # "int4" -> Int4()
     made = json.loads(manifest.read_text())
     wanted = json.loads(json.dumps(quantize.describe() if isinstance(quantize, Int4) else {}, default=str))
-    return made.get("quantization") == method(quantize) and made.get("quantization_options", {}) == wanted
+    return (made.get("quantization") == method(quantize) and made.get("quantization_options", {}) == wanted
+            and made.get("dtype") == dtype)
