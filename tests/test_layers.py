@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "transformer_kit"
-OUTER_LAYERS = ("apps", "export", "plugins")
+OUTER_LAYERS = ("apps", "export", "plugins", "runtime")
 #: 2,500 until checkpoints were read tensor by tensor (issue 23: deferred tensors that replay a
 #: family's mapping on one tensor, and models that read each layer's weights as it runs).
 #: 2,900 until a model's end ids became a list (issue 24: end ids read from the config, the
@@ -200,3 +200,42 @@ def test_a_private_read_across_packages_is_found(tmp_path):
         "def serve(model, module):\n    module._parameters\n    return model._run(), model._cache\n")
     assert sorted(private_reads_across_packages(tmp_path / "kit")) == [
         "kit/serving/engine.py:3 _cache", "kit/serving/engine.py:3 _run"]
+
+
+#: What tokenizes or detokenizes: the runtime's service does it for every front-end.
+TEXT_MODULES = ("transformer_kit.decoding.text", "transformer_kit.chat", "transformer_kit.embedding")
+TEXT_NAMES = {"tokenizer", "text_encoder", "TextPieces", "TextTokenizer", "Turn", "stop_matcher"}
+
+
+def front_end_text_work(folder: Path) -> list[str]:
+    """Where a module of ``folder`` imports a tokenizing module, reads a tokenizer or the text
+    classes, or chooses by ``isinstance`` between the runtime's engines: "file:line what"."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.name}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(TEXT_MODULES):
+                found.append(f"{where} imports {node.module}")
+            elif isinstance(node, ast.Attribute) and node.attr in TEXT_NAMES:
+                found.append(f"{where} reads .{node.attr}")
+            elif isinstance(node, ast.Name) and node.id in TEXT_NAMES:
+                found.append(f"{where} uses {node.id}")
+            elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance"
+                  and "Engine" in ast.unparse(node.args[1])):
+                found.append(f"{where} chooses by isinstance: {ast.unparse(node)}")
+    return sorted(found, key=lambda f: (f.split(":")[0], int(f.split(":")[1].split()[0])))
+
+
+def test_the_front_ends_neither_tokenize_nor_choose_between_engines():
+    assert front_end_text_work(PACKAGE / "apps" / "serving") == []
+
+
+def test_a_front_end_that_tokenizes_is_found(tmp_path):
+    (tmp_path / "server.py").write_text(
+        "from transformer_kit.decoding.text import TextPieces\n"
+        "def handle(model, engine, Engine):\n"
+        "    ids = model.tokenizer.encode(['hi'])\n"
+        "    return isinstance(engine, Engine)\n")
+    assert front_end_text_work(tmp_path) == [
+        "server.py:1 imports transformer_kit.decoding.text", "server.py:3 reads .tokenizer",
+        "server.py:4 chooses by isinstance: isinstance(engine, Engine)"]

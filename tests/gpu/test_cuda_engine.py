@@ -8,8 +8,8 @@ import threading
 import numpy as np
 
 from tests.gpu.conftest import TARGET
-from transformer_kit.apps.serving import Engine
 from transformer_kit.export import OnnxModel
+from transformer_kit.runtime import Engine
 
 
 def test_eight_concurrent_clients_each_get_their_tokens_alone(exports):
@@ -32,7 +32,7 @@ def test_eight_concurrent_clients_each_get_their_tokens_alone(exports):
             thread.start()
         for thread in threads:
             thread.join(60)
-        assert engine.stats["max_batch_size"] > 1  # the clients really ran together
+        assert engine.stats.max_batch_size > 1  # the clients really ran together
     for (prompt, new), tokens in zip(cases, results, strict=True):
         alone = on_cpu.generate(prompt[None], max_new_tokens=new, attention_mask=np.ones((1, len(prompt))))[0]
         assert 1 <= len(tokens) <= new

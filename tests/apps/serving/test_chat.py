@@ -24,11 +24,12 @@ import transformer_kit as tk
 from tests.apps.serving.test_http import _slowed
 from tests.chat.checkpoint import TEMPLATES, write_chat_checkpoint
 from tests.chat.schemas import SCHEMAS, json_schema_format
-from transformer_kit.apps.serving import Engine
-from transformer_kit.apps.serving.chat import ChatMessage, template_messages
+from transformer_kit.apps.serving.chat import ChatMessage
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
 from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.runtime import Engine
+from transformer_kit.runtime.service import template_messages
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
@@ -84,7 +85,7 @@ def _client(url: str) -> openai.OpenAI:
 
 def _plain(messages: list[dict]) -> list[dict]:
     """What a template reads (developer as system, parts joined), for the references."""
-    return template_messages([ChatMessage(**m) for m in messages])
+    return template_messages([ChatMessage(**m).model_dump(exclude_none=True) for m in messages])
 
 
 def _encoded(om: OnnxModel, text: str) -> list[int]:
@@ -333,14 +334,14 @@ def test_a_client_that_leaves_a_stream_cancels_it_and_failures_keep_the_server_u
         with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}) as response:
             assert next(response.iter_lines()).startswith("data: ")  # the role came; the client leaves
         deadline = time.monotonic() + 10
-        while engine.stats["finished"].get("cancelled", 0) == 0:
+        while engine.stats.finished.get("cancelled", 0) == 0:
             assert time.monotonic() < deadline, engine.stats
             time.sleep(0.02)
 
         def failing(tokens):
             raise RuntimeError("a broken step")
 
-        engine.batch.step = failing  # the engine replaces its batch after a failure
+        engine.generation.decoder.step = failing  # the engine replaces its batch after a failure
         broken = httpx.post(f"{url}/v1/chat/completions", json={**body, "max_tokens": 4}, timeout=60)
         assert broken.status_code == 500 and "a broken step" in broken.json()["error"]["message"]
         good = httpx.post(f"{url}/v1/chat/completions", json={**body, "max_tokens": 2}, timeout=60)
@@ -383,7 +384,7 @@ def test_a_long_conversation_gets_400_and_a_reply_past_its_time_an_error(server,
             for _ in client.chat.completions.create(**slow, stream=True):
                 pass
         assert cut.value.code == "request_timeout"
-        assert engine.stats["finished"]["timeout"] == 2 and engine.stats["batch_size"] == 0
+        assert engine.stats.finished["timeout"] == 2 and engine.stats.batch_size == 0
         again = client.chat.completions.create(model="chat", messages=short, max_tokens=3, temperature=0)
         assert again.choices[0].message.content == expected.choices[0].message.content
         assert again.usage.completion_tokens == expected.usage.completion_tokens

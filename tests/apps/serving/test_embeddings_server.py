@@ -15,9 +15,9 @@ import numpy as np
 import openai
 import pytest
 
-from transformer_kit.apps.serving import EmbeddingEngine
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
+from transformer_kit.runtime import Engine
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "paris is the capital of france",
          "search engines rank documents", "cats"]
@@ -26,7 +26,7 @@ TEXTS = ["the quick brown fox jumps over the lazy dog", "paris is the capital of
 @pytest.fixture(scope="module")
 def server(embedding_export):
     _, om = embedding_export
-    engine = EmbeddingEngine(om, max_wait_s=0.02)  # a wide window: concurrent clients meet in it
+    engine = Engine(om, max_wait_s=0.02)  # a wide window: concurrent clients meet in it
     with running(create_app(engine, "tiny-embed")) as url:
         yield url, engine
     engine.close()
@@ -107,8 +107,8 @@ def test_32_concurrent_clients_each_get_their_own_vectors_run_together(server, e
         results = list(clients.map(ask, cases, timeout=120))
     for (texts, dimensions), vectors in zip(cases, results, strict=True):
         np.testing.assert_allclose(vectors, _reference(st, texts, dimensions), atol=1e-5)
-    assert engine.stats["max_batch_size"] > 1  # some call ran several clients' requests
-    assert _metric(url, "transformer_kit_max_batch_size") == engine.stats["max_batch_size"]
+    assert engine.stats.max_batch_size > 1  # some call ran several clients' requests
+    assert _metric(url, "transformer_kit_max_batch_size") == engine.stats.max_batch_size
     assert _metric(url, 'transformer_kit_encoder_requests_total{endpoint="embeddings"}') >= 32
 
 
@@ -150,7 +150,7 @@ def test_other_models_and_endpoints_are_refused_with_the_one_it_serves(server):
 
 
 def test_a_generators_server_refuses_embeddings(onnx_model):
-    from transformer_kit.apps.serving import Engine
+    from transformer_kit.runtime import Engine
 
     engine = Engine(onnx_model, start=False)
     with running(create_app(engine, "tiny")) as url:
@@ -163,13 +163,14 @@ def test_a_generators_server_refuses_embeddings(onnx_model):
 
 def test_a_full_queue_answers_503(embedding_export):
     _, om = embedding_export
-    engine = EmbeddingEngine(om, max_queue=1, start=False)
+    engine = Engine(om, max_queue=1, start=False)
     with running(create_app(engine, "tiny-embed")) as url:
-        waiting = engine.submit([[2, 5, 3]], [[1, 1, 1]])  # fills the queue: the worker is not started
+        waiting = engine.submit_pooling([[2, 5, 3]], [[1, 1, 1]])  # fills the queue: not started
         response = httpx.post(f"{url}/v1/embeddings", json={"model": "tiny-embed", "input": "cats"})
         assert response.status_code == 503 and "max_queue" in response.json()["error"]["message"]
         engine.start()
-        np.testing.assert_allclose(waiting.future.result(30), om.embed([[2, 5, 3]]), atol=1e-5)
+        assert waiting.wait(30) and waiting.finish_reason == "stop"
+        np.testing.assert_allclose(waiting.rows, om.embed([[2, 5, 3]]), atol=1e-5)
         assert httpx.post(f"{url}/v1/embeddings",
                           json={"model": "tiny-embed", "input": "cats"}).status_code == 200
         assert 'transformer_kit_requests_total{outcome="queue_full"} 1.0' in httpx.get(f"{url}/metrics").text
@@ -178,14 +179,14 @@ def test_a_full_queue_answers_503(embedding_export):
 
 def test_a_failed_run_fails_its_requests_and_the_engine_goes_on(embedding_export):
     st, om = embedding_export
-    engine = EmbeddingEngine(om)
-    run = engine._run
+    engine = Engine(om)
+    run = om.run_embedding
 
     def once(*args):  # the first run fails, as onnxruntime might
-        engine._run = run
+        om.run_embedding = run
         raise RuntimeError("the model failed")
 
-    engine._run = once
+    om.run_embedding = once
     with running(create_app(engine, "tiny-embed")) as url:
         failed = httpx.post(f"{url}/v1/embeddings", json={"model": "tiny-embed", "input": "cats"})
         assert failed.status_code == 500 and "the model failed" in failed.json()["error"]["message"]

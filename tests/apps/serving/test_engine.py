@@ -12,9 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from transformer_kit.apps.serving import Engine, QueueFull
 from transformer_kit.errors import ContextLengthError, InputError
 from transformer_kit.export import OnnxModel
+from transformer_kit.runtime import Engine, QueueFull
 
 
 def _prompts(count: int, vocab: int, seed: int = 0) -> list[tuple[np.ndarray, int]]:
@@ -48,8 +48,8 @@ def test_concurrent_greedy_requests_get_the_tokens_of_generate_alone(onnx_model)
         for thread in threads:
             thread.join(10)
         results = [request.result() for request in requests]
-        assert engine.stats["max_batch_size"] > 1  # the rows really ran together
-        assert engine.stats["max_batch_size"] <= 5 and engine.stats["requests"] == len(cases)
+        assert engine.stats.max_batch_size > 1  # the rows really ran together
+        assert engine.stats.max_batch_size <= 5 and engine.stats.requests == len(cases)
     for (prompt, new), tokens, request in zip(cases, results, requests, strict=True):
         _same_as_alone(tokens, _alone(onnx_model, prompt, max_new_tokens=new))
         assert request.finish_reason in ("stop", "length") and request.first_token_s is not None
@@ -80,7 +80,7 @@ def test_waiting_requests_are_prefilled_together_and_decode_as_alone(onnx_model,
         requests = [engine.submit(p, max_new_tokens=n) for p, n in zip(prompts, new, strict=True)]
         engine.start()
         results = [request.result() for request in requests]
-        assert engine.stats["prefills"] == runs and engine.stats["max_batch_size"] == 7
+        assert engine.stats.prefills == runs and engine.stats.max_batch_size == 7
     finally:
         engine.close()
     for prompt, n, tokens in zip(prompts, new, results, strict=True):
@@ -123,20 +123,20 @@ def test_a_cancelled_request_leaves_the_batch_and_the_others_go_on(onnx_model):
         assert len(cancelled["request"].tokens) == 3  # its row left at the next step boundary
         _same_as_alone(kept.result(), _alone(onnx_model, other, max_new_tokens=40, min_new_tokens=40))
         assert len(kept.tokens) == 40
-        assert engine.stats["batch_size"] == 0 and engine.stats["finished"] == {"cancelled": 1, "length": 1}
+        assert engine.stats.batch_size == 0 and engine.stats.finished == {"cancelled": 1, "length": 1}
     finally:
         engine.close()
 
 
 def _slowed(engine: Engine, seconds: float) -> Engine:
     """Each decoding step of ``engine`` takes ``seconds`` more (a slow model, for timing)."""
-    step = engine.batch.step
+    step = engine.generation.decoder.step
 
     def slow(tokens):
         time.sleep(seconds)
         return step(tokens)
 
-    engine.batch.step = slow
+    engine.generation.decoder.step = slow
     return engine
 
 
@@ -155,7 +155,7 @@ def test_a_request_past_its_time_leaves_the_batch_and_the_others_go_on(onnx_mode
         np.testing.assert_array_equal(late.tokens, alone[:len(late.tokens)])  # what came was right
         _same_as_alone(kept.result(), _alone(onnx_model, other, max_new_tokens=40, min_new_tokens=40))
         assert len(kept.tokens) == 40
-        assert engine.stats["batch_size"] == 0 and engine.stats["finished"] == {"timeout": 1, "length": 1}
+        assert engine.stats.batch_size == 0 and engine.stats.finished == {"timeout": 1, "length": 1}
     finally:
         engine.close()
 
@@ -170,7 +170,7 @@ def test_a_waiting_request_past_its_time_ends_before_its_turn(onnx_model):
         assert time.perf_counter() - start < 0.9, "it waited for the running request's end"
         assert running.finish_reason is None and engine.queue_length == 0  # still decoding
         assert len(running.result()) == 60
-        assert engine.stats["finished"] == {"timeout": 1, "length": 1}
+        assert engine.stats.finished == {"timeout": 1, "length": 1}
     finally:
         engine.close()
 
@@ -229,7 +229,7 @@ def test_a_failed_prefill_ends_the_requests_it_took_and_the_engine_goes_on(onnx_
         def broken(*args, **kwargs):
             raise RuntimeError("the prefill broke")
 
-        engine.batch.prefill = broken  # this batch only: the engine makes a new one after a failure
+        engine.generation.decoder.prefill = broken  # this batch only: a failure makes a new one
         engine.start()
         waiters = [threading.Thread(target=r.result) for r in taken]
         for waiter in waiters:

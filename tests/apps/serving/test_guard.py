@@ -14,10 +14,10 @@ import numpy as np
 import openai
 import pytest
 
-from transformer_kit.apps.serving import Engine
 from transformer_kit.apps.serving.guard import Guard
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
+from transformer_kit.runtime import Engine
 
 KEY = "sk-test-0123456789"
 LIMIT = 64 * 1024
@@ -104,13 +104,13 @@ def test_bad_requests_alongside_normal_clients(server, engine, onnx_model, monke
     """Oversized, slow, malformed and keyless requests, an over-long prompt and one that runs
     past its time, at the same time as 6 normal clients: every normal client gets its exact
     tokens, every bad one its status, and the late one's row is freed."""
-    step = engine.batch.step
+    step = engine.generation.decoder.step
 
     def slow(tokens):  # 0.05 s a step: 8 tokens take 0.4 s, 60 take 3 s (past SECONDS)
         time.sleep(0.05)
         return step(tokens)
 
-    monkeypatch.setattr(engine.batch, "step", slow)
+    monkeypatch.setattr(engine.generation.decoder, "step", slow)
     auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     prompts = [[5 + i, 9, 11 + i] for i in range(6)]
     big = json.dumps({"model": "tiny", "prompt": list(range(5, 30_005))}).encode()
@@ -145,7 +145,7 @@ def test_bad_requests_alongside_normal_clients(server, engine, onnx_model, monke
             assert status == expected[name], name
     assert bad_answers["long prompt"].result().json()["error"]["code"] == "context_length_exceeded"
     assert bad_answers["late"].result().json()["error"]["code"] == "request_timeout"
-    assert engine.stats["finished"]["timeout"] == 1 and engine.stats["batch_size"] == 0
+    assert engine.stats.finished["timeout"] == 1 and engine.stats.batch_size == 0
     assert _complete(server, prompts[0]) == _expected(onnx_model, prompts[0], 8)
 
 

@@ -16,10 +16,10 @@ import numpy as np
 import openai
 import pytest
 
-from transformer_kit.apps.serving import Engine
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
 from transformer_kit.errors import InputError
+from transformer_kit.runtime import Engine
 
 
 @pytest.fixture(scope="module")
@@ -153,13 +153,13 @@ def test_the_prompt_bound_defaults_to_the_context_length_and_no_room_for_max_tok
 
 def _slowed(engine: Engine, seconds: float) -> Engine:
     """Each decoding step of ``engine`` takes ``seconds`` more (a slow model, for timing)."""
-    step = engine.batch.step
+    step = engine.generation.decoder.step
 
     def slow(tokens):
         time.sleep(seconds)
         return step(tokens)
 
-    engine.batch.step = slow
+    engine.generation.decoder.step = slow
     return engine
 
 
@@ -171,10 +171,10 @@ def test_a_client_that_leaves_mid_stream_frees_its_row(onnx_model):
             lines = response.iter_lines()
             assert next(lines).startswith("data: ")  # the first token came; then the client leaves
         deadline = time.monotonic() + 10
-        while engine.stats["finished"].get("cancelled", 0) == 0:
+        while engine.stats.finished.get("cancelled", 0) == 0:
             assert time.monotonic() < deadline, engine.stats
             time.sleep(0.02)
-        assert engine.stats["batch_size"] == 0 and _metric(url, "transformer_kit_batch_size") == 0
+        assert engine.stats.batch_size == 0 and _metric(url, "transformer_kit_batch_size") == 0
         assert _metric(url, re.escape('transformer_kit_requests_total{outcome="cancelled"}')) == 1
         again = httpx.post(f"{url}/v1/completions", json={**body, "stream": False, "max_tokens": 3})
         assert again.status_code == 200
@@ -214,8 +214,8 @@ def test_a_request_past_its_time_gets_an_error_its_row_is_freed_and_the_server_g
                 streamed += _ids(chunk.choices[0])
         assert cut.value.code == "request_timeout"
         assert 1 <= len(streamed) < 60 and streamed == _alone(onnx_model, prompt, 60)[:len(streamed)]
-        assert engine.stats["finished"]["timeout"] == 2
-        assert engine.stats["batch_size"] == 0 and _metric(url, "transformer_kit_batch_size") == 0
+        assert engine.stats.finished["timeout"] == 2
+        assert engine.stats.batch_size == 0 and _metric(url, "transformer_kit_batch_size") == 0
         assert _metric(url, re.escape('transformer_kit_requests_total{outcome="timeout"}')) == 2
         after = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0)
         assert _ids(after.choices[0]) == _alone(onnx_model, prompt, 4)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from transformer_kit.apps.serving import Engine
-from transformer_kit.apps.serving.prefix_cache import BLOCK, block_keys
 from transformer_kit.errors import InputError
+from transformer_kit.runtime import Engine
+from transformer_kit.runtime.prefix_cache import BLOCK, block_keys
 
 NEW = 10  # new tokens per request: prompts of up to 50 tokens fit the tiny model's 64 positions
 
@@ -58,7 +58,7 @@ def test_prompts_sharing_a_long_prefix_prefill_only_their_endings_with_the_token
         _same(tokens, _alone(onnx_model, prompt))
     assert (cache.hits, cache.misses) == (4, 1)  # the first prompt missed; the others continued it
     assert cache.reused_tokens == 3 * len(prefix) + len(prompts[0]) - 1
-    assert requests[0].cached_tokens == len(prompts[0]) - 1 and stats["prefills"] == 5
+    assert requests[0].cached_tokens == len(prompts[0]) - 1 and stats.prefills == 5
     assert len(cache) == 4 and cache.nbytes == sum(e.nbytes for e in cache.entries.values())
 
 
@@ -129,7 +129,7 @@ def test_concurrent_requests_sharing_a_prefix_prefill_it_once(onnx_model):
         engine.start()
         results = [r.result() for r in requests]
         cache = engine.prefix_cache
-        assert engine.stats["prefills"] == 2 and (cache.hits, cache.misses) == (5, 1)
+        assert engine.stats.prefills == 2 and (cache.hits, cache.misses) == (5, 1)
         assert sorted(r.cached_tokens for r in requests) == [0] + [len(prefix)] * 5
         # the shortest of the five was left-padded in their run: its entry holds its real columns
         padded = sorted(prompts, key=len)[1]
@@ -178,7 +178,7 @@ def test_requests_continuing_one_previous_turn_together_both_reuse_it(onnx_model
     engine = Engine(onnx_model, prefix_cache_bytes=10**7, start=False)
     try:
         first = engine.submit(turn, max_new_tokens=1)
-        engine._admit()  # the loop's admission, by hand: the turn is prefilled, kept, and ends
+        engine.run_once()  # the loop's admission, by hand: the turn is prefilled, kept, and ends
         assert first.finish_reason == "length" and len(engine.prefix_cache) == 1
         requests = [engine.submit(p, max_new_tokens=NEW) for p in prompts]
         engine.start()
@@ -202,7 +202,7 @@ def test_a_hit_waiting_behind_a_shorter_prompt_without_one_is_prefilled_from_its
     engine = Engine(onnx_model, prefix_cache_bytes=10**7, start=False)
     try:
         engine.submit(turn, max_new_tokens=1)
-        engine._admit()  # the turn is prefilled and kept
+        engine.run_once()  # the turn is prefilled and kept
         requests = [engine.submit(p, max_new_tokens=NEW) for p in (short, longer)]
         engine.start()
         results = [r.result() for r in requests]

@@ -13,10 +13,10 @@ import pytest
 
 import transformer_kit as tk
 from tests.chat.checkpoint import write_chat_checkpoint
-from transformer_kit.apps.serving import Engine
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
 from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.runtime import Engine
 
 
 def _client(url: str) -> openai.OpenAI:

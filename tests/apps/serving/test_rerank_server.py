@@ -11,9 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
-from transformer_kit.apps.serving import EmbeddingEngine
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
+from transformer_kit.runtime import Engine
 
 QUERY = "what is the capital of france"
 DOCUMENTS = ["paris is the capital of france", "the quick brown fox", "search engines rank documents",
@@ -23,7 +23,7 @@ DOCUMENTS = ["paris is the capital of france", "the quick brown fox", "search en
 @pytest.fixture(scope="module")
 def server(cross_encoder_export):
     _, om = cross_encoder_export
-    engine = EmbeddingEngine(om, max_wait_s=0.02)
+    engine = Engine(om, max_wait_s=0.02)
     with running(create_app(engine, "tiny-rerank")) as url:
         yield url, engine
     engine.close()
@@ -66,7 +66,7 @@ def test_concurrent_clients_each_get_their_own_scores_run_together(server, cross
     for (query, documents), results in zip(cases, answers, strict=True):
         scores = np.array([r["relevance_score"] for r in sorted(results, key=lambda r: r["index"])])
         np.testing.assert_allclose(scores, ce.predict([(query, d) for d in documents]), atol=1e-5)
-    assert engine.stats["max_batch_size"] > 1
+    assert engine.stats.max_batch_size > 1
 
 
 @pytest.mark.parametrize(("body", "message"), [

@@ -11,9 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
-from transformer_kit.apps.serving import Engine
 from transformer_kit.errors import InputError
 from transformer_kit.export import OnnxModel
+from transformer_kit.runtime import Engine
 
 #: Prompts that repeat themselves: prompt lookup drafts from the first token on.
 REPEATING = [[5, 9, 12, 7, 5, 9, 12, 7, 5, 9, 12], [30, 31, 32, 33, 34, 30, 31, 32, 33, 34, 30, 31]]
@@ -35,8 +35,8 @@ def test_a_request_alone_checks_drafts_and_gets_the_tokens_of_generate(onnx_mode
             if not options:  # greedy: plain greedy's tokens too
                 assert tokens == _alone(onnx_model, prompt, max_new_tokens=24)[:len(tokens)]
         stats = engine.stats
-    assert stats["drafted_tokens"] > 0 and stats["accepted_tokens"] > 0
-    assert stats["steps"] < stats["tokens"]  # accepted drafts: more tokens than steps
+    assert stats.drafted_tokens > 0 and stats.accepted_tokens > 0
+    assert stats.steps < stats.generated_tokens  # accepted drafts: more tokens than steps
 
 
 def test_with_other_requests_in_the_batch_every_request_is_exact(onnx_model):
@@ -54,14 +54,14 @@ def test_with_other_requests_in_the_batch_every_request_is_exact(onnx_model):
         for thread in threads:
             thread.join(10)
         results = [request.result() for request in requests]
-        assert engine.stats["max_batch_size"] > 1
+        assert engine.stats.max_batch_size > 1
     for prompt, tokens in zip(prompts, results, strict=True):
         assert tokens == _alone(onnx_model, prompt, max_new_tokens=20)[:len(tokens)]
 
 
 def test_an_export_without_several_positions_logits_refuses_prompt_lookup(onnx_model):
     with Engine(onnx_model) as engine:
-        engine.batch.verifies = False  # as an export made before logit_positions
+        engine.generation.decoder.verifies = False  # as an export made before logit_positions
         with pytest.raises(InputError, match="export the model again"):
             engine.submit(REPEATING[0], max_new_tokens=4, prompt_lookup_num_tokens=3)
         assert engine.submit(REPEATING[0], max_new_tokens=4).result()  # and it goes on serving
@@ -87,11 +87,11 @@ def test_the_openai_client_asks_for_prompt_lookup_in_extra_body(onnx_model):
                                                stream=True, extra_body=lookup):
             streamed += chunk.choices[0].model_extra["token_ids"]
         assert streamed == tokens
-        assert engine.stats["accepted_tokens"] > 0, (tokens, engine.stats)
+        assert engine.stats.accepted_tokens > 0, (tokens, engine.stats)
         metrics = httpx.get(f"{url}/metrics").text
         for name in ("drafted", "accepted"):
             found = re.search(rf"^transformer_kit_{name}_tokens_total (\S+)$", metrics, re.M)
-            assert float(found.group(1)) == engine.stats[f"{name}_tokens"] > 0
+            assert float(found.group(1)) == getattr(engine.stats, f"{name}_tokens") > 0
         with pytest.raises(openai.BadRequestError, match="prompt_lookup_num_tokens"):
             client.completions.create(model="tiny", prompt=prompt, max_tokens=4,
                                       extra_body={"prompt_lookup_num_tokens": 0})
@@ -107,10 +107,10 @@ def test_an_engine_default_drafts_for_requests_that_set_none(onnx_model):
             tokens = engine.submit(prompt, max_new_tokens=24).result()
             assert tokens == _alone(onnx_model, prompt, max_new_tokens=24)[:len(tokens)] and tokens
         stats = engine.stats
-    assert stats["drafted_tokens"] > 0 and stats["accepted_tokens"] > 0
+    assert stats.drafted_tokens > 0 and stats.accepted_tokens > 0
     with Engine(onnx_model) as engine:  # no default: a request without the option drafts nothing
         engine.submit(REPEATING[0], max_new_tokens=24).result()
-        assert engine.stats["drafted_tokens"] == 0
+        assert engine.stats.drafted_tokens == 0
 
 
 @pytest.mark.parametrize("count", [0, 65, 2.5, True])
@@ -120,7 +120,7 @@ def test_an_engine_default_out_of_range_is_refused(onnx_model, count):
 
 
 def test_an_engine_default_on_an_export_that_cannot_check_drafts_is_refused(onnx_model):
-    from transformer_kit.apps.serving.speculation import default_lookup
+    from transformer_kit.runtime.speculation import default_lookup
 
     batch = onnx_model.batch_decoder()
     assert default_lookup(4, batch) == 4 and default_lookup(None, batch) is None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -101,41 +101,43 @@ def serve(
     try:
         import uvicorn
 
-        from transformer_kit.apps.serving.embedding_engine import EmbeddingEngine
-        from transformer_kit.apps.serving.engine import Engine
         from transformer_kit.apps.serving.http import create_app
-        from transformer_kit.apps.serving.openai_api import DEFAULT_MAX_PROMPT_TOKENS
+        from transformer_kit.runtime import Engine
     except ImportError as exc:
         raise typer.BadParameter(f"serving needs the serve extra ({exc.name} is missing): pip install "
                                  "'transformer-kit[serve]'.") from None
     if batch_tokens < 1:
         raise typer.BadParameter(f"must be at least 1, got {batch_tokens}.", param_hint="--batch-tokens")
     try:
-        model = open_export(folder, provider)
-        engine: Engine | EmbeddingEngine
-        if model.manifest.architecture == "encoder":  # refused unless it has pooling or a classifier
-            engine = EmbeddingEngine(model, max_queue=max_queue, max_batch_tokens=batch_tokens)
-            batching = f"{engine.kind} on POST /v1/{engine.kind}, runs <= {batch_tokens} tokens"
-        else:
-            engine = Engine(model, max_batch=max_batch, max_queue=max_queue,
-                            prefix_cache_bytes=prefix_cache_bytes,
-                            prompt_lookup_num_tokens=prompt_lookup_num_tokens)
-            prompts = max_prompt_tokens or model.context_length or DEFAULT_MAX_PROMPT_TOKENS
-            cache = f"{prefix_cache_bytes / 2**20:g} MiB" if prefix_cache_bytes else "off"
-            lookup = (f", prompt lookup <= {prompt_lookup_num_tokens} tokens"
-                      if prompt_lookup_num_tokens else "")
-            batching = (f"batch <= {max_batch}, prompts <= {prompts} tokens, requests <= "
-                        f"{max_request_seconds:g} s, prefix cache {cache}{lookup}")
+        engine = Engine(open_export(folder, provider), max_batch=max_batch, max_queue=max_queue,
+                        max_batch_tokens=batch_tokens, prefix_cache_bytes=prefix_cache_bytes,
+                        prompt_lookup_num_tokens=prompt_lookup_num_tokens)
     except TransformerKitError as exc:
         fail(exc)
     console.print(f"serving {name!r} from {folder} on http://{host}:{port}/v1 "
-                  f"(provider {engine.model.provider}, {batching}, queue <= {max_queue})")
+                  f"(provider {engine.model.provider}, {_batching(engine, batch_tokens, max_prompt_tokens, max_request_seconds, prefix_cache_bytes, prompt_lookup_num_tokens)}, "
+                  f"queue <= {max_queue})")
     try:
         app = create_app(engine, name, api_key=api_key, max_body_bytes=max_body_bytes,
                          max_prompt_tokens=max_prompt_tokens, max_request_seconds=max_request_seconds)
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
         engine.close()
+
+
+def _batching(engine: Any, batch_tokens: int, max_prompt_tokens: int | None,
+              max_request_seconds: float, prefix_cache_bytes: int,
+              prompt_lookup_num_tokens: int | None) -> str:
+    """How the engine batches and bounds requests, in a few words."""
+    from transformer_kit.runtime import Limits
+
+    if engine.kind != "generate":
+        return f"{engine.kind} on POST /v1/{engine.kind}, runs <= {batch_tokens} tokens"
+    limits = Limits.of(engine.model.context_length, max_prompt_tokens)
+    cache = f"{prefix_cache_bytes / 2**20:g} MiB" if prefix_cache_bytes else "off"
+    lookup = f", prompt lookup <= {prompt_lookup_num_tokens} tokens" if prompt_lookup_num_tokens else ""
+    return (f"batch <= {engine.generation.max_batch}, prompts <= {limits.max_prompt_tokens} tokens, "
+            f"requests <= {max_request_seconds:g} s, prefix cache {cache}{lookup}")
 
 
 def _loopback(host: str) -> bool:
@@ -162,6 +164,7 @@ def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, 
         from ray import serve
 
         from transformer_kit.apps.serving.ray_serve import application
+        from transformer_kit.runtime import model_kind
     except ImportError as exc:
         raise typer.BadParameter(f"--ray needs the serve-ray extra ({exc.name} is missing): pip install "
                                  "'transformer-kit[serve-ray]'.", param_hint="--ray") from None
@@ -171,9 +174,10 @@ def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, 
         model = open_export(folder, provider)  # refused here, with a sentence, before Ray starts
     except TransformerKitError as exc:
         fail(exc)
-    if model.manifest.architecture != "decoder":
-        fail(f"--ray serves decoders (completions and chat); {str(folder)!r} is an "
-             f"{model.manifest.architecture} export. Leave out --ray to serve it in this process.")
+    try:
+        model_kind(model)  # an encoder that serves nothing is refused here, with a sentence
+    except TransformerKitError as exc:
+        fail(exc)
     ray.init()  # RAY_ADDRESS (or a running local instance) when there is one, else a new one
     try:
         serve.start(http_options={"host": host, "port": port})

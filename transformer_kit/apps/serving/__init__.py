@@ -1,8 +1,2 @@
-"""Serving an export: a continuous-batching engine over a decoder's ``OnnxModel``, and an
-embedding engine batching embeddings and rerank requests across clients."""
-
-from transformer_kit.apps.serving.embedding_engine import EmbeddingEngine
-from transformer_kit.apps.serving.engine import Engine, QueueFull
-from transformer_kit.apps.serving.requests import Request
-
-__all__ = ["EmbeddingEngine", "Engine", "QueueFull", "Request"]
+"""Serving an export over HTTP (OpenAI's convention), Ray Serve and Triton: thin front-ends over
+the runtime's :class:`~transformer_kit.runtime.Service` and its one engine."""

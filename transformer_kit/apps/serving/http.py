@@ -1,13 +1,13 @@
-"""An HTTP server in the OpenAI convention over the continuous-batching engine, so existing
-clients (the ``openai`` package, curl) work unchanged.
+"""An HTTP server in the OpenAI convention over the runtime's :class:`~transformer_kit.runtime.Service`,
+so existing clients (the ``openai`` package, curl) work unchanged.
 
 ``POST /v1/completions`` (prompt as text or token ids, ``max_tokens``, ``temperature`` (0 =
 greedy), ``top_p``, ``seed``, ``stop``, ``stream`` as server-sent events),
 ``POST /v1/chat/completions`` (messages rendered by the export's chat template, tools,
 ``response_format``; in :mod:`.chat`), ``GET /v1/models``, ``GET /health`` and ``GET /metrics``
 (Prometheus text). An embedding model's export is served on ``POST /v1/embeddings``
-(:mod:`.embeddings`), a cross-encoder's on ``POST /v1/rerank`` (:mod:`.rerank`), both over an
-:class:`.EmbeddingEngine` that batches across clients; the other kind's endpoints answer 400
+(:mod:`.embeddings`), a cross-encoder's on ``POST /v1/rerank`` (:mod:`.rerank`), batched across
+clients by the same engine; the other kind's endpoints answer 400
 with a sentence naming the one this model serves. Each completions choice also carries
 ``token_ids``, the ids behind its text (a streamed chunk: the ids of that chunk). Errors are
 OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``, :mod:`.openai_api`) with
@@ -35,24 +35,21 @@ from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from transformer_kit.apps.serving.chat import ChatCompletionRequest, ChatServer
-from transformer_kit.apps.serving.embedding_engine import EmbeddingEngine
 from transformer_kit.apps.serving.embeddings import EmbeddingRequest, EmbeddingServer
-from transformer_kit.apps.serving.engine import Engine, QueueFull
 from transformer_kit.apps.serving.guard import DEFAULT_BODY_SECONDS, DEFAULT_MAX_BODY_BYTES, Guard
 from transformer_kit.apps.serving.openai_api import (
-    Limits,
     ServerMetrics,
     error_response,
     failure_event,
     failure_response,
-    finish_reason,
     install_error_handlers,
+    unknown_model,
     usage,
 )
-from transformer_kit.apps.serving.requests import Request as EngineRequest
 from transformer_kit.apps.serving.rerank import RerankRequest, RerankServer
-from transformer_kit.decoding.text import TextPieces
 from transformer_kit.errors import InputError
+from transformer_kit.runtime import Engine, Limits, QueueFull, Service
+from transformer_kit.runtime.text_stream import TextStream
 
 
 class CompletionRequest(BaseModel):
@@ -77,15 +74,13 @@ class CompletionRequest(BaseModel):
 
 
 class CompletionServer:
-    """The endpoints' work over one engine, routed by ``create_app`` (which each replica of the
-    Ray Serve deployment in :mod:`.ray_serve` serves too), within ``limits`` (None: a prompt of
-    at most the model's context length, no time bound)."""
+    """The endpoints' work over one service, routed by ``create_app`` (which each replica of the
+    Ray Serve deployment in :mod:`.ray_serve` serves too)."""
 
-    def __init__(self, engine: Engine | EmbeddingEngine, model_name: str,
-                 limits: Limits | None = None) -> None:
-        self.engine, self.model_name = engine, model_name
-        self.limits = limits or Limits.of(engine.model.context_length)
-        self.metrics = ServerMetrics(engine)
+    def __init__(self, service: Service, model_name: str) -> None:
+        self.service, self.model_name = service, model_name
+        self.engine = service.engine
+        self.metrics = ServerMetrics(service.engine)
         self.created = int(time.time())
 
     async def health(self) -> dict:
@@ -100,96 +95,84 @@ class CompletionServer:
                                  media_type="text/plain; version=0.0.4")
 
     async def completions(self, body: CompletionRequest) -> Any:
-        model, metrics = self.engine.model, self.metrics
+        metrics = self.metrics
         if body.model != self.model_name:
-            return error_response(404, f"The model {body.model!r} does not exist here; this server "
-                                  f"serves {self.model_name!r} (GET /v1/models).", param="model")
-        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+            return unknown_model(body.model, self.model_name)
         try:
-            ids = _prompt_ids(body.prompt, model)
-            self.limits.check_prompt(len(ids))
-            options = {"max_new_tokens": body.max_tokens, "seed": body.seed}
-            if body.prompt_lookup_num_tokens is not None:
-                options["prompt_lookup_num_tokens"] = body.prompt_lookup_num_tokens
-            if body.temperature > 0:
-                options.update(do_sample=True, temperature=body.temperature, top_p=body.top_p)
-            matcher = model.tokenizer.stop_matcher(stops) if stops and model.tokenizer else None
-            if stops and matcher is None:
-                raise InputError("stop strings need the model's tokenizer, and this export has none; "
-                                 "leave stop out.")
-            request = self.engine.submit(ids, stop_matcher=matcher,
-                                         timeout=self.limits.max_request_seconds, **options)
+            stream = self.service.complete(
+                _one_prompt(body.prompt), max_tokens=body.max_tokens, temperature=body.temperature,
+                top_p=body.top_p, seed=body.seed, stop=body.stop,
+                prompt_lookup_num_tokens=body.prompt_lookup_num_tokens)
         except (QueueFull, InputError) as exc:
             return metrics.refused(exc)
-        ident, eos = f"cmpl-{uuid.uuid4().hex}", request.options.eos_ids(model.manifest.eos_id)
-        pieces = TextPieces(model.tokenizer, eos, stops) if model.tokenizer else None
+        ident = f"cmpl-{uuid.uuid4().hex}"
         if body.stream:
-            return StreamingResponse(_events(request, pieces, ident, self.model_name, metrics),
+            return StreamingResponse(_events(stream, ident, self.model_name, metrics),
                                      media_type="text/event-stream")
-        tokens = [t async for arrived in request.arrivals() for t in arrived]
-        text = "" if pieces is None else "".join(pieces.add(t) for t in tokens) + pieces.finish()
-        metrics.finished(request)
-        if (failed := failure_response(request)) is not None:
+        text = await stream.text()
+        metrics.finished(stream)
+        if (failed := failure_response(stream.failure)) is not None:
             return failed
         return {"id": ident, "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name,
-                "choices": [{"index": 0, "text": text, "token_ids": tokens, "logprobs": None,
-                             "finish_reason": finish_reason(request)}],
-                "usage": usage(len(ids), len(tokens), request.cached_tokens)}
+                "choices": [{"index": 0, "text": text, "token_ids": stream.token_ids, "logprobs": None,
+                             "finish_reason": stream.finish_reason()}],
+                "usage": usage(stream.usage)}
 
 
 #: What each kind of model is, as the wrong endpoint's answer names it, and the paths it serves.
-_KINDS = {"generator": ("a text generator", ("/v1/completions", "/v1/chat/completions")),
+_KINDS = {"generate": ("a text generator", ("/v1/completions", "/v1/chat/completions")),
           "embeddings": ("a sentence-embedding model", ("/v1/embeddings",)),
           "rerank": ("a cross-encoder", ("/v1/rerank", "/rerank"))}
 
 
-def create_app(engine: Engine | EmbeddingEngine, model_name: str, *, api_key: str | None = None,
+def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                body_seconds: float = DEFAULT_BODY_SECONDS, max_prompt_tokens: int | None = None,
                max_request_seconds: float | None = None) -> FastAPI:
     """The FastAPI application serving ``engine`` under the model name ``model_name``: a
-    decoder's :class:`Engine` on the completions endpoints, an :class:`EmbeddingEngine` on
-    /v1/embeddings or /v1/rerank (its ``kind``). Behind a :class:`.Guard`: ``api_key`` (None:
-    none) needed on every endpoint but /health, request bodies of at most ``max_body_bytes``
-    arriving within ``body_seconds``. A completion's or chat's prompt may hold at most
-    ``max_prompt_tokens`` tokens (None: the model's context length, else
-    :data:`~.openai_api.DEFAULT_MAX_PROMPT_TOKENS`; more: 400), and it may take at most
-    ``max_request_seconds`` from arrival to last token (None: no bound; past it the engine stops
-    it and frees its row: 504, or an error event ending the stream). Embeddings and rerank keep
-    their own bound on texts (the model's positions). Raises InputError for a bound that is not
-    positive."""
+    decoder's on the completions endpoints, an embedding model's on /v1/embeddings, a
+    cross-encoder's on /v1/rerank (the engine's ``kind``). Behind a :class:`.Guard`: ``api_key``
+    (None: none) needed on every endpoint but /health, request bodies of at most
+    ``max_body_bytes`` arriving within ``body_seconds``. A prompt (a completion's, a chat's
+    rendered conversation) may hold at most ``max_prompt_tokens`` tokens (None: the model's
+    context length, else :data:`~transformer_kit.runtime.limits.DEFAULT_MAX_PROMPT_TOKENS`;
+    more: 400), and any request may take at most ``max_request_seconds`` from arrival to its
+    end (None: no bound; past it the engine stops it and frees its row: 504, or an error event
+    ending the stream). Embeddings and rerank keep their own bound on texts (the model's
+    positions). Raises InputError for a bound that is not positive."""
     limits = Limits.of(engine.model.context_length, max_prompt_tokens, max_request_seconds)
+    service = Service(engine, limits)
     app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes,
                        body_seconds=body_seconds)
     install_error_handlers(app, {"/v1/completions": CompletionRequest,
                                  "/v1/chat/completions": ChatCompletionRequest,
                                  "/v1/embeddings": EmbeddingRequest, "/rerank": RerankRequest})
-    server = CompletionServer(engine, model_name, limits)
+    server = CompletionServer(service, model_name)
     app.get("/health")(server.health)
     app.get("/v1/models")(server.models)
     app.get("/metrics")(server.prometheus)
-    if isinstance(engine, EmbeddingEngine):
-        kind = engine.kind
-        if kind == "embeddings":
-            app.post("/v1/embeddings", response_model=None)(
-                EmbeddingServer(engine, model_name, server.metrics).embeddings)
-        else:
-            rerank = RerankServer(engine, model_name, server.metrics).rerank
-            app.post("/v1/rerank", response_model=None)(rerank)
-            app.post("/rerank", response_model=None)(rerank)
-    else:
-        kind = "generator"
-        app.post("/v1/completions", response_model=None)(server.completions)
-        chat = ChatServer(engine, model_name, server.metrics, limits)
-        app.post("/v1/chat/completions", response_model=None)(chat.chat_completions)
-    what, serves = _KINDS[kind]
+    for path, handler in _endpoints(server).items():
+        app.post(path, response_model=None)(handler)
+    what, serves = _KINDS[service.kind]
     for other, (_, paths) in _KINDS.items():
-        for path in paths if other != kind else ():
+        for path in paths if other != service.kind else ():
             app.post(path, response_model=None)(_wrong_endpoint(model_name, what, serves))
     app.state.server = server
     return app
+
+
+def _endpoints(server: CompletionServer) -> dict[str, Any]:
+    """The handlers of the service's kind, by path."""
+    service, name, metrics = server.service, server.model_name, server.metrics
+    if service.kind == "generate":
+        return {"/v1/completions": server.completions,
+                "/v1/chat/completions": ChatServer(service, name, metrics).chat_completions}
+    if service.kind == "embeddings":
+        return {"/v1/embeddings": EmbeddingServer(service, name, metrics).embeddings}
+    rerank = RerankServer(service, name, metrics).rerank
+    return {"/v1/rerank": rerank, "/rerank": rerank}
 
 
 def _wrong_endpoint(model_name: str, what: str, serves: tuple[str, ...]) -> Any:
@@ -203,23 +186,17 @@ def _wrong_endpoint(model_name: str, what: str, serves: tuple[str, ...]) -> Any:
     return wrong
 
 
-def _prompt_ids(prompt: Any, model) -> list[int]:
-    """One prompt's token ids from text (with the export's tokenizer) or ids."""
+def _one_prompt(prompt: Any) -> str | list[int]:
+    """The request's one prompt (text or ids): a list of one prompt is that prompt."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         raise InputError(f"This server takes one prompt per request; got {len(prompt)}. Send one "
                          "request per prompt (they are batched together on the server).")
-    if isinstance(prompt, str):
-        if model.tokenizer is None:
-            raise InputError("This export has no tokenizer, so the prompt must be token ids (a list "
-                             "of integers), not text.")
-        ids, _ = model.tokenizer.encode([prompt])
-        return ids[0].tolist()
-    return list(prompt)
+    return prompt
 
 
-async def _events(request: EngineRequest, pieces: TextPieces | None, ident: str, model_name: str,
+async def _events(stream: TextStream, ident: str, model_name: str,
                   metrics: ServerMetrics) -> AsyncIterator[str]:
     """Server-sent events: a chunk per token, the last with the finish reason, then [DONE]; a
     request that failed (its time ran out, decoding failed) ends with an error event instead of
@@ -234,16 +211,16 @@ async def _events(request: EngineRequest, pieces: TextPieces | None, ident: str,
         return f'data: {head}, "choices": {choice}}}\n\n'
 
     try:
-        async for arrived in request.arrivals():  # the events of several tokens in one write
-            yield "".join(chunk(pieces.add(t) if pieces else "", [t], None) for t in arrived)
-        if (failed := failure_event(request)) is not None:
+        async for deltas in stream.arrivals():  # the events of several tokens in one write
+            yield "".join(chunk(d.text, [d.token_id], None) for d in deltas)
+        if (failed := failure_event(stream.failure)) is not None:
             yield failed
         else:
-            yield chunk(pieces.finish() if pieces else "", [], finish_reason(request))
+            yield chunk(stream.rest(), [], stream.finish_reason())
         yield "data: [DONE]\n\n"
     finally:
-        request.cancel()  # no-op when it ended; frees the row when the client left mid-stream
-        metrics.finished(request)  # still running: counted as cancelled, the engine ends it next
+        stream.cancel()  # no-op when it ended; frees the row when the client left mid-stream
+        metrics.finished(stream)  # still running: counted as cancelled, the engine ends it next
 
 
 @contextlib.contextmanager

@@ -1,13 +1,11 @@
 """What the OpenAI-style endpoints share: JSON errors (and the handlers for what FastAPI refuses
-itself), the bounds on a generation request (:class:`Limits`), the finish reason of an engine
-request, its ``usage`` and the answer to one that failed, and the server's Prometheus metrics."""
+itself), the answer to a request that failed, a reply's ``usage`` and the server's Prometheus
+metrics."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,12 +15,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from transformer_kit.apps.serving.engine import Engine, QueueFull
-from transformer_kit.apps.serving.requests import Request as EngineRequest
-from transformer_kit.errors import ContextLengthError, InputError
-
-if TYPE_CHECKING:
-    from transformer_kit.apps.serving.embedding_engine import EmbeddingEngine
+from transformer_kit.errors import ContextLengthError
+from transformer_kit.runtime import Engine, QueueFull
+from transformer_kit.runtime.requests import Failure
+from transformer_kit.runtime.text_stream import TextStream, Usage
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error",
@@ -33,6 +29,12 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
                         status_code=status, headers=headers)
 
 
+def unknown_model(given: str, served: str) -> JSONResponse:
+    """404 for a request naming a model this server does not serve."""
+    return error_response(404, f"The model {given!r} does not exist here; this server serves "
+                          f"{served!r} (GET /v1/models).", param="model")
+
+
 def error_event(message: str, kind: str = "server_error", code: str | None = None) -> str:
     """A server-sent event carrying an OpenAI-style error, the shape of :func:`error_response`'s
     body (the openai client raises ``APIError`` on it); a stream that fails ends with it, then
@@ -41,85 +43,34 @@ def error_event(message: str, kind: str = "server_error", code: str | None = Non
     return f"data: {json.dumps({'error': error})}\n\n"
 
 
-#: The prompt bound when neither the caller nor the export's manifest gives one (no context
-#: length known): the engine's ``prefill_tokens`` default, the longest prompt it prefills with others.
-DEFAULT_MAX_PROMPT_TOKENS = 4096
+#: Each failure's status and OpenAI error type: past its time, failed, or (a pooling request)
+#: stopped with the server before it ran.
+_STATUS = {"timeout": (504, "timeout_error", "request_timeout"), "error": (500, "server_error", None),
+           "cancelled": (503, "server_busy", None)}
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What one generation request may take: a prompt of at most ``max_prompt_tokens`` tokens,
-    and at most ``max_request_seconds`` (None: no bound) from its arrival to its last token.
-    ``context_length``: the model's, when known (the bound's default, and named in refusals)."""
-
-    max_prompt_tokens: int
-    max_request_seconds: float | None = None
-    context_length: int | None = None
-
-    @classmethod
-    def of(cls, context_length: int | None, max_prompt_tokens: int | None = None,
-           max_request_seconds: float | None = None) -> Limits:
-        """The limits of a server over a model of ``context_length``: ``max_prompt_tokens``
-        None is that context length, else :data:`DEFAULT_MAX_PROMPT_TOKENS`. Raises InputError
-        for a bound that is not positive."""
-        if max_prompt_tokens is not None and max_prompt_tokens < 1:
-            raise InputError(f"max_prompt_tokens must be at least 1, got {max_prompt_tokens}.")
-        if max_request_seconds is not None and not max_request_seconds > 0:
-            raise InputError(f"max_request_seconds must be more than 0 (or None: no bound), got "
-                             f"{max_request_seconds}.")
-        if max_prompt_tokens is None:
-            max_prompt_tokens = context_length or DEFAULT_MAX_PROMPT_TOKENS
-        return cls(max_prompt_tokens, max_request_seconds, context_length)
-
-    def check_prompt(self, tokens: int, what: str = "The prompt") -> None:
-        """Raise ContextLengthError when a prompt of ``tokens`` tokens is over the bound."""
-        if tokens <= self.max_prompt_tokens:
-            return
-        limit = self.max_prompt_tokens
-        if limit == self.context_length:
-            bound = f"the model's context length, {limit} tokens"
-            fix = f"shorten it: the prompt and max_tokens together must fit in {limit}"
-        else:
-            bound = f"the {limit} tokens this server takes in a prompt (--max-prompt-tokens)"
-            fix = f"shorten it to at most {limit} tokens, or start the server with a larger bound"
-            if self.context_length is not None:
-                fix += f" (up to the model's context length, {self.context_length})"
-        raise ContextLengthError(f"{what} has {tokens} tokens, more than {bound}; {fix}.")
-
-
-def _failure(request: EngineRequest) -> tuple[int, str, str, str | None] | None:
-    """How an ended engine request failed, as status, message, type and code: 504 when it ran
-    past its time, 500 when decoding failed; None when it did not fail."""
-    if request.finish_reason == "timeout":
-        return (504, f"{request.error} Ask for fewer tokens (max_tokens), or retry when the server "
-                "is less busy; the bound is the server's --max-request-seconds.", "timeout_error",
-                "request_timeout")
-    if request.finish_reason == "error":
-        return 500, f"Decoding failed: {request.error}", "server_error", None
-    return None
-
-
-def failure_response(request: EngineRequest) -> JSONResponse | None:
-    """The error answer to an ended request that failed (504: past its time; 500: decoding
-    failed), else None."""
-    failed = _failure(request)
-    if failed is None:
+def failure_response(failure: Failure | None) -> JSONResponse | None:
+    """The error answer to a request that failed (504: past its time; 500: its step failed;
+    503: the server stopped first), else None."""
+    if failure is None:
         return None
-    status, message, kind, code = failed
-    return error_response(status, message, kind=kind, code=code)
+    status, kind, code = _STATUS[failure.reason]
+    return error_response(status, failure.message, kind=kind, code=code)
 
 
-def failure_event(request: EngineRequest) -> str | None:
+def failure_event(failure: Failure | None) -> str | None:
     """The error event that ends the stream of a request that failed, else None."""
-    failed = _failure(request)
-    return None if failed is None else error_event(*failed[1:])
+    if failure is None:
+        return None
+    _, kind, code = _STATUS[failure.reason]
+    return error_event(failure.message, kind, code)
 
 
 class ServerMetrics:
     """Prometheus metrics of one server (a registry of its own, so several apps can live in one
     process)."""
 
-    def __init__(self, engine: Engine | EmbeddingEngine) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("transformer_kit_requests", "Requests (completions, chat) by outcome",
                                 ["outcome"], registry=self.registry)
@@ -136,15 +87,16 @@ class ServerMetrics:
         queue.set_function(lambda: engine.queue_length)
         batch = Gauge("transformer_kit_batch_size", "Rows in the running batch (embeddings, rerank: "
                       "requests in the last call)", registry=self.registry)
-        batch.set_function(lambda: engine.stats["batch_size"])
+        batch.set_function(lambda: engine.stats.batch_size)
         largest = Gauge("transformer_kit_max_batch_size", "Most rows decoded together so far "
                         "(embeddings, rerank: most requests run in one call)", registry=self.registry)
-        largest.set_function(lambda: engine.stats["max_batch_size"])
-        if isinstance(engine, Engine):
+        largest.set_function(lambda: engine.stats.max_batch_size)
+        if engine.kind == "generate":
             self.registry.register(_PrefixCacheMetrics(engine))
 
-    def finished(self, request: EngineRequest) -> None:
+    def finished(self, stream: TextStream) -> None:
         """Count a request that ended, or that its client left (then: "cancelled")."""
+        request = stream.request
         self.requests.labels(request.finish_reason or "cancelled").inc()
         self.tokens.inc(len(request.tokens))
         if request.first_token_s is not None:
@@ -196,17 +148,17 @@ class _PrefixCacheMetrics:
         stats = self.engine.stats
         yield CounterMetricFamily("transformer_kit_drafted_tokens", "Tokens prompt lookup drafted "
                                   "(requests with prompt_lookup_num_tokens, decoding alone)",
-                                  value=stats["drafted_tokens"])
+                                  value=stats.drafted_tokens)
         yield CounterMetricFamily("transformer_kit_accepted_tokens", "Drafted tokens that were the "
-                                  "model's own choice: each saved a step", value=stats["accepted_tokens"])
+                                  "model's own choice: each saved a step", value=stats.accepted_tokens)
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+def usage(counts: Usage) -> dict:
     """A reply's ``usage`` in OpenAI's shape: token counts, and of the prompt's tokens those whose
     cache came from the server's prefix cache (``prompt_tokens_details.cached_tokens``)."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    return {"prompt_tokens": counts.prompt_tokens, "completion_tokens": counts.completion_tokens,
+            "total_tokens": counts.prompt_tokens + counts.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": counts.cached_tokens}}
 
 
 def install_error_handlers(app: FastAPI, bodies: Mapping[str, type[BaseModel]] | None = None) -> None:
@@ -236,8 +188,3 @@ def install_error_handlers(app: FastAPI, bodies: Mapping[str, type[BaseModel]] |
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         return error_response(500, f"The server failed on this request ({type(exc).__name__}: {exc}); "
                               "it keeps serving others.", kind="server_error")
-
-
-def finish_reason(request: EngineRequest) -> str:
-    """OpenAI's finish reason of an ended engine request: "length" or "stop"."""
-    return "length" if request.finish_reason == "length" else "stop"

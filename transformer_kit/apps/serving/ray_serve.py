@@ -1,4 +1,5 @@
-"""The OpenAI-style server (completions and chat completions) as a Ray Serve deployment:
+"""The OpenAI-style server (completions and chat, or embeddings, or rerank: what the export
+serves) as a Ray Serve deployment:
 replicas (or autoscaling), one engine per replica, Ray's proxy spreading requests over them.
 Runs on a local Ray instance or on a Ray cluster of many machines (``ray start --head`` on one,
 ``ray start --address HEAD:6379`` on the others, then this from any of them); each replica loads
@@ -79,8 +80,8 @@ class CompletionDeployment:
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_tokens: int | None = None,
                  max_request_seconds: float | None = None, prefix_cache_bytes: int = 0,
                  prompt_lookup_num_tokens: int | None = None) -> None:
-        from transformer_kit.apps.serving.engine import Engine
         from transformer_kit.export import OnnxModel
+        from transformer_kit.runtime import Engine
 
         model = OnnxModel(folder, providers=providers, session_options=_sized_to_the_replica())
         self.engine = Engine(model, max_batch=max_batch, max_queue=max_queue,

@@ -1,4 +1,4 @@
-"""Prompt lookup in the serving engine: a request that asks for it (``prompt_lookup_num_tokens``)
+"""Prompt lookup in the engine: a request that asks for it (``prompt_lookup_num_tokens``)
 and decodes alone drafts tokens from its prompt and its output so far, and one step of the
 batch checks them all (speculative decoding, as ``OnnxModel.generate`` runs it:
 :mod:`transformer_kit.decoding.speculative`).
@@ -11,15 +11,18 @@ speculation is off as soon as the batch holds two requests, and on again when on
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from transformer_kit.apps.serving.requests import Row
 from transformer_kit.decoding import GenerationConfig
 from transformer_kit.decoding.speculative import prompt_lookup
 from transformer_kit.errors import InputError
 from transformer_kit.export.batch_steps import BatchDecoder
+from transformer_kit.runtime.stats import EngineStats
+
+if TYPE_CHECKING:
+    from transformer_kit.runtime.requests import Row
 
 
 class Drafting:
@@ -71,7 +74,7 @@ def drafting_for(options: GenerationConfig, eos_ids: list[int], batch: BatchDeco
     return Drafting(options.prompt_lookup_num_tokens, options.max_matching_ngram_size, eos_ids)
 
 
-def speculative_step(batch: BatchDecoder, row: Row, drafts: np.ndarray, stats: dict[str, Any]) -> bool:
+def speculative_step(batch: BatchDecoder, row: Row, drafts: np.ndarray, stats: EngineStats) -> bool:
     """Check ``drafts`` (k,) after the row's last token in one step of ``batch`` (its only row):
     each token chosen as plain decoding chooses it and streamed, the first drafted token that
     differs ending the check and the rejected drafts dropped from the cache. Counts the step,
@@ -89,9 +92,9 @@ def speculative_step(batch: BatchDecoder, row: Row, drafts: np.ndarray, stats: d
         if drafted is not None and row.last != drafted:
             batch.drop(len(drafts) - j)
             break
-    counts = {"steps": 1, "tokens": len(row.request.tokens) - before, "drafted_tokens": len(drafts),
-              "accepted_tokens": accepted}
-    for key, more in counts.items():
-        stats[key] += more
-    stats["batch_size"], stats["max_batch_size"] = 1, max(stats["max_batch_size"], 1)
+    stats.steps += 1
+    stats.generated_tokens += len(row.request.tokens) - before
+    stats.drafted_tokens += len(drafts)
+    stats.accepted_tokens += accepted
+    stats.batched(1)
     return ended

@@ -1,4 +1,4 @@
-"""Prefix caching for the serving engine: the key/value cache of prompts already prefilled, kept
+"""Prefix caching for the engine: the key/value cache of prompts already prefilled, kept
 so that a later prompt starting with the same tokens (a system prompt, few-shot examples, a chat's
 history) prefills only the tokens after them.
 
@@ -29,8 +29,8 @@ from transformer_kit.export.cache_ops import CacheOps
 from transformer_kit.export.onnx_steps import native_value
 
 if TYPE_CHECKING:
-    from transformer_kit.apps.serving.requests import Request
     from transformer_kit.export.batch_steps import PrefilledRows
+    from transformer_kit.runtime.requests import Row
 
 #: Tokens per hashed block: the shortest prefix reused, and the step of the lookup's hashes.
 BLOCK = 16
@@ -170,8 +170,8 @@ class PrefixCache:
         self.nbytes -= entry.nbytes
 
 
-def next_group(pending: list[Request], prefill_tokens: int, cache: PrefixCache | None,
-               keys: dict[int, list[int]]) -> tuple[list[Request], Hit | None]:
+def next_group(pending: list[Row], prefill_tokens: int, cache: PrefixCache | None,
+               keys: dict[int, list[int]]) -> tuple[list[Row], Hit | None]:
     """Take the next group of ``pending`` requests (sorted by prompt length) to prefill in one
     run, with at most ``prefill_tokens`` padded new tokens (a longer prompt runs alone), and the
     cached prefix they continue (None: from scratch).
@@ -183,7 +183,7 @@ def next_group(pending: list[Request], prefill_tokens: int, cache: PrefixCache |
     """
     hits = {} if cache is None else {id(r): cache.find(r.prompt, keys[id(r)]) for r in pending}
     first = next((hit for hit in hits.values() if hit is not None), None)
-    group: list[Request] = []
+    group: list[Row] = []
     if first is not None:
         shared = first.tokens
         for request in list(pending):

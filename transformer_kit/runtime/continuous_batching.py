@@ -1,0 +1,200 @@
+"""Continuous batching of generation requests: many prompts decoded together in one running batch.
+
+Waiting requests are prefilled together (left-padded) and join the running batch at the next
+step boundary in one copy; each streams its tokens as they are chosen and leaves the batch when
+it ends (an eos id, a stop string, ``max_new_tokens``) or when its caller cancels it. The batch
+keeps the step graph's layout (left padding and an attention mask: ``BatchDecoder``), so a greedy
+request gets the tokens ``OnnxModel.generate`` gives it alone (float32; int4 batches run other
+kernels, which may round differently), and a sampled one with a seed the same draws.
+
+With a prefix cache (:mod:`.prefix_cache`), a prompt that starts with a cached one's tokens
+prefills only the rest; with prompt lookup (:mod:`.speculation`), a request decoding alone
+checks drafted tokens in one step.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from transformer_kit.decoding import SequenceSearch, generation_config
+from transformer_kit.decoding.prompts import plan
+from transformer_kit.errors import InputError
+from transformer_kit.export import OnnxModel
+from transformer_kit.export.runtime import check_ids
+from transformer_kit.runtime.prefix_cache import PrefixCache, block_keys, next_group
+from transformer_kit.runtime.requests import GenerationRequest, Row, WaitingQueue
+from transformer_kit.runtime.speculation import default_lookup, drafting_for, speculative_step
+from transformer_kit.runtime.stats import EngineStats
+
+#: How the engine ends a request: finish(request, reason (None: its own), error).
+Finish = Callable[[Any, "str | None", "str | None"], None]
+
+
+class ContinuousBatch:
+    """The generation side of an engine over an exported decoder.
+
+    Args:
+        model: the decoder's ``OnnxModel``.
+        stats: the engine's counters.
+        max_batch: most rows decoded together; further requests wait.
+        prefill_tokens: most tokens (rows x longest prompt) prefilled in one run; waiting
+            prompts are prefilled together up to it (a longer prompt runs alone).
+        prefix_cache_bytes: most bytes of prompts' caches kept for reuse (0: none).
+        prompt_lookup_num_tokens: drafts (1..64) for requests that set none.
+    """
+
+    def __init__(self, model: OnnxModel, stats: EngineStats, *, max_batch: int, prefill_tokens: int,
+                 prefix_cache_bytes: int, prompt_lookup_num_tokens: int | None) -> None:
+        self.model, self.stats = model, stats
+        self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
+        #: The running batch's step graph and cache (a ``BatchDecoder``; a new one after a failure).
+        self.decoder = model.batch_decoder()
+        self.prefix_cache = (PrefixCache(prefix_cache_bytes, self.decoder.cache_ops)
+                             if prefix_cache_bytes else None)
+        self.prompt_lookup_num_tokens = default_lookup(prompt_lookup_num_tokens, self.decoder)
+        self.rows: list[Row] = []
+        self.taken: list[Row] = []  # out of the queue by the admission running now
+
+    def work(self, ids: Any, stop_matcher: Any, timeout: float | None, options: dict) -> Row:
+        """A prompt (length,) or (1, length) of token ids with its generation options, checked
+        and planned: the row to queue. Raises InputError for a bad prompt or option and a
+        ContextLengthError for a prompt that leaves no room for ``max_new_tokens``."""
+        if options.get("prompt_lookup_num_tokens") is None:  # the engine's default, if any
+            options["prompt_lookup_num_tokens"] = self.prompt_lookup_num_tokens
+        opts = generation_config(None, **options)
+        if opts.num_beams > 1 or opts.num_return_sequences > 1:
+            raise InputError("The engine decodes one sequence per request by greedy search or "
+                             f"sampling; got num_beams={opts.num_beams}, num_return_sequences="
+                             f"{opts.num_return_sequences}. Submit one request per sequence.")
+        m = self.model.manifest
+        shape = np.shape(ids)
+        if len(shape) not in (1, 2) or (len(shape) == 2 and shape[0] != 1) or not np.size(ids):
+            raise InputError(f"A request takes one non-empty prompt of token ids, (length,) or "
+                             f"(1, length); got shape {tuple(shape)}.")
+        prompt = check_ids(np.reshape(ids, (1, -1)), m.src_vocab, "prompt")
+        problem, pipeline, _ = plan(prompt, np.ones(prompt.shape, np.int64), opts, decoder=True,
+                                    pad_id=m.pad_id, eos_id=m.eos_id, bos_id=m.bos_id,
+                                    vocab=m.tgt_vocab, context_length=self.model.context_length,
+                                    stop_matcher=stop_matcher, tokenizer=self.model.tokenizer)
+        request = GenerationRequest(prompt=prompt[0], options=opts, timeout=timeout)
+        return Row(request, SequenceSearch(problem, opts, pipeline),
+                   drafting_for(opts, problem.eos_ids, self.decoder))
+
+    @property
+    def running(self) -> list[Any]:
+        """The requests in the batch and those being admitted."""
+        rows = {id(row) for row in self.rows}
+        return [row.request for row in [*self.rows, *(r for r in self.taken if id(r) not in rows)]]
+
+    def iterate(self, waiting: WaitingQueue, finish: Finish) -> list[Any]:
+        """Admit waiting requests, then one step of the batch; the requests to wake."""
+        admitted = self.admit(waiting, finish)
+        self.step(waiting, finish)
+        return [row.request for row in [*admitted, *self.rows]]
+
+    def admit(self, waiting: WaitingQueue, finish: Finish) -> list[Row]:
+        """Prefill waiting requests into the batch while it has room, several in one run of the
+        step graph (at most ``prefill_tokens`` padded tokens each); the rows admitted. Blocks
+        briefly when the batch is empty, so an idle engine sleeps."""
+        rows = self._take(waiting, finish)
+        rows.sort(key=lambda r: len(r.prompt))  # similar lengths together: little padding
+        self.taken = list(rows)
+        cache = self.prefix_cache
+        keys = {id(r): block_keys(r.prompt) if cache is not None else [] for r in rows}
+        admitted: list[Row] = []
+        while rows:
+            group, hit = next_group(rows, self.prefill_tokens, cache, keys)
+            admitted.extend(group)
+            self._prefill(group, hit, finish)
+        self.taken = []
+        return admitted
+
+    def _take(self, waiting: WaitingQueue, finish: Finish) -> list[Row]:
+        """The waiting rows the batch has room for (those that ended while waiting end now)."""
+        rows: list[Row] = []
+        while len(self.rows) + len(rows) < self.max_batch:
+            try:
+                wait = not self.rows and not rows
+                row = waiting.get(timeout=0.05) if wait else waiting.get_nowait()
+            except queue.Empty:
+                break
+            if row.request.ending is not None:
+                finish(row.request, row.request.ending, None)
+            else:
+                rows.append(row)
+        return rows
+
+    def _prefill(self, group: list[Row], hit: Any, finish: Finish) -> None:
+        """Prefill ``group`` in one run (after the cached prefix ``hit``, if any); its first
+        tokens chosen, the rows that go on joining the batch."""
+        cache = self.prefix_cache
+        skip = 0 if hit is None else hit.tokens
+        past = None if hit is None else cache.past(hit, len(group))
+        prefilled, logits = self.decoder.prefill([r.prompt[skip:] for r in group], past, skip)
+        self.stats.generated_tokens += len(group)
+        self.stats.prefills += 1
+        keep = []
+        for i, row in enumerate(group):
+            if cache is not None:
+                row.request.cached_tokens = cache.use(hit)
+            if row.advance(logits[i]):
+                finish(row.request, None, None)
+            else:
+                keep.append(i)
+            if cache is not None:  # after its first token: a copy of its columns, if padded
+                cache.store(row.prompt, prefilled, i)
+        if keep:
+            if len(keep) < len(group):
+                prefilled = self.decoder.select(prefilled, np.array(keep, np.int64))
+            self.decoder.join(prefilled)
+            self.rows.extend(group[i] for i in keep)
+
+    def step(self, waiting: WaitingQueue, finish: Finish) -> None:
+        """End the rows that must end (cancelled, past their time), then one step of the rest
+        (a speculative one when a lone row drafts)."""
+        gone = {i: row.request.ending for i, row in enumerate(self.rows)
+                if row.request.ending is not None}
+        for i, reason in gone.items():
+            finish(self.rows[i].request, reason, None)
+        if gone:
+            self.keep([i for i in range(len(self.rows)) if i not in gone])
+        if not self.rows or self._speculative_step(waiting, finish):
+            return
+        tokens = np.array([row.last for row in self.rows], np.int64)
+        logits = self.decoder.step(tokens)
+        self.stats.steps += 1
+        self.stats.batched(len(self.rows))
+        self.stats.generated_tokens += len(self.rows)
+        done = [i for i, row in enumerate(self.rows) if row.advance(logits[i])]
+        for i in done:
+            finish(self.rows[i].request, None, None)
+        if done:
+            self.keep([i for i in range(len(self.rows)) if i not in set(done)])
+
+    def _speculative_step(self, waiting: WaitingQueue, finish: Finish) -> bool:
+        """A step checking prompt lookup's drafts, when the batch's only row asked for them and
+        nobody waits (:mod:`.speculation`); whether it ran."""
+        row = self.rows[0] if len(self.rows) == 1 and not waiting.qsize() else None
+        drafts = row.drafting.draft(row) if row is not None and row.drafting is not None else None
+        if drafts is None or not len(drafts):
+            return False
+        if speculative_step(self.decoder, row, drafts, self.stats):
+            finish(row.request, None, None)
+            self.keep([])
+        return True
+
+    def keep(self, kept: list[int]) -> None:
+        """Keep only rows ``kept`` of the batch."""
+        self.decoder.keep(np.array(kept, np.int64))
+        self.rows = [self.rows[i] for i in kept]
+        self.stats.batch_size = len(self.rows)
+
+    def reset(self) -> None:
+        """After a failed step: no rows, a new batch."""
+        self.rows, self.taken = [], []
+        self.decoder = self.model.batch_decoder()
+        self.stats.batch_size = 0

@@ -1,0 +1,300 @@
+"""The tasks a served model does, as every front-end calls them: text in, text deltas, vectors
+or scores out, within one set of :class:`~.limits.Limits`.
+
+The HTTP server, Ray Serve's replicas, the Triton model and the command line call these and
+nothing below them: here prompts are tokenized (a chat rendered by the export's template),
+checked against the limits, submitted to the :class:`~.engine.Engine` with the request's time
+bound, and read back as text (stop strings cut, tool calls parsed), vectors (cut to
+``dimensions``, normalised again) or scores. Every method raises InputError (a
+ContextLengthError for a prompt over the bound) or :class:`~.engine.QueueFull` before anything
+runs; a request that then fails says so in its ``failure``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from transformer_kit.chat.conversation import Turn
+from transformer_kit.decoding.text import TextPieces, TextTokenizer
+from transformer_kit.embedding import TextEncoder
+from transformer_kit.errors import InputError
+from transformer_kit.export import OnnxModel
+from transformer_kit.runtime.engine import Engine
+from transformer_kit.runtime.limits import Limits
+from transformer_kit.runtime.requests import Failure, PoolingRequest
+from transformer_kit.runtime.text_stream import TextStream
+
+#: A chat's max_tokens when the request gives none (lowered to the room the context has left).
+DEFAULT_MAX_TOKENS = 256
+#: Inputs per embeddings request by default (OpenAI's limit).
+MAX_INPUTS = 2048
+#: Documents per rerank request by default (Cohere's recommended most).
+MAX_DOCUMENTS = 1000
+#: A message's role as OpenAI names it -> as chat templates read it ("developer" is OpenAI's
+#: newer name for the system message).
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+#: The measuring encoder's cut: far beyond any model, so a text's full length is seen.
+_UNCUT = 1 << 30
+
+
+def prompt_forms(model: OnnxModel) -> tuple[str, ...]:
+    """How a generation prompt may be given to ``model``: token ids always, text with a
+    tokenizer, chat messages with a chat template too."""
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        return ("ids",)
+    return ("ids", "text", "messages") if tokenizer.chat_templates else ("ids", "text")
+
+
+def sampling(temperature: float, top_p: float, seed: int | None) -> dict[str, Any]:
+    """Generation options from OpenAI's sampling fields: temperature 0 is greedy search."""
+    options: dict[str, Any] = {"seed": seed}
+    if temperature > 0:
+        options.update(do_sample=True, temperature=temperature, top_p=top_p)
+    return options
+
+
+def _text(content: Any, where: str) -> Any:
+    """A message's content as text: a string, or text parts joined by newlines (as vLLM)."""
+    if not isinstance(content, list):
+        return content
+    texts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise InputError(f"{where}.content[{i}] is a part of type {kind!r}; this server takes "
+                             "text only: give content as a string or as parts {'type': 'text', "
+                             "'text': ...}.")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict]:
+    """OpenAI-style messages as a chat template reads them: "developer" as "system", content
+    parts joined into text (a tool call's arguments become objects in ``Turn``); fields beyond
+    OpenAI's reach the template as transformers passes them. Raises InputError for an empty
+    conversation, an unknown role or non-text content."""
+    if not messages:
+        raise InputError("messages is empty; give the conversation as a list of at least one "
+                         "message, e.g. [{'role': 'user', 'content': 'Hello'}].")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            role = message.get("role") if isinstance(message, dict) else message
+            raise InputError(f"{where}.role is {role!r}; a message's role is one of "
+                             f"{', '.join(ROLES)}.")
+        fields = {key: value for key, value in message.items() if value is not None}
+        fields["role"] = ROLES[message["role"]]
+        if message.get("content") is not None:
+            fields["content"] = _text(message["content"], where)
+        elif message["role"] != "assistant":
+            raise InputError(f"{where} ({message['role']}) has no content; give its text as "
+                             "'content' (only an assistant message with tool_calls may have none).")
+        out.append(fields)
+    return out
+
+
+def _l2_normalize(x: np.ndarray) -> np.ndarray:
+    """Rows (n, dim) divided by max(their L2 norm, 1e-12), as ``OnnxModel.embed`` does."""
+    return (x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)).astype(np.float32)
+
+
+@dataclass
+class Pooled:
+    """A submitted embeddings or rerank request: ``request`` (await its ``finished()`` or
+    ``wait()`` for it), then :meth:`vectors` or :meth:`ranking`; ``tokens`` counts its inputs'
+    tokens (after a pair's cut)."""
+
+    request: PoolingRequest
+    tokens: int
+    dimensions: int | None = None
+    normalizes: bool = False
+    top_n: int | None = None
+
+    @property
+    def failure(self) -> Failure | None:
+        return self.request.failure
+
+    def vectors(self) -> np.ndarray:
+        """The request's vectors (n, dimensions or dim), once it ended: cut to ``dimensions``
+        and normalised again when the model normalises (as ``OnnxModel.embed(dimensions=...)``)."""
+        raw = self.request.rows
+        assert raw is not None, "the request has not ended with its rows; see failure"
+        if self.dimensions is None:
+            return raw
+        if self.dimensions > raw.shape[1]:
+            raise InputError(f"dimensions is {self.dimensions}, but this model's embeddings have "
+                             f"{raw.shape[1]}; give a number from 1 to {raw.shape[1]} or leave it out.")
+        cut = np.ascontiguousarray(raw[:, :self.dimensions])
+        return _l2_normalize(cut) if self.normalizes else cut
+
+    def scores(self) -> np.ndarray:
+        """The documents' relevance scores (n,), in their order, once the request ended."""
+        return self.request.rows[:, 0]
+
+    def ranking(self) -> list[tuple[int, float]]:
+        """The documents by relevance, best first (ties by position): (index, score), at most
+        ``top_n``."""
+        scores = self.scores()
+        order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))[:self.top_n]
+        return [(i, float(scores[i])) for i in order]
+
+
+class Service:
+    """The tasks of the model ``engine`` serves, within ``limits`` (None: prompts of at most
+    the model's context length, no time bound).
+
+    Args:
+        max_inputs: most inputs in one embeddings request.
+        max_documents: most documents in one rerank request.
+    """
+
+    def __init__(self, engine: Engine, limits: Limits | None = None, *, max_inputs: int = MAX_INPUTS,
+                 max_documents: int = MAX_DOCUMENTS) -> None:
+        self.engine, self.model = engine, engine.model
+        self.limits = limits or Limits.of(self.model.context_length)
+        self.max_inputs, self.max_documents = max_inputs, max_documents
+        self.kind = engine.kind
+        if self.kind == "embeddings":
+            settings, _ = self.model.embedding_settings()
+            #: Inputs' tokens as the model runs them, with no cut: an over-long input is refused.
+            self.measuring = TextEncoder(self.model.tokenizer, {**settings, "max_seq_length": _UNCUT}, None)
+            self.normalizes = bool((settings.get("sentence_embedding") or {}).get("normalize"))
+        if self.kind != "generate":
+            #: Most tokens of one input (the model's max_seq_length or positional bound).
+            self.max_input_tokens = self.model.text_encoder.max_tokens
+
+    @property
+    def tokenizer(self) -> TextTokenizer | None:
+        return self.model.tokenizer
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # -- generation -----------------------------------------------------------------------
+    def complete(self, prompt: str | list[int], *, max_tokens: int | None = 16,
+                 temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
+                 stop: str | list[str] | None = None,
+                 prompt_lookup_num_tokens: int | None = None) -> TextStream:
+        """Continue ``prompt`` (text, with the export's tokenizer, or token ids) by at most
+        ``max_tokens`` tokens (None: generation's default, 32)."""
+        stops = _stops(stop)
+        ids = self._prompt_ids(prompt)
+        self.limits.check_prompt(len(ids))
+        options = sampling(temperature, top_p, seed)
+        if max_tokens is not None:
+            options["max_new_tokens"] = max_tokens
+        if prompt_lookup_num_tokens is not None:
+            options["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
+        if stops and self.tokenizer is None:
+            raise InputError("stop strings need the model's tokenizer, and this export has none; "
+                             "leave stop out.")
+        return self._submit(ids, stops, options)
+
+    def chat(self, messages: list[dict[str, Any]], *, max_tokens: int | None = None,
+             temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
+             stop: str | list[str] | None = None, tools: list[dict] | None = None,
+             tool_choice: str | dict | None = None, response_format: dict | None = None,
+             template_kwargs: dict | None = None,
+             prompt_lookup_num_tokens: int | None = None) -> TextStream:
+        """The assistant's reply to OpenAI-style ``messages``, rendered by the export's chat
+        template (with ``tools``, ``tool_choice``, ``response_format`` and the template's own
+        keyword arguments); ``max_tokens`` None: :data:`DEFAULT_MAX_TOKENS` or the room left."""
+        stops = _stops(stop)
+        if self.tokenizer is None:
+            raise InputError("This export has no tokenizer (no tokenizer.json came with it), so it "
+                             "cannot render a chat; export a checkpoint that holds its tokenizer, or "
+                             "send token ids to /v1/completions.")
+        options = {**sampling(temperature, top_p, seed), "response_format": response_format}
+        if prompt_lookup_num_tokens is not None:
+            options["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
+        turn = Turn(self.tokenizer, template_messages(messages), tools=tools, tool_choice=tool_choice,
+                    template_kwargs=template_kwargs, options=options)
+        ids = self.tokenizer.encode([turn.prompt], add_special_tokens=False)[0][0].tolist()
+        self.limits.check_prompt(len(ids), "The conversation, rendered by the chat template,")
+        if max_tokens is None:
+            context = self.model.context_length
+            room = DEFAULT_MAX_TOKENS if context is None else context - len(ids)
+            max_tokens = max(min(DEFAULT_MAX_TOKENS, room), 1)
+        return self._submit(ids, stops, {**turn.options, "max_new_tokens": max_tokens}, turn)
+
+    def _prompt_ids(self, prompt: Any) -> list[int]:
+        """One prompt's token ids from text (with the export's tokenizer) or ids."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InputError("This export has no tokenizer, so the prompt must be token ids (a "
+                                 "list of integers), not text.")
+            ids, _ = self.tokenizer.encode([prompt])
+            return ids[0].tolist()
+        return [int(t) for t in prompt]
+
+    def _submit(self, ids: list[int], stops: list[str], options: dict,
+                turn: Turn | None = None) -> TextStream:
+        tokenizer = self.tokenizer
+        matcher = tokenizer.stop_matcher(stops) if stops and tokenizer is not None else None
+        request = self.engine.submit(ids, stop_matcher=matcher,
+                                     timeout=self.limits.max_request_seconds, **options)
+        pieces = None
+        if tokenizer is not None:
+            pieces = TextPieces(tokenizer, request.options.eos_ids(self.model.manifest.eos_id), stops)
+        return TextStream(request, pieces, len(ids), turn)
+
+    # -- pooling --------------------------------------------------------------------------
+    def embed(self, inputs: Any, *, dimensions: int | None = None) -> Pooled:
+        """Sentence embeddings of ``inputs``: a string, a list of strings, a list of token ids
+        or a list of id lists. InputError for an empty, too long or too large one (an input
+        longer than the model takes is refused, as OpenAI refuses it, not cut)."""
+        self._serves("embeddings")
+        items = [inputs] if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)) else inputs
+        if not items:
+            raise InputError("input is an empty list; give a string, a list of strings, a list of "
+                             "token ids or a list of id lists.")
+        if len(items) > self.max_inputs:
+            raise InputError(f"input holds {len(items)} inputs; this server takes at most "
+                             f"{self.max_inputs} per request. Split them over several requests.")
+        empty = [i for i, item in enumerate(items) if not item]
+        if empty:
+            what = "string" if isinstance(items[empty[0]], str) else "token id list"
+            raise InputError(f"input[{empty[0]}] is an empty {what}; every input needs some text "
+                             "or ids. Leave it out.")
+        encoded, _ = self.measuring.encode(items)
+        for i, count in enumerate(encoded.token_counts):
+            if count > self.max_input_tokens:
+                raise InputError(f"input[{i}] is {count} tokens long; this model takes at most "
+                                 f"{self.max_input_tokens} tokens per input. Shorten it or split it.")
+        request = self.engine.submit_pooling(encoded.tokens, encoded.pooled,
+                                             timeout=self.limits.max_request_seconds)
+        return Pooled(request, sum(encoded.token_counts), dimensions, self.normalizes)
+
+    def rerank(self, query: str, documents: list[str], *, top_n: int | None = None) -> Pooled:
+        """``documents`` scored against ``query`` by the cross-encoder (a pair longer than the
+        model takes is cut longest first, as ``CrossEncoder.predict`` and Cohere cut it).
+        InputError for an empty query, no documents, too many, or an empty one."""
+        self._serves("rerank")
+        if not query.strip():
+            raise InputError("query is empty; give the text to rank the documents against.")
+        if not documents:
+            raise InputError("documents is an empty list; give at least one document to rank.")
+        if len(documents) > self.max_documents:
+            raise InputError(f"documents holds {len(documents)} documents; this server takes at "
+                             f"most {self.max_documents} per request. Split them over several "
+                             "requests and merge the rankings by relevance_score.")
+        empty = [i for i, d in enumerate(documents) if not d.strip()]
+        if empty:
+            raise InputError(f"documents[{empty[0]}] is empty; every document needs some text. "
+                             "Leave it out.")
+        tokens, types = self.model.text_encoder.encode_pairs(query, documents)
+        request = self.engine.submit_pooling(tokens, types, timeout=self.limits.max_request_seconds)
+        return Pooled(request, sum(map(len, tokens)), top_n=top_n)
+
+    def _serves(self, kind: str) -> None:
+        if self.kind != kind:
+            raise InputError(f"This model serves {self.kind}, not {kind}.")
+
+
+def _stops(stop: str | list[str] | None) -> list[str]:
+    return [stop] if isinstance(stop, str) else list(stop or [])
