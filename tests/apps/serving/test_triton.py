@@ -81,3 +81,26 @@ def test_bad_names_and_folders_are_refused(exported, tmp_path):
     written = invoke("triton", str(folder / "onnx"), "-o", str(tmp_path / "repo"), "--name", "m")
     assert written.exit_code == 0, written.output
     assert (tmp_path / "repo" / "m_forward" / "1" / "weights.data").is_file()
+
+
+def test_embedding_and_cross_encoder_exports_get_models_of_their_kind(embedding_export,
+                                                                        cross_encoder_export, tmp_path):
+    _, embedder = embedding_export
+    _, reranker = cross_encoder_export
+    written = write_repository(embedder.path, tmp_path, "st", max_prompt_tokens=20, max_request_seconds=5)
+    assert [p.parent.name for p in written] == ["st_forward", "st_embed"]
+    embed = _config(tmp_path / "st_embed" / "config.pbtxt")
+    assert embed.backend == "python" and embed.model_transaction_policy.decoupled
+    assert [(i.name, list(i.dims), i.optional) for i in embed.input] == [
+        ("text_input", [-1], False), ("dimensions", [1], True)]
+    assert [(o.name, list(o.dims)) for o in embed.output] == [("embedding", [-1, -1])]
+    assert embed.parameters["max_prompt_tokens"].string_value == "20"
+    assert embed.parameters["max_request_seconds"].string_value == "5"
+    written = write_repository(reranker.path, tmp_path, "ce")
+    assert [p.parent.name for p in written] == ["ce_forward", "ce_rerank"]
+    rerank = _config(tmp_path / "ce_rerank" / "config.pbtxt")
+    assert [i.name for i in rerank.input] == ["query", "documents"]
+    assert [(o.name, o.data_type) for o in rerank.output] == [("scores", model_config_pb2.TYPE_FP32)]
+    assert "max_prompt_tokens" not in rerank.parameters  # the model's own bound
+    with pytest.raises(InputError, match="max_request_seconds"):
+        write_repository(reranker.path, tmp_path, "ce", max_request_seconds=0)

@@ -2,8 +2,10 @@
 ``tritonserver`` of the nvidia-pytriton wheel, on 127.0.0.1) and driven with tritonclient: gRPC
 streaming and HTTP ``generate_stream`` give ``OnnxModel.generate``'s tokens, its texts and
 ``OnnxModel.chat``'s replies; 8 concurrent streams are each exact; bad requests get errors and the
-server keeps serving. The export is a chat model (tests/chat/checkpoint.py): ids, text and
-messages in."""
+server keeps serving; the prompt bound is answered as the HTTP server answers it. The generate
+model's export is a chat model (tests/chat/checkpoint.py): ids, text and messages in. A
+sentence-embedding model and a cross-encoder are served beside it: their vectors and scores
+match sentence-transformers', batched across concurrent clients."""
 
 from __future__ import annotations
 
@@ -25,11 +27,13 @@ from transformer_kit.export import OnnxModel, export_onnx
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 MODEL = "tiny_generate"
+#: The generate model's prompt bound (its config's max_prompt_tokens).
+MAX_PROMPT_TOKENS = 100
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def triton(tmp_path_factory):
+def triton(tmp_path_factory, embedding_export, cross_encoder_export):
     """(server, the export in onnxruntime): the server up with the generate model loaded."""
     root = tritonserver.wheel_root()
     if root is None:
@@ -43,13 +47,18 @@ def triton(tmp_path_factory):
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"numpy<2 for the model's environment cannot be installed here: {exc}")
     written = invoke("triton", str(folder / "onnx"), "-o", str(work / "repo"), "--name", "tiny",
-                     "--env", str(env))
+                     "--env", str(env), "--max-prompt-tokens", str(MAX_PROMPT_TOKENS))
     assert written.exit_code == 0, written.output
-    with tritonserver.local_server(work / "repo", [MODEL], work / "server") as server:
+    for name, (_, exported) in {"st": embedding_export, "ce": cross_encoder_export}.items():
+        written = invoke("triton", str(exported.path), "-o", str(work / "repo"), "--name", name,
+                         "--env", str(env))
+        assert written.exit_code == 0, written.output
+    models = [MODEL, "st_embed", "ce_rerank"]
+    with tritonserver.local_server(work / "repo", models, work / "server") as server:
         yield server, OnnxModel(folder / "onnx", providers="cpu")
 
 
-def _grpc_stream(server, inputs: dict[str, np.ndarray], timeout: float = 60) -> list:
+def _grpc_stream(server, inputs: dict[str, np.ndarray], timeout: float = 60, model: str = MODEL) -> list:
     """The responses of one gRPC streaming request: each a numpy array of its output, or the
     error's text; ends at the final flag."""
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
@@ -63,7 +72,7 @@ def _grpc_stream(server, inputs: dict[str, np.ndarray], timeout: float = 60) -> 
         tensors.append(tensor)
     outputs = []
     try:
-        client.async_stream_infer(MODEL, tensors, enable_empty_final_response=True)
+        client.async_stream_infer(model, tensors, enable_empty_final_response=True)
         while True:
             result, error = answers.get(timeout=timeout)
             if error is not None:
@@ -116,6 +125,7 @@ def test_http_generate_stream_gives_tokens_text_and_chat_replies(triton):
     assert "".join(e["text_output"] for e in events) == onnx_model.generate("The weather in Paris",
                                                                            max_new_tokens=10)
     events = _http_stream(server, {"messages": json.dumps(MESSAGES), "max_new_tokens": 16})
+    assert all("text_output" in e for e in events), events
     reply = onnx_model.chat(MESSAGES, max_new_tokens=16)["content"]
     assert "".join(e["text_output"] for e in events) == reply
     text = _grpc_stream(server, {"text_input": np.array([b"The weather"], dtype=object),
@@ -153,3 +163,45 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(triton):
     assert unknown.status_code == 400 and "prompt_ids" in unknown.text
     after = [int(a[0]) for a in _grpc_stream(server, _ids([5, 6, 7], max_new_tokens=8))]
     assert after == _alone(onnx_model, [5, 6, 7], 8)
+
+
+def test_a_prompt_over_the_bound_is_refused_as_the_http_server_refuses_it(triton):
+    from transformer_kit.runtime import Limits
+
+    server, onnx_model = triton
+    long = list(range(5, 5 + MAX_PROMPT_TOKENS + 1))
+    refused, = _grpc_stream(server, _ids(long, max_new_tokens=4))
+    with pytest.raises(tk.InputError) as expected:  # the same sentence the HTTP server answers
+        Limits.of(onnx_model.context_length, MAX_PROMPT_TOKENS).check_prompt(len(long))
+    assert str(expected.value) in refused
+    assert [int(a[0]) for a in _grpc_stream(server, _ids(long[:MAX_PROMPT_TOKENS], max_new_tokens=4))] == \
+        _alone(onnx_model, long[:MAX_PROMPT_TOKENS], 4)
+
+
+def test_embeddings_and_rerank_are_exact_and_batched_across_clients(triton, embedding_export,
+                                                                      cross_encoder_export):
+    server, _ = triton
+    st, embedder = embedding_export
+    ce, _ = cross_encoder_export
+    texts = [f"text number {i} about {'cats' if i % 2 else 'the weather'}" for i in range(12)]
+
+    def embed(i: int) -> np.ndarray:
+        batch = np.array([t.encode() for t in texts[i:i + 3]], dtype=object)
+        out, = _grpc_stream(server, {"text_input": batch}, model="st_embed")
+        return out
+
+    with ThreadPoolExecutor(4) as clients:
+        vectors = list(clients.map(embed, range(0, 12, 3), timeout=120))
+    np.testing.assert_allclose(np.concatenate(vectors), st.encode(texts), atol=1e-5)
+    cut, = _grpc_stream(server, {"text_input": np.array([b"cats"], dtype=object),
+                                 "dimensions": np.array([8], np.int64)}, model="st_embed")
+    np.testing.assert_allclose(cut, embedder.embed(["cats"], dimensions=8), atol=1e-5)
+    documents = texts[:5]
+    scores, = _grpc_stream(server, {"query": np.array([b"Which text is about cats?"], dtype=object),
+                                    "documents": np.array([d.encode() for d in documents], dtype=object)},
+                           model="ce_rerank")
+    np.testing.assert_allclose(scores, ce.predict([("Which text is about cats?", d) for d in documents]),
+                               atol=1e-5)
+    empty, = _grpc_stream(server, {"query": np.array([b" "], dtype=object),
+                                   "documents": np.array([b"x"], dtype=object)}, model="ce_rerank")
+    assert "query is empty" in empty

@@ -1,5 +1,6 @@
 """``transformer-kit triton``: a Triton Inference Server model repository from an export folder
-(the forward graph on the onnxruntime backend, streaming generation on the Python backend)."""
+(the forward graph on the onnxruntime backend; generation, embeddings or rerank on the Python
+backend, over the kit's engine and within the server's limits)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,17 @@ def triton(
                                      "(EXECUTION_ENV_PATH: a virtual environment's folder or a "
                                      "conda-pack .tar.gz, with transformer-kit installed); "
                                      "absent: the server's own Python.")] = None,
+    max_prompt_tokens: Annotated[int | None, _Opt(help="Most tokens in a prompt (a chat's rendered "
+                                             "conversation); longer ones get an error. Default: the "
+                                             "model's context length, else 4096.")] = None,
+    max_request_seconds: Annotated[float | None, _Opt(help="Most seconds a request may take from "
+                                                      "arrival to its end; past it it is stopped with "
+                                                      "an error. Default: 600, as transformer-kit "
+                                                      "serve.")] = 600.0,
 ) -> None:
-    """Write {name}_forward (onnxruntime backend, dynamic batching) and {name}_generate (Python
-    backend, decoupled streaming) into a Triton model repository."""
+    """Write {name}_forward (onnxruntime backend, dynamic batching) and the model of what the
+    export serves, {name}_generate, {name}_embed or {name}_rerank (Python backend, decoupled),
+    into a Triton model repository."""
     from transformer_kit.apps.serving.triton import write_repository
 
     try:
@@ -35,7 +44,9 @@ def triton(
             raise ArtifactError(f"{folder} is not an export folder (no manifest.json written by "
                                 f"transformer-kit export); export a model first: transformer-kit "
                                 f"export SRC -o DIR.")
-        written = write_repository(folder, output, name or folder.resolve().name, max_batch, env)
+        written = write_repository(folder, output, name or folder.resolve().name, max_batch, env,
+                                   max_prompt_tokens=max_prompt_tokens,
+                                   max_request_seconds=max_request_seconds)
     except TransformerKitError as exc:
         fail(exc)
     for config in written:

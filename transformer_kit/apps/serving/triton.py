@@ -5,13 +5,17 @@ Two models, each a folder with ``config.pbtxt`` and a version ``1``:
 - ``{name}_forward``: the forward graph (``model.onnx`` with its ``weights.data``) on Triton's
   onnxruntime backend, batch axis dynamic (``max_batch_size``), other axes ``-1``, dynamic
   batching on (Triton batches requests of equal shapes);
-- ``{name}_generate``: generation on the Python backend in decoupled mode (a response per
-  token, then a final flag), transformer-kit's continuous-batching engine over a copy of the
-  export folder (up to ``max_batch`` requests decoded together): token ids in and out, text
-  in and out where the export has a tokenizer, chat messages where it has a chat template
-  (:mod:`.triton_model`). Its Python needs
-  transformer-kit installed: the server's own, or the environment ``env`` names (Triton's
-  ``EXECUTION_ENV_PATH``: a virtual environment's folder or a conda-pack archive).
+- the model of what the export serves, on the Python backend in decoupled mode over a copy of
+  the export folder, with transformer-kit's engine batching every client's requests and the
+  server's limits (prompt tokens, request time) applied by the runtime (:mod:`.triton_model`):
+  ``{name}_generate`` for a decoder (a response per token, then a final flag; token ids in
+  and out, text in and out where the export has a tokenizer, chat messages where it has a chat
+  template, up to ``max_batch`` requests decoded together), ``{name}_embed`` for a
+  sentence-embedding model (texts in, one response with their vectors) and ``{name}_rerank``
+  for a cross-encoder (a query and documents in, one response with their scores).
+  Its Python needs transformer-kit installed: the server's own, or the environment ``env``
+  names (Triton's ``EXECUTION_ENV_PATH``: a virtual environment's folder or a conda-pack
+  archive).
 
 The configs follow Triton's ``ModelConfig`` protobuf schema (tests parse them with
 ``tritonclient``'s ``model_config_pb2``).
@@ -24,9 +28,9 @@ import os
 import shutil
 from pathlib import Path
 
-from transformer_kit.decoding.text import TextTokenizer
 from transformer_kit.errors import InputError
 from transformer_kit.export.manifest import Manifest
+from transformer_kit.runtime import Limits, OnnxModel, model_kind, prompt_forms
 
 _TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16"}
 #: Options the generate model takes besides ``input_ids``, each optional: name -> Triton type.
@@ -53,28 +57,43 @@ def _parameter(key: str, value: str) -> str:
     return f"parameters {{ key: {json.dumps(key)} value: {{ string_value: {json.dumps(value)} }} }}\n"
 
 
-def _generate_config(name: str, export: Path, env: Path | None, max_batch: int) -> str:
-    """The generate model's config: ``input_ids`` always, ``text_input`` (and the output
-    ``text_output``) with a tokenizer, ``messages`` with a chat template; exactly one per request.
-    Its engine decodes up to ``max_batch`` requests together, ``4 * max_batch`` more waiting."""
-    tokenizer = TextTokenizer.from_folder(export)
+def _prompts(model: OnnxModel) -> tuple[list[str], list[str]]:
+    """The generate model's prompt inputs and outputs: ``input_ids`` always, ``text_input`` (and
+    the output ``text_output``) with a tokenizer, ``messages`` with a chat template."""
+    takes = prompt_forms(model)
     prompts = [_tensor("input_ids", "TYPE_INT64", [-1], optional=True)]
     outputs = [_tensor("token_ids", "TYPE_INT64", [-1])]
-    if tokenizer is not None:
+    if "text" in takes:
         prompts.append(_tensor("text_input", "TYPE_STRING", [1], optional=True))
         outputs.append(_tensor("text_output", "TYPE_STRING", [1]))
-        if tokenizer.chat_templates:
-            prompts.append(_tensor("messages", "TYPE_STRING", [1], optional=True))
-    inputs = ",\n".join(prompts + [_tensor(n, t, [1], optional=True)
-                                   for n, t in GENERATE_OPTIONS.items()])
-    output = ",\n".join(outputs)
-    environment = "" if env is None else _parameter("EXECUTION_ENV_PATH", str(env))
+    if "messages" in takes:
+        prompts.append(_tensor("messages", "TYPE_STRING", [1], optional=True))
+    return prompts + [_tensor(n, t, [1], optional=True) for n, t in GENERATE_OPTIONS.items()], outputs
+
+
+#: Each kind's model: its name's suffix, inputs and outputs (the generate model's: _prompts).
+_POOLING = {
+    "embeddings": ("embed", [_tensor("text_input", "TYPE_STRING", [-1]),
+                             _tensor("dimensions", "TYPE_INT64", [1], optional=True)],
+                   [_tensor("embedding", "TYPE_FP32", [-1, -1])]),
+    "rerank": ("rerank", [_tensor("query", "TYPE_STRING", [1]),
+                          _tensor("documents", "TYPE_STRING", [-1])],
+               [_tensor("scores", "TYPE_FP32", [-1])]),
+}
+
+
+def _served_config(name: str, inputs: list[str], outputs: list[str], env: Path | None,
+                   parameters: dict[str, str]) -> str:
+    """A Python-backend model's config, decoupled, with its ``parameters`` (the export's folder,
+    the engine's bounds and the limits) and the Python environment ``env``."""
+    if env is not None:
+        parameters = {**parameters, "EXECUTION_ENV_PATH": str(env)}
+    tensors = ",\n".join(inputs), ",\n".join(outputs)
     return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
             "model_transaction_policy { decoupled: true }\n"
-            f"input [\n{inputs}\n]\noutput [\n{output}\n]\n"
+            f"input [\n{tensors[0]}\n]\noutput [\n{tensors[1]}\n]\n"
             'instance_group [ { kind: KIND_CPU count: 1 } ]\n'
-            + _parameter("export_folder", "export") + _parameter("max_batch", str(max_batch))
-            + _parameter("max_queue", str(4 * max_batch)) + environment)
+            + "".join(_parameter(k, v) for k, v in parameters.items()))
 
 
 def _copy(source: Path, target: Path) -> None:
@@ -86,45 +105,65 @@ def _copy(source: Path, target: Path) -> None:
 
 
 def write_repository(export: str | Path, repo: str | Path, name: str, max_batch: int = 16,
-                     env: str | Path | None = None) -> list[Path]:
+                     env: str | Path | None = None, *, max_prompt_tokens: int | None = None,
+                     max_request_seconds: float | None = None) -> list[Path]:
     """Write the two models of ``export`` (an export folder) into the Triton repository ``repo``
-    (created if missing; models of other names in it are left alone). ``env``: the Python
-    environment the generate model runs in (a folder or a ``.tar.gz``; absent: the server's
-    own Python). Returns the ``config.pbtxt`` paths written."""
+    (created if missing; models of other names in it are left alone): ``{name}_forward`` and
+    the model of what the export serves (``{name}_generate``, ``{name}_embed`` or
+    ``{name}_rerank``). ``env``: the Python environment the served model runs in (a folder or
+    a ``.tar.gz``; absent: the server's own Python). ``max_prompt_tokens`` (None: the model's
+    context length) and ``max_request_seconds`` (None: no bound) bound its requests as
+    ``transformer-kit serve``'s. Returns the ``config.pbtxt`` paths written."""
     export, repo = Path(export), Path(repo)
-    if env is not None:
-        env = Path(env).resolve()
-        if not (env / "bin" / "activate").is_file() and not env.name.endswith(".tar.gz"):
-            raise InputError(f"{str(env)!r} is not a Python environment Triton can activate (a "
-                             "folder with bin/activate, e.g. a virtual environment, or a "
-                             "conda-pack .tar.gz); make one with python -m venv and install "
-                             "transformer-kit into it.")
+    env = _environment(env)
     manifest = Manifest.read(export)
     if not name or not all(c.isalnum() or c in "-_" for c in name):
         raise InputError(f"Model name {name!r} must be letters, digits, '-' and '_' only (it names "
                          "folders of the repository and Triton's models).")
     if max_batch < 1:
         raise InputError(f"max_batch must be at least 1, got {max_batch}.")
-    written = []
-    forward, generate = repo / f"{name}_forward", repo / f"{name}_generate"
-    for model in (forward, generate):
-        if model.exists():
-            shutil.rmtree(model)
-        (model / "1").mkdir(parents=True)
-    graph = manifest.graphs["model"]
-    _copy(export / graph.file, forward / "1" / "model.onnx")
+    limits = Limits.of(None, max_prompt_tokens, max_request_seconds)  # refuses a bound below 1
+    model = OnnxModel(export, providers="cpu")
+    kind = model_kind(model)
+    forward = _model_folder(repo / f"{name}_forward")
+    _copy(export / manifest.graphs["model"].file, forward / "1" / "model.onnx")
     for data in export.glob("*.data"):  # the external weights, next to the graph as it expects
         _copy(data, forward / "1" / data.name)
     (forward / "config.pbtxt").write_text(_forward_config(forward.name, manifest, max_batch))
-    written.append(forward / "config.pbtxt")
-    if "decoder_step" in manifest.graphs:
-        (generate / "1" / "export").mkdir()
-        for item in export.iterdir():
-            if item.is_file():
-                _copy(item, generate / "1" / "export" / item.name)
-        shutil.copy2(Path(__file__).with_name("triton_model.py"), generate / "1" / "model.py")
-        (generate / "config.pbtxt").write_text(_generate_config(generate.name, export, env, max_batch))
-        written.append(generate / "config.pbtxt")
-    else:
-        shutil.rmtree(generate)
-    return written
+    if kind == "generate" and "decoder_step" not in manifest.graphs:
+        return [forward / "config.pbtxt"]  # an encoder-decoder: its forward graph only
+    suffix, inputs, outputs = ("generate", *_prompts(model)) if kind == "generate" else _POOLING[kind]
+    served = _model_folder(repo / f"{name}_{suffix}")
+    (served / "1" / "export").mkdir()
+    for item in export.iterdir():
+        if item.is_file():
+            _copy(item, served / "1" / "export" / item.name)
+    shutil.copy2(Path(__file__).with_name("triton_model.py"), served / "1" / "model.py")
+    parameters = {"export_folder": "export", "max_batch": str(max_batch), "max_queue": str(4 * max_batch)}
+    if max_prompt_tokens is not None:
+        parameters["max_prompt_tokens"] = str(limits.max_prompt_tokens)
+    if max_request_seconds is not None:
+        parameters["max_request_seconds"] = f"{max_request_seconds:g}"
+    (served / "config.pbtxt").write_text(_served_config(served.name, inputs, outputs, env, parameters))
+    return [forward / "config.pbtxt", served / "config.pbtxt"]
+
+
+def _environment(env: str | Path | None) -> Path | None:
+    """``env`` as an absolute path, checked to be an environment Triton can activate."""
+    if env is None:
+        return None
+    env = Path(env).resolve()
+    if not (env / "bin" / "activate").is_file() and not env.name.endswith(".tar.gz"):
+        raise InputError(f"{str(env)!r} is not a Python environment Triton can activate (a "
+                         "folder with bin/activate, e.g. a virtual environment, or a "
+                         "conda-pack .tar.gz); make one with python -m venv and install "
+                         "transformer-kit into it.")
+    return env
+
+
+def _model_folder(model: Path) -> Path:
+    """A model's folder with its version ``1``, emptied first."""
+    if model.exists():
+        shutil.rmtree(model)
+    (model / "1").mkdir(parents=True)
+    return model

@@ -1,11 +1,12 @@
-"""Triton Python-backend model, decoupled: generation streamed one response per token, the
-requests of all clients decoded together by transformer-kit's continuous-batching
-:class:`~transformer_kit.apps.serving.engine.Engine` (as ``transformer-kit serve`` does).
-``transformer-kit triton`` copies this file into a repository as ``{name}_generate/1/model.py``;
-Triton imports it there (the module ``triton_python_backend_utils`` exists only inside Triton's
-Python backend).
+"""Triton Python-backend model, decoupled, over the runtime's
+:class:`~transformer_kit.runtime.Service`: the requests of all clients batched by
+transformer-kit's engine (as ``transformer-kit serve`` does), within the same limits (prompt
+tokens, request time: the config's ``max_prompt_tokens`` and ``max_request_seconds``).
+``transformer-kit triton`` copies this file into a repository as ``{name}_generate/1/model.py``
+(or ``_embed``, ``_rerank``); Triton imports it there (the module ``triton_python_backend_utils``
+exists only inside Triton's Python backend).
 
-Inputs, one of the first three:
+A decoder's model (``_generate``) takes one of
 
 - ``input_ids`` (length,) int64: token ids in, ``token_ids`` (1,) int64 out per response;
 - ``text_input`` (1,) bytes, a UTF-8 prompt (exports with a tokenizer): ``text_output`` (1,)
@@ -14,9 +15,13 @@ Inputs, one of the first three:
   template): the assistant's reply as ``text_output`` pieces;
 
 and, optional, ``max_new_tokens``, ``temperature`` (0 or absent: greedy), ``top_p``, ``seed``.
-``execute`` only submits: each request's tokens are sent from a thread of its own as the engine
-chooses them (the decoupled mode's way), so requests arriving while others decode join the
-running batch. A bad request gets one response with an error; the model keeps serving.
+An embedding model's (``_embed``) takes ``text_input`` (n,) bytes and, optional,
+``dimensions``, and answers once with ``embedding`` (n, dim) float32; a cross-encoder's
+(``_rerank``) takes ``query`` (1,) and ``documents`` (n,) bytes and answers once with
+``scores`` (n,) float32, in the documents' order. ``execute`` only submits: each request is
+answered from a thread of its own as the engine produces it (the decoupled mode's way), so
+requests arriving while others run join the running batch. A bad request, or one past the
+limits, gets one response with an error; the model keeps serving.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-#: The prompt inputs, one per request.
+#: A decoder's prompt inputs, one per request.
 PROMPTS = ("input_ids", "text_input", "messages")
 #: The generation options (name -> the Python type to read them as).
 OPTIONS = {"max_new_tokens": int, "temperature": float, "top_p": float, "seed": int}
@@ -43,7 +48,12 @@ def _numbers(tensor: Any) -> np.ndarray:
     return np.from_dlpack(tensor).reshape(-1)
 
 
-def _parameter(config: dict, key: str, default: str) -> str:
+def _strings(tensor: Any) -> list[str]:
+    """A bytes input tensor's values as text."""
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in tensor.as_numpy().reshape(-1)]
+
+
+def _parameter(config: dict, key: str, default: str | None) -> str | None:
     return config.get("parameters", {}).get(key, {}).get("string_value", default)
 
 
@@ -52,15 +62,18 @@ class TritonPythonModel:
     submits each request, ``finalize`` closes the engine."""
 
     def initialize(self, args: dict) -> None:
-        from transformer_kit.apps.serving.engine import Engine
-        from transformer_kit.export import OnnxModel
+        from transformer_kit.runtime import Engine, Limits, OnnxModel, Service
 
         config = json.loads(args["model_config"])
         path = Path(args["model_repository"]) / args["model_version"] / _parameter(config, "export_folder",
                                                                                   "export")
-        self.model = OnnxModel(path, providers="auto")
-        self.engine = Engine(self.model, max_batch=int(_parameter(config, "max_batch", "16")),
-                             max_queue=int(_parameter(config, "max_queue", "64")))
+        model = OnnxModel(path, providers="auto")
+        engine = Engine(model, max_batch=int(_parameter(config, "max_batch", "16")),
+                        max_queue=int(_parameter(config, "max_queue", "64")))
+        prompts, seconds = (_parameter(config, key, None) for key in ("max_prompt_tokens",
+                                                                      "max_request_seconds"))
+        limits = Limits.of(model.context_length, prompts and int(prompts), seconds and float(seconds))
+        self.service = Service(engine, limits)
         if int(np.__version__.split(".")[0]) >= 2:
             pb_utils.Logger.log_warn(
                 f"numpy {np.__version__} in this model's Python environment: the stubs of Triton "
@@ -69,39 +82,43 @@ class TritonPythonModel:
                 "output') and a text input stops the stub. Name an environment with numpy<2 "
                 "(transformer-kit triton --env PATH), or run Triton 24.11 or later.")
 
-    def _options(self, request: Any) -> dict:
-        options = {}
-        for name, kind in OPTIONS.items():
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            if tensor is not None:
-                options[name] = kind(_numbers(tensor)[0])
-        if options.get("temperature", 0) > 0:
-            options["do_sample"] = True
-        else:
-            options.pop("temperature", None)
-            options.pop("top_p", None)
-        return options
+    def execute(self, requests: list) -> None:
+        answer = self._stream if self.service.kind == "generate" else self._pooled
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                submitted = self._submit(request)
+            except Exception as exc:  # the error goes to the client, the model keeps serving
+                self._fail(sender, str(exc))
+                continue
+            threading.Thread(target=answer, args=(sender, *submitted), daemon=True).start()
+        return None
 
-    def _prompt(self, request: Any) -> tuple[np.ndarray, dict, bool]:
-        """(prompt ids (length,), generation options, whether the answer is text)."""
-        given = {name: tensor for name in PROMPTS
-                 if (tensor := pb_utils.get_input_tensor_by_name(request, name)) is not None}
+    def _submit(self, request: Any) -> tuple[Any, bool]:
+        """The request submitted to the service: (a pooled request, False), or (a text stream,
+        whether its answer is text)."""
+        tensors = {name: pb_utils.get_input_tensor_by_name(request, name)
+                   for name in ("dimensions", "query", "documents", *PROMPTS, *OPTIONS)}
+        if self.service.kind == "embeddings":
+            dimensions = tensors["dimensions"]
+            size = None if dimensions is None else int(_numbers(dimensions)[0])
+            return self.service.embed(_strings(tensors["text_input"]), dimensions=size), False
+        if self.service.kind == "rerank":
+            return self.service.rerank(_strings(tensors["query"])[0], _strings(tensors["documents"])), False
+        given = {name: tensors[name] for name in PROMPTS if tensors[name] is not None}
         if len(given) != 1:
             raise ValueError(f"Give exactly one of {', '.join(PROMPTS)}; got "
                              f"{', '.join(given) or 'none'}.")
         (name, tensor), = given.items()
-        options = self._options(request)
+        options = {key: kind(_numbers(tensors[key])[0]) for key, kind in OPTIONS.items()
+                   if tensors[key] is not None}
+        options["max_tokens"] = options.pop("max_new_tokens", None)
+        options.setdefault("temperature", 0.0)  # absent: greedy
         if name == "input_ids":
-            return _numbers(tensor).astype(np.int64), options, False
-        from transformer_kit.decoding import text
-
-        tokenizer = text.require(self.model.tokenizer, str(self.model.path))
-        value = tensor.as_numpy().reshape(-1)[0]
-        prompt = value.decode() if isinstance(value, bytes) else str(value)
+            return self.service.complete(_numbers(tensor).astype(np.int64).tolist(), **options), False
+        prompt = _strings(tensor)[0]
         if name == "text_input":
-            return tokenizer.encode([prompt])[0][0], options, True
-        from transformer_kit.chat.conversation import Turn
-
+            return self.service.complete(prompt, **options), True
         try:
             messages = json.loads(prompt)
         except json.JSONDecodeError as exc:
@@ -109,46 +126,44 @@ class TritonPythonModel:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise ValueError(f"messages must be a JSON list of chat messages (objects with role and "
                              f"content); got {type(messages).__name__}.")
-        turn = Turn(tokenizer, messages, options=options)
-        return tokenizer.encode([turn.prompt], add_special_tokens=False)[0][0], turn.options, True
+        return self.service.chat(messages, **options), True
 
-    def execute(self, requests: list) -> None:
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                ids, options, as_text = self._prompt(request)
-                submitted = self.engine.submit(ids, **options)
-            except Exception as exc:  # the error goes to the client, the model keeps serving
-                self._fail(sender, str(exc))
-                continue
-            threading.Thread(target=self._stream, args=(sender, submitted, as_text), daemon=True).start()
-        return None
-
-    def _stream(self, sender: Any, request: Any, as_text: bool) -> None:
-        """Send ``request``'s tokens (or text pieces) as they come, then the final flag; a
-        client that cancels ends the request in the engine."""
-        from transformer_kit.decoding.text import TextPieces
-
-        pieces = (TextPieces(self.model.tokenizer, request.options.eos_ids(self.model.manifest.eos_id), [])
-                  if as_text else None)
+    def _stream(self, sender: Any, stream: Any, as_text: bool) -> None:
+        """Send the stream's tokens (or text pieces, ``as_text``) as they come, then the final
+        flag; a client that cancels ends the request in the engine."""
         try:
-            for token in request:
+            for delta in stream:
                 if sender.is_cancelled():
-                    request.cancel()
+                    stream.cancel()
                     continue  # the engine ends it at its next step
-                if pieces is None:
-                    self._send(sender, pb_utils.Tensor("token_ids", np.array([token], np.int64)))
-                elif piece := pieces.add(token):
-                    self._send(sender, _text(piece))
-            if pieces is not None and not pieces.ended and (rest := pieces.finish()):
+                if not as_text:
+                    self._send(sender, pb_utils.Tensor("token_ids", np.array([delta.token_id], np.int64)))
+                elif delta.text:
+                    self._send(sender, _text(delta.text))
+            if as_text and (rest := stream.rest()):
                 self._send(sender, _text(rest))
-            if request.finish_reason == "error":
-                self._fail(sender, request.error or "generation failed")
+            if stream.failure is not None:
+                self._fail(sender, stream.failure.message)
             else:
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as exc:  # a response that cannot be sent: end the request
-            request.cancel()
+            stream.cancel()
             pb_utils.Logger.log_error(f"streaming a response failed: {exc}")
+
+    def _pooled(self, sender: Any, job: Any, _: bool) -> None:
+        """Send the request's vectors or scores once it ended (or its failure)."""
+        job.request.wait()
+        if sender.is_cancelled():
+            return
+        if job.failure is not None:
+            self._fail(sender, job.failure.message)
+            return
+        if self.service.kind == "embeddings":
+            tensor = pb_utils.Tensor("embedding", np.ascontiguousarray(job.vectors(), np.float32))
+        else:
+            tensor = pb_utils.Tensor("scores", np.ascontiguousarray(job.scores(), np.float32))
+        sender.send(pb_utils.InferenceResponse(output_tensors=[tensor]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     @staticmethod
     def _send(sender: Any, tensor: Any) -> None:
@@ -160,7 +175,7 @@ class TritonPythonModel:
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def finalize(self) -> None:
-        self.engine.close()
+        self.service.close()
 
 
 def _text(piece: str) -> Any:
