@@ -185,27 +185,34 @@ def converse(conversation: Conversation, out: TextIO, terminal: bool) -> None:
     if terminal:
         with contextlib.suppress(ImportError):
             import readline  # noqa: F401  (line editing and history for input())
-    while True:
-        try:
-            text = input("you> " if terminal else "").strip()
-        except (EOFError, KeyboardInterrupt):
-            if terminal:
-                out.write("\n")
-            return
-        if text in EXIT:
-            return
+    while (text := _next_turn(out, terminal)) is not None and text not in EXIT:
         if text == RESET:
             conversation.reset()
             if terminal:
                 console.print("(conversation cleared)", style="dim", highlight=False)
         elif text:
-            try:
-                conversation.reply(text, out)
-            except TransformerKitError as exc:
-                _report(exc)
-            except KeyboardInterrupt:
-                out.write("\n")
-                console.print("(reply stopped; the turn is dropped)", style="dim", highlight=False)
+            _answer(conversation, text, out)
+
+
+def _next_turn(out: TextIO, terminal: bool) -> str | None:
+    """The user's next line (stripped), or None at the input's end (or Ctrl-C at the prompt)."""
+    try:
+        return input("you> " if terminal else "").strip()
+    except (EOFError, KeyboardInterrupt):
+        if terminal:
+            out.write("\n")
+        return None
+
+
+def _answer(conversation: Conversation, text: str, out: TextIO) -> None:
+    """The model's reply to ``text``; an error prints its sentence, Ctrl-C drops the turn."""
+    try:
+        conversation.reply(text, out)
+    except TransformerKitError as exc:
+        _report(exc)
+    except KeyboardInterrupt:
+        out.write("\n")
+        console.print("(reply stopped; the turn is dropped)", style="dim", highlight=False)
 
 
 def _report(exc: TransformerKitError) -> None:
