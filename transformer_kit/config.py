@@ -1,8 +1,5 @@
 """The model config: validated with pydantic, read from a dict, YAML or JSON.
 
-Longer than 300 lines because every key a config may hold is declared here, in one class with
-its type, range and description (the published JSON schema is generated from it).
-
 Every key is listed in :class:`ModelConfig`; unknown keys, out-of-range values and impossible
 combinations raise :class:`ConfigError` naming the key and what is allowed.
 """
