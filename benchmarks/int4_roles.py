@@ -39,7 +39,7 @@ from int4_gptq import perplexity, searched, second_moments
 from int4_quality import held_text
 
 from transformer_kit.export.calibration import DEFAULT_TEXT
-from transformer_kit.export.quantized_writes import early_layers
+from transformer_kit.export.weight_writer import early_layers
 
 AWQ_ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 

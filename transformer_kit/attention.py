@@ -1,6 +1,7 @@
 """Multi-head attention: the projections W_Q, W_K, W_V, W_O, grouped KV heads and the KV cache.
 
-The kernel (a registered ``attention`` component) only combines q, k and v.
+The kernel (a registered ``attention`` component) only combines q, k and v. The heads' layout
+(:func:`split_heads`, :func:`repeat_kv_heads`) is this module's too.
 """
 
 from __future__ import annotations
@@ -8,10 +9,25 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from transformer_kit.heads import repeat_kv_heads, split_heads
 from transformer_kit.interfaces import AttentionInputs, LayerCache
 
 __all__ = ["AttentionInputs", "LayerCache", "MultiHeadAttention"]
+
+
+def split_heads(x: Tensor, heads: int) -> Tensor:
+    """(batch, len, heads * head_dim) -> (batch, heads, len, head_dim), a view."""
+    batch, length, width = x.shape
+    return x.view(batch, length, heads, width // heads).transpose(1, 2)
+
+
+def repeat_kv_heads(x: Tensor, groups: int) -> Tensor:
+    """(batch, kv_heads, len, dim) -> (batch, kv_heads * groups, len, dim), each head repeated
+    ``groups`` times in place (a view and one copy; exports with static shapes)."""
+    if groups == 1:
+        return x
+    batch, heads, length, dim = x.shape
+    return x[:, :, None].expand(batch, heads, groups, length, dim).reshape(
+        batch, heads * groups, length, dim)
 
 
 class MultiHeadAttention(nn.Module):

@@ -1,8 +1,5 @@
 """The model config: validated with pydantic, read from a dict, YAML or JSON.
 
-Longer than 300 lines because every key a config may hold is declared here, in one class with
-its type, range and description (the published JSON schema is generated from it).
-
 Every key is listed in :class:`ModelConfig`; unknown keys, out-of-range values and impossible
 combinations raise :class:`ConfigError` naming the key and what is allowed.
 """
@@ -175,7 +172,28 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
-        problems: list[str] = []
+        problems = self._vocabulary_problems()
+        if self.lm_head and self.architecture != "encoder":
+            problems.append("'lm_head' applies to encoder models (decoders always have one)")
+        problems += self._head_problems()
+        if isinstance(self.eos_id, list) and not self.eos_id:
+            problems.append("'eos_id' is an empty list; give null for no end id, or the ids")
+        if not problems:
+            problems += self._token_id_problems()
+        problems += layer_type_problems(self)
+        problems += sentence_problems(self.architecture, self.lm_head, self.pooling,
+                                      self.sentence_embedding, self.classifier, self.d_model)
+        if problems:
+            raise ValueError("; ".join(problems))
+        if self.mask is None:
+            default = "none" if self.architecture == "encoder" else "causal"
+            object.__setattr__(self, "mask", ComponentSpec(name=default))
+        return self
+
+    def _vocabulary_problems(self) -> list[str]:
+        """The vocabulary keys the architecture does not take: one shared vocabulary or a source
+        and a target one (encoder_decoder), one vocabulary and one stack (the others)."""
+        problems = []
         arch = self.architecture
         if arch == "encoder_decoder":
             split = (self.src_vocab_size, self.tgt_vocab_size)
@@ -183,42 +201,39 @@ class ModelConfig(BaseModel):
                 problems.append("give 'vocab_size', or both 'src_vocab_size' and 'tgt_vocab_size'")
             if self.vocab_size is not None and split != (None, None):
                 problems.append("give either 'vocab_size' or 'src_vocab_size'/'tgt_vocab_size', not both")
-        else:
-            if self.vocab_size is None:
-                problems.append(f"'vocab_size' is required for architecture {arch!r}")
-            for key in ("src_vocab_size", "tgt_vocab_size", "encoder_layers", "decoder_layers"):
-                if getattr(self, key) is not None:
-                    problems.append(f"{key!r} applies to encoder_decoder only; use "
-                                    f"{'vocab_size' if 'vocab' in key else 'num_layers'}")
-        if self.lm_head and arch != "encoder":
-            problems.append("'lm_head' applies to encoder models (decoders always have one)")
+            return problems
+        if self.vocab_size is None:
+            problems.append(f"'vocab_size' is required for architecture {arch!r}")
+        for key in ("src_vocab_size", "tgt_vocab_size", "encoder_layers", "decoder_layers"):
+            if getattr(self, key) is not None:
+                problems.append(f"{key!r} applies to encoder_decoder only; use "
+                                f"{'vocab_size' if 'vocab' in key else 'num_layers'}")
+        return problems
+
+    def _head_problems(self) -> list[str]:
+        """d_model that the heads do not divide (without head_dim), kv heads that do not divide the heads."""
+        problems = []
         if self.head_dim is None and self.d_model % self.num_heads:
             problems.append(f"'d_model' ({self.d_model}) must be divisible by 'num_heads' "
                             f"({self.num_heads}), or give 'head_dim'")
         kv = self.num_kv_heads
         if kv is not None and (kv > self.num_heads or self.num_heads % kv):
             problems.append(f"'num_kv_heads' ({kv}) must divide 'num_heads' ({self.num_heads})")
-        if isinstance(self.eos_id, list) and not self.eos_id:
-            problems.append("'eos_id' is an empty list; give null for no end id, or the ids")
-        if not problems:
-            for key in ("pad_id", "bos_id", "eos_id", "forced_bos_id"):
-                value = getattr(self, key)
-                vocab = self.src_vocab if key == "pad_id" else self.tgt_vocab
-                limit = min(vocab, self.tgt_vocab) if key == "pad_id" else vocab
-                for one in value if isinstance(value, list) else [value]:
-                    if one is not None and one < 0:
-                        problems.append(f"{key!r} ({one}) must not be negative")
-                    elif one is not None and one >= limit:
-                        problems.append(f"{key!r} ({one}) must be below the vocabulary size ({limit})")
-        problems += layer_type_problems(self)
-        problems += sentence_problems(arch, self.lm_head, self.pooling, self.sentence_embedding,
-                                      self.classifier, self.d_model)
-        if problems:
-            raise ValueError("; ".join(problems))
-        if self.mask is None:
-            default = "none" if arch == "encoder" else "causal"
-            object.__setattr__(self, "mask", ComponentSpec(name=default))
-        return self
+        return problems
+
+    def _token_id_problems(self) -> list[str]:
+        """Special token ids that are negative or outside their vocabulary (pad_id: both)."""
+        problems = []
+        for key in ("pad_id", "bos_id", "eos_id", "forced_bos_id"):
+            value = getattr(self, key)
+            vocab = self.src_vocab if key == "pad_id" else self.tgt_vocab
+            limit = min(vocab, self.tgt_vocab) if key == "pad_id" else vocab
+            for one in value if isinstance(value, list) else [value]:
+                if one is not None and one < 0:
+                    problems.append(f"{key!r} ({one}) must not be negative")
+                elif one is not None and one >= limit:
+                    problems.append(f"{key!r} ({one}) must be below the vocabulary size ({limit})")
+        return problems
 
     def layer_component(self, kind: str, layer: int | None) -> ComponentSpec | None:
         """The spec of ``kind`` in self-attention layer ``layer`` (its variant's, else the

@@ -1,6 +1,10 @@
 """Config files: a ``.yaml``, ``.yml`` or ``.json`` file read into a dict, every problem (a
 missing file, a wrong suffix, a syntax error at a line and column) a :class:`ConfigError`
-sentence saying how to fix it. :mod:`transformer_kit.config` validates what it holds."""
+sentence saying how to fix it. :mod:`transformer_kit.config` validates what it holds.
+
+The JSON files a folder describes itself with (a saved model's or a checkpoint's
+``config.json``, ``generation_config.json``, an export's manifest) are read by
+:func:`read_json_object`, each problem raised as the caller's error."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from transformer_kit.errors import ConfigError, missing_path
+from transformer_kit.errors import ConfigError, TransformerKitError, missing_path
 
 
 def _syntax_error(path: Path, exc: Exception) -> str:
@@ -52,4 +56,18 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(
             f"Config file {str(path)!r} holds a {type(data).__name__}; it must hold a mapping of keys."
         )
+    return data
+
+
+def read_json_object(path: Path, error: type[TransformerKitError], hint: str) -> dict[str, Any]:
+    """The JSON object in ``path``; a missing, undecodable or non-object file raises ``error``
+    with ``hint`` (what to do) appended."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise error(f"Cannot read {str(path)!r}: {exc.strerror or exc}. {hint}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise error(f"{str(path)!r} is not valid JSON ({exc}). {hint}") from None
+    if not isinstance(data, dict):
+        raise error(f"{str(path)!r} does not hold a JSON object. {hint}")
     return data

@@ -1,8 +1,5 @@
 """The registry: a pluggy plugin manager plus an index of what the plugins contribute.
 
-Longer than 300 lines because it indexes each of the three contributions (components, their
-lowerings, checkpoint families) with the same registration, conflict and lookup rules.
-
 Components and their lowerings are indexed by (kind, name), checkpoint families by ``model_type``. A plugin's
 contributions are read when it is registered, by calling its hooks through pluggy (a subset
 hook caller holding just that plugin, so each contribution's plugin is known and a conflict

@@ -14,8 +14,8 @@ from safetensors.torch import save_model as save_weights
 from torch import nn
 
 from transformer_kit.config import ModelConfig, config_from_dict
+from transformer_kit.config_files import read_json_object
 from transformer_kit.errors import CheckpointError, missing_path
-from transformer_kit.jsonfile import read_json_object
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

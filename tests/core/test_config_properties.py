@@ -287,53 +287,81 @@ KINDS_IN_CONFIG = ["attention", "positional", "mask", "block", "feedforward", "n
 WRONG_VALUES = ["x", 1.5, [1], {"a": 1}, None, True]
 
 
+def _wrong_type(draw, config: dict, vocab: int) -> None:
+    key = draw(st.sampled_from(SIZE_KEYS + BOOL_KEYS + ["dropout", "pad_id", "bos_id"]))
+    value = draw(st.sampled_from(WRONG_VALUES))
+    if (key in BOOL_KEYS and value is True) or (key in ("pad_id", "bos_id") and value is None):
+        value = "x"
+    if key == "num_kv_heads" and value is None:
+        value = 1.5
+    if key == "dropout" and isinstance(value, bool):
+        value = "x"
+    config[key] = value
+
+
+def _size(draw, config: dict, vocab: int) -> None:
+    config[draw(st.sampled_from(SIZE_KEYS))] = draw(st.integers(-5, 0))
+
+
+def _dropout(draw, config: dict, vocab: int) -> None:
+    config["dropout"] = draw(st.one_of(st.floats(1.0, 10.0), st.floats(-10.0, -1e-6),
+                                       st.just(math.nan), st.just(math.inf)))
+
+
+def _id(draw, config: dict, vocab: int) -> None:
+    key = draw(st.sampled_from(["pad_id", "bos_id", "eos_id"]))
+    config[key] = draw(st.one_of(st.integers(vocab, vocab + 50), st.integers(-20, -1)))
+
+
+def _kv_heads(draw, config: dict, vocab: int) -> None:
+    heads = config["num_heads"]
+    config["num_kv_heads"] = draw(st.sampled_from([k for k in range(2, 9) if heads % k or k > heads]))
+
+
+def _heads(draw, config: dict, vocab: int) -> None:
+    config.pop("head_dim", None)  # d_model must then divide into the heads
+    config["num_heads"] = draw(st.sampled_from([h for h in (3, 5, 7) if config["d_model"] % h]))
+
+
+def _unknown_key(draw, config: dict, vocab: int) -> None:
+    config[draw(st.sampled_from(["d_modle", "num_head", "dropuot", "vocabsize", "layers"]))] = 1
+
+
+def _unknown_component(draw, config: dict, vocab: int) -> None:
+    kind = draw(st.sampled_from(KINDS_IN_CONFIG))
+    config[kind] = draw(st.sampled_from(["nonexistent", "Matmul", "rope", ""]))
+
+
+def _unknown_param(draw, config: dict, vocab: int) -> None:
+    kind = draw(st.sampled_from(["attention", "block", "norm"]))
+    name = config[kind] if isinstance(config[kind], str) else config[kind]["name"]
+    config[kind] = {"name": name, "no_such_param": 1}
+
+
+def _architecture(draw, config: dict, vocab: int) -> None:
+    config["architecture"] = draw(st.sampled_from(["decoder_only", "", "Encoder", 3]))
+
+
+def _component_type(draw, config: dict, vocab: int) -> None:
+    config[draw(st.sampled_from(KINDS_IN_CONFIG))] = draw(st.sampled_from([3, 1.5, ["causal"]]))
+
+
+#: Each way to make a valid config wrong: mutation(draw, config, largest vocabulary size), in place.
+MUTATIONS = {
+    "wrong_type": _wrong_type, "size": _size, "dropout": _dropout, "id": _id, "kv_heads": _kv_heads,
+    "unknown_key": _unknown_key, "unknown_component": _unknown_component,
+    "unknown_param": _unknown_param, "heads": _heads, "architecture": _architecture,
+    "component_type": _component_type,
+}
+
+
 @st.composite
 def invalid_configs(draw) -> tuple[dict, str]:
     """A valid config with one thing made wrong; returns it and what was changed."""
     config = copy.deepcopy(draw(valid_configs()))
     vocab = max(_vocabularies(config))
-    mutation = draw(st.sampled_from([
-        "wrong_type", "size", "dropout", "id", "kv_heads", "unknown_key", "unknown_component",
-        "unknown_param", "heads", "architecture", "component_type",
-    ]))
-    if mutation == "wrong_type":
-        key = draw(st.sampled_from(SIZE_KEYS + BOOL_KEYS + ["dropout", "pad_id", "bos_id"]))
-        value = draw(st.sampled_from(WRONG_VALUES))
-        if (key in BOOL_KEYS and value is True) or (key in ("pad_id", "bos_id") and value is None):
-            value = "x"
-        if key == "num_kv_heads" and value is None:
-            value = 1.5
-        if key == "dropout" and isinstance(value, bool):
-            value = "x"
-        config[key] = value
-    elif mutation == "size":
-        config[draw(st.sampled_from(SIZE_KEYS))] = draw(st.integers(-5, 0))
-    elif mutation == "dropout":
-        config["dropout"] = draw(st.one_of(st.floats(1.0, 10.0), st.floats(-10.0, -1e-6),
-                                           st.just(math.nan), st.just(math.inf)))
-    elif mutation == "id":
-        key = draw(st.sampled_from(["pad_id", "bos_id", "eos_id"]))
-        config[key] = draw(st.one_of(st.integers(vocab, vocab + 50), st.integers(-20, -1)))
-    elif mutation == "kv_heads":
-        heads = config["num_heads"]
-        config["num_kv_heads"] = draw(st.sampled_from([k for k in range(2, 9)
-                                                       if heads % k or k > heads]))
-    elif mutation == "heads":
-        config.pop("head_dim", None)  # d_model must then divide into the heads
-        config["num_heads"] = draw(st.sampled_from([h for h in (3, 5, 7) if config["d_model"] % h]))
-    elif mutation == "unknown_key":
-        config[draw(st.sampled_from(["d_modle", "num_head", "dropuot", "vocabsize", "layers"]))] = 1
-    elif mutation == "unknown_component":
-        kind = draw(st.sampled_from(KINDS_IN_CONFIG))
-        config[kind] = draw(st.sampled_from(["nonexistent", "Matmul", "rope", ""]))
-    elif mutation == "unknown_param":
-        kind = draw(st.sampled_from(["attention", "block", "norm"]))
-        name = config[kind] if isinstance(config[kind], str) else config[kind]["name"]
-        config[kind] = {"name": name, "no_such_param": 1}
-    elif mutation == "architecture":
-        config["architecture"] = draw(st.sampled_from(["decoder_only", "", "Encoder", 3]))
-    else:  # component_type
-        config[draw(st.sampled_from(KINDS_IN_CONFIG))] = draw(st.sampled_from([3, 1.5, ["causal"]]))
+    mutation = draw(st.sampled_from(list(MUTATIONS)))
+    MUTATIONS[mutation](draw, config, vocab)
     return config, mutation
 
 

@@ -54,6 +54,53 @@ def grammar_of(response_format: dict | None) -> str | None:
     return _grammar(key)
 
 
+def _json_object_grammar(response_format: dict) -> str:
+    from llguidance import LLMatcher
+
+    return LLMatcher.grammar_from_json_schema({"type": "object"}, overrides=_JSON_OPTIONS)
+
+
+def _json_schema_grammar(response_format: dict) -> str:
+    from llguidance import LLMatcher
+
+    spec = _field(response_format, "json_schema", dict, "{'name': ..., 'schema': {...}}")
+    schema = spec.get("schema", {"type": "object"} if "name" in spec else spec)
+    if not isinstance(schema, (dict, bool)):
+        raise InputError(f"response_format json_schema.schema must be a JSON schema (an "
+                         f"object), got {schema!r:.80}.")
+    try:
+        return LLMatcher.grammar_from_json_schema(schema, overrides=_JSON_OPTIONS)
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"response_format json_schema cannot be used: {exc}.") from None
+
+
+def _regex_grammar(response_format: dict) -> str:
+    from llguidance import LLMatcher
+
+    return LLMatcher.grammar_from_regex(_field(response_format, "regex", str, "a regular expression"))
+
+
+def _choice_grammar(response_format: dict) -> str:
+    from llguidance import grammar_from
+
+    choices = _field(response_format, "choices", list, "a non-empty list of strings")
+    if not choices or not all(isinstance(c, str) and c for c in choices):
+        raise InputError(f"response_format choices must be non-empty strings, got {choices!r:.80}.")
+    return grammar_from("choice", choices)
+
+
+def _lark_grammar(response_format: dict) -> str:
+    from llguidance import LLMatcher
+
+    return LLMatcher.grammar_from_lark(_field(response_format, "grammar", str,
+                                              "a Lark grammar (llguidance's)"))
+
+
+#: Each constraining type of response_format -> its llguidance grammar ("text" has none).
+_GRAMMARS = {"json_object": _json_object_grammar, "json_schema": _json_schema_grammar,
+             "regex": _regex_grammar, "choice": _choice_grammar, "grammar": _lark_grammar}
+
+
 @lru_cache(maxsize=256)
 def _grammar(key: str) -> str | None:
     response_format = json.loads(key)
@@ -61,34 +108,12 @@ def _grammar(key: str) -> str | None:
         given = response_format.get("type") if isinstance(response_format, dict) else response_format
         raise InputError(f"response_format type {given!r} is not supported; give "
                          f"{{'type': ...}} with one of {', '.join(FORMATS)}.")
-    from llguidance import LLMatcher, grammar_from
+    from llguidance import LLMatcher
 
     kind = response_format["type"]
     if kind == "text":
         return None
-    if kind == "json_object":
-        grammar = LLMatcher.grammar_from_json_schema({"type": "object"}, overrides=_JSON_OPTIONS)
-    elif kind == "json_schema":
-        spec = _field(response_format, "json_schema", dict, "{'name': ..., 'schema': {...}}")
-        schema = spec.get("schema", {"type": "object"} if "name" in spec else spec)
-        if not isinstance(schema, (dict, bool)):
-            raise InputError(f"response_format json_schema.schema must be a JSON schema (an "
-                             f"object), got {schema!r:.80}.")
-        try:
-            grammar = LLMatcher.grammar_from_json_schema(schema, overrides=_JSON_OPTIONS)
-        except (ValueError, TypeError) as exc:
-            raise InputError(f"response_format json_schema cannot be used: {exc}.") from None
-    elif kind == "regex":
-        grammar = LLMatcher.grammar_from_regex(_field(response_format, "regex", str,
-                                                      "a regular expression"))
-    elif kind == "choice":
-        choices = _field(response_format, "choices", list, "a non-empty list of strings")
-        if not choices or not all(isinstance(c, str) and c for c in choices):
-            raise InputError(f"response_format choices must be non-empty strings, got {choices!r:.80}.")
-        grammar = grammar_from("choice", choices)
-    else:
-        grammar = LLMatcher.grammar_from_lark(_field(response_format, "grammar", str,
-                                                     "a Lark grammar (llguidance's)"))
+    grammar = _GRAMMARS[kind](response_format)
     error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     if error:
         raise InputError(f"response_format {kind} is refused by llguidance: "

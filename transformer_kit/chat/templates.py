@@ -105,26 +105,32 @@ def choose(templates: dict[str, str], name: str | None, tools: list | None) -> s
                             "and none is the default; choose one with chat_template=NAME.")
 
 
+#: Subclasses of the plain scalar types (an IntEnum, a str subclass) -> the plain value (bool
+#: before int: a bool is an int).
+_SCALARS = ((bool, bool), (str, str.__str__), (int, int.__int__), (float, float.__float__))
+
+
 def plain(value: Any) -> Any:
     """``value`` rebuilt from plain JSON types (what a template may see, as transformers): strings,
     numbers, booleans, None, dicts, lists and tuples; dataclasses and pydantic models as dicts;
     anything else as a placeholder ``<TypeName>``, so no object with methods reaches the sandbox."""
     if value is None or type(value) in (str, int, float, bool):
         return value
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, int):
-        return int.__int__(value)
-    if isinstance(value, float):
-        return float.__float__(value)
+    for kind, convert in _SCALARS:
+        if isinstance(value, kind):
+            return convert(value)
     if isinstance(value, Mapping):
         return {plain(k): plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [plain(v) for v in value]
     if isinstance(value, tuple):
         return tuple(plain(v) for v in value)
+    return _plain_object(value)
+
+
+def _plain_object(value: Any) -> Any:
+    """:func:`plain` of a value that is no JSON type: a numpy scalar's value, a dataclass's or a
+    pydantic model's fields as a dict, else the placeholder ``<TypeName>``."""
     if hasattr(value, "item") and hasattr(value, "dtype") and getattr(value, "ndim", None) == 0:
         return plain(value.item())  # numpy scalars
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -144,15 +150,11 @@ def _with_reasoning_aliases(messages: list[dict]) -> list[dict]:
     return out
 
 
-def render_conversation(template: str, messages: list, *, special_tokens: Mapping[str, str],
-                        tools: list | None = None, documents: list | None = None,
-                        add_generation_prompt: bool = False,
-                        continue_final_message: bool | str = False, **kwargs: Any) -> str:
-    """``messages`` rendered by ``template`` as transformers' ``apply_chat_template(...,
-    tokenize=False)`` renders them: fields whose value is None dropped, everything made plain,
-    reasoning fields aliased, the special tokens by name (keyword arguments win), and the final
-    message left open with ``continue_final_message``.
-    """
+def _check_conversation(messages: Any, tools: Any, documents: Any, add_generation_prompt: bool,
+                        continue_final_message: bool | str) -> None:
+    """Raise :class:`ChatTemplateError` for what :func:`render_conversation` cannot render:
+    no messages, a message or tool or document that is not a dict, or both a generation prompt
+    and a continued final message."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ChatTemplateError(f"A conversation is a non-empty list of messages ({{'role': ..., "
                                 f"'content': ...}}), got {messages!r:.80}.")
@@ -170,42 +172,65 @@ def render_conversation(template: str, messages: list, *, special_tokens: Mappin
     if documents is not None and (not isinstance(documents, (list, tuple))
                                   or not all(isinstance(d, Mapping) for d in documents)):
         raise ChatTemplateError("documents must be a list of dicts with 'title' and 'text' keys.")
+
+
+def _mark_final_message(chat: list[dict], template: str, continue_final_message: bool | str) -> Any:
+    """Append the continuation tag to the text the final message of ``chat`` continues (its
+    ``continue_final_message`` field, ``content`` when True: a string, or a list's last text
+    block); returns that text as it was."""
+    field = continue_final_message if isinstance(continue_final_message, str) else "content"
+    final = chat[-1].get(field)
+    if final is None:
+        raise ChatTemplateError(f"continue_final_message is set but the final message has no "
+                                f"{field!r} to continue.")
+    fields = ([f for f in _REASONING_FIELDS if chat[-1].get(f) == final]
+              if field in _REASONING_FIELDS else [field])
+    if not any(f in template for f in fields):
+        raise ChatTemplateError(f"continue_final_message is set to {field!r}, which this chat "
+                                "template does not read.")
+    if isinstance(final, (list, tuple)):
+        for block in reversed(final):
+            if isinstance(block, dict) and "text" in block:
+                final = block["text"]
+                block["text"] = block["text"] + _CONTINUE_TAG
+                break
+        else:
+            raise ChatTemplateError("continue_final_message is set but the final message has "
+                                    "no text to continue.")
+    else:
+        for f in fields:
+            chat[-1][f] = chat[-1][f] + _CONTINUE_TAG
+    return final
+
+
+def _cut_at_continuation(rendered: str, final: str) -> str:
+    """``rendered`` up to where the final message's text ends (where the tag was)."""
+    tag = _CONTINUE_TAG.strip()
+    if final.strip() not in rendered or tag not in rendered:
+        raise ChatTemplateError("continue_final_message is set but the template does not show "
+                                "the final message as given, so it cannot be continued.")
+    at = rendered.rindex(tag)
+    return (rendered[:at] if rendered[at:at + len(_CONTINUE_TAG)] == _CONTINUE_TAG
+            else rendered[:at].rstrip())
+
+
+def render_conversation(template: str, messages: list, *, special_tokens: Mapping[str, str],
+                        tools: list | None = None, documents: list | None = None,
+                        add_generation_prompt: bool = False,
+                        continue_final_message: bool | str = False, **kwargs: Any) -> str:
+    """``messages`` rendered by ``template`` as transformers' ``apply_chat_template(...,
+    tokenize=False)`` renders them: fields whose value is None dropped, everything made plain,
+    reasoning fields aliased, the special tokens by name (keyword arguments win), and the final
+    message left open with ``continue_final_message``.
+    """
+    _check_conversation(messages, tools, documents, add_generation_prompt, continue_final_message)
     chat = plain([{k: v for k, v in m.items() if v is not None} for m in messages])
     chat = _with_reasoning_aliases(chat)
-    final = None
-    if continue_final_message:
-        field = continue_final_message if isinstance(continue_final_message, str) else "content"
-        final = chat[-1].get(field)
-        if final is None:
-            raise ChatTemplateError(f"continue_final_message is set but the final message has no "
-                                    f"{field!r} to continue.")
-        fields = ([f for f in _REASONING_FIELDS if chat[-1].get(f) == final]
-                  if field in _REASONING_FIELDS else [field])
-        if not any(f in template for f in fields):
-            raise ChatTemplateError(f"continue_final_message is set to {field!r}, which this chat "
-                                    "template does not read.")
-        if isinstance(final, (list, tuple)):
-            for block in reversed(final):
-                if isinstance(block, dict) and "text" in block:
-                    final = block["text"]
-                    block["text"] = block["text"] + _CONTINUE_TAG
-                    break
-            else:
-                raise ChatTemplateError("continue_final_message is set but the final message has "
-                                        "no text to continue.")
-        else:
-            for f in fields:
-                chat[-1][f] = chat[-1][f] + _CONTINUE_TAG
+    final = _mark_final_message(chat, template, continue_final_message) if continue_final_message else None
     variables = {**plain(dict(special_tokens)), **plain(kwargs), "messages": chat,
                  "tools": plain(tools), "documents": plain(documents),
                  "add_generation_prompt": add_generation_prompt}
     rendered = sandbox.render(sandbox.compile_template(template), variables)
     if final is not None:
-        tag = _CONTINUE_TAG.strip()
-        if final.strip() not in rendered or tag not in rendered:
-            raise ChatTemplateError("continue_final_message is set but the template does not show "
-                                    "the final message as given, so it cannot be continued.")
-        at = rendered.rindex(tag)
-        rendered = (rendered[:at] if rendered[at:at + len(_CONTINUE_TAG)] == _CONTINUE_TAG
-                    else rendered[:at].rstrip())
+        rendered = _cut_at_continuation(rendered, final)
     return rendered

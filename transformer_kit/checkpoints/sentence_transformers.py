@@ -115,18 +115,10 @@ def _max_seq_length(body: Path) -> int | None:
     return None
 
 
-def read_sentence_pipeline(folder: str | Path) -> SentencePipeline | None:
-    """The pipeline of a sentence-transformers folder, or None when ``folder`` has no
-    ``modules.json``. Refuses modules the kit does not build, naming them."""
-    folder = Path(folder)
-    if not (folder / "modules.json").is_file():
-        return None
-    modules = _read_json(folder / "modules.json", "The module list")
-    if not isinstance(modules, list) or not modules or _module_kind(modules[0]) != "Transformer":
-        raise CheckpointError(f"{str(folder)!r}: modules.json does not start with a Transformer "
-                              "module; the kit loads sentence-transformers models built on one.")
-    body = folder / modules[0].get("path", "")
-    pipeline = SentencePipeline(folder, body)
+def _read_modules(folder: Path, modules: list, pipeline: SentencePipeline) -> tuple[str | None, dict]:
+    """The pooling component (None without a Pooling module) and the ``sentence_embedding`` keys
+    of the modules after the Transformer (Pooling, Dense, Normalize); the dense layers' weights
+    go to ``pipeline.state``. Refuses other modules, naming them."""
     sentence: dict[str, Any] = {"dense": []}
     pooling = None
     for entry in modules[1:]:
@@ -143,17 +135,39 @@ def read_sentence_pipeline(folder: str | Path) -> SentencePipeline | None:
         else:
             raise CheckpointError(f"{where}: module {entry.get('type')!r} is not supported; the kit "
                                   "builds Transformer, Pooling, Dense and Normalize.")
+    return pooling, sentence
+
+
+def _add_settings(sentence: dict[str, Any], settings: dict[str, Any]) -> None:
+    """The prompts, the default prompt's name and the similarity of
+    ``config_sentence_transformers.json`` (``settings``) into ``sentence``."""
+    sentence["prompts"] = {k: v for k, v in (settings.get("prompts") or {}).items() if v}
+    if settings.get("default_prompt_name") in sentence["prompts"]:
+        sentence["default_prompt_name"] = settings["default_prompt_name"]
+    similarity = {"cos_sim": "cosine", "dot_score": "dot"}.get(
+        settings.get("similarity_fn_name"), settings.get("similarity_fn_name"))
+    if similarity in ("cosine", "dot", "euclidean", "manhattan"):
+        sentence["similarity"] = similarity
+
+
+def read_sentence_pipeline(folder: str | Path) -> SentencePipeline | None:
+    """The pipeline of a sentence-transformers folder, or None when ``folder`` has no
+    ``modules.json``. Refuses modules the kit does not build, naming them."""
+    folder = Path(folder)
+    if not (folder / "modules.json").is_file():
+        return None
+    modules = _read_json(folder / "modules.json", "The module list")
+    if not isinstance(modules, list) or not modules or _module_kind(modules[0]) != "Transformer":
+        raise CheckpointError(f"{str(folder)!r}: modules.json does not start with a Transformer "
+                              "module; the kit loads sentence-transformers models built on one.")
+    body = folder / modules[0].get("path", "")
+    pipeline = SentencePipeline(folder, body)
+    pooling, sentence = _read_modules(folder, modules, pipeline)
     extra = folder / "config_sentence_transformers.json"
     settings = _read_json(extra, "The settings") if extra.is_file() else {}
     if pooling is not None:
         pipeline.config["pooling"] = pooling
-        sentence["prompts"] = {k: v for k, v in (settings.get("prompts") or {}).items() if v}
-        if settings.get("default_prompt_name") in sentence["prompts"]:
-            sentence["default_prompt_name"] = settings["default_prompt_name"]
-        similarity = {"cos_sim": "cosine", "dot_score": "dot"}.get(
-            settings.get("similarity_fn_name"), settings.get("similarity_fn_name"))
-        if similarity in ("cosine", "dot", "euclidean", "manhattan"):
-            sentence["similarity"] = similarity
+        _add_settings(sentence, settings)
         pipeline.config["sentence_embedding"] = sentence
     if settings.get("activation_fn"):
         pipeline.classifier["activation"] = activation_name(settings["activation_fn"], str(extra))

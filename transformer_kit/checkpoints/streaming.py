@@ -86,6 +86,31 @@ def _read_per_call(module: nn.Module, own: list[tuple[str, nn.Parameter]],
     return [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
 
 
+def _cast_buffers(module: nn.Module, dtype: torch.dtype,
+                  saved: list[tuple[nn.Module, str, Tensor]]) -> None:
+    """``module``'s own floating-point buffers cast to ``dtype``, each original appended to
+    ``saved`` (module, name, buffer) before it is replaced."""
+    for name, buffer in module._buffers.items():
+        if buffer is not None and buffer.is_floating_point():
+            saved.append((module, name, buffer))
+            module._buffers[name] = buffer.to(dtype)
+
+
+def _restore(handles: list, unguarded: list[nn.Module],
+             saved_params: list[tuple[nn.Module, str, nn.Parameter]],
+             saved_buffers: list[tuple[nn.Module, str, Tensor]]) -> None:
+    """Undo :func:`weights_per_module`: its hooks removed, the streamed layers guarded again,
+    every parameter and buffer put back."""
+    for handle in handles:
+        handle.remove()
+    for module in unguarded:
+        _guard(module)
+    for module, name, param in saved_params:
+        module._parameters[name] = param
+    for module, name, buffer in saved_buffers:
+        module._buffers[name] = buffer
+
+
 @contextlib.contextmanager
 def weights_per_module(model: nn.Module, load: Callable[[str], Tensor],
                        dtype: torch.dtype) -> Iterator[None]:
@@ -106,10 +131,7 @@ def weights_per_module(model: nn.Module, load: Callable[[str], Tensor],
         for module in model.modules():
             own = [(name, p) for name, p in module._parameters.items() if p is not None]
             saved_params.extend((module, name, p) for name, p in own)
-            for name, buffer in module._buffers.items():
-                if buffer is not None and buffer.is_floating_point():
-                    saved_buffers.append((module, name, buffer))
-                    module._buffers[name] = buffer.to(dtype)
+            _cast_buffers(module, dtype, saved_buffers)
             if "_streaming_guard" in module.__dict__:
                 module.__dict__.pop("_streaming_guard").remove()
                 unguarded.append(module)
@@ -121,11 +143,4 @@ def weights_per_module(model: nn.Module, load: Callable[[str], Tensor],
                     module._parameters[name] = read(param)
         yield
     finally:
-        for handle in handles:
-            handle.remove()
-        for module in unguarded:
-            _guard(module)
-        for module, name, param in saved_params:
-            module._parameters[name] = param
-        for module, name, buffer in saved_buffers:
-            module._buffers[name] = buffer
+        _restore(handles, unguarded, saved_params, saved_buffers)

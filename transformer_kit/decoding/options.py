@@ -110,23 +110,8 @@ class GenerationConfig(BaseModel):
             raise ValueError(f"num_return_sequences={self.num_return_sequences} with greedy decoding "
                              "would return the same row several times; set do_sample=True or "
                              "num_beams >= num_return_sequences")
-        if self.prompt_lookup_num_tokens is not None:
-            if self.num_beams > 1 or self.num_return_sequences > 1:
-                raise ValueError(f"prompt_lookup_num_tokens drafts one row's tokens, so it cannot run "
-                                 f"with num_beams={self.num_beams} or num_return_sequences="
-                                 f"{self.num_return_sequences}; use 1 for both or leave it out")
-            if self.response_format is not None:
-                raise ValueError("prompt_lookup_num_tokens cannot run with response_format (drafts "
-                                 "are not checked against its grammar); leave one of them out")
-        if self.response_format is not None:
-            if self.num_beams > 1:
-                raise ValueError(f"response_format constrains each row by a grammar, which beam "
-                                 f"search cannot follow as it reorders rows (num_beams="
-                                 f"{self.num_beams}); use num_beams=1 (greedy search or sampling)")
-            if self.min_new_tokens:
-                raise ValueError("response_format ends the reply where its grammar is complete, "
-                                 "so min_new_tokens cannot hold it open; leave min_new_tokens out")
-            grammar_of(self.response_format)  # refuses a format llguidance cannot use, now
+        self._check_prompt_lookup()
+        self._check_response_format()
         if not self.do_sample:
             given = [name for name in SAMPLING_OPTIONS if name in self.model_fields_set
                      and getattr(self, name) != GenerationConfig.model_fields[name].default]
@@ -134,6 +119,33 @@ class GenerationConfig(BaseModel):
                 warnings.warn(f"{', '.join(given)} only change sampling, and do_sample is False; "
                               "set do_sample=True to use them.", UserWarning, stacklevel=4)
         return self
+
+    def _check_prompt_lookup(self) -> None:
+        """Prompt lookup drafts one row, unconstrained: refused with beams, several sequences or
+        a response_format."""
+        if self.prompt_lookup_num_tokens is None:
+            return
+        if self.num_beams > 1 or self.num_return_sequences > 1:
+            raise ValueError(f"prompt_lookup_num_tokens drafts one row's tokens, so it cannot run "
+                             f"with num_beams={self.num_beams} or num_return_sequences="
+                             f"{self.num_return_sequences}; use 1 for both or leave it out")
+        if self.response_format is not None:
+            raise ValueError("prompt_lookup_num_tokens cannot run with response_format (drafts "
+                             "are not checked against its grammar); leave one of them out")
+
+    def _check_response_format(self) -> None:
+        """A response_format is refused with beams or min_new_tokens, and when llguidance cannot
+        use it."""
+        if self.response_format is None:
+            return
+        if self.num_beams > 1:
+            raise ValueError(f"response_format constrains each row by a grammar, which beam "
+                             f"search cannot follow as it reorders rows (num_beams="
+                             f"{self.num_beams}); use num_beams=1 (greedy search or sampling)")
+        if self.min_new_tokens:
+            raise ValueError("response_format ends the reply where its grammar is complete, "
+                             "so min_new_tokens cannot hold it open; leave min_new_tokens out")
+        grammar_of(self.response_format)  # refuses a format llguidance cannot use, now
 
     @property
     def strategy(self) -> str:

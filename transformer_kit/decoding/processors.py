@@ -102,16 +102,25 @@ def _specs(options: GenerationConfig, eos_ids: list[int], forced_bos_id: int | N
     grammar = grammar_of(options.response_format)
     if grammar is not None:  # before the warpers: they keep only tokens the grammar allows
         specs.append(("grammar", {"grammar": grammar}))
-    if options.do_sample:
-        if options.temperature != 1.0:
-            specs.append(("temperature", {"value": options.temperature}))
-        if options.top_k:
-            specs.append(("top_k", {"k": options.top_k}))
-        if options.top_p < 1.0:
-            specs.append(("top_p", {"p": options.top_p}))
-        if options.min_p is not None:
-            specs.append(("min_p", {"p": options.min_p}))
+    specs.extend(_warpers(options))
     return specs
+
+
+def _warpers(options: GenerationConfig) -> list[tuple[str, dict]]:
+    """The distribution warpers the options ask for, in Hugging Face's order (none without
+    sampling): temperature, top-k, top-p, min-p."""
+    if not options.do_sample:
+        return []
+    warpers: list[tuple[str, dict]] = []
+    if options.temperature != 1.0:
+        warpers.append(("temperature", {"value": options.temperature}))
+    if options.top_k:
+        warpers.append(("top_k", {"k": options.top_k}))
+    if options.top_p < 1.0:
+        warpers.append(("top_p", {"p": options.top_p}))
+    if options.min_p is not None:
+        warpers.append(("min_p", {"p": options.min_p}))
+    return warpers
 
 
 def build_pipeline(options: GenerationConfig, vocab_size: int, eos_ids: list[int],

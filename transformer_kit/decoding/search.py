@@ -9,6 +9,7 @@ options give the same tokens in both runtimes (same seed included).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -121,6 +122,79 @@ def _gather(x: np.ndarray, index: np.ndarray) -> np.ndarray:
     return np.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
+class _Finished(NamedTuple):
+    """Each prompt's best ``num_beams`` finished hypotheses: new tokens (batch, k, steps), their
+    length-penalized scores (batch, k), lengths (batch, k) and whether each slot holds one."""
+
+    new: np.ndarray
+    scores: np.ndarray
+    lengths: np.ndarray
+    done: np.ndarray
+
+    @classmethod
+    def none(cls, batch: int, k: int, fill_id: int) -> _Finished:
+        return cls(np.full((batch, k, 0), fill_id, dtype=np.int64),
+                   np.full((batch, k), _FINISHED, dtype=np.float32),
+                   np.zeros((batch, k), dtype=np.int64), np.zeros((batch, k), dtype=bool))
+
+    def merged(self, top_new: np.ndarray, scores: np.ndarray, just_finished: np.ndarray,
+               fill_id: int) -> _Finished:
+        """The best ``k`` of these and the candidates ``top_new`` (batch, keep_k, step + 1)
+        scored ``scores`` (``_FINISHED``: not finished, or not allowed to join)."""
+        batch, k, length = self.scores.shape[0], self.scores.shape[1], top_new.shape[2]
+        padded = np.full((batch, k, length), fill_id, dtype=np.int64)
+        padded[:, :, :self.new.shape[2]] = self.new
+        merged_new = np.concatenate([padded, top_new], axis=1)
+        merged_scores = np.concatenate([self.scores, scores.astype(np.float32)], axis=1)
+        merged_len = np.concatenate([self.lengths, np.full(scores.shape, length)], axis=1)
+        merged_finished = np.concatenate([self.done, just_finished], axis=1)
+        best = np.argsort(-merged_scores, axis=-1, kind="stable")[:, :k]
+        return _Finished(_gather(merged_new, best), np.take_along_axis(merged_scores, best, -1),
+                         np.take_along_axis(merged_len, best, -1),
+                         np.take_along_axis(merged_finished, best, -1))
+
+    def rows(self, n: int, fill_id: int) -> np.ndarray:
+        """The best ``n`` of each prompt: (batch x n, steps) int64, ended by ``fill_id``."""
+        lengths = self.lengths[:, :n].reshape(-1)
+        out = self.new[:, :n].reshape(len(lengths), -1)
+        steps = int(lengths.max()) if len(lengths) else 0
+        out = out[:, :steps].copy()
+        out[np.arange(steps)[None, :] >= lengths[:, None]] = fill_id
+        return out
+
+
+def _candidates(accumulated: np.ndarray, keep_k: int, rng: np.random.Generator | None) -> np.ndarray:
+    """(batch, keep_k) indices into each row of ``accumulated`` (batch, beams x vocab): the
+    largest scores, or drawn without replacement by their probabilities when sampling."""
+    if rng is None:
+        return _top(accumulated, keep_k)
+    probs = _probabilities(accumulated)
+    return np.stack([rng.choice(accumulated.shape[-1], keep_k, replace=False, p=p) for p in probs])
+
+
+def _finishing_scores(top_scores: np.ndarray, just_finished: np.ndarray, finished: _Finished,
+                      improvable: np.ndarray, length: int, options: GenerationConfig) -> np.ndarray:
+    """The length-penalized scores of the candidates that finish at ``length``; ``_FINISHED``
+    for the others and for every candidate of a prompt that is done (its hypotheses full with
+    ``early_stopping=True``, or no longer improvable)."""
+    scores = top_scores / (length ** options.length_penalty)
+    full = finished.done.all(axis=-1, keepdims=True) & (options.early_stopping is True)
+    scores = scores + full.astype(np.float32) * _FINISHED
+    scores = scores + (~improvable).astype(np.float32) * _FINISHED
+    return scores + (~just_finished).astype(np.float32) * _FINISHED
+
+
+def _still_improvable(improvable: np.ndarray, running_scores: np.ndarray, finished: _Finished,
+                      length: int, options: GenerationConfig) -> np.ndarray:
+    """(batch, 1): whether a prompt's best running beam can still beat its worst finished
+    hypothesis (at the longest length it may reach when ``early_stopping="never"``)."""
+    lp = options.length_penalty
+    best_len = (options.max_new_tokens if options.early_stopping == "never" and lp > 0 else length)
+    best_running = running_scores[:, :1] / (best_len ** lp)
+    worst = np.where(finished.done, finished.scores.min(axis=1, keepdims=True), _FINISHED)
+    return improvable & (best_running > worst).any(axis=-1, keepdims=True)
+
+
 def beam_search(stepper: Stepper, problem: Problem, options: GenerationConfig,
                 pipeline: Pipeline) -> np.ndarray:
     """Beam search as ``transformers`` (4.50+) runs it, on numpy: the same candidates, scores,
@@ -130,7 +204,6 @@ def beam_search(stepper: Stepper, problem: Problem, options: GenerationConfig,
     rows ended by ``fill_id``.
     """
     k, n_eos = options.num_beams, len(problem.eos_ids)
-    lp, early = options.length_penalty, options.early_stopping
     batch, prompt_len = problem.prompt_ids.shape
     keep_k = max(2, 1 + n_eos) * k
     rng = np.random.default_rng(options.seed) if options.do_sample else None
@@ -138,10 +211,7 @@ def beam_search(stepper: Stepper, problem: Problem, options: GenerationConfig,
     running_new = np.zeros((batch, k, 0), dtype=np.int64)  # tokens after the prompt
     running_scores = np.zeros((batch, k), dtype=np.float32)
     running_scores[:, 1:] = _FINISHED
-    finished_new = np.full((batch, k, 0), problem.fill_id, dtype=np.int64)
-    finished_scores = np.full((batch, k), _FINISHED, dtype=np.float32)
-    finished_len = np.zeros((batch, k), dtype=np.int64)
-    is_finished = np.zeros((batch, k), dtype=bool)
+    finished = _Finished.none(batch, k, problem.fill_id)
     improvable = np.ones((batch, 1), dtype=bool)
     top_k_mask = np.arange(keep_k) < k
     logits = stepper.first()[flat_source]
@@ -153,11 +223,7 @@ def beam_search(stepper: Stepper, problem: Problem, options: GenerationConfig,
         vocab = log_probs.shape[-1]
         accumulated = (log_probs.reshape(batch, k, vocab) + running_scores[:, :, None])
         accumulated = accumulated.reshape(batch, k * vocab)
-        if rng is not None:
-            probs = _probabilities(accumulated)
-            top = np.stack([rng.choice(k * vocab, keep_k, replace=False, p=p) for p in probs])
-        else:
-            top = _top(accumulated, keep_k)
+        top = _candidates(accumulated, keep_k, rng)
         top_scores = np.take_along_axis(accumulated, top, -1)
         top_beam, top_token = top // vocab, top % vocab
         top_new = np.concatenate([_gather(running_new, top_beam), top_token[:, :, None]], axis=2)
@@ -172,38 +238,15 @@ def beam_search(stepper: Stepper, problem: Problem, options: GenerationConfig,
         source_beam = np.take_along_axis(top_beam, chosen, -1)
         # finished candidates among the top num_beams join the finished hypotheses if better
         just_finished = hits & top_k_mask[None, :]
-        scores = top_scores / ((step + 1) ** lp)
-        full = is_finished.all(axis=-1, keepdims=True) & (early is True)
-        scores = scores + full.astype(np.float32) * _FINISHED
-        scores = scores + (~improvable).astype(np.float32) * _FINISHED
-        scores = scores + (~just_finished).astype(np.float32) * _FINISHED
-        padded = np.full((batch, k, step + 1), problem.fill_id, dtype=np.int64)
-        padded[:, :, :finished_new.shape[2]] = finished_new
-        merged_new = np.concatenate([padded, top_new], axis=1)
-        merged_scores = np.concatenate([finished_scores, scores.astype(np.float32)], axis=1)
-        merged_len = np.concatenate([finished_len, np.full((batch, keep_k), step + 1)], axis=1)
-        merged_finished = np.concatenate([is_finished, just_finished], axis=1)
-        best = np.argsort(-merged_scores, axis=-1, kind="stable")[:, :k]
-        finished_new = _gather(merged_new, best)
-        finished_scores = np.take_along_axis(merged_scores, best, -1)
-        finished_len = np.take_along_axis(merged_len, best, -1)
-        is_finished = np.take_along_axis(merged_finished, best, -1)
+        scores = _finishing_scores(top_scores, just_finished, finished, improvable, step + 1, options)
+        finished = finished.merged(top_new, scores, just_finished, problem.fill_id)
         # can a running beam still beat the worst finished one?
-        new_len = step + 1
-        best_len = (options.max_new_tokens if early == "never" and lp > 0 else new_len)
-        best_running = running_scores[:, :1] / (best_len ** lp)
-        worst = np.where(is_finished, finished_scores.min(axis=1, keepdims=True), _FINISHED)
-        improvable = improvable & (best_running > worst).any(axis=-1, keepdims=True)
-        going = improvable.any() and not (is_finished.all() and early is True) and not hits.all()
+        improvable = _still_improvable(improvable, running_scores, finished, step + 1, options)
+        going = (improvable.any() and not (finished.done.all() and options.early_stopping is True)
+                 and not hits.all())
         if not going or step + 1 == options.max_new_tokens:
             break
         rows = (np.arange(batch)[:, None] * k + source_beam).reshape(-1)
         logits = stepper.next(running_new[:, :, -1].reshape(-1), flat_source[rows] if step == 0
                               else rows)
-    keep_n = options.num_return_sequences
-    lengths = finished_len[:, :keep_n].reshape(-1)
-    out = finished_new[:, :keep_n].reshape(batch * keep_n, -1)
-    steps = int(lengths.max()) if len(lengths) else 0
-    out = out[:, :steps].copy()
-    out[np.arange(steps)[None, :] >= lengths[:, None]] = problem.fill_id
-    return out
+    return finished.rows(options.num_return_sequences, problem.fill_id)

@@ -26,7 +26,7 @@ from transformer_kit.export.quantize import Int4, method, quantization, quantize
 from transformer_kit.export.report import ExportReport, versions
 from transformer_kit.export.traced_components import ComponentTracer
 from transformer_kit.export.translations import collect_translations
-from transformer_kit.export.weight_writer import WeightWriter, weight_source
+from transformer_kit.export.weight_writer import WeightSource, WeightWriter, weight_source
 from transformer_kit.export.weights import WEIGHTS_FILE, share_weights
 from transformer_kit.model import TransformerModel
 from transformer_kit.registry import get_registry
@@ -152,20 +152,11 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
     Returns:
         an :class:`ExportReport` with the measured errors, the sizes and the times.
     """
-    from transformer_kit.export.runtime import OnnxModel
-    from transformer_kit.export.verify import (
-        describe_reference,
-        float32_spread,
-        reference,
-        verify_export,
-    )
-
     opset = DEFAULT_OPSET if opset is None else opset
     quantize = quantization(quantize)
     _check_arguments(model, opset, dtype, quantize)
     refuse_if_too_large(model, quantize, dtype, verify)
     out_dir = Path(out_dir)
-    cfg = model.config
     start = time.perf_counter()
     staging = _prepare_folder(out_dir)
     was_training = model.training
@@ -173,33 +164,11 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
         tracer = ComponentTracer(opset, collect_translations())
         weight_bytes = tensor_bytes(model, dtype)
         source = weight_source(model)
-        int4 = quantize if isinstance(quantize, Int4) else None
-        file_blocks = FileBlocks(model) if int4 is not None else None
+        file_blocks = FileBlocks(model) if isinstance(quantize, Int4) else None
         report_progress = progress or (lambda step, done, total: None)
-        # int4's calibration runs before the graphs are written (its memory given back first); for
-        # a model with GGUF blocks, when a product first needs it (never, when all take the file's)
-        importance = None
-        if int4 is not None:
-            calibration = functools.partial(calibrate, model, int4, report_progress)
-            importance = calibration if file_blocks else calibration()
-        writer = WeightWriter(staging, source, int4, file_blocks, importance)
-        graphs = _build_and_write(model, dtype, writer, staging, opset, tracer, report_progress)
-        writer.close()
-        if quantize == "int8":  # onnxruntime's dynamic quantizer reads each whole graph
-            for info in graphs.values():
-                quantize_graph(staging / info.file, weight_bytes > _EXTERNAL_DATA_BYTES)
-            share_weights(staging, [g.file for g in graphs.values()])
-        manifest = Manifest(
-            architecture=model.architecture, config=cfg.to_dict(), dtype=dtype, opset=opset,
-            graphs=graphs,
-            num_decoder_layers=len(model.decoder.layers) if hasattr(model, "decoder") else 0,
-            kv_heads=cfg.kv_heads, head_dim=cfg.attention_head_dim, src_vocab=cfg.src_vocab,
-            tgt_vocab=cfg.tgt_vocab, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
-            max_positions=model.max_positions, quantization=method(quantize),
-            quantization_options=quantize.describe() if isinstance(quantize, Int4) else {},
-            versions=versions(),
-            tokenizer=model.tokenizer.save(staging) if model.tokenizer is not None else [],
-        )
+        graphs = _write_graphs(model, staging, dtype, opset, quantize, source, tracer, file_blocks,
+                               weight_bytes, report_progress)
+        manifest = _manifest(model, staging, dtype, opset, quantize, graphs)
         manifest.write(staging)
         export_seconds = time.perf_counter() - start
         report = ExportReport(out_dir, model.architecture, opset, dtype, method(quantize),
@@ -210,31 +179,10 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
         if verify or optimize:
             source = reference_source(source, model, quantize, dtype)
         if verify:
-            report_progress("verifying against PyTorch", 0, 1)
-            verify_start = time.perf_counter()
-            report.tolerance = tolerance
-            if tolerance is None and not quantize:
-                report.tolerance = TOLERANCES[dtype]
-                if dtype == "float32":
-                    report.float32_spread = float32_spread(model, source)
-                    report.tolerance = max(report.tolerance, SPREAD_FACTOR * report.float32_spread)
-            report.reference = describe_reference(model)
-            with reference(model, source):
-                result = verify_export(model, OnnxModel(staging, providers="auto"), report.tolerance)
-            report.errors, report.tokens_match = result["errors"], result["tokens_match"]
-            report.top1_agreement = result["top1_agreement"]
-            report.verify_seconds = time.perf_counter() - verify_start
-            manifest.verification = {"errors": report.errors, "tolerance": report.tolerance,
-                                     "float32_spread": report.float32_spread,
-                                     "reference": report.reference,
-                                     "tokens_match": report.tokens_match,
-                                     "top1_agreement": report.top1_agreement}
+            _verify(model, staging, source, dtype, quantize, tolerance, manifest, report,
+                    report_progress)
         if optimize:
-            from transformer_kit.export.optimize import optimize_graphs
-
-            with reference(model, source):
-                report.optimization = optimize_graphs(model, staging, manifest, report.tolerance)
-            report.graph_bytes = _file_bytes(staging, graphs)
+            _optimize(model, staging, source, manifest, report, graphs)
         manifest.write(staging)
         _publish(staging, out_dir)
     except TransformerKitError:
@@ -249,3 +197,91 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
     finally:
         model.train(was_training)
     return report
+
+
+def _write_graphs(model: TransformerModel, staging: Path, dtype: str, opset: int,
+                  quantize: str | Int4 | None, source: WeightSource, tracer: ComponentTracer,
+                  file_blocks: FileBlocks | None, weight_bytes: int,
+                  report_progress: Callable[[str, int, int], None]) -> dict[str, GraphInfo]:
+    """The model's graphs built and written into ``staging`` with their weights: int4's
+    calibration first, int8's quantization of each written graph after."""
+    int4 = quantize if isinstance(quantize, Int4) else None
+    # int4's calibration runs before the graphs are written (its memory given back first); for
+    # a model with GGUF blocks, when a product first needs it (never, when all take the file's)
+    importance = None
+    if int4 is not None:
+        calibration = functools.partial(calibrate, model, int4, report_progress)
+        importance = calibration if file_blocks else calibration()
+    writer = WeightWriter(staging, source, int4, file_blocks, importance)
+    graphs = _build_and_write(model, dtype, writer, staging, opset, tracer, report_progress)
+    writer.close()
+    if quantize == "int8":  # onnxruntime's dynamic quantizer reads each whole graph
+        for info in graphs.values():
+            quantize_graph(staging / info.file, weight_bytes > _EXTERNAL_DATA_BYTES)
+        share_weights(staging, [g.file for g in graphs.values()])
+    return graphs
+
+
+def _manifest(model: TransformerModel, staging: Path, dtype: str, opset: int,
+              quantize: str | Int4 | None, graphs: dict[str, GraphInfo]) -> Manifest:
+    """The export's manifest (the model's tokenizer files saved into ``staging`` on the way)."""
+    cfg = model.config
+    return Manifest(
+        architecture=model.architecture, config=cfg.to_dict(), dtype=dtype, opset=opset,
+        graphs=graphs,
+        num_decoder_layers=len(model.decoder.layers) if hasattr(model, "decoder") else 0,
+        kv_heads=cfg.kv_heads, head_dim=cfg.attention_head_dim, src_vocab=cfg.src_vocab,
+        tgt_vocab=cfg.tgt_vocab, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
+        max_positions=model.max_positions, quantization=method(quantize),
+        quantization_options=quantize.describe() if isinstance(quantize, Int4) else {},
+        versions=versions(),
+        tokenizer=model.tokenizer.save(staging) if model.tokenizer is not None else [],
+    )
+
+
+def _verify(model: TransformerModel, staging: Path, source: Any, dtype: str,
+            quantize: str | Int4 | None, tolerance: float | None, manifest: Manifest,
+            report: ExportReport, report_progress: Callable[[str, int, int], None]) -> None:
+    """Run the export in ``staging`` against PyTorch (weights from ``source``) and record the
+    errors in ``report`` and ``manifest``; raises :class:`ExportError` above the tolerance
+    (``tolerance``, else the dtype's default widened to PyTorch's own float32 spread; none for a
+    quantized export)."""
+    from transformer_kit.export.runtime import OnnxModel
+    from transformer_kit.export.verify import (
+        describe_reference,
+        float32_spread,
+        reference,
+        verify_export,
+    )
+
+    report_progress("verifying against PyTorch", 0, 1)
+    verify_start = time.perf_counter()
+    report.tolerance = tolerance
+    if tolerance is None and not quantize:
+        report.tolerance = TOLERANCES[dtype]
+        if dtype == "float32":
+            report.float32_spread = float32_spread(model, source)
+            report.tolerance = max(report.tolerance, SPREAD_FACTOR * report.float32_spread)
+    report.reference = describe_reference(model)
+    with reference(model, source):
+        result = verify_export(model, OnnxModel(staging, providers="auto"), report.tolerance)
+    report.errors, report.tokens_match = result["errors"], result["tokens_match"]
+    report.top1_agreement = result["top1_agreement"]
+    report.verify_seconds = time.perf_counter() - verify_start
+    manifest.verification = {"errors": report.errors, "tolerance": report.tolerance,
+                             "float32_spread": report.float32_spread,
+                             "reference": report.reference,
+                             "tokens_match": report.tokens_match,
+                             "top1_agreement": report.top1_agreement}
+
+
+def _optimize(model: TransformerModel, staging: Path, source: Any, manifest: Manifest,
+              report: ExportReport, graphs: dict[str, GraphInfo]) -> None:
+    """onnxruntime's offline optimizations of the graphs in ``staging``, kept when they verify
+    and are faster (:func:`~transformer_kit.export.optimize.optimize_graphs`)."""
+    from transformer_kit.export.optimize import optimize_graphs
+    from transformer_kit.export.verify import reference
+
+    with reference(model, source):
+        report.optimization = optimize_graphs(model, staging, manifest, report.tolerance)
+    report.graph_bytes = _file_bytes(staging, graphs)

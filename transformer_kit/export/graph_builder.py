@@ -27,9 +27,6 @@ shapes (symbolic axes such as ``batch`` and ``len``) and element types.
 The nodes are onnx-ir's (``onnx_ir``), written directly rather than through onnxscript's
 ``@script`` functions: the weight writer and onnxscript's optimizer work on onnx-ir graphs, a node
 is made without parsing or tracing anything, and its name is the builder's to choose.
-
-Longer than 300 lines because it is the whole API a lowering writes with (nodes, constants,
-weights, shapes, sub-module calls and their fallback), one class a plugin author reads at once.
 """
 
 from __future__ import annotations

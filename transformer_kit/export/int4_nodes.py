@@ -16,6 +16,7 @@ chunks on every core.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -140,40 +141,51 @@ def search_blocks(x: np.ndarray, bits: int, symmetric: bool, search: bool = True
         np.clip(d, low, high, out=d)
         return np.subtract(d, zero, out=d), zero
 
-    def dots(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Block-wise <a, b>: (..., block) x (..., block) -> (..., 1)."""
-        return np.matmul(a[..., None, :], b[..., :, None])[..., 0]
-
     def fitted(d: np.ndarray) -> np.ndarray:
         """The least-squares scale of integers d (..., 1)."""
-        norm = dots(d if w is None else w * d, d)
-        return np.where(norm > 0, dots(wx, d) / np.where(norm > 0, norm, 1), 0)
+        norm = _dots(d if w is None else w * d, d)
+        return np.where(norm > 0, _dots(wx, d) / np.where(norm > 0, norm, 1), 0)
 
-    best = np.zeros((*x.shape[:-1], 1), np.int8)
     if len(candidates) > 1:
-        best_error = None
-        for i, scale in enumerate(candidates):
-            d, _ = integers(scale)
-            wd = d if w is None else w * d
-            norm, dot = dots(wd, d), dots(wx, d)
-            if bits == 4:  # error = <w x, x> - dot^2 / norm: the constant left out
-                error = -np.where(norm > 0, dot * dot / np.where(norm > 0, norm, 1), 0)
-            else:  # 8 bits err by 1/65536 of <w x, x>, below float32's rounding of that form
-                d *= np.where(norm > 0, dot / np.where(norm > 0, norm, 1), 0)
-                residual = np.subtract(x, d, out=d)
-                error = dots(residual if w is None else np.multiply(w, residual, out=wd), residual)
-            if best_error is None:
-                best_error = error
-            else:
-                better = error < best_error
-                best_error = np.where(better, error, best_error)
-                best[better] = i
-    scale = np.choose(best, candidates) if len(candidates) > 1 else candidates[0]
+        scale = np.choose(_best_candidate(x, w, wx, bits, candidates, integers), candidates)
+    else:
+        scale = candidates[0]
     d, zero = integers(scale)
     if search:
         scale = fitted(d)
     return ((d + zero).astype(np.int32), scale[..., 0].astype(np.float32),
             zero[..., 0].astype(np.int32))
+
+
+def _dots(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Block-wise <a, b>: (..., block) x (..., block) -> (..., 1)."""
+    return np.matmul(a[..., None, :], b[..., :, None])[..., 0]
+
+
+def _best_candidate(x: np.ndarray, w: np.ndarray | None, wx: np.ndarray, bits: int,
+                    candidates: list[np.ndarray],
+                    integers: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """(..., 1) int8: the index of each block's candidate scale of least (weighted) error, each
+    candidate's ``integers`` refitted with the least-squares scale (the first on ties)."""
+    best = np.zeros((*x.shape[:-1], 1), np.int8)
+    best_error = None
+    for i, scale in enumerate(candidates):
+        d, _ = integers(scale)
+        wd = d if w is None else w * d
+        norm, dot = _dots(wd, d), _dots(wx, d)
+        if bits == 4:  # error = <w x, x> - dot^2 / norm: the constant left out
+            error = -np.where(norm > 0, dot * dot / np.where(norm > 0, norm, 1), 0)
+        else:  # 8 bits err by 1/65536 of <w x, x>, below float32's rounding of that form
+            d *= np.where(norm > 0, dot / np.where(norm > 0, norm, 1), 0)
+            residual = np.subtract(x, d, out=d)
+            error = _dots(residual if w is None else np.multiply(w, residual, out=wd), residual)
+        if best_error is None:
+            best_error = error
+        else:
+            better = error < best_error
+            best_error = np.where(better, error, best_error)
+            best[better] = i
+    return best
 
 
 def _numpy_rows(rows: np.ndarray, block_size: int, symmetric: bool, bits: int,

@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from transformer_kit.config_files import read_json_object
 from transformer_kit.errors import ArtifactError, missing_path
 from transformer_kit.export.weights import inside
-from transformer_kit.jsonfile import read_json_object
 
 MANIFEST_FILE = "manifest.json"
 FORMAT = "transformer_kit.onnx"

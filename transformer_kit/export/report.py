@@ -62,16 +62,27 @@ class ExportReport:
     def __str__(self) -> str:
         lines = [f"exported {self.architecture} to {self.path} (opset {self.opset}, {self.dtype}"
                  + (f", {self.quantization}" if self.quantization else "") + ")"]
-        for name, size in self.graph_bytes.items():
-            lines.append(f"  {name:14s} {size / 1e6:9.2f} MB")
+        lines += self._size_lines() + self._verification_lines() + self._component_lines()
+        if self.optimization:
+            lines.append(f"  optimization: {self.optimization}")
+        lines.append(f"  export {self.export_seconds:.1f} s, verify {self.verify_seconds:.1f} s")
+        return "\n".join(lines)
+
+    def _size_lines(self) -> list[str]:
+        """Each file's size, and the total against the model's weights."""
+        lines = [f"  {name:14s} {size / 1e6:9.2f} MB" for name, size in self.graph_bytes.items()]
         if self.weight_bytes:
             lines.append(f"  {'total':14s} {self.folder_bytes / 1e6:9.2f} MB "
                          f"({self.folder_bytes / self.weight_bytes:.2f}x the model's "
                          f"{self.weight_bytes / 1e6:.2f} MB of weights)")
+        return lines
+
+    def _verification_lines(self) -> list[str]:
+        """What the export was verified against, its errors, tolerance and agreement."""
+        lines = []
         if self.reference is not None:
             lines.append(f"  verified against {self.reference}")
-        for name, error in self.errors.items():
-            lines.append(f"  error {name:20s} {error:.3g}")
+        lines += [f"  error {name:20s} {error:.3g}" for name, error in self.errors.items()]
         if self.tolerance is not None:
             spread = (f" (PyTorch's own float32 spread {self.float32_spread:.3g})"
                       if self.float32_spread is not None else "")
@@ -80,6 +91,11 @@ class ExportReport:
             lines.append(f"  next-token top-1 agreement with PyTorch float32: {self.top1_agreement:.1%}")
         if self.tokens_match is not None:
             lines.append(f"  generated tokens equal PyTorch's: {self.tokens_match}")
+        return lines
+
+    def _component_lines(self) -> list[str]:
+        """Where the int4 matrices came from, and the components traced for lack of a lowering."""
+        lines = []
         if self.weight_origins:
             kept = len(self.from_file_blocks)
             lines.append(f"  int4 matrices: {kept} written from the GGUF file's blocks, "
@@ -89,10 +105,7 @@ class ExportReport:
         if self.traced_components:
             lines.append("  traced alone (no lowering):")
             lines += [f"    {label}: {why}" for label, why in self.traced_components.items()]
-        if self.optimization:
-            lines.append(f"  optimization: {self.optimization}")
-        lines.append(f"  export {self.export_seconds:.1f} s, verify {self.verify_seconds:.1f} s")
-        return "\n".join(lines)
+        return lines
 
 
 def versions() -> dict[str, str]:

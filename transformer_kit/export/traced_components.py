@@ -14,10 +14,6 @@ export, keyed by what the component computes (its class, its settings, its param
 its buffers' values) and the kinds of its inputs, and reused for every layer and graph that
 calls it again. The step graph is built first, so a trace is made at the most general shapes
 (new tokens after a past) and serves the other graphs, whose calls are special cases of them.
-
-Longer than 300 lines because the fallback is one path from a call's graph values to inlined
-nodes: its inputs flattened and rebuilt, the module copied to ``meta``, the trace, the key that
-finds it again, and the inlining.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """Positional encodings: sinusoidal (the paper), learned, rotary, ALiBi, T5's relative bias, none;
 each with its ONNX lowering (the points it acts at, written as the export writes them).
-
-Longer than 300 lines because each encoding is here twice, in PyTorch and in ONNX, so that the
-two stay side by side.
 """
 
 from __future__ import annotations
