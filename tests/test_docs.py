@@ -199,6 +199,10 @@ def check_generation(ns: dict) -> None:
 
 
 def check_chat(ns: dict) -> None:
+    import jsonschema
+
+    jsonschema.validate(ns["answer"], ns["colours"])
+    assert re.fullmatch("[0-9]{3}-[a-z]+", ns["code"]["content"])
     assert ns["reply"]["role"] == "assistant"
     assert ns["final"]["role"] == "assistant"
     assert ns["messages"][-1]["role"] == "tool"
