@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import httpx
 import numpy as np
@@ -66,7 +67,8 @@ BLOCKS = {p.relative_to(DOCS).as_posix(): python_blocks(p) for p in PAGES}
 @contextlib.contextmanager
 def serving(folder: Path, cwd: Path) -> Iterator[str]:
     """``transformer-kit serve FOLDER`` in a process of its own on a free port of 127.0.0.1, as
-    a user starts it; yields its base URL once /health answers, and stops it on exit."""
+    a user starts it; yields its base URL once it answers as itself (/v1/models names the
+    folder: not another test's server that took the port meanwhile), and stops it on exit."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -75,15 +77,19 @@ def serving(folder: Path, cwd: Path) -> Iterator[str]:
         cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
+        deadline, models = time.monotonic() + 90, None
         while True:
             if server.poll() is not None:
                 raise RuntimeError(f"transformer-kit serve exited: {server.stdout.read()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            with contextlib.suppress(httpx.HTTPError, ValueError):  # ours: no key, the folder's name
+                models = httpx.get(f"{url}/v1/models", timeout=2)
+                if models.status_code == 200 and [m["id"] for m in models.json()["data"]] == [folder.name]:
                     break
             if time.monotonic() > deadline:
-                raise RuntimeError("transformer-kit serve did not answer /health within 90 s")
+                server.terminate()
+                raise RuntimeError(f"transformer-kit serve did not answer /v1/models within 90 s (on "
+                                   f"{url}: {models.status_code if models else None}); it printed: "
+                                   f"{server.communicate(timeout=15)[0][-2000:]}")
             time.sleep(0.2)
         yield url
     finally:
@@ -146,7 +152,9 @@ def setup_serving(tmp: Path, stack: contextlib.ExitStack) -> dict:
 
     export_onnx(tk.from_hf(chat_checkpoint(tmp / "checkpoint")), tmp / "my-export")
     url = stack.enter_context(serving(tmp / "my-export", tmp))
-    os.environ["TRANSFORMER_KIT_API_KEY"] = "a-key"  # the server has none: any key passes
+    # the page's client reads the key from the environment (the server has none: any key
+    # passes); set for the page only, so no later server of this process takes it for its own
+    stack.enter_context(mock.patch.dict(os.environ, {"TRANSFORMER_KIT_API_KEY": "a-key"}))
     return {"__addresses__": {"http://127.0.0.1:8000": url, "http://my-host:8000": url}}
 
 
