@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,9 @@ def ray_app(chat_export) -> Iterator[str]:
         # tests on 2 cores it can take longer (measured: marked unhealthy, and serve.start failed)
         for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
             env.setenv(name, "120")
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        # "local": a new instance of the test's own, even where a Ray cluster runs on this machine
+        # (its address in /tmp/ray/ray_current_cluster) or RAY_ADDRESS names one
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  _node_ip_address="127.0.0.1")
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -237,15 +240,15 @@ def test_a_replica_killed_mid_stream_fails_that_stream_and_a_new_one_serves(ray_
     client, new = _client(ray_app), 1000
     prompt = _long_prompt(onnx_model, new)  # about 1 s of streaming: the kill lands in it
     expected = _alone(onnx_model, prompt, new)
-    victim = None
-    for _ in range(3):  # the kill may come after the stream's end on a starved machine: again
+    deadline, victim = time.monotonic() + WAIT_S, None
+    while True:  # the kill may come after the stream's end on a starved machine: again
         before = _until(partial(_two_replicas, gone=victim), "two live replicas")
         victim, tokens, error, seconds = _kill_mid_stream(ray_app, prompt, new, before)
         if error is not None:
             break
         assert tokens == expected  # finished before the kill: whole and exact
-    else:
-        pytest.fail("the kill never came while the stream was sending, in 3 tries")
+        assert time.monotonic() < deadline, (f"not within {WAIT_S} s: a kill while the stream was "
+                                             "sending (every stream finished before its kill)")
     # the stream raised: not a hang (a timeout), not a finished-looking truncated answer
     assert not isinstance(error, openai.APITimeoutError) and seconds < 20, (error, seconds)
     assert tokens == expected[:len(tokens)] and len(tokens) < new
@@ -256,9 +259,11 @@ def test_a_replica_killed_mid_stream_fails_that_stream_and_a_new_one_serves(ray_
     _until(lambda: _running() == 2, "two replicas RUNNING again")
     (newcomer,) = set(after) - {survivor}
     assert after[survivor] == before[survivor] and after[newcomer] not in before.values()
-    served = set()
-    for seed in range(6, 16):  # until the new replica has answered too
-        served |= _exact_concurrently(client, onnx_model, seed=seed)
-        if newcomer in served:
-            break
-    assert served == {survivor, newcomer}
+    served, seeds = set(), count(6)
+
+    def the_newcomer_answers() -> bool:  # Ray's proxy may learn of the new replica late
+        served.update(_exact_concurrently(client, onnx_model, seed=next(seeds)))
+        return newcomer in served
+
+    _until(the_newcomer_answers, f"the new replica {newcomer} answers one of 8 concurrent requests")
+    assert served <= {survivor, newcomer}
