@@ -5,6 +5,7 @@ clients."""
 
 from __future__ import annotations
 
+import signal
 import threading
 from pathlib import Path
 from typing import Annotated
@@ -40,8 +41,9 @@ def serve(
     batch_tokens: Annotated[int, _Opt(help="Embeddings and rerank: most padded tokens in one run "
                                       "of the model (requests run together up to it).")] = 8192,
     provider: Annotated[Provider, _Opt(help="Where onnxruntime runs.")] = Provider.auto,
-    ray: Annotated[bool, _Opt("--ray", help="Serve on Ray Serve: the Ray cluster RAY_ADDRESS names, "
-                              "else a local Ray instance (needs the serve-ray extra).")] = False,
+    ray: Annotated[bool, _Opt("--ray", help="Serve on Ray Serve: the Ray cluster RAY_ADDRESS names "
+                              "(every node's proxy takes requests, on --port), else a new local Ray "
+                              "instance (needs the serve-ray extra).")] = False,
     replicas: Annotated[int, _Opt(help="With --ray: replicas, each with its own engine.")] = 1,
     api_key: Annotated[str | None, _Opt(envvar=API_KEY_ENV, show_envvar=True, help="Every endpoint "
                                         "but /health needs 'Authorization: Bearer KEY' (the openai "
@@ -156,12 +158,14 @@ def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, 
                   max_request_seconds: float, prefix_cache_bytes: int = 0,
                   prompt_lookup_num_tokens: int | None = None) -> None:
     """The decoder of ``folder`` on Ray Serve, ``replicas`` replicas behind Ray's proxy on
-    ``host:port``, each with the key and the bounds the one-process server has."""
+    ``host:port``, each with the key and the bounds the one-process server has: on the Ray
+    cluster ``RAY_ADDRESS`` names, with a proxy on every node that has a replica (an address of
+    one machine becomes every interface, :func:`.proxy_host`), else on a new local instance."""
     try:
         import ray
         from ray import serve
 
-        from transformer_kit.apps.serving.ray_serve import application
+        from transformer_kit.apps.serving.ray_serve import application, connect, proxy_host
     except ImportError as exc:
         raise typer.BadParameter(f"--ray needs the serve-ray extra ({exc.name} is missing): pip install "
                                  "'transformer-kit[serve-ray]'.", param_hint="--ray") from None
@@ -174,9 +178,16 @@ def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, 
     if model.manifest.architecture != "decoder":
         fail(f"--ray serves decoders (completions and chat); {str(folder)!r} is an "
              f"{model.manifest.architecture} export. Leave out --ray to serve it in this process.")
-    ray.init()  # RAY_ADDRESS (or a running local instance) when there is one, else a new one
+    cluster = connect()  # RAY_ADDRESS's cluster, else a new local instance
+    # Ray's core worker takes SIGTERM for a crash and aborts the process, which left the deployment
+    # running on a cluster; SIGTERM stops the server as Ctrl-C does, replicas and all
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        serve.start(http_options={"host": host, "port": port})
+        bind = proxy_host(host, cluster)
+        if bind != host:
+            console.print(f"on a Ray cluster every node's proxy listens on {bind}, port {port} (Ray "
+                          f"Serve gives them all one address, and {host} is one machine's)")
+        serve.start(http_options={"host": bind, "port": port})
         serve.run(application(folder, name, replicas=replicas, max_batch=max_batch, max_queue=max_queue,
                               providers=provider.value, api_key=api_key, max_body_bytes=max_body_bytes,
                               max_prompt_tokens=max_prompt_tokens,
@@ -184,14 +195,19 @@ def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, 
                               prefix_cache_bytes=prefix_cache_bytes,
                               prompt_lookup_num_tokens=prompt_lookup_num_tokens),
                   name="transformer-kit", route_prefix="/")
-        console.print(f"serving {name!r} on Ray Serve at http://{host}:{port}/v1 ({replicas} replicas); "
-                      "Ctrl-C stops it")
+        where = f" and port {port} of every node with a replica" if cluster else ""
+        console.print(f"serving {name!r} on Ray Serve at http://{host}:{port}/v1{where} ({replicas} "
+                      "replicas); Ctrl-C or SIGTERM stops it")
         threading.Event().wait()
     except KeyboardInterrupt:
         pass
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def register(app: typer.Typer) -> None:
