@@ -179,8 +179,9 @@ def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, 
         fail(f"--ray serves decoders (completions and chat); {str(folder)!r} is an "
              f"{model.manifest.architecture} export. Leave out --ray to serve it in this process.")
     cluster = connect()  # RAY_ADDRESS's cluster, else a new local instance
-    # Ray's core worker takes SIGTERM for a crash and aborts the process, which left the deployment
-    # running on a cluster; SIGTERM stops the server as Ctrl-C does, replicas and all
+    # Ray's core worker takes SIGTERM for a crash: it aborts the process (status 134) without
+    # serve.shutdown(), which left the replicas running on a cluster whose node was unreachable;
+    # here SIGTERM stops the server as Ctrl-C does, replicas and all
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         bind = proxy_host(host, cluster)
