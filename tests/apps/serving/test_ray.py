@@ -53,6 +53,26 @@ def _ray_processes() -> set[int]:
     return found
 
 
+def _descendants(root: int) -> set[int]:
+    """The processes that ``root`` started, and those they started, and so on."""
+    children: dict[int, set[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:  # stat: "PID (COMMAND) STATE PPID ...", COMMAND possibly with spaces and parentheses
+            parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, set()).add(int(entry.name))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -86,7 +106,6 @@ def ray_app(chat_export) -> Iterator[str]:
     from transformer_kit.apps.serving.ray_serve import application
 
     folder, _ = chat_export
-    before = _ray_processes()
     port = _free_port()
     with pytest.MonkeyPatch.context() as env:
         env.setenv("RAY_AUTH_MODE", "disabled")  # a local test instance: no token needed
@@ -106,9 +125,11 @@ def ray_app(chat_export) -> Iterator[str]:
             assert _running() == 2
             yield f"http://127.0.0.1:{port}"
         finally:
+            # this instance's processes (the test's descendants): never another Ray's on the machine
+            ours = _ray_processes() & _descendants(os.getpid())
             serve.shutdown()
             ray.shutdown()
-    _until(lambda: not _ray_processes() - before, "every Ray process this test started ends", 60)
+    _until(lambda: not ours & _ray_processes(), "every Ray process this test started ends", 60)
 
 
 def _running() -> int:
