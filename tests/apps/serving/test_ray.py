@@ -3,7 +3,9 @@ replicas, each with its own engine, behind an API key, serve the tokens ``OnnxMo
 gives and the replies ``OnnxModel.chat`` gives (a chat export: tests/chat/checkpoint.py); a
 wrong key gets 401 and /health is open; a replica killed (SIGKILL) mid-stream ends that stream
 with an error the client sees, the other replica keeps serving exactly, and Ray Serve brings a
-new replica up that serves exactly too; after shutdown no Ray process is left."""
+new replica up that serves exactly too; two replicas of a sentence-embedding model and two of a
+cross-encoder on the same instance give sentence-transformers' vectors and scores behind the same
+key and limits; after shutdown no Ray process is left."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,26 @@ def _ray_processes() -> set[int]:
     return found
 
 
+def _descendants(root: int) -> set[int]:
+    """The processes that ``root`` started, and those they started, and so on."""
+    children: dict[int, set[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:  # stat: "PID (COMMAND) STATE PPID ...", COMMAND possibly with spaces and parentheses
+            parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, set()).add(int(entry.name))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -85,7 +108,6 @@ def ray_app(chat_export) -> Iterator[str]:
     from transformer_kit.apps.serving.ray_serve import application
 
     folder, _ = chat_export
-    before = _ray_processes()
     port = _free_port()
     with pytest.MonkeyPatch.context() as env:
         env.setenv("RAY_AUTH_MODE", "disabled")  # a local test instance: no token needed
@@ -93,7 +115,9 @@ def ray_app(chat_export) -> Iterator[str]:
         # tests on 2 cores it can take longer (measured: marked unhealthy, and serve.start failed)
         for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
             env.setenv(name, "120")
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        # "local": a new instance of the test's own, even where a Ray cluster runs on this machine
+        # (its address in /tmp/ray/ray_current_cluster) or RAY_ADDRESS names one
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  _node_ip_address="127.0.0.1")
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -103,9 +127,11 @@ def ray_app(chat_export) -> Iterator[str]:
             assert _running() == 2
             yield f"http://127.0.0.1:{port}"
         finally:
+            # this instance's processes (the test's descendants): never another Ray's on the machine
+            ours = _ray_processes() & _descendants(os.getpid())
             serve.shutdown()
             ray.shutdown()
-    _until(lambda: not _ray_processes() - before, "every Ray process this test started ends", 60)
+    _until(lambda: not ours & _ray_processes(), "every Ray process this test started ends", 60)
 
 
 def _running() -> int:
@@ -237,15 +263,15 @@ def test_a_replica_killed_mid_stream_fails_that_stream_and_a_new_one_serves(ray_
     client, new = _client(ray_app), 1000
     prompt = _long_prompt(onnx_model, new)  # about 1 s of streaming: the kill lands in it
     expected = _alone(onnx_model, prompt, new)
-    victim = None
-    for _ in range(3):  # the kill may come after the stream's end on a starved machine: again
+    deadline, victim = time.monotonic() + WAIT_S, None
+    while True:  # the kill may come after the stream's end on a starved machine: again
         before = _until(partial(_two_replicas, gone=victim), "two live replicas")
         victim, tokens, error, seconds = _kill_mid_stream(ray_app, prompt, new, before)
         if error is not None:
             break
         assert tokens == expected  # finished before the kill: whole and exact
-    else:
-        pytest.fail("the kill never came while the stream was sending, in 3 tries")
+        assert time.monotonic() < deadline, (f"not within {WAIT_S} s: a kill while the stream was "
+                                             "sending (every stream finished before its kill)")
     # the stream raised: not a hang (a timeout), not a finished-looking truncated answer
     assert not isinstance(error, openai.APITimeoutError) and seconds < 20, (error, seconds)
     assert tokens == expected[:len(tokens)] and len(tokens) < new
@@ -256,9 +282,67 @@ def test_a_replica_killed_mid_stream_fails_that_stream_and_a_new_one_serves(ray_
     _until(lambda: _running() == 2, "two replicas RUNNING again")
     (newcomer,) = set(after) - {survivor}
     assert after[survivor] == before[survivor] and after[newcomer] not in before.values()
-    served = set()
-    for seed in range(6, 16):  # until the new replica has answered too
-        served |= _exact_concurrently(client, onnx_model, seed=seed)
-        if newcomer in served:
-            break
-    assert served == {survivor, newcomer}
+    served, seeds = set(), count(6)
+
+    def the_newcomer_answers() -> bool:  # Ray's proxy may learn of the new replica late
+        served.update(_exact_concurrently(client, onnx_model, seed=next(seeds)))
+        return newcomer in served
+
+    _until(the_newcomer_answers, f"the new replica {newcomer} answers one of 8 concurrent requests")
+    assert served <= {survivor, newcomer}
+
+
+@pytest.fixture(scope="module")
+def pooling_apps(ray_app, embedding_export, cross_encoder_export) -> dict[str, str]:
+    """The base URLs of two replicas each of the embedding model's and the cross-encoder's
+    deployments, on the same Ray instance behind the same key and body bound."""
+    from ray import serve
+
+    from transformer_kit.apps.serving.ray_serve import application
+
+    urls = {}
+    for name, (_, exported) in {"embed": embedding_export, "rerank": cross_encoder_export}.items():
+        serve.run(application(exported.path, f"tiny-{name}", replicas=2, num_cpus=0.25,
+                              providers="cpu", api_key=KEY, max_body_bytes=MAX_BODY_BYTES),
+                  name=name, route_prefix=f"/{name}")
+        urls[name] = f"{ray_app}/{name}"
+    return urls
+
+
+def test_two_replicas_serve_embeddings_and_rerank_exactly_behind_the_same_key(pooling_apps,
+                                                                             embedding_export,
+                                                                             cross_encoder_export):
+    st, _ = embedding_export
+    ce, _ = cross_encoder_export
+    texts = [f"text number {i} about {'cats' if i % 2 else 'the weather'}" for i in range(16)]
+    client = _client(pooling_apps["embed"])
+
+    def embed(i: int) -> tuple[list[list[float]], str]:
+        raw = client.embeddings.with_raw_response.create(model="tiny-embed", input=texts[i:i + 2],
+                                                         encoding_format="float")
+        return [d.embedding for d in raw.parse().data], raw.headers["x-replica"]
+
+    replicas: set[str] = set()
+    vectors: list[list[float]] = []
+
+    def both_answer() -> bool:  # requests until both replicas have answered, each exactly
+        with ThreadPoolExecutor(8) as clients:
+            results = list(clients.map(embed, range(0, 16, 2), timeout=WAIT_S))
+        vectors[:] = [v for rows, _ in results for v in rows]
+        np.testing.assert_allclose(vectors, st.encode(texts), atol=1e-5)
+        replicas.update(replica for _, replica in results)
+        return len(replicas) == 2
+
+    _until(both_answer, "both embedding replicas answer")
+    with pytest.raises(openai.AuthenticationError):
+        _client(pooling_apps["embed"], "wrong").embeddings.create(model="tiny-embed", input="cats")
+    with pytest.raises(openai.BadRequestError) as empty:  # the same sentence as the one-process server
+        client.embeddings.create(model="tiny-embed", input="")
+    assert "input[0] is an empty string" in empty.value.message
+    query, documents = "Which text is about cats?", texts[:5]
+    answer = httpx.post(f"{pooling_apps['rerank']}/v1/rerank", headers={"Authorization": f"Bearer {KEY}"},
+                        json={"model": "tiny-rerank", "query": query, "documents": documents},
+                        timeout=WAIT_S).json()
+    scores = {r["index"]: r["relevance_score"] for r in answer["results"]}
+    np.testing.assert_allclose([scores[i] for i in range(5)], ce.predict([(query, d) for d in documents]),
+                               atol=1e-5)

@@ -5,6 +5,7 @@ clients."""
 
 from __future__ import annotations
 
+import signal
 import threading
 from pathlib import Path
 from typing import Annotated, Any
@@ -40,8 +41,9 @@ def serve(
     batch_tokens: Annotated[int, _Opt(help="Embeddings and rerank: most padded tokens in one run "
                                       "of the model (requests run together up to it).")] = 8192,
     provider: Annotated[Provider, _Opt(help="Where onnxruntime runs.")] = Provider.auto,
-    ray: Annotated[bool, _Opt("--ray", help="Serve on Ray Serve: the Ray cluster RAY_ADDRESS names, "
-                              "else a local Ray instance (needs the serve-ray extra).")] = False,
+    ray: Annotated[bool, _Opt("--ray", help="Serve on Ray Serve: the Ray cluster RAY_ADDRESS names "
+                              "(every node's proxy takes requests, on --port), else a new local Ray "
+                              "instance (needs the serve-ray extra).")] = False,
     replicas: Annotated[int, _Opt(help="With --ray: replicas, each with its own engine.")] = 1,
     api_key: Annotated[str | None, _Opt(envvar=API_KEY_ENV, show_envvar=True, help="Every endpoint "
                                         "but /health needs 'Authorization: Bearer KEY' (the openai "
@@ -72,20 +74,7 @@ def serve(
     /health, /metrics) until interrupted; an embedding model's export on POST /v1/embeddings,
     a cross-encoder's on POST /v1/rerank."""
     name = model_name or folder.resolve().name
-    if max_body_mb <= 0:
-        raise typer.BadParameter(f"must be more than 0, got {max_body_mb}.", param_hint="--max-body-mb")
-    if max_prompt_tokens is not None and max_prompt_tokens < 1:
-        raise typer.BadParameter(f"must be at least 1, got {max_prompt_tokens}.",
-                                 param_hint="--max-prompt-tokens")
-    if not max_request_seconds > 0:
-        raise typer.BadParameter(f"must be more than 0, got {max_request_seconds}.",
-                                 param_hint="--max-request-seconds")
-    if prefix_cache_bytes < 0:
-        raise typer.BadParameter(f"must be at least 0 (0: no prefix cache), got {prefix_cache_bytes}.",
-                                 param_hint="--prefix-cache-bytes")
-    if api_key is not None and not api_key.strip():
-        raise typer.BadParameter(f"is empty; give a key, or leave out --api-key and {API_KEY_ENV}.",
-                                 param_hint="--api-key")
+    _check_bounds(max_body_mb, max_prompt_tokens, max_request_seconds, prefix_cache_bytes, api_key)
     if api_key is None and not _loopback(host):
         console.print(f"[yellow]warning:[/] listening on {host}, beyond this machine, without an API "
                       f"key: anyone who can reach port {port} can use the model. Give --api-key (or "
@@ -140,6 +129,23 @@ def _batching(engine: Any, batch_tokens: int, max_prompt_tokens: int | None,
             f"requests <= {max_request_seconds:g} s, prefix cache {cache}{lookup}")
 
 
+def _check_bounds(max_body_mb: float, max_prompt_tokens: int | None, max_request_seconds: float,
+                  prefix_cache_bytes: int, api_key: str | None) -> None:
+    """typer's BadParameter, naming the option, for a bound or key that cannot be."""
+    checks = [(max_body_mb > 0, "--max-body-mb", f"must be more than 0, got {max_body_mb}."),
+              (max_prompt_tokens is None or max_prompt_tokens >= 1, "--max-prompt-tokens",
+               f"must be at least 1, got {max_prompt_tokens}."),
+              (max_request_seconds > 0, "--max-request-seconds",
+               f"must be more than 0, got {max_request_seconds}."),
+              (prefix_cache_bytes >= 0, "--prefix-cache-bytes",
+               f"must be at least 0 (0: no prefix cache), got {prefix_cache_bytes}."),
+              (api_key is None or bool(api_key.strip()), "--api-key",
+               f"is empty; give a key, or leave out --api-key and {API_KEY_ENV}.")]
+    for ok, option, message in checks:
+        if not ok:
+            raise typer.BadParameter(message, param_hint=option)
+
+
 def _loopback(host: str) -> bool:
     """Whether ``host`` listens on this machine only (127.0.0.0/8, ::1, localhost)."""
     import ipaddress
@@ -157,13 +163,15 @@ def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, 
                   max_body_bytes: int, max_prompt_tokens: int | None,
                   max_request_seconds: float, prefix_cache_bytes: int = 0,
                   prompt_lookup_num_tokens: int | None = None) -> None:
-    """The decoder of ``folder`` on Ray Serve, ``replicas`` replicas behind Ray's proxy on
-    ``host:port``, each with the key and the bounds the one-process server has."""
+    """The export of ``folder`` on Ray Serve, ``replicas`` replicas behind Ray's proxy on
+    ``host:port``, each with the key and the bounds the one-process server has: on the Ray
+    cluster ``RAY_ADDRESS`` names, with a proxy on every node that has a replica (an address of
+    one machine becomes every interface, :func:`.proxy_host`), else on a new local instance."""
     try:
         import ray
         from ray import serve
 
-        from transformer_kit.apps.serving.ray_serve import application
+        from transformer_kit.apps.serving.ray_serve import application, connect, proxy_host
         from transformer_kit.runtime import model_kind
     except ImportError as exc:
         raise typer.BadParameter(f"--ray needs the serve-ray extra ({exc.name} is missing): pip install "
@@ -178,9 +186,17 @@ def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, 
         model_kind(model)  # an encoder that serves nothing is refused here, with a sentence
     except TransformerKitError as exc:
         fail(exc)
-    ray.init()  # RAY_ADDRESS (or a running local instance) when there is one, else a new one
+    cluster = connect()  # RAY_ADDRESS's cluster, else a new local instance
+    # Ray's core worker takes SIGTERM for a crash: it aborts the process (status 134) without
+    # serve.shutdown(), which left the replicas running on a cluster whose node was unreachable;
+    # here SIGTERM stops the server as Ctrl-C does, replicas and all
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        serve.start(http_options={"host": host, "port": port})
+        bind = proxy_host(host, cluster)
+        if bind != host:
+            console.print(f"on a Ray cluster every node's proxy listens on {bind}, port {port} (Ray "
+                          f"Serve gives them all one address, and {host} is one machine's)")
+        serve.start(http_options={"host": bind, "port": port})
         serve.run(application(folder, name, replicas=replicas, max_batch=max_batch, max_queue=max_queue,
                               providers=provider.value, api_key=api_key, max_body_bytes=max_body_bytes,
                               max_prompt_tokens=max_prompt_tokens,
@@ -188,14 +204,19 @@ def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, 
                               prefix_cache_bytes=prefix_cache_bytes,
                               prompt_lookup_num_tokens=prompt_lookup_num_tokens),
                   name="transformer-kit", route_prefix="/")
-        console.print(f"serving {name!r} on Ray Serve at http://{host}:{port}/v1 ({replicas} replicas); "
-                      "Ctrl-C stops it")
+        where = f" and port {port} of every node with a replica" if cluster else ""
+        console.print(f"serving {name!r} on Ray Serve at http://{host}:{port}/v1{where} ({replicas} "
+                      "replicas); Ctrl-C or SIGTERM stops it")
         threading.Event().wait()
     except KeyboardInterrupt:
         pass
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def register(app: typer.Typer) -> None:

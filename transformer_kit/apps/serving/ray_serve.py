@@ -2,9 +2,11 @@
 serves) as a Ray Serve deployment:
 replicas (or autoscaling), one engine per replica, Ray's proxy spreading requests over them.
 Runs on a local Ray instance or on a Ray cluster of many machines (``ray start --head`` on one,
-``ray start --address HEAD:6379`` on the others, then this from any of them); each replica loads
-the export folder from its own path, so the folder must exist on every machine (a shared file
-system, or copied to the same path).
+``ray start --address HEAD:6379`` on the others, then this from any of them with ``RAY_ADDRESS``
+naming the head: :func:`connect`); each replica loads the export folder from its own path, so the
+folder must exist on every machine (a shared file system, or copied to the same path). Every node
+with a replica runs a proxy that takes requests (:func:`proxy_host`), and every proxy spreads them
+over all the replicas, its own node's and the others' (:data:`RUNTIME_ENV`).
 
     transformer-kit serve DIR --ray --replicas 2 --api-key KEY
 
@@ -19,6 +21,8 @@ a finished answer; Ray Serve starts a replica in its place, and the others keep 
 
 from __future__ import annotations
 
+import ipaddress
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +36,44 @@ if TYPE_CHECKING:
 #: The response header naming the replica that answered (Ray Serve's replica id, unique within
 #: the deployment; its actor is ``SERVE_REPLICA::APP#CompletionDeployment#ID`` in Ray).
 REPLICA_HEADER = "x-replica"
+
+
+#: The environment of the job's actors (Serve's controller, and the proxies it starts, inherit
+#: it): each proxy chooses among all the replicas by their queues. Ray Serve's proxies otherwise
+#: send a request to a replica of their own node whenever one takes it (up to its
+#: ``max_ongoing_requests``, the engine's batch and queue here), so that requests through one node's
+#: address never reached the replicas of the others (64 requests, 16 at a time, through the head
+#: of two nodes: all to the head's replica).
+RUNTIME_ENV = {"env_vars": {"RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0"}}
+
+
+def connect(address: str | None = None) -> bool:
+    """``ray.init`` for the deployment, with :data:`RUNTIME_ENV`: the Ray cluster at ``address``
+    (default: the ``RAY_ADDRESS`` environment variable) where one is named, else a new local
+    instance of this process's own, never a cluster that only happens to run on this machine (the
+    one ``ray start`` recorded in /tmp/ray/ray_current_cluster). Whether it joined a cluster."""
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    ray.init(address=address or "local", runtime_env=RUNTIME_ENV)
+    return address is not None
+
+
+def proxy_host(host: str, cluster: bool) -> str:
+    """The address every node's proxy listens on when the server is to listen on ``host``. Ray
+    Serve gives all the proxies one address, so on a cluster an address of one machine (neither
+    loopback nor every interface: the head's 10.0.0.1, or a name) would fail to bind on the other
+    nodes; it becomes every interface of its family there (0.0.0.0, or :: for IPv6), which every
+    node has. On one machine, and for loopback or every interface, ``host`` itself."""
+    if not cluster or host == "localhost":
+        return host
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:  # a name: one machine's
+        return "0.0.0.0"
+    if ip.is_loopback or ip.is_unspecified:
+        return host
+    return "::" if ip.version == 6 else "0.0.0.0"
 
 
 class ReplicaHeader:
