@@ -27,8 +27,10 @@ from pathlib import Path
 
 import jsonschema
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helpers the benchmarks share
+
 import transformer_kit as tk
-from transformer_kit.apps.peers import smollm2_checkpoint
+from testbed.peers import smollm2_checkpoint
 from transformer_kit.export import OnnxModel, export_onnx
 from transformer_kit.plugins.grammar import CLOSING_WINDOW
 

@@ -26,9 +26,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helpers the benchmarks share
+
 import transformer_kit as tk
+from testbed.peers import gpt2_checkpoint
 from transformer_kit.apps.benchmark import Runner, exported, interleaved, random_prompts, ratio_to
-from transformer_kit.apps.peers import gpt2_checkpoint, load_optimum_causal_lm, optimum_version
+from transformer_kit.apps.commands.bench import load_optimum_causal_lm, optimum_version
 
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 0.9, "seed": 0}
 BEAMS = {"num_beams": 4, "early_stopping": True}

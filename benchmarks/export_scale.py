@@ -1,6 +1,6 @@
 """Exporting checkpoints of real models' sizes: transformer-kit against onnxruntime-genai's builder.
 
-A random bfloat16 checkpoint in a published shape (``transformer_kit/apps/random_checkpoints.py``:
+A random bfloat16 checkpoint in a published shape (``testbed/random_checkpoints.py``:
 Qwen2.5-0.5B by default, Llama-3.1-8B with ``--shape llama-3.1-8b``) is written shard by shard,
 with a small tokenizer (the builder copies one). Then each exporter runs in a process of its own,
 timed and measured by ``/usr/bin/time`` (wall seconds, peak resident memory), in rounds:
@@ -26,8 +26,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from transformer_kit.apps.genai_peer import _builder_python, write_tokenizer
-from transformer_kit.apps.random_checkpoints import SHAPES, write_random_checkpoint
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helpers the benchmarks share
+
+from testbed.genai_peer import _builder_python, write_tokenizer
+from testbed.random_checkpoints import SHAPES, write_random_checkpoint
 
 SPECIAL_IDS = {"qwen2.5-0.5b": (151643, 151645), "llama-3.1-8b": (128000, 128001),
                "llama-100m": (1, 2)}

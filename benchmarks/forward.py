@@ -23,7 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helpers the benchmarks share
+
 import transformer_kit as tk
+from testbed.peers import bert_checkpoint
 from transformer_kit.apps.benchmark import (
     Runner,
     exported,
@@ -34,7 +37,7 @@ from transformer_kit.apps.benchmark import (
     random_prompts,
     ratio_to,
 )
-from transformer_kit.apps.peers import bert_checkpoint, optimum_version
+from transformer_kit.apps.commands.bench import optimum_version
 
 
 def _table(title: str, timings, baseline: str, extra=None) -> None:

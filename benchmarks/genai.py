@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helpers the benchmarks share
+
 import transformer_kit as tk
+from testbed.genai_peer import GenaiGenerator, build_genai, genai_version, llama_checkpoint
 from transformer_kit.apps.benchmark import (
     Runner,
     exported,
@@ -33,9 +37,9 @@ from transformer_kit.apps.benchmark import (
     random_prompts,
     ratio_to,
 )
-from transformer_kit.apps.genai_peer import GenaiGenerator, build_genai, genai_version, llama_checkpoint
 from transformer_kit.export.quantize import Int4
 
+ROOT = Path(__file__).resolve().parents[1]
 PRECISIONS = ("float32", "int4")
 # VmHWM (peak resident set of this process image; ru_maxrss would carry the parent's over exec)
 RSS_CODE = """
@@ -53,7 +57,7 @@ base = peak()
 om = OnnxModel({folder!r}, providers="cpu")
 run = lambda ids: om.generate(ids, max_new_tokens=64)"""
 GENAI_LOAD = """import onnxruntime_genai
-from transformer_kit.apps.genai_peer import GenaiGenerator
+from testbed.genai_peer import GenaiGenerator
 base = peak()
 generator = GenaiGenerator({folder!r})
 run = lambda ids: generator.generate(ids, 64)"""
@@ -63,7 +67,9 @@ def peak_rss(load: str, folder: Path) -> int:
     """Bytes of peak RSS added by loading ``folder`` and generating 64 tokens, in a fresh
     process (after its imports)."""
     code = RSS_CODE.format(load=load.format(folder=str(folder)))
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # testbed/
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONPATH": path})
     return int(result.stdout.strip().splitlines()[-1])
 
 

@@ -46,6 +46,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # testbed/: helpers the benchmarks share
 PRECISIONS = {"int4": "int4", "float32": "fp32"}  # the kit's name: the builder's
 #: The kit's exports: name -> (precision, its Int4 options; None: float32).
 KIT_VARIANTS = {"int4": ("int4", {}),
@@ -68,11 +69,11 @@ def worker(kind: str, folder: str, new_tokens: int) -> None:
     """One runner's process: ``kind`` "kit" or "genai" on the model in ``folder``."""
     import numpy as np
 
-    from transformer_kit.apps.peers import read_prompt, serve_generation
+    from testbed.peers import read_prompt, serve_generation
 
     ids = np.array([read_prompt()], dtype=np.int64)
     if kind == "genai":
-        from transformer_kit.apps.genai_peer import GenaiGenerator
+        from testbed.genai_peer import GenaiGenerator
 
         generator = GenaiGenerator(Path(folder))
         serve_generation(lambda: generator.generate(ids, new_tokens)[0].tolist())
@@ -86,9 +87,9 @@ def worker(kind: str, folder: str, new_tokens: int) -> None:
 
 def checkpoint(name: str, workdir: Path) -> Path:
     """The Hugging Face folder of model ``name``, written once into ``workdir``."""
-    from transformer_kit.apps.genai_peer import llama_checkpoint, write_tokenizer
-    from transformer_kit.apps.peers import smollm2_checkpoint
-    from transformer_kit.apps.random_checkpoints import write_random_checkpoint
+    from testbed.genai_peer import llama_checkpoint, write_tokenizer
+    from testbed.peers import smollm2_checkpoint
+    from testbed.random_checkpoints import write_random_checkpoint
 
     folder = workdir / f"{name}-hf"
     if name == "smollm2":
@@ -131,7 +132,7 @@ def baseline_export(checkout: Path, source: Path, out: Path, options: dict | Non
 
 
 def genai_build(python: str, source: Path, out: Path, precision: str, workdir: Path) -> Path:
-    code = ("import sys; from pathlib import Path; from transformer_kit.apps.genai_peer import build_genai; "
+    code = ("import sys; from pathlib import Path; from testbed.genai_peer import build_genai; "
             "build_genai(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]))")
     subprocess.run([python, "-c", code, str(source), str(out), PRECISIONS[precision], str(workdir)],
                    check=True, env={**os.environ, **with_kit()})
@@ -155,7 +156,7 @@ def measure(name: str, workdir: Path, genai_python: str | None, rounds: int,
     """Every runner of model ``name`` timed in interleaved rounds: {runner: seconds per round}
     (onnxruntime-genai's left out without ``genai_python``; the ``baseline`` checkout's exports
     with it)."""
-    from transformer_kit.apps.peers import ProcessPeer
+    from testbed.peers import ProcessPeer
 
     source = checkpoint(name, workdir)
     prompt_length, new_tokens = WORKLOADS[name]

@@ -19,7 +19,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helpers the benchmarks share
+
 import transformer_kit as tk
+from testbed.peers import gpt2_checkpoint
 from transformer_kit.apps.benchmark import (
     exported,
     interleaved,
@@ -30,7 +33,7 @@ from transformer_kit.apps.benchmark import (
     weight_bytes_per_token,
     weight_stream_runner,
 )
-from transformer_kit.apps.peers import gpt2_checkpoint, hf_generation_runners
+from transformer_kit.apps.commands.bench import hf_generation_runners
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,8 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer_kit.apps.peers import ProcessPeer, read_prompt, serve_generation, shared_prefix
-from transformer_kit.apps.peers import smollm2_gguf as gguf_file
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helpers the benchmarks share
+
+from testbed.peers import ProcessPeer, read_prompt, serve_generation, shared_prefix
+from testbed.peers import smollm2_gguf as gguf_file
 
 PROMPT = "The three most important inventions of the nineteenth century were"
 THREADS = 2

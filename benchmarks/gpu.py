@@ -2,7 +2,7 @@
 prefill and sentence embeddings, with the GPU's memory-bandwidth bound.
 
 Decoder: a random bfloat16 checkpoint in a published shape (``--shape``, Qwen2.5-0.5B by default;
-``transformer_kit/apps/random_checkpoints.py``), exported by the kit in float16 and in int4 (the
+``testbed/random_checkpoints.py``), exported by the kit in float16 and in int4 (the
 default ``Int4()``, with float32 activations and with float16 ones), without verification (the
 GPU tests check the exports). Runners:
 
@@ -221,9 +221,9 @@ def embeddings(workdir: Path, shape: str, device: str, rounds: int, texts: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from testbed.genai_peer import write_tokenizer
+    from testbed.random_checkpoints import SHAPES, write_random_checkpoint
     from transformer_kit.apps.benchmark import export_is_current, export_unless_current, folder_bytes
-    from transformer_kit.apps.genai_peer import write_tokenizer
-    from transformer_kit.apps.random_checkpoints import SHAPES, write_random_checkpoint
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default=None,
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _shapes(config: dict):
-    from transformer_kit.apps.random_checkpoints import tensor_shapes
+    from testbed.random_checkpoints import tensor_shapes
 
     return [shape for _, shape in tensor_shapes(config)]
 

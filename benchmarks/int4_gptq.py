@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helpers the benchmarks share
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from int4_quality import held_text
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from transformer_kit.apps.peers import smollm2_checkpoint
+    from testbed.peers import smollm2_checkpoint
 
     checkpoint = smollm2_checkpoint(args.workdir / "smollm2-hf")
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)

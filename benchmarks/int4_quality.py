@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # testbed/: helpers the benchmarks share
 THREADS = 2
 PROMPTS = ["The three most important inventions of the nineteenth century were",
            "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.",
@@ -158,12 +159,12 @@ def genai_logits(folder: Path):
 
 # -- workers: one process per runner -------------------------------------------------------------
 def worker(kind: str, folder: str, new_tokens: int) -> None:
-    from transformer_kit.apps.peers import read_prompt, serve_generation
+    from testbed.peers import read_prompt, serve_generation
 
     prompt = read_prompt()
     ids = np.array([prompt], dtype=np.int64)
     if kind == "genai":
-        from transformer_kit.apps.genai_peer import GenaiGenerator
+        from testbed.genai_peer import GenaiGenerator
 
         generator = GenaiGenerator(Path(folder))
 
@@ -194,7 +195,7 @@ def with_kit() -> dict[str, str]:
 
 
 def build_genai_int4(python: str, checkpoint: Path, out: Path, workdir: Path) -> Path:
-    code = ("import sys; from pathlib import Path; from transformer_kit.apps.genai_peer import build_genai; "
+    code = ("import sys; from pathlib import Path; from testbed.genai_peer import build_genai; "
             "build_genai(Path(sys.argv[1]), Path(sys.argv[2]), 'int4', Path(sys.argv[3]))")
     subprocess.run([python, "-c", code, str(checkpoint), str(out), str(workdir)], check=True,
                    env={**os.environ, **with_kit()})
@@ -230,14 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.worker, args.folder, args.new_tokens)
         return 0
-    from transformer_kit.apps.benchmark import export_unless_current, folder_bytes
-    from transformer_kit.apps.genai_peer import genai_version
-    from transformer_kit.apps.peers import (
+    from testbed.genai_peer import genai_version
+    from testbed.peers import (
         ProcessPeer,
         shared_prefix,
         smollm2_checkpoint,
         smollm2_or_tiny_llama,
     )
+    from transformer_kit.apps.benchmark import export_unless_current, folder_bytes
     from transformer_kit.export import Int4, OnnxModel
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tk-int4q-"))

@@ -20,9 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helpers the benchmarks share
+
 import transformer_kit as tk
+from testbed.peers import gpt2_checkpoint
 from transformer_kit.apps.benchmark import Runner, exported, interleaved, random_prompts, ratio_to
-from transformer_kit.apps.peers import gpt2_checkpoint
 
 
 def next_token_agreement(fp32, int8, model, vocab: int, avoid: set[int], prompts: int,

@@ -34,9 +34,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helpers the benchmarks share
+
 import transformer_kit as tk
+from testbed.peers import gpt2_checkpoint
 from transformer_kit.apps.benchmark import exported
-from transformer_kit.apps.peers import gpt2_checkpoint
 
 
 def rss(pid: int) -> int:

@@ -38,10 +38,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helpers the benchmarks share
+
 import transformer_kit as tk
+from testbed import triton_local
+from testbed.peers import gpt2_checkpoint
 from transformer_kit.apps.benchmark import exported
-from transformer_kit.apps.peers import gpt2_checkpoint
-from transformer_kit.apps.serving import triton_local
 from transformer_kit.apps.serving.triton import write_repository
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # testbed/: helpers the benchmarks share
 THREADS = 2
 #: The runner drafting with an assistant model: float32 SmolLM2 with its own int4 export.
 ASSISTED = ("float32", "int4 assistant")
@@ -175,7 +176,7 @@ def _decode_speed(answer: dict) -> float:
 def _same(runs: list[dict], others: list[dict]) -> str:
     """"all" when every round's reply is the same in both runners, else the fewest leading
     tokens they shared."""
-    from transformer_kit.apps.peers import shared_prefix
+    from testbed.peers import shared_prefix
 
     if all(a["tokens"] == b["tokens"] for a, b in zip(runs, others, strict=True)):
         return "all"
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.worker, args.drafts, args.assistant, args.assistant_tokens)
         return 0
-    from transformer_kit.apps.peers import smollm2_or_tiny_llama
+    from testbed.peers import smollm2_or_tiny_llama
     from transformer_kit.export import Int4, export_onnx
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tk-spec-"))

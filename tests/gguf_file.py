@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_kit.apps.peers import smollm2_gguf as _smollm2_gguf
+from testbed.peers import smollm2_gguf as _smollm2_gguf
 
 
 def smollm2_gguf() -> Path:

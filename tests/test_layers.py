@@ -1,7 +1,8 @@
-"""The structure holds: import-linter's contracts (layers core <- plugins <- export <- runtime <- apps, a
-root that imports only the core, no import cycles) pass, and they fail when broken; the core
-imports no outer layer, even inside a function; no package reads another package's private
-names."""
+"""The structure holds: import-linter's contracts (layers core <- plugins <- export <- runtime <-
+apps, a root that imports only the core, no import cycles) pass, and they fail when broken; the
+core imports no outer layer, even inside a function; no package reads another package's private
+names; the front-ends neither tokenize nor choose between engines; the installed package holds
+none of the helpers the tests and benchmarks share (testbed/)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,19 @@ def test_the_core_imports_no_outer_layer():
     outer = tuple(f"transformer_kit.{layer}" for layer in OUTER_LAYERS)
     wrong = {(p.name, name) for p in _core_files() for name in _imports(p) if name.startswith(outer)}
     assert not wrong, wrong
+
+
+#: The helpers only the tests and benchmarks use, which live in testbed/ (not installed).
+TESTBED_MODULES = {"peers", "genai_peer", "random_checkpoints", "triton_local"}
+
+
+def test_the_installed_package_holds_no_test_or_benchmark_helper():
+    stray = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py") if p.stem in TESTBED_MODULES]
+    assert not stray, stray
+    imports = {(str(p.relative_to(ROOT)), name) for p in PACKAGE.rglob("*.py") for name in _imports(p)
+               if name == "testbed" or name.startswith("testbed.")}
+    assert not imports, imports
+    assert (ROOT / "testbed" / "__init__.py").is_file()
 
 
 def _package(path: Path, root: Path) -> str:

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import transformer_kit as tk
+from testbed import peers
 from transformer_kit.apps import benchmark as b
-from transformer_kit.apps import peers
+from transformer_kit.apps.commands.bench import hf_generation_runners, load_optimum_causal_lm
 from transformer_kit.export import OnnxModel, export_onnx
 
 
@@ -96,7 +97,7 @@ def test_all_runners_generate_the_same_tokens(gpt2, tmp_path):
     om = OnnxModel(tmp_path / "onnx", "cpu")
     ids = b.random_prompts(97, 1, 6, {0, 1, 96})
     runners = b.kit_generation_runners(model, om, ids, 8)
-    runners += peers.hf_generation_runners(gpt2, tmp_path, ids, 8)
+    runners += hf_generation_runners(gpt2, tmp_path, ids, 8)
     timings, _ = b.interleaved(runners, 1)
     assert [t.tokens for t in timings] == [8] * len(runners)
     reference = np.asarray(timings[0].result)
@@ -108,9 +109,9 @@ def test_optimum_runs_the_same_checkpoint_to_the_same_tokens(gpt2, tmp_path):
     pytest.importorskip("optimum.onnxruntime")
     model = tk.from_hf(gpt2, pad_id=0)
     ids = b.random_prompts(97, 1, 6, {0, 1, 96})
-    names = [r.name for r in peers.hf_generation_runners(gpt2, tmp_path, ids, 8)]
+    names = [r.name for r in hf_generation_runners(gpt2, tmp_path, ids, 8)]
     assert any(name.startswith("optimum") for name in names)
-    optimum = peers.load_optimum_causal_lm(gpt2, tmp_path)
+    optimum = load_optimum_causal_lm(gpt2, tmp_path)
     out = optimum.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0,
                            attention_mask=torch.ones_like(ids))[:, 6:]
     assert torch.equal(out, model.generate(ids, 8))

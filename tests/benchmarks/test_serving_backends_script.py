@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_kit.apps.serving import triton_local
+from testbed import triton_local
 
 ROOT = Path(__file__).parent.parent.parent
 

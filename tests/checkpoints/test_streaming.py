@@ -16,8 +16,8 @@ import torch
 import transformers as hf
 
 import transformer_kit as tk
+from testbed.random_checkpoints import write_random_checkpoint
 from tests.plugins.families.parity import VOCAB
-from transformer_kit.apps.random_checkpoints import write_random_checkpoint
 from transformer_kit.checkpoints import streaming
 from transformer_kit.export import Int4, OnnxModel, export_onnx
 

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import transformer_kit as tk
+from testbed import triton_local as tritonserver
 from tests.apps.conftest import invoke
 from tests.apps.serving.test_http import _alone
 from tests.chat.checkpoint import write_chat_checkpoint
-from transformer_kit.apps.serving import triton_local as tritonserver
 from transformer_kit.export import OnnxModel, export_onnx
 
 grpcclient = pytest.importorskip("tritonclient.grpc")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -14,6 +14,11 @@ from rich.table import Table
 from transformer_kit.apps.sources import Provider, load_model, open_export
 from transformer_kit.apps.terminal import console, fail
 from transformer_kit.errors import InputError, TransformerKitError
+
+if TYPE_CHECKING:  # imported on use: the command line starts without torch
+    import torch
+
+    from transformer_kit.apps.benchmark import Runner
 
 
 def bench(
@@ -35,7 +40,6 @@ def bench(
     import torch
 
     from transformer_kit.apps import benchmark as b
-    from transformer_kit.apps.peers import hf_generation_runners
     from transformer_kit.export import export_onnx
 
     try:
@@ -81,6 +85,63 @@ def bench(
         bandwidth = statistics.median(values["bandwidth"])
         console.print(f"weights read per token {weight_bytes / 1e6:.1f} MB; measured read bandwidth "
                       f"{bandwidth / 1e9:.1f} GB/s; bound {bandwidth / weight_bytes:.0f} tokens/s")
+
+
+def hf_generation_runners(checkpoint: Path, workdir: Path, ids: torch.Tensor, new_tokens: int,
+                          with_transformers: bool = True) -> list[Runner]:
+    """transformers in PyTorch and optimum's ORTModelForCausalLM on the same checkpoint, where
+    installed; both forced to exactly ``new_tokens`` greedy tokens. Missing ones are skipped."""
+    import torch
+
+    from transformer_kit.apps.benchmark import Runner
+
+    runners = []
+    kwargs = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False,
+              "attention_mask": torch.ones_like(ids)}
+    try:
+        import transformers
+    except ImportError:
+        return runners
+    if with_transformers:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+
+        def hf_eager():
+            with torch.inference_mode():
+                return hf.generate(ids, pad_token_id=0, **kwargs)[:, ids.shape[1]:]
+
+        runners.append(Runner(f"transformers {transformers.__version__}, PyTorch eager", hf_eager,
+                              lambda out: int(out.numel())))
+    optimum = load_optimum_causal_lm(checkpoint, workdir)
+    if optimum is not None:
+        def ort_optimum():
+            return optimum.generate(ids, pad_token_id=0, **kwargs)[:, ids.shape[1]:]
+
+        runners.append(Runner(f"{optimum_version()}, onnxruntime", ort_optimum,
+                              lambda out: int(out.numel()), note="ORTModelForCausalLM, IO binding"))
+    return runners
+
+
+def optimum_version() -> str:
+    """optimum-onnx's version (where optimum's ONNX Runtime models live since optimum 2)."""
+    from importlib import metadata
+
+    try:
+        return f"optimum-onnx {metadata.version('optimum-onnx')}"
+    except metadata.PackageNotFoundError:
+        return f"optimum {metadata.version('optimum')}"
+
+
+def load_optimum_causal_lm(checkpoint: Path, workdir: Path):
+    """optimum's ORTModelForCausalLM for ``checkpoint`` (exported once into ``workdir``), or
+    None when optimum is not installed."""
+    try:
+        from optimum.onnxruntime import ORTModelForCausalLM
+    except ImportError:
+        return None
+    folder = workdir / "optimum-causal-lm"
+    if not (folder / "model.onnx").exists():
+        ORTModelForCausalLM.from_pretrained(checkpoint, export=True, use_cache=True).save_pretrained(folder)
+    return ORTModelForCausalLM.from_pretrained(folder, use_io_binding=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -22,7 +22,7 @@ import torch
 
 from transformer_kit.apps.benchmark import Runner
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_CORPUS = [f"the quick brown fox {i} jumps over the lazy dog, {i * 7} times" for i in range(400)]
 
 

@@ -10,7 +10,7 @@ import torch
 import transformers
 
 import transformer_kit as tk
-from transformer_kit.apps.genai_peer import llama_checkpoint
+from testbed.genai_peer import llama_checkpoint
 
 #: Heads 16 wide: the narrowest onnxruntime-genai's GroupQueryAttention takes.
 SMALL = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 96, "vocab": 400}
@@ -32,7 +32,7 @@ def test_the_checkpoint_carries_a_tokenizer_both_sides_read(tmp_path):
 
 def test_the_genai_generator_matches_the_kit_where_installed(tmp_path):
     pytest.importorskip("onnxruntime_genai")
-    from transformer_kit.apps.genai_peer import GenaiGenerator, build_genai
+    from testbed.genai_peer import GenaiGenerator, build_genai
     from transformer_kit.export import OnnxModel, export_onnx
 
     folder = llama_checkpoint(tmp_path / "llama", **SMALL)

