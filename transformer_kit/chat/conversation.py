@@ -17,6 +17,17 @@ _READS_TOOLS = re.compile(r"\btools\b")
 #: How a tool may be chosen (OpenAI's ``tool_choice``): a name, or {"type": "function",
 #: "function": {"name": ...}}.
 TOOL_CHOICES = ("auto", "none", "required")
+#: Tokens a reply may take when the caller sets no bound (fewer when the context has less left).
+DEFAULT_REPLY_TOKENS = 256
+
+
+def reply_budget(prompt_tokens: int, context_length: int | None) -> int:
+    """The tokens a reply may take when the caller sets no bound: :data:`DEFAULT_REPLY_TOKENS`,
+    or the room the context leaves after a prompt of ``prompt_tokens`` when that is less (0 or
+    less: no room)."""
+    if context_length is None:
+        return DEFAULT_REPLY_TOKENS
+    return min(DEFAULT_REPLY_TOKENS, context_length - prompt_tokens)
 
 
 def _tool_choice(tool_choice: Any, tools: list | None) -> str | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer_kit.chat.conversation import Turn
+from transformer_kit.chat.conversation import Turn, reply_budget
 from transformer_kit.decoding.text import TextPieces, TextTokenizer
 from transformer_kit.embedding import TextEncoder
 from transformer_kit.errors import InputError
@@ -27,8 +27,6 @@ from transformer_kit.runtime.limits import Limits
 from transformer_kit.runtime.requests import Failure, PoolingRequest
 from transformer_kit.runtime.text_stream import TextStream
 
-#: A chat's max_tokens when the request gives none (lowered to the room the context has left).
-DEFAULT_MAX_TOKENS = 256
 #: Inputs per embeddings request by default (OpenAI's limit).
 MAX_INPUTS = 2048
 #: Documents per rerank request by default (Cohere's recommended most).
@@ -203,7 +201,8 @@ class Service:
              prompt_lookup_num_tokens: int | None = None) -> TextStream:
         """The assistant's reply to OpenAI-style ``messages``, rendered by the export's chat
         template (with ``tools``, ``tool_choice``, ``response_format`` and the template's own
-        keyword arguments); ``max_tokens`` None: :data:`DEFAULT_MAX_TOKENS` or the room left."""
+        keyword arguments); ``max_tokens`` None: 256 or the room the context has left
+        (:func:`~transformer_kit.chat.conversation.reply_budget`)."""
         stops = _stops(stop)
         if self.tokenizer is None:
             raise InputError("This export has no tokenizer (no tokenizer.json came with it), so it "
@@ -216,10 +215,8 @@ class Service:
                     template_kwargs=template_kwargs, options=options)
         ids = self.tokenizer.encode([turn.prompt], add_special_tokens=False)[0][0].tolist()
         self.limits.check_prompt(len(ids), "The conversation, rendered by the chat template,")
-        if max_tokens is None:
-            context = self.model.context_length
-            room = DEFAULT_MAX_TOKENS if context is None else context - len(ids)
-            max_tokens = max(min(DEFAULT_MAX_TOKENS, room), 1)
+        if max_tokens is None:  # no room left: the engine refuses it with a sentence
+            max_tokens = max(reply_budget(len(ids), self.model.context_length), 1)
         return self._submit(ids, stops, {**turn.options, "max_new_tokens": max_tokens}, turn)
 
     def _prompt_ids(self, prompt: Any) -> list[int]:

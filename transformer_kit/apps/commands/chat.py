@@ -17,14 +17,13 @@ from rich.markup import escape
 from transformer_kit.apps.commands import _options as opts
 from transformer_kit.apps.sources import Provider, open_export
 from transformer_kit.apps.terminal import console, errors, fail, settings
+from transformer_kit.chat.conversation import DEFAULT_REPLY_TOKENS, reply_budget
 from transformer_kit.decoding import generation_config
 from transformer_kit.decoding.text import require
 from transformer_kit.errors import InputError, TransformerKitError
 
 _Opt = typer.Option
 
-#: Tokens per reply when --max-new-tokens is not given (fewer when the context has less left).
-DEFAULT_MAX_NEW_TOKENS = 256
 EXIT, RESET = ("/exit", "/quit"), "/reset"
 HELP = "/reset clears the conversation (the system message stays); /exit, /quit or Ctrl-D ends it."
 
@@ -35,8 +34,8 @@ class Conversation:
     Args:
         om: the export's ``OnnxModel`` (it has a tokenizer with a chat template).
         system: the system message, or None.
-        max_new_tokens: tokens per reply at most; None: :data:`DEFAULT_MAX_NEW_TOKENS`, or what
-            the model's context has left after the conversation.
+        max_new_tokens: tokens per reply at most; None: ``DEFAULT_REPLY_TOKENS``, or what the
+            model's context has left after the conversation (``reply_budget``).
         options: the other generation options (``response_format`` among them).
         chat_template: a template's name (``tool_use``) or text instead of the export's default.
     """
@@ -74,23 +73,24 @@ class Conversation:
             return self.max_new_tokens
         context = self.om.context_length
         if context is None:
-            return DEFAULT_MAX_NEW_TOKENS
+            return DEFAULT_REPLY_TOKENS
         tokenizer = self.om.tokenizer
         prompt = tokenizer.apply_chat_template(messages, chat_template=self.chat_template)
         ids, _ = tokenizer.encode([prompt], add_special_tokens=False)
         used = ids.shape[1]
-        if used >= context:
+        budget = reply_budget(used, context)
+        if budget < 1:
             raise InputError(f"The conversation takes {used} tokens, and the model's context holds "
                              f"{context}, so no reply fits; start a shorter conversation (/reset "
                              "in a session).")
-        return min(DEFAULT_MAX_NEW_TOKENS, context - used)
+        return budget
 
 
 def chat(
     folder: Annotated[Path, typer.Argument(help="An export folder with a tokenizer and a chat template.")],
     message: Annotated[list[str] | None, _Opt(help="A user turn (repeatable): answer each in order, then exit.")] = None,
     system: Annotated[str | None, _Opt(help="The system message, first in the conversation.")] = None,
-    max_new_tokens: Annotated[int | None, _Opt(help=f"Tokens per reply at most (default {DEFAULT_MAX_NEW_TOKENS}, or what the context has left).")] = None,
+    max_new_tokens: Annotated[int | None, _Opt(help=f"Tokens per reply at most (default {DEFAULT_REPLY_TOKENS}, or what the context has left).")] = None,
     min_new_tokens: opts.MinNewTokens = None,
     do_sample: opts.DoSample = False,
     temperature: opts.Temperature = None,
@@ -118,7 +118,7 @@ def chat(
     try:  # bad options, a missing tokenizer or template: refused before the first turn
         with warnings.catch_warnings():  # a turn warns about its options; once is enough
             warnings.simplefilter("ignore")
-            generation_config(**options, max_new_tokens=DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None
+            generation_config(**options, max_new_tokens=DEFAULT_REPLY_TOKENS if max_new_tokens is None
                               else max_new_tokens)
         om = open_export(folder, provider)
         template = _template(chat_template)
