@@ -78,7 +78,8 @@ class TritonServer:
     wheel does not ship), on three free ports of 127.0.0.1; ``stop`` ends it and its stubs
     (its process group) by PID."""
 
-    def __init__(self, tree: Path, libs: Path, repo: Path, models: list[str], log: Path) -> None:
+    def __init__(self, tree: Path, libs: Path, repo: Path, models: list[str], log: Path,
+                 flags: list[str] = ()) -> None:
         self.http_port, self.grpc_port, metrics = free_ports(3)
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(libs), env.get("LD_LIBRARY_PATH")]))
@@ -87,7 +88,7 @@ class TritonServer:
                    "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
                    f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                    f"--metrics-port={metrics}", "--allow-metrics=false", "--exit-timeout-secs=5",
-                   "--model-control-mode=explicit", *[f"--load-model={m}" for m in models]]
+                   "--model-control-mode=explicit", *[f"--load-model={m}" for m in models], *flags]
         self.log = log
         with open(log, "wb") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -130,9 +131,10 @@ class TritonServer:
 
 
 @contextlib.contextmanager
-def local_server(repo: Path, models: list[str], workdir: Path, ready_seconds: float = 180
-                 ) -> Iterator[TritonServer]:
-    """The wheel's ``tritonserver`` over ``repo`` with ``models`` loaded, ready; stopped on exit.
+def local_server(repo: Path, models: list[str], workdir: Path, ready_seconds: float = 180,
+                 flags: list[str] = ()) -> Iterator[TritonServer]:
+    """The wheel's ``tritonserver`` over ``repo`` with ``models`` loaded (and the server's own
+    ``flags``), ready; stopped on exit.
     ``workdir`` holds its copy of the server and its log. Raises RuntimeError when the wheel is
     not installed (``pip install --no-deps nvidia-pytriton``) or the server does not get ready."""
     root = wheel_root()
@@ -141,7 +143,8 @@ def local_server(repo: Path, models: list[str], workdir: Path, ready_seconds: fl
                            "install --no-deps nvidia-pytriton==0.7.0")
     workdir.mkdir(parents=True, exist_ok=True)
     tree = server_tree(root, workdir / "tritonserver")
-    server = TritonServer(tree, root.parent / "nvidia_pytriton.libs", repo, models, workdir / "server.log")
+    server = TritonServer(tree, root.parent / "nvidia_pytriton.libs", repo, models, workdir / "server.log",
+                          flags)
     try:
         server.wait_ready(ready_seconds)
         yield server

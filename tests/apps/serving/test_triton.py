@@ -104,3 +104,14 @@ def test_embedding_and_cross_encoder_exports_get_models_of_their_kind(embedding_
     assert "max_prompt_tokens" not in rerank.parameters  # the model's own bound
     with pytest.raises(InputError, match="max_request_seconds"):
         write_repository(reranker.path, tmp_path, "ce", max_request_seconds=0)
+
+
+def test_the_key_goes_on_triton_s_command_line_never_into_the_repository(exported, tmp_path):
+    _, folder = exported
+    result = invoke("triton", str(folder / "onnx"), "-o", str(tmp_path / "repo"), "--api-key", "s3cret")
+    assert result.exit_code == 0, result.output
+    assert "'--http-restricted-api=inference:authorization=Bearer s3cret'" in result.output
+    assert "'--grpc-restricted-protocol=inference:authorization=Bearer s3cret'" in result.output
+    assert not any("s3cret" in p.read_text() for p in (tmp_path / "repo").rglob("*.pbtxt"))
+    refused = invoke("triton", str(folder / "onnx"), "-o", str(tmp_path / "other"), "--api-key", "a,b")
+    assert refused.exit_code == 1 and "comma" in refused.output and not (tmp_path / "other").exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,10 +24,16 @@ from testbed import triton_local as tritonserver
 from tests.apps.conftest import invoke
 from tests.apps.serving.test_http import _alone
 from tests.chat.checkpoint import write_chat_checkpoint
+from transformer_kit.apps.serving.triton import key_flags
 from transformer_kit.export import OnnxModel, export_onnx
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 MODEL = "tiny_generate"
+#: The server needs it on inference, as transformer-kit serve --api-key (transformer-kit triton's flags).
+KEY = "the-key"
+HEADERS = {"authorization": f"Bearer {KEY}"}
+#: gRPC carries the header under Triton's prefix for restricted protocols.
+GRPC_HEADERS = {"triton-grpc-protocol-authorization": f"Bearer {KEY}"}
 #: The generate model's prompt bound (its config's max_prompt_tokens).
 MAX_PROMPT_TOKENS = 100
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -54,16 +61,17 @@ def triton(tmp_path_factory, embedding_export, cross_encoder_export):
                          "--env", str(env))
         assert written.exit_code == 0, written.output
     models = [MODEL, "st_embed", "ce_rerank"]
-    with tritonserver.local_server(work / "repo", models, work / "server") as server:
+    with tritonserver.local_server(work / "repo", models, work / "server", flags=key_flags(KEY)) as server:
         yield server, OnnxModel(folder / "onnx", providers="cpu")
 
 
-def _grpc_stream(server, inputs: dict[str, np.ndarray], timeout: float = 60, model: str = MODEL) -> list:
+def _grpc_stream(server, inputs: dict[str, np.ndarray], timeout: float = 60, model: str = MODEL,
+                 headers: dict[str, str] | None = GRPC_HEADERS) -> list:
     """The responses of one gRPC streaming request: each a numpy array of its output, or the
     error's text; ends at the final flag."""
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     answers: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    client.start_stream(callback=lambda result, error: answers.put((result, error)), headers=headers)
     tensors = []
     for name, value in inputs.items():
         kind = "BYTES" if value.dtype == object else {np.int64: "INT64", np.float32: "FP32"}[value.dtype.type]
@@ -99,7 +107,7 @@ def _ids(prompt: list[int], **options) -> dict[str, np.ndarray]:
 def _http_stream(server, body: dict) -> list[dict]:
     """The events of HTTP ``generate_stream`` (Triton's generate extension), as JSON."""
     url = f"http://127.0.0.1:{server.http_port}/v2/models/{MODEL}/generate_stream"
-    with httpx.stream("POST", url, json=body, timeout=60) as answer:
+    with httpx.stream("POST", url, json=body, timeout=60, headers=HEADERS) as answer:
         return [json.loads(line[len("data: "):]) for line in answer.iter_lines()
                 if line.startswith("data: ")]
 
@@ -159,7 +167,7 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(triton):
     broken = _http_stream(server, {"messages": "not json", "max_new_tokens": 4})
     assert len(broken) == 1 and "JSON list of chat messages" in broken[0]["error"]
     unknown = httpx.post(f"http://127.0.0.1:{server.http_port}/v2/models/{MODEL}/generate_stream",
-                         json={"prompt_ids": [5]}, timeout=30)
+                         json={"prompt_ids": [5]}, timeout=30, headers=HEADERS)
     assert unknown.status_code == 400 and "prompt_ids" in unknown.text
     after = [int(a[0]) for a in _grpc_stream(server, _ids([5, 6, 7], max_new_tokens=8))]
     assert after == _alone(onnx_model, [5, 6, 7], 8)
@@ -205,3 +213,20 @@ def test_embeddings_and_rerank_are_exact_and_batched_across_clients(triton, embe
     empty, = _grpc_stream(server, {"query": np.array([b" "], dtype=object),
                                    "documents": np.array([b"x"], dtype=object)}, model="ce_rerank")
     assert "query is empty" in empty
+
+
+def test_inference_needs_the_key_and_health_is_open(triton):
+    server, onnx_model = triton
+    url = f"http://127.0.0.1:{server.http_port}/v2/models/{MODEL}/generate_stream"
+    for headers in ({}, {"authorization": "Bearer wrong"}):
+        refused = httpx.post(url, json={"input_ids": [5, 6], "max_new_tokens": 2}, timeout=30,
+                             headers=headers)
+        assert refused.status_code in (401, 403), refused.text
+        grpc_headers = {f"triton-grpc-protocol-{k}": v for k, v in headers.items()} or None
+        answer = _grpc_stream(server, _ids([5, 6], max_new_tokens=2), headers=grpc_headers)
+        assert len(answer) == 1 and isinstance(answer[0], str), answer  # an error, not tokens
+        assert re.search(r"unauthenticated|permission|authoriz|restricted", answer[0], re.I), answer
+    health = httpx.get(f"http://127.0.0.1:{server.http_port}/v2/health/ready", timeout=30)
+    assert health.status_code == 200
+    assert [int(a[0]) for a in _grpc_stream(server, _ids([5, 6], max_new_tokens=2))] == \
+        _alone(onnx_model, [5, 6], 2)

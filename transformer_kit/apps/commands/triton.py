@@ -4,11 +4,13 @@ backend, over the kit's engine and within the server's limits)."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from transformer_kit.apps.serving.guard import API_KEY_ENV
 from transformer_kit.apps.sources import kind_of
 from transformer_kit.apps.terminal import console, fail
 from transformer_kit.errors import ArtifactError, TransformerKitError
@@ -33,13 +35,18 @@ def triton(
                                                       "arrival to its end; past it it is stopped with "
                                                       "an error. Default: 600, as transformer-kit "
                                                       "serve.")] = 600.0,
+    api_key: Annotated[str | None, _Opt(envvar=API_KEY_ENV, show_envvar=True, help="Print the "
+                                        "tritonserver flags that make inference need "
+                                        "'Authorization: Bearer KEY', as serve --api-key does "
+                                        "(the key is never written into the repository).")] = None,
 ) -> None:
     """Write {name}_forward (onnxruntime backend, dynamic batching) and the model of what the
     export serves, {name}_generate, {name}_embed or {name}_rerank (Python backend, decoupled),
     into a Triton model repository."""
-    from transformer_kit.apps.serving.triton import write_repository
+    from transformer_kit.apps.serving.triton import key_flags, write_repository
 
     try:
+        flags = "" if api_key is None else " " + shlex.join(key_flags(api_key))  # refused first
         if kind_of(folder) != "export":
             raise ArtifactError(f"{folder} is not an export folder (no manifest.json written by "
                                 f"transformer-kit export); export a model first: transformer-kit "
@@ -51,9 +58,9 @@ def triton(
         fail(exc)
     for config in written:
         console.print(f"wrote {config.parent}")
-    console.print(f"start Triton with: tritonserver --model-repository {output} (the forward model "
-                  "needs Triton's onnxruntime backend; without it add --model-control-mode explicit "
-                  f"--load-model {written[-1].parent.name})")
+    console.print(f"start Triton with: tritonserver --model-repository {output}{flags} (the forward "
+                  "model needs Triton's onnxruntime backend; without it add --model-control-mode "
+                  f"explicit --load-model {written[-1].parent.name})", highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:

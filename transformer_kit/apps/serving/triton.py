@@ -96,6 +96,18 @@ def _served_config(name: str, inputs: list[str], outputs: list[str], env: Path |
             + "".join(_parameter(k, v) for k, v in parameters.items()))
 
 
+def key_flags(api_key: str) -> list[str]:
+    """``tritonserver``'s flags that make inference need ``Authorization: Bearer API_KEY`` on
+    HTTP and gRPC, as ``transformer-kit serve --api-key`` does (health and metadata stay open).
+    The key goes on Triton's command line, never into the repository."""
+    if not api_key.strip() or any(c in api_key for c in ",= \n"):
+        raise InputError("The API key is empty or holds a comma, '=', a space or a newline, which "
+                         "tritonserver's --http-restricted-api cannot carry; give a key of letters, "
+                         "digits and punctuation.")
+    header = f"authorization=Bearer {api_key}"
+    return [f"--http-restricted-api=inference:{header}", f"--grpc-restricted-protocol=inference:{header}"]
+
+
 def _copy(source: Path, target: Path) -> None:
     """A hard link where the file system allows (no second copy of the weights), else a copy."""
     try:
