@@ -47,7 +47,10 @@ def _copy(tmp_path: Path) -> Path:
     ("config.py", "import transformer_kit.export.runtime", "Layers point one way"),
     ("registry.py", "import transformer_kit.apps.benchmark", "Layers point one way"),
     ("plugins/attention.py", "from transformer_kit.export import graphs", "Layers point one way"),
-    ("__init__.py", "import transformer_kit.plugins", "The package root imports the core only"),
+    ("__init__.py", "import transformer_kit.plugins", "The package root imports the core and the checkpoint"),
+    ("model.py", "import transformer_kit.chat.sandbox", "Layers point one way"),
+    ("decoding/search.py", "from transformer_kit.tokenizer import TextTokenizer", "Layers point one way"),
+    ("embedding/api.py", "import transformer_kit.checkpoints.gguf", "Layers point one way"),
     ("errors.py", "import transformer_kit.registry", "No import cycles"),
 ])
 def test_a_wrong_import_breaks_a_contract(tmp_path, module, line, broken):
@@ -160,8 +163,10 @@ def test_a_private_read_across_packages_is_found(tmp_path):
 
 
 #: What tokenizes or detokenizes: the runtime's service does it for every front-end.
-TEXT_MODULES = ("transformer_kit.decoding.text", "transformer_kit.chat", "transformer_kit.embedding")
-TEXT_NAMES = {"tokenizer", "text_encoder", "TextPieces", "TextTokenizer", "Turn", "stop_matcher"}
+TEXT_MODULES = ("transformer_kit.decoding.text", "transformer_kit.tokenizer", "transformer_kit.chat",
+                "transformer_kit.embedding")
+TEXT_NAMES = {"tokenizer", "text_encoder", "TextPieces", "TextTokenizer", "ChatTurn", "chat_turn",
+              "stop_matcher"}
 
 
 def front_end_text_work(folder: Path) -> list[str]:

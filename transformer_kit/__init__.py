@@ -48,8 +48,9 @@ def build_model(config, registry=None):
 
 
 def load_model(path):
-    """Load a model saved with ``model.save(path)``; see :func:`transformer_kit.assembly.load_model`."""
-    from transformer_kit.assembly import load_model as _load
+    """Load a model saved with ``model.save(path)``: see
+    :func:`transformer_kit.checkpoints.saved.load_model`."""
+    from transformer_kit.checkpoints.saved import load_model as _load
 
     return _load(path)
 

@@ -22,7 +22,6 @@ from torch import nn
 from transformer_kit.attention import MultiHeadAttention
 from transformer_kit.capabilities import check_capabilities
 from transformer_kit.config import ModelConfig, load_config
-from transformer_kit.decoding.text import TextTokenizer
 from transformer_kit.embedding.heads import sentence_outputs
 from transformer_kit.errors import ComponentError, ConfigError, TransformerKitError
 from transformer_kit.interfaces import AttentionKernel, AttentionMask, Block, PositionalEncoding
@@ -35,7 +34,6 @@ from transformer_kit.model import (
     TransformerModel,
 )
 from transformer_kit.registry import Registry, get_registry, origin
-from transformer_kit.serialization import load_saved_weights, read_saved_config
 from transformer_kit.stacks import Embedder, LayerVariants, OutputHead, Stack
 
 #: The type each kind's factory must return.
@@ -258,14 +256,6 @@ def build_model(config: ModelConfig | dict | str | Path,
     model.layer_components = {name: {kind: registry.entry(kind, spec.name) for kind, spec in kinds.items()}
                               for name, kinds in config.variant_components().items()}
     return model
-
-
-def load_model(path: str | Path) -> TransformerModel:
-    """Rebuild a model saved with ``model.save(path)``: same config, weights and tokenizer. Raises
-    :class:`CheckpointError` for a folder that is missing, damaged or holds something else."""
-    model = build_model(read_saved_config(path))
-    model.tokenizer = TextTokenizer.from_folder(path)
-    return load_saved_weights(model, path)
 
 
 def _assemble(config: ModelConfig, registry: Registry) -> TransformerModel:

@@ -8,20 +8,20 @@ generation and the exported decoder step share one code path.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-from transformer_kit.chat.conversation import Chats
 from transformer_kit.config import ModelConfig
 from transformer_kit.decoding import GenerationConfig
-from transformer_kit.decoding.text import TextTokenizer
-from transformer_kit.decoding.torch_steps import generate, stream
+from transformer_kit.decoding.text import Tokenizer, chat_reply, stream_chat_reply
+from transformer_kit.decoding.torch_steps import eval_mode, generate, stream
+from transformer_kit.embedding.api import DEFAULT_BATCH_TOKENS, RerankResult, SentenceTasks
 from transformer_kit.embedding.heads import ClassifierHead, SentenceHead
-from transformer_kit.embedding.torch_runtime import TorchEmbeds
 from transformer_kit.errors import InputError
 from transformer_kit.inputs import check_token_ids, tracing
 from transformer_kit.interfaces import AttentionInputs, AttentionMask, LayerCache
@@ -31,7 +31,7 @@ from transformer_kit.serialization import save_model
 from transformer_kit.stacks import Embedder, Stack, self_attention_inputs
 
 
-class TransformerModel(nn.Module, Chats):
+class TransformerModel(nn.Module):
     """Base of the assembled models: config, save, cache construction, generation."""
 
     architecture: str
@@ -44,7 +44,7 @@ class TransformerModel(nn.Module, Chats):
         #: Per layer variant (``layer_types``), the registered components it replaces.
         self.layer_components: dict[str, dict[str, RegisteredComponent]] = {}
         #: The checkpoint's tokenizer (text in, text out), kept by save and export; or None.
-        self.tokenizer: TextTokenizer | None = None
+        self.tokenizer: Tokenizer | None = None
         #: ``from_hf(..., stream=True)``: the weights, read from the checkpoint when needed
         #: (the parameters are on the meta device); None for a model in memory.
         self.streamed_weights: Any = None
@@ -74,6 +74,36 @@ class TransformerModel(nn.Module, Chats):
     def max_positions(self) -> int | None:
         """Longest sequence the positional encoding covers, or None when unbounded."""
         return None
+
+    def chat(self, messages: list[dict], *, tools: list[dict] | None = None, tool_choice: Any = None,
+             chat_template: str | None = None, template_kwargs: dict | None = None,
+             **options: Any) -> dict[str, Any]:
+        """The assistant's reply to a conversation, rendered by the checkpoint's chat template
+        (the tokenizer prepares the turn, :meth:`generate` writes it).
+
+        Args:
+            messages: ``[{"role": "system" | "user" | "assistant" | "tool", "content": ...}]``.
+            tools: functions the model may call (OpenAI-style JSON schemas).
+            tool_choice: ``"auto"``, ``"none"``, ``"required"`` or ``{"type": "function",
+                "function": {"name": ...}}`` (a forced call is constrained to parse).
+            chat_template: a template's name or text instead of the default.
+            template_kwargs: further variables for the template.
+            options: generation options, ``response_format`` among them. The reply ends at any
+                of the model's end ids (its end of turn among them).
+        Returns:
+            ``{"role": "assistant", "content": str | None}``, plus ``"tool_calls"`` (OpenAI's
+            format) when the model called tools.
+        """
+        return chat_reply(self, messages, tools=tools, tool_choice=tool_choice,
+                          chat_template=chat_template, template_kwargs=template_kwargs, **options)
+
+    def stream_chat(self, messages: list[dict], *, tools: list[dict] | None = None,
+                    tool_choice: Any = None, chat_template: str | None = None,
+                    template_kwargs: dict | None = None, **options: Any) -> Iterator[str]:
+        """As :meth:`chat`, yielding the reply's text in pieces as it is generated."""
+        return stream_chat_reply(self, messages, tools=tools, tool_choice=tool_choice,
+                                 chat_template=chat_template, template_kwargs=template_kwargs,
+                                 **options)
 
     def save(self, path: str | Path) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into the folder ``path``."""
@@ -238,7 +268,7 @@ class DecoderTransformer(TransformerModel):
         return self._empty_cache(self.decoder, batch, like)
 
 
-class EncoderTransformer(TransformerModel, TorchEmbeds):
+class EncoderTransformer(TransformerModel):
     """Encoder-only model: ``model(input_ids) -> hidden states`` (batch, len, d_model), or
     logits (batch, len, vocab) when ``lm_head`` is configured. With ``pooling`` it also gives
     sentence embeddings (:meth:`sentence_embedding` of ids; ``model.embed(texts)``, which is
@@ -254,6 +284,8 @@ class EncoderTransformer(TransformerModel, TorchEmbeds):
         super().__init__(config)
         self.embed, self.encoder, self.head, self.mask = embed, encoder, head, mask
         self.sentence_head, self.classifier = sentence_head, classifier
+        #: ``encode``/``embed``, ``score`` and ``rerank``, run through this model's batches.
+        self.sentences = SentenceTasks(self)
         embed.sentences = self.encode  # model.embed(texts) gives sentence embeddings
 
     @property
@@ -298,3 +330,52 @@ class EncoderTransformer(TransformerModel, TorchEmbeds):
                              "Load a cross-encoder (a *ForSequenceClassification checkpoint).")
         hidden, _ = self.hidden_states(input_ids, attention_mask, token_type_ids)
         return self.classifier(hidden)
+
+    # -- sentence tasks (SentenceTasks over this model's runs) ---------------------------------
+    def embedding_settings(self) -> tuple[dict, int | None]:
+        """The config as a dict, and the positional encoding's bound (or None)."""
+        return self.config.to_dict(), self.max_positions
+
+    def _tensors(self, *arrays: np.ndarray) -> list[Tensor]:
+        device = next(self.parameters()).device
+        return [torch.from_numpy(a).to(device) for a in arrays]
+
+    def run_embedding(self, ids: np.ndarray, keep: np.ndarray, pooled: np.ndarray) -> np.ndarray:
+        """One padded batch: ids, keep, pooled (batch, len) -> embeddings (batch, dim) float32,
+        in eval mode without gradients (whatever mode the model is in), on the model's device."""
+        with eval_mode(self), torch.inference_mode():  # no dropout
+            out = self.sentence_embedding(*self._tensors(ids, keep, pooled))
+        return out.float().cpu().numpy()
+
+    def run_scores(self, ids: np.ndarray, keep: np.ndarray, types: np.ndarray) -> np.ndarray:
+        """One padded batch: ids, keep, token types (batch, len) -> scores (batch, num_labels)
+        float32, as :meth:`run_embedding`."""
+        segments = getattr(self.embed.positional, "token_type", None) is not None  # BERT's types
+        ids_t, keep_t, types_t = self._tensors(ids, keep, types)
+        with eval_mode(self), torch.inference_mode():
+            _, scores = self.classify(ids_t, keep_t, types_t if segments else None)
+        return scores.float().cpu().numpy()
+
+    def encode(self, inputs: Any, *, normalize: bool | None = None, prompt_name: str | None = None,
+               prompt: str | None = None, dimensions: int | None = None, batch_size: int = 32,
+               max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS) -> np.ndarray:
+        """Sentence embeddings (n, dim) float32 of texts or token ids, as sentence-transformers'
+        ``encode``: see :meth:`SentenceTasks.encode <transformer_kit.embedding.SentenceTasks.encode>`."""
+        return self.sentences.encode(inputs, normalize=normalize, prompt_name=prompt_name,
+                                     prompt=prompt, dimensions=dimensions, batch_size=batch_size,
+                                     max_batch_tokens=max_batch_tokens)
+
+    def score(self, query: str, documents: Sequence[str], *, batch_size: int = 32,
+              max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS) -> np.ndarray:
+        """A cross-encoder's scores of (query, document) pairs, (n,) or (n, num_labels) float32:
+        see :meth:`SentenceTasks.score <transformer_kit.embedding.SentenceTasks.score>`."""
+        return self.sentences.score(query, documents, batch_size=batch_size,
+                                    max_batch_tokens=max_batch_tokens)
+
+    def rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None,
+               return_documents: bool = False, batch_size: int = 32,
+               max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS) -> list[RerankResult]:
+        """The documents by relevance to ``query``, best first: see
+        :meth:`SentenceTasks.rerank <transformer_kit.embedding.SentenceTasks.rerank>`."""
+        return self.sentences.rerank(query, documents, top_n=top_n, return_documents=return_documents,
+                                     batch_size=batch_size, max_batch_tokens=max_batch_tokens)

@@ -1,5 +1,5 @@
 """The saved-model format: ``config.json`` (the config, tagged) plus ``model.safetensors`` in one
-folder. :func:`save_model` writes it; :func:`transformer_kit.assembly.load_model` builds the
+folder. :func:`save_model` writes it; :func:`transformer_kit.checkpoints.saved.load_model` builds the
 model again from :func:`read_saved_config` and fills it with :func:`load_saved_weights`."""
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from transformer_kit.decoding.text import TextTokenizer
 from transformer_kit.errors import ChatTemplateError, InputError
+from transformer_kit.tokenizer import TextTokenizer
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the weather in Paris?"}],

@@ -12,8 +12,8 @@ import pytest
 import transformers as hf
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from transformer_kit.decoding.text import TextTokenizer
 from transformer_kit.errors import ChatTemplateError
+from transformer_kit.tokenizer import TextTokenizer
 
 TEMPLATES = sorted((Path(__file__).parent / "data" / "templates").glob("*.jinja"))
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}

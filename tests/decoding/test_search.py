@@ -45,7 +45,7 @@ class _ScriptedSteps:
 
 
 def test_processors_see_every_row_prompt_and_tokens_so_far_as_the_history_grows():
-    from transformer_kit.decoding import GenerationConfig, Pipeline, Problem, stream_tokens
+    from transformer_kit.decoding import DecodingCall, GenerationConfig, Pipeline, stream_tokens
     from transformer_kit.decoding.processors import DecodingState
 
     rng = np.random.default_rng(0)
@@ -58,8 +58,8 @@ def test_processors_see_every_row_prompt_and_tokens_so_far_as_the_history_grows(
         seen.append(DecodingState(state.ids.copy(), state.keep.copy(), state.prompt_length))
         return scores
 
-    problem = Problem(prompt, keep, eos_ids=[2], fill_id=0)
-    tokens = np.stack(list(stream_tokens(_ScriptedSteps(script), problem,
+    call = DecodingCall(prompt, keep, eos_ids=[2], fill_id=0)
+    tokens = np.stack(list(stream_tokens(_ScriptedSteps(script), call,
                                          GenerationConfig(max_new_tokens=40), Pipeline([record]))), 1)
     np.testing.assert_array_equal(tokens, script)
     assert len(seen) == 40
@@ -70,10 +70,10 @@ def test_processors_see_every_row_prompt_and_tokens_so_far_as_the_history_grows(
 
 
 def test_a_row_ends_at_its_eos_and_holds_the_fill_id_after_it():
-    from transformer_kit.decoding import GenerationConfig, Pipeline, Problem, stream_tokens
+    from transformer_kit.decoding import DecodingCall, GenerationConfig, Pipeline, stream_tokens
 
     script = np.array([[5, 2, 7, 8], [5, 6, 7, 9], [9, 9, 4, 2]])  # eos 2 and 4
-    problem = Problem(np.ones((3, 2), np.int64), np.ones((3, 2), bool), eos_ids=[2, 4], fill_id=0)
-    tokens = np.stack(list(stream_tokens(_ScriptedSteps(script), problem,
+    call = DecodingCall(np.ones((3, 2), np.int64), np.ones((3, 2), bool), eos_ids=[2, 4], fill_id=0)
+    tokens = np.stack(list(stream_tokens(_ScriptedSteps(script), call,
                                          GenerationConfig(max_new_tokens=4), Pipeline([]))), 1)
     np.testing.assert_array_equal(tokens, [[5, 2, 0, 0], [5, 6, 7, 9], [9, 9, 4, 0]])

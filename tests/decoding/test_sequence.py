@@ -10,15 +10,15 @@ import torch
 
 from tests.decoding.conftest import VOCAB
 from transformer_kit.decoding import SequenceSearch, generation_config
-from transformer_kit.decoding.prompts import plan
+from transformer_kit.decoding.prompts import prepare_call
 
 
 def _search(model, prompt: list[int], stop_matcher=None, **options) -> tuple[list[int], str]:
     opts = generation_config(None, **options)
     ids = np.array([prompt], np.int64)
-    problem, pipeline, _ = plan(ids, None, opts, decoder=True, pad_id=0, eos_id=2, bos_id=1,
+    call, pipeline, _ = prepare_call(ids, None, opts, decoder=True, pad_id=0, eos_id=2, bos_id=1,
                                 vocab=VOCAB, context_length=64, stop_matcher=stop_matcher)
-    search, sequence = SequenceSearch(problem, opts, pipeline), list(prompt)
+    search, sequence = SequenceSearch(call, opts, pipeline), list(prompt)
     while True:
         with torch.no_grad():  # every id real, the pad id too when the model chose it
             ids = torch.tensor([sequence])

@@ -13,7 +13,7 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 import transformer_kit as tk
 from tests.decoding.test_sampling import DRAWS, _chi_square_limit
 from transformer_kit.decoding import build_pipeline, generation_config
-from transformer_kit.decoding.search import Problem
+from transformer_kit.decoding.search import DecodingCall
 from transformer_kit.decoding.speculative import (
     LONGEST_MATCH,
     DraftLength,
@@ -190,14 +190,14 @@ def test_speculative_sampling_draws_from_the_processed_softmax(runtimes, options
         logits = model(prompt)[0, -1].float().numpy()
     config = generation_config(do_sample=True, prompt_lookup_num_tokens=3, seed=0, **options)
     _, pipeline = build_pipeline(config, len(logits), [2])
-    problem = Problem(prompt.numpy(), np.ones(prompt.shape, bool), [2], 0)
-    state = _Chooser(problem, config, pipeline).history.state(prompt.shape[1])
+    call = DecodingCall(prompt.numpy(), np.ones(prompt.shape, bool), [2], 0)
+    state = _Chooser(call, config, pipeline).history.state(prompt.shape[1])
     processed = pipeline(logits[None].copy(), state)
     expected = np.exp(processed[0].astype(np.float64) - processed[0].max())
     expected /= expected.sum()
     order = np.argsort(-expected)
     drafted = int(order[0] if draft == "likely" else order[int((expected > 0).sum()) - 1])
-    chooser = _Chooser(problem, config, pipeline)
+    chooser = _Chooser(call, config, pipeline)
     _assert_draws_follow([chooser.choose(logits.copy(), drafted) for _ in range(DRAWS)], expected)
 
 
@@ -328,8 +328,8 @@ def test_speculative_sampling_from_an_assistant_draws_from_the_processed_softmax
         logits, small_logits = (m(prompt)[0, -1].float().numpy() for m in (model, small))
     config = generation_config(do_sample=True, seed=0, **options)
     _, pipeline = build_pipeline(config, len(logits), [2])
-    problem = Problem(prompt.numpy(), np.ones(prompt.shape, bool), [2], 0)
-    chooser = _Chooser(problem, config, pipeline)
+    call = DecodingCall(prompt.numpy(), np.ones(prompt.shape, bool), [2], 0)
+    chooser = _Chooser(call, config, pipeline)
     processed = chooser.processed(logits.copy())[0].astype(np.float64)
     expected = np.exp(processed - processed.max())
     expected /= expected.sum()

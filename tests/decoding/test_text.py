@@ -13,8 +13,9 @@ import transformers as hf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import transformer_kit as tk
-from transformer_kit.decoding.text import TextPieces, TextTokenizer
+from transformer_kit.decoding.text import TextPieces
 from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.tokenizer import TextTokenizer
 
 VOCAB = 300
 CORPUS = ["héllo wörld, the quick brown fox", "日本語のテキスト 🙂 and more words",

@@ -50,7 +50,7 @@ def test_embeddings_equal_sentence_transformers(embedder, prompt_name):
 
 def test_token_ids_give_the_texts_vectors(embedder):
     _, model, om = embedder
-    ids = om.encode_inputs(TEXTS[:3]).tokens
+    ids = om.sentences.encode_inputs(TEXTS[:3]).tokens
     np.testing.assert_allclose(om.embed(ids), om.embed(TEXTS[:3]), rtol=0, atol=1e-6)
     np.testing.assert_allclose(model.embed(ids[0]), om.embed(TEXTS[0]), rtol=0, atol=1e-5)
 

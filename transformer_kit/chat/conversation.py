@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 from transformer_kit.chat import tool_calls
@@ -72,7 +71,7 @@ def with_argument_objects(messages: list[dict]) -> list[dict]:
             if isinstance(m, dict) and isinstance(m.get("tool_calls"), list) else m for m in messages]
 
 
-class Turn:
+class ChatTurn:
     """One assistant turn being prepared: the prompt's text and the generation options.
 
     Args:
@@ -137,57 +136,3 @@ class Turn:
         if calls:
             message["tool_calls"] = calls
         return message
-
-
-def chat(runtime: Any, messages: list[dict], *, tools: list[dict] | None = None,
-         tool_choice: Any = None, chat_template: str | None = None,
-         template_kwargs: dict | None = None, **options: Any) -> dict[str, Any]:
-    """The assistant's reply to ``messages`` from ``runtime`` (a model or an ``OnnxModel``):
-    see ``TransformerModel.chat``."""
-    turn = Turn(runtime.tokenizer, messages, tools=tools, tool_choice=tool_choice,
-                chat_template=chat_template, template_kwargs=template_kwargs, options=options)
-    text = runtime.generate(turn.prompt, add_special_tokens=False, **turn.options)
-    return turn.message(text)
-
-
-def stream_chat(runtime: Any, messages: list[dict], *, tools: list[dict] | None = None,
-                tool_choice: Any = None, chat_template: str | None = None,
-                template_kwargs: dict | None = None, **options: Any) -> Iterator[str]:
-    """The assistant's reply as text pieces while it is generated (they join to ``chat``'s
-    content, or to the raw text of its tool calls)."""
-    turn = Turn(runtime.tokenizer, messages, tools=tools, tool_choice=tool_choice,
-                chat_template=chat_template, template_kwargs=template_kwargs, options=options)
-    return runtime.stream(turn.prompt, add_special_tokens=False, **turn.options)
-
-
-class Chats:
-    """``chat`` and ``stream_chat`` for a runtime with ``tokenizer``, ``generate`` and ``stream``
-    (the PyTorch models and ``OnnxModel``)."""
-
-    def chat(self, messages: list[dict], *, tools: list[dict] | None = None, tool_choice: Any = None,
-             chat_template: str | None = None, template_kwargs: dict | None = None,
-             **options: Any) -> dict[str, Any]:
-        """The assistant's reply to a conversation, rendered by the checkpoint's chat template.
-
-        Args:
-            messages: ``[{"role": "system" | "user" | "assistant" | "tool", "content": ...}]``.
-            tools: functions the model may call (OpenAI-style JSON schemas).
-            tool_choice: ``"auto"``, ``"none"``, ``"required"`` or ``{"type": "function",
-                "function": {"name": ...}}`` (a forced call is constrained to parse).
-            chat_template: a template's name or text instead of the default.
-            template_kwargs: further variables for the template.
-            options: generation options, ``response_format`` among them. The reply ends at any
-                of the model's end ids (its end of turn among them).
-        Returns:
-            ``{"role": "assistant", "content": str | None}``, plus ``"tool_calls"`` (OpenAI's
-            format) when the model called tools.
-        """
-        return chat(self, messages, tools=tools, tool_choice=tool_choice, chat_template=chat_template,
-                    template_kwargs=template_kwargs, **options)
-
-    def stream_chat(self, messages: list[dict], *, tools: list[dict] | None = None,
-                    tool_choice: Any = None, chat_template: str | None = None,
-                    template_kwargs: dict | None = None, **options: Any) -> Iterator[str]:
-        """As :meth:`chat`, yielding the reply's text in pieces as it is generated."""
-        return stream_chat(self, messages, tools=tools, tool_choice=tool_choice,
-                           chat_template=chat_template, template_kwargs=template_kwargs, **options)

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from transformer_kit.decoding.text import TextTokenizer
+from transformer_kit.tokenizer import TextTokenizer
 
 
 def _ids(value: Any) -> list[int]:

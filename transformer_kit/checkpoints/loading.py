@@ -19,11 +19,11 @@ from transformer_kit.checkpoints.sentence_transformers import SentencePipeline, 
 from transformer_kit.checkpoints.streaming import StreamedWeights, guard_streamed
 from transformer_kit.component import CheckpointFamily
 from transformer_kit.config import ModelConfig, config_from_dict
-from transformer_kit.decoding.text import TextTokenizer
 from transformer_kit.errors import CheckpointError, InputError
 from transformer_kit.model import TransformerModel
 from transformer_kit.registry import get_registry
 from transformer_kit.registry_entries import RegisteredFamily
+from transformer_kit.tokenizer import TextTokenizer
 
 SPECIAL_IDS = ("pad_id", "bos_id", "eos_id")
 _PACKAGE = str(Path(__file__).resolve().parents[1])

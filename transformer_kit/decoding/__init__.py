@@ -12,10 +12,20 @@ from transformer_kit.decoding.processors import (
     Pipeline,
     build_pipeline,
 )
-from transformer_kit.decoding.search import Problem, Stepper, generate_tokens, stream_tokens
+from transformer_kit.decoding.search import DecodingCall, Stepper, generate_tokens, stream_tokens
 from transformer_kit.decoding.sequence import SequenceSearch
 
 __all__ = [
-    "KIND", "DecodingState", "GenerationConfig", "LogitsProcessor", "Pipeline", "Problem",
-    "SequenceSearch", "Stepper", "build_pipeline", "generate_tokens", "generation_config", "stream_tokens",
+    "KIND",
+    "DecodingCall",
+    "DecodingState",
+    "GenerationConfig",
+    "LogitsProcessor",
+    "Pipeline",
+    "SequenceSearch",
+    "Stepper",
+    "build_pipeline",
+    "generate_tokens",
+    "generation_config",
+    "stream_tokens",
 ]

@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from transformer_kit.chat.response_format import grammar_of
 from transformer_kit.config import ComponentSpec
+from transformer_kit.decoding.response_format import grammar_of
 from transformer_kit.errors import InputError
 
 #: Options that shape the distribution a token is sampled from; they do nothing without sampling.
@@ -68,7 +68,7 @@ class GenerationConfig(BaseModel):
         "assistant_model): the most tokens it drafts a step.")
     response_format: dict[str, Any] | None = Field(
         None, description="Structured output: {'type': 'json_object' | 'json_schema' | 'regex' | "
-        "'choice' | 'grammar' | 'text', ...} (see transformer_kit.chat.response_format).")
+        "'choice' | 'grammar' | 'text', ...} (see transformer_kit.decoding.response_format).")
 
     @field_validator("max_new_tokens", "min_new_tokens", "top_k", "no_repeat_ngram_size",
                      "num_beams", "num_return_sequences", "seed", "temperature", "top_p",

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from transformer_kit.chat.response_format import grammar_of
 from transformer_kit.decoding.options import GenerationConfig
+from transformer_kit.decoding.response_format import grammar_of
 
 #: Factory context of the ``logits_processor`` kind: the factory takes the ones it names.
 #: vocab_size (int), eos_ids (list[int]), num_beams (int), min_tokens_to_keep (int),

@@ -9,7 +9,7 @@ import numpy as np
 
 from transformer_kit.decoding.options import GenerationConfig
 from transformer_kit.decoding.processors import Pipeline, build_pipeline
-from transformer_kit.decoding.search import Problem
+from transformer_kit.decoding.search import DecodingCall
 from transformer_kit.errors import ContextLengthError, InputError
 from transformer_kit.id_checks import check_positions
 
@@ -87,14 +87,14 @@ def check_stop(options: GenerationConfig, stop: object) -> None:
                          "or end rows by token with eos_id=[...].")
 
 
-def plan(ids: np.ndarray, attention_mask: Any, options: GenerationConfig, *, decoder: bool,
+def prepare_call(ids: np.ndarray, attention_mask: Any, options: GenerationConfig, *, decoder: bool,
          pad_id: int | None, eos_id: int | None, bos_id: int | None, vocab: int,
          context_length: int | None, source_positions: int | None = None,
          stop_matcher=None, forced_bos_id: int | None = None,
-         tokenizer: Any = None) -> tuple[Problem, Pipeline, np.ndarray]:
+         tokenizer: Any = None) -> tuple[DecodingCall, Pipeline, np.ndarray]:
     """What every runtime prepares before decoding checked ``ids`` (batch, len) int64.
 
-    Returns the problem for the strategies (decoder: the prompts left-aligned; encoder-decoder:
+    Returns the call for the strategies (decoder: the prompts left-aligned; encoder-decoder:
     the start token), the processors, and keep (batch, len') bool: the aligned prompt's, or the
     source's. ``source_positions``: the positional bound the source must fit, if checked here.
     """
@@ -107,9 +107,9 @@ def plan(ids: np.ndarray, attention_mask: Any, options: GenerationConfig, *, dec
     if decoder:
         ids, keep = left_align(ids, keep)
         check_room(int(keep.sum(axis=1).max()), options, context_length)
-        return Problem(ids, keep, eos_ids, fill, stop_matcher), pipeline, keep
+        return DecodingCall(ids, keep, eos_ids, fill, stop_matcher), pipeline, keep
     if source_positions is not None:
         check_positions(int(keep.sum(axis=1).max()) if keep.size else 0, source_positions, "src_ids")
     check_room(1, options, context_length, "decoder start token")
     start = np.full((len(ids), 1), bos_id, np.int64)
-    return Problem(start, np.ones(start.shape, bool), eos_ids, fill, stop_matcher), pipeline, keep
+    return DecodingCall(start, np.ones(start.shape, bool), eos_ids, fill, stop_matcher), pipeline, keep

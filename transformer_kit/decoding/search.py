@@ -13,15 +13,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from transformer_kit.decoding.options import GenerationConfig
-from transformer_kit.decoding.problem import (
+from transformer_kit.decoding.call import (
+    DecodingCall,
     History,
-    Problem,
     Stepper,
     _probabilities,
     sample_rows,
     stopped,
 )
+from transformer_kit.decoding.options import GenerationConfig
 from transformer_kit.decoding.processors import DecodingState, Pipeline
 from transformer_kit.decoding.speculative import speculative_tokens
 
@@ -35,12 +35,12 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def _repeat(problem: Problem, times: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rows = np.repeat(np.arange(len(problem.prompt_ids)), times)
-    return rows, problem.prompt_ids[rows], problem.prompt_keep[rows]
+def _repeat(call: DecodingCall, times: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows = np.repeat(np.arange(len(call.prompt_ids)), times)
+    return rows, call.prompt_ids[rows], call.prompt_keep[rows]
 
 
-def stream_tokens(stepper: Stepper, problem: Problem, options: GenerationConfig,
+def stream_tokens(stepper: Stepper, call: DecodingCall, options: GenerationConfig,
                   pipeline: Pipeline) -> Iterator[np.ndarray]:
     """Greedy search or sampling, one step at a time.
 
@@ -54,17 +54,17 @@ def stream_tokens(stepper: Stepper, problem: Problem, options: GenerationConfig,
     With ``prompt_lookup_num_tokens`` or an assistant model:
     :func:`~transformer_kit.decoding.speculative.speculative_tokens`.
     """
-    if options.prompt_lookup_num_tokens is not None or problem.assistant is not None:
-        yield from speculative_tokens(stepper, problem, options, pipeline)
+    if options.prompt_lookup_num_tokens is not None or call.assistant is not None:
+        yield from speculative_tokens(stepper, call, options, pipeline)
         return
     copies = options.num_return_sequences
-    source, ids, keep = _repeat(problem, copies)
+    source, ids, keep = _repeat(call, copies)
     rng = np.random.default_rng(options.seed) if options.do_sample else None
     finished, some_finished = np.zeros(len(ids), dtype=bool), False
-    eos = frozenset(problem.eos_ids)
+    eos = frozenset(call.eos_ids)
     processing = len(pipeline) > 0
     history = History(ids, keep) if processing and pipeline.reads_tokens else None
-    width = problem.prompt_ids.shape[1]
+    width = call.prompt_ids.shape[1]
     new: list[np.ndarray] = []
     if options.max_new_tokens == 0:
         return
@@ -78,10 +78,10 @@ def stream_tokens(stepper: Stepper, problem: Problem, options: GenerationConfig,
         else:
             scores = logits
         chosen = sample_rows(scores, rng) if rng is not None else scores.argmax(axis=-1)
-        token = (np.where(finished, problem.fill_id, chosen) if some_finished else chosen
+        token = (np.where(finished, call.fill_id, chosen) if some_finished else chosen
                  ).astype(np.int64, copy=False)
         new.append(token)
-        ended = stopped(problem, options, token, eos, new)
+        ended = stopped(call, options, token, eos, new)
         if ended is not None:
             finished |= ended
             some_finished = True
@@ -93,13 +93,13 @@ def stream_tokens(stepper: Stepper, problem: Problem, options: GenerationConfig,
         logits = stepper.next(token, source if step == 0 and copies > 1 else None)
 
 
-def generate_tokens(stepper: Stepper, problem: Problem, options: GenerationConfig,
+def generate_tokens(stepper: Stepper, call: DecodingCall, options: GenerationConfig,
                     pipeline: Pipeline) -> np.ndarray:
     """All new tokens: (batch x num_return_sequences, steps) int64, rows ended by ``fill_id``."""
     if options.num_beams > 1:
-        return beam_search(stepper, problem, options, pipeline)
-    rows = len(problem.prompt_ids) * options.num_return_sequences
-    steps = list(stream_tokens(stepper, problem, options, pipeline))
+        return beam_search(stepper, call, options, pipeline)
+    rows = len(call.prompt_ids) * options.num_return_sequences
+    steps = list(stream_tokens(stepper, call, options, pipeline))
     return np.stack(steps, axis=1) if steps else np.zeros((rows, 0), dtype=np.int64)
 
 
@@ -195,7 +195,7 @@ def _still_improvable(improvable: np.ndarray, running_scores: np.ndarray, finish
     return improvable & (best_running > worst).any(axis=-1, keepdims=True)
 
 
-def beam_search(stepper: Stepper, problem: Problem, options: GenerationConfig,
+def beam_search(stepper: Stepper, call: DecodingCall, options: GenerationConfig,
                 pipeline: Pipeline) -> np.ndarray:
     """Beam search as ``transformers`` (4.50+) runs it, on numpy: the same candidates, scores,
     length penalty, early stopping rules and tie order, so the tokens are the same.
@@ -203,15 +203,15 @@ def beam_search(stepper: Stepper, problem: Problem, options: GenerationConfig,
     Returns (batch x num_return_sequences, steps) int64: each prompt's best hypotheses first,
     rows ended by ``fill_id``.
     """
-    k, n_eos = options.num_beams, len(problem.eos_ids)
-    batch, prompt_len = problem.prompt_ids.shape
+    k, n_eos = options.num_beams, len(call.eos_ids)
+    batch, prompt_len = call.prompt_ids.shape
     keep_k = max(2, 1 + n_eos) * k
     rng = np.random.default_rng(options.seed) if options.do_sample else None
-    flat_source, ids, keep = _repeat(problem, k)  # (batch * k, prompt_len)
+    flat_source, ids, keep = _repeat(call, k)  # (batch * k, prompt_len)
     running_new = np.zeros((batch, k, 0), dtype=np.int64)  # tokens after the prompt
     running_scores = np.zeros((batch, k), dtype=np.float32)
     running_scores[:, 1:] = _FINISHED
-    finished = _Finished.none(batch, k, problem.fill_id)
+    finished = _Finished.none(batch, k, call.fill_id)
     improvable = np.ones((batch, 1), dtype=bool)
     top_k_mask = np.arange(keep_k) < k
     logits = stepper.first()[flat_source]
@@ -227,9 +227,9 @@ def beam_search(stepper: Stepper, problem: Problem, options: GenerationConfig,
         top_scores = np.take_along_axis(accumulated, top, -1)
         top_beam, top_token = top // vocab, top % vocab
         top_new = np.concatenate([_gather(running_new, top_beam), top_token[:, :, None]], axis=2)
-        hits = np.isin(top_token, problem.eos_ids) | (step + 1 == options.max_new_tokens)
-        if problem.stop is not None and step + 1 >= options.min_new_tokens:
-            hits |= problem.stop(top_new.reshape(batch * keep_k, -1)).reshape(batch, keep_k)
+        hits = np.isin(top_token, call.eos_ids) | (step + 1 == options.max_new_tokens)
+        if call.stop is not None and step + 1 >= options.min_new_tokens:
+            hits |= call.stop(top_new.reshape(batch * keep_k, -1)).reshape(batch, keep_k)
         # the best num_beams candidates that did not finish keep running
         running_candidates = top_scores + hits.astype(np.float32) * _FINISHED
         chosen = np.argsort(-running_candidates, axis=-1, kind="stable")[:, :k]
@@ -239,7 +239,7 @@ def beam_search(stepper: Stepper, problem: Problem, options: GenerationConfig,
         # finished candidates among the top num_beams join the finished hypotheses if better
         just_finished = hits & top_k_mask[None, :]
         scores = _finishing_scores(top_scores, just_finished, finished, improvable, step + 1, options)
-        finished = finished.merged(top_new, scores, just_finished, problem.fill_id)
+        finished = finished.merged(top_new, scores, just_finished, call.fill_id)
         # can a running beam still beat the worst finished one?
         improvable = _still_improvable(improvable, running_scores, finished, step + 1, options)
         going = (improvable.any() and not (finished.done.all() and options.early_stopping is True)
@@ -249,4 +249,4 @@ def beam_search(stepper: Stepper, problem: Problem, options: GenerationConfig,
         rows = (np.arange(batch)[:, None] * k + source_beam).reshape(-1)
         logits = stepper.next(running_new[:, :, -1].reshape(-1), flat_source[rows] if step == 0
                               else rows)
-    return finished.rows(options.num_return_sequences, problem.fill_id)
+    return finished.rows(options.num_return_sequences, call.fill_id)

@@ -8,7 +8,7 @@ import numpy as np
 
 from transformer_kit.decoding.options import GenerationConfig
 from transformer_kit.decoding.processors import Pipeline
-from transformer_kit.decoding.search import History, Problem, sample_rows, stopped
+from transformer_kit.decoding.search import DecodingCall, History, sample_rows, stopped
 from transformer_kit.decoding.speculative import draft_or_draw
 
 
@@ -16,11 +16,11 @@ class SequenceSearch:
     """Greedy search or sampling for one sequence whose steps run elsewhere (a serving engine's
     shared batch): the choice and the end ``stream_tokens`` makes for one row, in one home."""
 
-    def __init__(self, problem: Problem, options: GenerationConfig, pipeline: Pipeline) -> None:
-        self.problem, self.options, self.pipeline = problem, options, pipeline
+    def __init__(self, call: DecodingCall, options: GenerationConfig, pipeline: Pipeline) -> None:
+        self.call, self.options, self.pipeline = call, options, pipeline
         self.rng = np.random.default_rng(options.seed) if options.do_sample else None
-        self.eos = frozenset(problem.eos_ids)
-        self.history = History(problem.prompt_ids, problem.prompt_keep) if len(pipeline) else None
+        self.eos = frozenset(call.eos_ids)
+        self.history = History(call.prompt_ids, call.prompt_keep) if len(pipeline) else None
         self.new: list[np.ndarray] = []
 
     def choose(self, logits: np.ndarray, draft: int | None = None) -> tuple[int, str | None]:
@@ -30,7 +30,7 @@ class SequenceSearch:
         probability, else draws from the rest: speculative sampling, docs/generation.md)."""
         scores = logits[None]
         if self.history is not None:
-            width = self.problem.prompt_ids.shape[1]
+            width = self.call.prompt_ids.shape[1]
             scores = self.pipeline(scores.astype(np.float32, copy=False), self.history.state(width))
         if self.rng is not None and draft is not None:
             token = np.array([draft_or_draw(scores[0], draft, self.rng)], np.int64)
@@ -40,7 +40,7 @@ class SequenceSearch:
         if self.history is not None:
             self.history.append(token)
         self.new.append(token)
-        ended = stopped(self.problem, self.options, token, self.eos, self.new)
+        ended = stopped(self.call, self.options, token, self.eos, self.new)
         if ended is not None and ended[0]:
             return int(token[0]), "stop"
         return int(token[0]), "length" if len(self.new) >= self.options.max_new_tokens else None

@@ -26,8 +26,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from transformer_kit.decoding.call import History, _probabilities, sample_rows, stopped
 from transformer_kit.decoding.options import GenerationConfig
-from transformer_kit.decoding.problem import History, _probabilities, sample_rows, stopped
 from transformer_kit.decoding.processors import Pipeline
 from transformer_kit.errors import InputError
 
@@ -73,9 +73,9 @@ def prompt_lookup(ids: np.ndarray, max_ngram: int, count: int, eos_ids: list[int
     return draft[:ends[0]] if len(ends) else draft
 
 
-def check_speculative(stepper, problem, options: GenerationConfig) -> None:
+def check_speculative(stepper, call, options: GenerationConfig) -> None:
     """Refuse, with a sentence, what speculative decoding cannot draft for."""
-    rows, assistant = len(problem.prompt_ids), problem.assistant
+    rows, assistant = len(call.prompt_ids), call.assistant
     which = "an assistant model" if assistant is not None else "prompt_lookup_num_tokens"
     if assistant is not None and options.prompt_lookup_num_tokens is not None:
         raise InputError("Give either an assistant model or prompt_lookup_num_tokens: both draft "
@@ -115,10 +115,10 @@ class _Chooser:
     """Chooses each token as plain decoding does (greedy or sampling, processors applied to the
     history so far), and decides whether a drafted token stands."""
 
-    def __init__(self, problem, options: GenerationConfig, pipeline: Pipeline) -> None:
+    def __init__(self, call, options: GenerationConfig, pipeline: Pipeline) -> None:
         self.rng = np.random.default_rng(options.seed) if options.do_sample else None
-        self.pipeline, self.width = pipeline, problem.prompt_ids.shape[1]
-        self.history = History(problem.prompt_ids.copy(), problem.prompt_keep.copy())
+        self.pipeline, self.width = pipeline, call.prompt_ids.shape[1]
+        self.history = History(call.prompt_ids.copy(), call.prompt_keep.copy())
 
     def ids(self) -> np.ndarray:
         """(length,) the row's ids so far, padding left out."""
@@ -223,17 +223,17 @@ class AssistantDrafter:
         self.fed += kept
 
 
-def speculative_tokens(stepper, problem, options: GenerationConfig,
+def speculative_tokens(stepper, call, options: GenerationConfig,
                        pipeline: Pipeline) -> Iterator[np.ndarray]:
-    """Greedy search or sampling of one row with drafts (prompt lookup, or ``problem``'s
+    """Greedy search or sampling of one row with drafts (prompt lookup, or ``call``'s
     assistant); yields (1,) int64 per token, as
     :func:`~transformer_kit.decoding.search.stream_tokens` does."""
-    check_speculative(stepper, problem, options)
+    check_speculative(stepper, call, options)
     if options.max_new_tokens == 0:
         return
-    chooser, eos = _Chooser(problem, options, pipeline), frozenset(problem.eos_ids)
-    drafter = (AssistantDrafter(problem.assistant, options) if problem.assistant is not None
-               else LookupDrafter(options, problem.eos_ids))
+    chooser, eos = _Chooser(call, options, pipeline), frozenset(call.eos_ids)
+    drafter = (AssistantDrafter(call.assistant, options) if call.assistant is not None
+               else LookupDrafter(options, call.eos_ids))
     new: list[np.ndarray] = []
     logits, drafts, qs = stepper.first(), np.zeros(0, np.int64), None
     while True:
@@ -242,7 +242,7 @@ def speculative_tokens(stepper, problem, options: GenerationConfig,
             token = chooser.choose(row, drafted, qs[j] if qs is not None and drafted is not None else None)
             new.append(np.array([token], np.int64))
             yield new[-1]
-            ended = stopped(problem, options, new[-1], eos, new)
+            ended = stopped(call, options, new[-1], eos, new)
             if len(new) == options.max_new_tokens or (ended is not None and ended[0]):
                 return
             chooser.append(token)

@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 
 from transformer_kit.decoding import (
+    DecodingCall,
     GenerationConfig,
-    Problem,
     generate_tokens,
     stream_tokens,
     text,
@@ -22,7 +22,7 @@ from transformer_kit.decoding import (
 from transformer_kit.decoding import (
     generation_config as resolve_options,
 )
-from transformer_kit.decoding.prompts import check_stop, plan
+from transformer_kit.decoding.prompts import check_stop, prepare_call
 from transformer_kit.errors import ConfigError, InputError
 from transformer_kit.inputs import check_token_ids
 from transformer_kit.interfaces import LayerCache
@@ -111,8 +111,8 @@ class EncoderDecoderStepper:
 
 
 def _plan(model, ids: Tensor, attention_mask: Any, options: GenerationConfig, use_cache: bool,
-          stop_matcher=None, assistant=None) -> tuple[Any, Problem, Any]:
-    """Check the call; the stepper, the problem for the shared strategies, the processors."""
+          stop_matcher=None, assistant=None) -> tuple[Any, DecodingCall, Any]:
+    """Check the call; the stepper, the call for the shared strategies, the processors."""
     cfg = model.config
     check_stop(options, stop_matcher)
     if model.architecture == "encoder":
@@ -128,20 +128,20 @@ def _plan(model, ids: Tensor, attention_mask: Any, options: GenerationConfig, us
                           "bos_id in the config (for a checkpoint: tk.from_hf(folder, bos_id=...)).")
     name = "input_ids" if is_decoder else "src_ids"
     ids = check_token_ids(ids, cfg.vocab_size if is_decoder else cfg.src_vocab, name)
-    problem, pipeline, keep = plan(
+    call, pipeline, keep = prepare_call(
         ids.cpu().numpy(), attention_mask, options, decoder=is_decoder, pad_id=cfg.pad_id,
         eos_id=cfg.eos_id, bos_id=cfg.bos_id, vocab=cfg.tgt_vocab,
         context_length=model.context_length, stop_matcher=stop_matcher,
         forced_bos_id=cfg.forced_bos_id, tokenizer=getattr(model, "tokenizer", None))
     keep_tensor = torch.from_numpy(keep).to(ids.device)
     if is_decoder:
-        prompt = torch.from_numpy(problem.prompt_ids).to(ids.device)
+        prompt = torch.from_numpy(call.prompt_ids).to(ids.device)
         if assistant is not None:
-            problem.assistant = _assistant_stepper(model, assistant, prompt, keep_tensor)
-        return DecoderStepper(model, prompt, keep_tensor, use_cache), problem, pipeline
+            call.assistant = _assistant_stepper(model, assistant, prompt, keep_tensor)
+        return DecoderStepper(model, prompt, keep_tensor, use_cache), call, pipeline
     if assistant is not None:
-        problem.assistant = assistant  # refused with a sentence: an encoder-decoder cannot check drafts
-    return EncoderDecoderStepper(model, ids, keep_tensor, use_cache), problem, pipeline
+        call.assistant = assistant  # refused with a sentence: an encoder-decoder cannot check drafts
+    return EncoderDecoderStepper(model, ids, keep_tensor, use_cache), call, pipeline
 
 
 def _assistant_stepper(model, assistant, prompt: Tensor, keep: Tensor) -> DecoderStepper:
@@ -176,9 +176,9 @@ def generate(model, ids: Tensor, *, attention_mask: Any = None,
                              opts.stop)
         return out[0] if prompts[1] and len(out) == 1 else out
     with eval_mode(model):
-        stepper, problem, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher,
+        stepper, call, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher,
                                            assistant_model)
-        tokens = generate_tokens(stepper, problem, opts, pipeline)
+        tokens = generate_tokens(stepper, call, opts, pipeline)
     return torch.from_numpy(tokens).to(ids.device)
 
 
@@ -198,9 +198,9 @@ def stream(model, ids: Tensor, *, attention_mask: Any = None,
         tokenizer, (ids, attention_mask) = _encoded(model, prompts[0], add_special_tokens)
         stop_matcher = tokenizer.stop_matcher(opts.stop) if opts.stop else None
     with eval_mode(model):
-        stepper, problem, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher,
+        stepper, call, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher,
                                            assistant_model)
-    steps = _steps(model, stream_tokens(stepper, problem, opts, pipeline), ids.device)
+    steps = _steps(model, stream_tokens(stepper, call, opts, pipeline), ids.device)
     if prompts is None:
         return steps
     rows = len(ids) * opts.num_return_sequences

@@ -1,11 +1,12 @@
 """``embed``, ``score`` and ``rerank``: one implementation for the PyTorch model and
-``OnnxModel``; each runtime only runs a padded batch (:class:`Embeds`' three hooks)."""
+``OnnxModel``, which each hold a :class:`SentenceTasks` over themselves and only run a padded
+batch (a :class:`SentenceRunner`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,39 +34,46 @@ def _l2_normalize(x: np.ndarray) -> np.ndarray:
     return (x / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
-class Embeds:
-    """Sentence embeddings and cross-encoder scores, for a runtime that implements
-    :meth:`embedding_settings`, :meth:`run_embedding` and :meth:`run_scores` (public: the
-    server's embedding engine runs the padded batches it makes through the last two).
-
-    The runtimes call :meth:`encode` ``embed`` (``OnnxModel.embed``, and ``model.embed(texts)``
-    on the PyTorch encoder, whose ``embed`` module passes texts on to it)."""
+class SentenceRunner(Protocol):
+    """What a runtime gives :class:`SentenceTasks`: its tokenizer, its settings and the runs of
+    one padded batch (public: the server's engine runs the batches it gathers through them)."""
 
     tokenizer: Any
-    _text_encoder: TextEncoder | None = None
 
     def embedding_settings(self) -> tuple[dict, int | None]:
         """The model config as a dict, and the positional encoding's bound (or None)."""
-        raise NotImplementedError
 
     def run_embedding(self, ids: np.ndarray, keep: np.ndarray, pooled: np.ndarray) -> np.ndarray:
         """ids, keep, pooled (batch, len) -> sentence embeddings (batch, dim) float32."""
-        raise NotImplementedError
 
     def run_scores(self, ids: np.ndarray, keep: np.ndarray, types: np.ndarray) -> np.ndarray:
         """ids, keep, token types (batch, len) -> scores (batch, num_labels) float32."""
-        raise NotImplementedError
+
+
+class SentenceTasks:
+    """Sentence embeddings and cross-encoder scores over a runtime's padded batches: texts (or
+    token ids) in, prompts and truncation as sentence-transformers applies them, batches by
+    token budget, vectors and scores out. ``model.embed``/``encode``, ``score`` and ``rerank``
+    of the PyTorch encoder and of ``OnnxModel`` are this object's.
+
+    Args:
+        runner: the runtime (the model itself).
+    """
+
+    def __init__(self, runner: SentenceRunner) -> None:
+        self.runner = runner
+        self._text_encoder: TextEncoder | None = None
 
     @property
     def text_encoder(self) -> TextEncoder:
         """Turns texts into the token ids ``embed`` and ``rerank`` run (prompts, truncation)."""
         if self._text_encoder is None:
-            settings, bound = self.embedding_settings()
-            self._text_encoder = TextEncoder(self.tokenizer, settings, bound)
+            settings, bound = self.runner.embedding_settings()
+            self._text_encoder = TextEncoder(self.runner.tokenizer, settings, bound)
         return self._text_encoder
 
     def _require(self, key: str, what: str, fix: str) -> dict:
-        settings, _ = self.embedding_settings()
+        settings, _ = self.runner.embedding_settings()
         if settings.get(key) is None:
             raise InputError(f"This model has no {what} (its config has no {key!r}); {fix}")
         return settings
@@ -98,7 +106,7 @@ class Embeds:
         vectors: np.ndarray | None = None
         for batch in plan_batches(encoded.tokens, encoded.pooled, batch_size=batch_size,
                                   max_batch_tokens=max_batch_tokens, pad_id=settings.get("pad_id") or 0):
-            out = np.asarray(self.run_embedding(batch.ids, batch.keep, batch.extra), np.float32)
+            out = np.asarray(self.runner.run_embedding(batch.ids, batch.keep, batch.extra), np.float32)
             if vectors is None:
                 vectors = np.empty((len(encoded.tokens), out.shape[1]), np.float32)
             vectors[batch.rows] = out
@@ -125,7 +133,7 @@ class Embeds:
         scores = np.empty((len(tokens), settings["classifier"]["num_labels"]), np.float32)
         for batch in plan_batches(tokens, types, batch_size=batch_size,
                                   max_batch_tokens=max_batch_tokens, pad_id=settings.get("pad_id") or 0):
-            scores[batch.rows] = self.run_scores(batch.ids, batch.keep, batch.extra)
+            scores[batch.rows] = self.runner.run_scores(batch.ids, batch.keep, batch.extra)
         return scores[:, 0] if scores.shape[1] == 1 else scores
 
     def rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None,

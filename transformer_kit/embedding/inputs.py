@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer_kit.decoding.text import TextTokenizer
+from transformer_kit.decoding.text import Tokenizer
 from transformer_kit.errors import InputError
 
 
@@ -62,7 +62,7 @@ class TextEncoder:
         max_positions: the positional encoding's bound, or None.
     """
 
-    def __init__(self, tokenizer: TextTokenizer | None, settings: dict,
+    def __init__(self, tokenizer: Tokenizer | None, settings: dict,
                  max_positions: int | None) -> None:
         self.tokenizer = tokenizer
         bounds = [b for b in (settings.get("max_seq_length"), max_positions) if b]

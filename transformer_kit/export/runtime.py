@@ -14,10 +14,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from transformer_kit.chat.conversation import Chats
 from transformer_kit.decoding import (
+    DecodingCall,
     GenerationConfig,
-    Problem,
     generate_tokens,
     stream_tokens,
     text,
@@ -28,9 +27,11 @@ from transformer_kit.decoding.prompts import (
     check_stop,
     keep_from_mask,
     keep_from_pad,
-    plan,
+    prepare_call,
 )
-from transformer_kit.embedding import Embeds
+from transformer_kit.decoding.text import chat_reply, stream_chat_reply
+from transformer_kit.embedding import RerankResult, SentenceTasks
+from transformer_kit.embedding.api import DEFAULT_BATCH_TOKENS
 from transformer_kit.errors import ArtifactError, ConfigError, InputError
 from transformer_kit.export.batch_steps import BatchDecoder
 from transformer_kit.export.cache_ops import CacheOps
@@ -39,6 +40,7 @@ from transformer_kit.export.onnx_steps import OnnxStepper
 from transformer_kit.export.providers import CUDA, exact_float32, resolve_providers
 from transformer_kit.export.weights import check_graph
 from transformer_kit.id_checks import check_id_array, check_positions
+from transformer_kit.tokenizer import TextTokenizer
 
 #: Graph inputs made from the ids' mask rather than given as ids.
 _MASK_INPUTS = ("attention_mask", "pooling_mask", "token_type_ids")
@@ -55,7 +57,7 @@ def check_ids(x: Any, vocab: int, name: str) -> np.ndarray:
     return np.ascontiguousarray(ids, dtype=np.int64)
 
 
-class OnnxModel(Chats, Embeds):
+class OnnxModel:
     """An exported model in onnxruntime; mirrors the PyTorch model's forward and generate.
 
     Args:
@@ -94,7 +96,9 @@ class OnnxModel(Chats, Embeds):
         self._kv_dtype = _NUMPY_DTYPES[self.manifest.dtype]
         self._cache_ops = CacheOps(self._providers, self._device)
         #: The tokenizer exported with the model (text in, text out), or None.
-        self.tokenizer = text.TextTokenizer.from_folder(self.path) if self.manifest.tokenizer else None
+        self.tokenizer = TextTokenizer.from_folder(self.path) if self.manifest.tokenizer else None
+        #: ``embed``/``encode``, ``score`` and ``rerank``, run through this export's batches.
+        self.sentences = SentenceTasks(self)
 
     def _session(self, name: str) -> ort.InferenceSession:
         session = self._sessions.get(name)
@@ -151,9 +155,32 @@ class OnnxModel(Chats, Embeds):
                 feeds[name] = keep.astype(np.int64) if name == "pooling_mask" else np.zeros_like(first)
         return self._session("model").run(None, feeds)[0]
 
-    # -- Embeds: sentence embeddings and scores ----------------------------------------------
-    #: Sentence embeddings (n, dim) of texts or token ids: see :meth:`Embeds.encode`.
-    embed = Embeds.encode
+    # -- sentence tasks (SentenceTasks over this export's runs) -----------------------------
+    def encode(self, inputs: Any, *, normalize: bool | None = None, prompt_name: str | None = None,
+               prompt: str | None = None, dimensions: int | None = None, batch_size: int = 32,
+               max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS) -> np.ndarray:
+        """Sentence embeddings (n, dim) float32 of texts or token ids, as sentence-transformers'
+        ``encode``: see :meth:`SentenceTasks.encode <transformer_kit.embedding.SentenceTasks.encode>`."""
+        return self.sentences.encode(inputs, normalize=normalize, prompt_name=prompt_name,
+                                     prompt=prompt, dimensions=dimensions, batch_size=batch_size,
+                                     max_batch_tokens=max_batch_tokens)
+
+    embed = encode
+
+    def score(self, query: str, documents: Sequence[str], *, batch_size: int = 32,
+              max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS) -> np.ndarray:
+        """A cross-encoder's scores of (query, document) pairs, (n,) or (n, num_labels) float32:
+        see :meth:`SentenceTasks.score <transformer_kit.embedding.SentenceTasks.score>`."""
+        return self.sentences.score(query, documents, batch_size=batch_size,
+                                    max_batch_tokens=max_batch_tokens)
+
+    def rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None,
+               return_documents: bool = False, batch_size: int = 32,
+               max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS) -> list[RerankResult]:
+        """The documents by relevance to ``query``, best first: see
+        :meth:`SentenceTasks.rerank <transformer_kit.embedding.SentenceTasks.rerank>`."""
+        return self.sentences.rerank(query, documents, top_n=top_n, return_documents=return_documents,
+                                     batch_size=batch_size, max_batch_tokens=max_batch_tokens)
 
     def embedding_settings(self) -> tuple[dict, int | None]:
         return self.manifest.config, self.manifest.max_positions
@@ -172,6 +199,23 @@ class OnnxModel(Chats, Embeds):
     def run_scores(self, ids: np.ndarray, keep: np.ndarray, types: np.ndarray) -> np.ndarray:
         output = "scores" if "scores" in self.manifest.graphs["model"].outputs else "logits"
         return self._run_outputs(output, ids, keep, ("token_type_ids", types))
+
+    # -- chat ------------------------------------------------------------------------------
+    def chat(self, messages: list[dict], *, tools: list[dict] | None = None, tool_choice: Any = None,
+             chat_template: str | None = None, template_kwargs: dict | None = None,
+             **options: Any) -> dict[str, Any]:
+        """The assistant's reply to a conversation, as ``TransformerModel.chat`` (the exported
+        tokenizer prepares the turn, :meth:`generate` writes it)."""
+        return chat_reply(self, messages, tools=tools, tool_choice=tool_choice,
+                          chat_template=chat_template, template_kwargs=template_kwargs, **options)
+
+    def stream_chat(self, messages: list[dict], *, tools: list[dict] | None = None,
+                    tool_choice: Any = None, chat_template: str | None = None,
+                    template_kwargs: dict | None = None, **options: Any) -> Iterator[str]:
+        """As :meth:`chat`, yielding the reply's text in pieces as it is generated."""
+        return stream_chat_reply(self, messages, tools=tools, tool_choice=tool_choice,
+                                 chat_template=chat_template, template_kwargs=template_kwargs,
+                                 **options)
 
     # -- generation ------------------------------------------------------------------------
     @property
@@ -200,8 +244,8 @@ class OnnxModel(Chats, Embeds):
             tokenizer = text.require(self.tokenizer, str(self.path))
             ids, attention_mask = tokenizer.encode(prompts[0], add_special_tokens)
             stop_matcher = tokenizer.stop_matcher(opts.stop) if opts.stop else None
-        stepper, problem, pipeline = self._plan(ids, attention_mask, opts, stop_matcher, assistant_model)
-        tokens = generate_tokens(stepper, problem, opts, pipeline)
+        stepper, call, pipeline = self._plan(ids, attention_mask, opts, stop_matcher, assistant_model)
+        tokens = generate_tokens(stepper, call, opts, pipeline)
         if prompts is None:
             return tokens
         out = text.row_texts(tokenizer, tokens, opts.eos_ids(self.manifest.eos_id), opts.stop)
@@ -224,8 +268,8 @@ class OnnxModel(Chats, Embeds):
             tokenizer = text.require(self.tokenizer, str(self.path))
             ids, attention_mask = tokenizer.encode(prompts[0], add_special_tokens)
             stop_matcher = tokenizer.stop_matcher(opts.stop) if opts.stop else None
-        stepper, problem, pipeline = self._plan(ids, attention_mask, opts, stop_matcher, assistant_model)
-        steps = stream_tokens(stepper, problem, opts, pipeline)
+        stepper, call, pipeline = self._plan(ids, attention_mask, opts, stop_matcher, assistant_model)
+        steps = stream_tokens(stepper, call, opts, pipeline)
         if prompts is None:
             return steps
         rows = len(ids) * opts.num_return_sequences
@@ -233,7 +277,7 @@ class OnnxModel(Chats, Embeds):
                                 opts.stop, prompts[1] and rows == 1)
 
     def _plan(self, ids: Any, attention_mask: Any, options: GenerationConfig, stop_matcher,
-              assistant: OnnxModel | None = None) -> tuple[OnnxStepper, Problem, Any]:
+              assistant: OnnxModel | None = None) -> tuple[OnnxStepper, DecodingCall, Any]:
         m = self.manifest
         check_stop(options, stop_matcher)
         if "decoder_step" not in m.graphs:
@@ -243,15 +287,15 @@ class OnnxModel(Chats, Embeds):
             raise ConfigError("bos_id is null, but encoder_decoder decoding starts from bos_id; "
                               "export the model again with a bos_id in its config.")
         ids = check_ids(ids, m.src_vocab, "input_ids" if is_decoder else "src_ids")
-        problem, pipeline, keep = plan(
+        call, pipeline, keep = prepare_call(
             ids, attention_mask, options, decoder=is_decoder, pad_id=m.pad_id, eos_id=m.eos_id,
             bos_id=m.bos_id, vocab=m.tgt_vocab, context_length=self.context_length,
             source_positions=None if is_decoder else m.max_positions, stop_matcher=stop_matcher,
             forced_bos_id=m.config.get("forced_bos_id"), tokenizer=self.tokenizer)
         fixed = {} if is_decoder else self._encode(ids, keep)
         if assistant is not None:
-            problem.assistant = self._assistant_stepper(assistant, problem.prompt_ids, keep)
-        return self._stepper(fixed, problem.prompt_ids, keep if is_decoder else None), problem, pipeline
+            call.assistant = self._assistant_stepper(assistant, call.prompt_ids, keep)
+        return self._stepper(fixed, call.prompt_ids, keep if is_decoder else None), call, pipeline
 
     def _assistant_stepper(self, assistant: Any, prompt_ids: np.ndarray, keep: np.ndarray) -> OnnxStepper:
         """``assistant``'s stepper over the same prompt, once it can draft for this model."""

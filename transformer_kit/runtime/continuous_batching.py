@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from transformer_kit.decoding import SequenceSearch, generation_config
-from transformer_kit.decoding.prompts import plan
+from transformer_kit.decoding.prompts import prepare_call
 from transformer_kit.errors import InputError
 from transformer_kit.export import OnnxModel
 from transformer_kit.export.runtime import check_ids
@@ -76,13 +76,13 @@ class ContinuousBatch:
             raise InputError(f"A request takes one non-empty prompt of token ids, (length,) or "
                              f"(1, length); got shape {tuple(shape)}.")
         prompt = check_ids(np.reshape(ids, (1, -1)), m.src_vocab, "prompt")
-        problem, pipeline, _ = plan(prompt, np.ones(prompt.shape, np.int64), opts, decoder=True,
+        call, pipeline, _ = prepare_call(prompt, np.ones(prompt.shape, np.int64), opts, decoder=True,
                                     pad_id=m.pad_id, eos_id=m.eos_id, bos_id=m.bos_id,
                                     vocab=m.tgt_vocab, context_length=self.model.context_length,
                                     stop_matcher=stop_matcher, tokenizer=self.model.tokenizer)
         request = GenerationRequest(prompt=prompt[0], options=opts, timeout=timeout)
-        return Row(request, SequenceSearch(problem, opts, pipeline),
-                   drafting_for(opts, problem.eos_ids, self.decoder))
+        return Row(request, SequenceSearch(call, opts, pipeline),
+                   drafting_for(opts, call.eos_ids, self.decoder))
 
     @property
     def running(self) -> list[Any]:

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from transformer_kit.chat.conversation import Turn, reply_budget
-from transformer_kit.decoding.text import TextPieces, TextTokenizer
+from transformer_kit.chat.conversation import ChatTurn, reply_budget
+from transformer_kit.decoding.text import TextPieces
 from transformer_kit.embedding import TextEncoder
 from transformer_kit.errors import InputError
 from transformer_kit.export import OnnxModel
@@ -26,6 +26,7 @@ from transformer_kit.runtime.engine import Engine
 from transformer_kit.runtime.limits import Limits
 from transformer_kit.runtime.requests import Failure, PoolingRequest
 from transformer_kit.runtime.text_stream import TextStream
+from transformer_kit.tokenizer import TextTokenizer
 
 #: Inputs per embeddings request by default (OpenAI's limit).
 MAX_INPUTS = 2048
@@ -72,7 +73,7 @@ def _text(content: Any, where: str) -> Any:
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict]:
     """OpenAI-style messages as a chat template reads them: "developer" as "system", content
-    parts joined into text (a tool call's arguments become objects in ``Turn``); fields beyond
+    parts joined into text (a tool call's arguments become objects in ``ChatTurn``); fields beyond
     OpenAI's reach the template as transformers passes them. Raises InputError for an empty
     conversation, an unknown role or non-text content."""
     if not messages:
@@ -164,7 +165,7 @@ class Service:
             self.normalizes = bool((settings.get("sentence_embedding") or {}).get("normalize"))
         if self.kind != "generate":
             #: Most tokens of one input (the model's max_seq_length or positional bound).
-            self.max_input_tokens = self.model.text_encoder.max_tokens
+            self.max_input_tokens = self.model.sentences.text_encoder.max_tokens
 
     @property
     def tokenizer(self) -> TextTokenizer | None:
@@ -211,7 +212,7 @@ class Service:
         options = {**sampling(temperature, top_p, seed), "response_format": response_format}
         if prompt_lookup_num_tokens is not None:
             options["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
-        turn = Turn(self.tokenizer, template_messages(messages), tools=tools, tool_choice=tool_choice,
+        turn = ChatTurn(self.tokenizer, template_messages(messages), tools=tools, tool_choice=tool_choice,
                     template_kwargs=template_kwargs, options=options)
         ids = self.tokenizer.encode([turn.prompt], add_special_tokens=False)[0][0].tolist()
         self.limits.check_prompt(len(ids), "The conversation, rendered by the chat template,")
@@ -230,7 +231,7 @@ class Service:
         return [int(t) for t in prompt]
 
     def _submit(self, ids: list[int], stops: list[str], options: dict,
-                turn: Turn | None = None) -> TextStream:
+                turn: ChatTurn | None = None) -> TextStream:
         tokenizer = self.tokenizer
         matcher = tokenizer.stop_matcher(stops) if stops and tokenizer is not None else None
         request = self.engine.submit(ids, stop_matcher=matcher,
@@ -284,7 +285,7 @@ class Service:
         if empty:
             raise InputError(f"documents[{empty[0]}] is empty; every document needs some text. "
                              "Leave it out.")
-        tokens, types = self.model.text_encoder.encode_pairs(query, documents)
+        tokens, types = self.model.sentences.text_encoder.encode_pairs(query, documents)
         request = self.engine.submit_pooling(tokens, types, timeout=self.limits.max_request_seconds)
         return Pooled(request, sum(map(len, tokens)), top_n=top_n)
 

@@ -59,7 +59,7 @@ def test_the_openai_client_gets_sentence_transformers_vectors_in_base64_and_floa
     client = _client(url)
     assert [m.id for m in client.models.list().data] == ["tiny-embed"]
     expected = _reference(st, TEXTS)
-    tokens = sum(om.encode_inputs(TEXTS).token_counts)
+    tokens = sum(om.sentences.encode_inputs(TEXTS).token_counts)
     for encoding in (None, "float", "base64"):  # None: the client asks for base64 and decodes it
         kwargs = {} if encoding is None else {"encoding_format": encoding}
         response = client.embeddings.create(model="tiny-embed", input=TEXTS, **kwargs)
@@ -77,7 +77,7 @@ def test_token_ids_and_dimensions(server, embedding_export):
     url, _ = server
     st, om = embedding_export
     client = _client(url)
-    ids = om.encode_inputs(TEXTS).tokens  # the texts' own ids: the same vectors
+    ids = om.sentences.encode_inputs(TEXTS).tokens  # the texts' own ids: the same vectors
     response = client.embeddings.create(model="tiny-embed", input=ids, encoding_format="float")
     np.testing.assert_allclose(_vectors(response), _reference(st, TEXTS), atol=1e-5)
     assert response.usage.prompt_tokens == sum(map(len, ids))

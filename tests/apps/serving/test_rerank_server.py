@@ -47,7 +47,7 @@ def test_scores_equal_the_cross_encoders_best_first(server, cross_encoder_export
     np.testing.assert_allclose(scores, expected[[r["index"] for r in results]], atol=1e-5)
     assert [r["index"] for r in results] == np.argsort(-expected, kind="stable").tolist()
     assert all("document" not in r for r in results) and body["model"] == "tiny-rerank"
-    tokens, _ = om.text_encoder.encode_pairs(QUERY, DOCUMENTS)
+    tokens, _ = om.sentences.text_encoder.encode_pairs(QUERY, DOCUMENTS)
     assert body["usage"]["total_tokens"] == sum(map(len, tokens)) and body["id"].startswith("rerank-")
     top = _rerank(url, "/rerank", query=QUERY, documents=DOCUMENTS, top_n=2, return_documents=True)
     assert top.json()["results"] == [{**r, "document": {"text": DOCUMENTS[r["index"]]}} for r in results[:2]]
@@ -91,7 +91,7 @@ def test_a_long_pair_is_cut_as_the_cross_encoder_cuts_it(server, cross_encoder_e
     ce, om = cross_encoder_export
     long = "the quick brown fox jumps over the lazy dog " * 8  # far past the 24 tokens a pair takes
     body = _rerank(url, query=QUERY, documents=[long, "cats"]).json()
-    assert body["usage"]["total_tokens"] <= 2 * om.text_encoder.max_tokens
+    assert body["usage"]["total_tokens"] <= 2 * om.sentences.text_encoder.max_tokens
     scores = [r["relevance_score"] for r in sorted(body["results"], key=lambda r: r["index"])]
     np.testing.assert_allclose(scores, ce.predict([(QUERY, long), (QUERY, "cats")]), atol=1e-5)
 

@@ -21,9 +21,9 @@ from transformer_kit.checkpoints.loading import (
     kit_config,
 )
 from transformer_kit.config import ModelConfig
-from transformer_kit.decoding.text import TextTokenizer
 from transformer_kit.errors import CheckpointError
 from transformer_kit.model import TransformerModel
+from transformer_kit.tokenizer import TextTokenizer
 
 
 class _Opened:

@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from transformer_kit.checkpoints.gguf.file import field_value
-from transformer_kit.decoding.text import TextTokenizer
+from transformer_kit.tokenizer import TextTokenizer
 
 #: llama.cpp's token types (``tokenizer.ggml.token_type``).
 UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4

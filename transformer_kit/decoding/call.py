@@ -1,4 +1,4 @@
-"""What every decoding strategy shares: the call (:class:`Problem`), the runtime's steps
+"""What every decoding strategy shares: the call (:class:`DecodingCall`), the runtime's steps
 (:class:`Stepper`), a row's history, a draw from a row's scores and the end of a row."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class Stepper(Protocol):
 
 
 @dataclass
-class Problem:
+class DecodingCall:
     """One decoding call.
 
     prompt_ids, prompt_keep: (batch, length) left-padded prompt ids and True for real tokens
@@ -73,15 +73,15 @@ def sample_rows(scores: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return chosen
 
 
-def stopped(problem: Problem, options: GenerationConfig, token: np.ndarray, eos: frozenset[int],
+def stopped(call: DecodingCall, options: GenerationConfig, token: np.ndarray, eos: frozenset[int],
              new: list[np.ndarray]) -> np.ndarray | None:
     """(rows,) True where ``token`` ends its row (an id of ``eos``, a completed stop string);
     None where none did. Ids are checked as Python ints: after a decoding step has evicted the
     caches, each numpy call on a few ids costs microseconds."""
     ids = token.tolist()
     ended = None if eos.isdisjoint(ids) else np.array([t in eos for t in ids])
-    if problem.stop is not None and len(new) >= options.min_new_tokens:
-        stops = problem.stop(np.stack(new, axis=1))
+    if call.stop is not None and len(new) >= options.min_new_tokens:
+        stops = call.stop(np.stack(new, axis=1))
         ended = stops if ended is None else ended | stops
     return ended
 

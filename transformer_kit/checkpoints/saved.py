@@ -1,0 +1,20 @@
+"""A folder written by ``model.save(path)`` (config.json, model.safetensors and the tokenizer's
+files), built again: :func:`load_model`, which ``tk.load_model`` is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformer_kit.assembly import build_model
+from transformer_kit.model import TransformerModel
+from transformer_kit.serialization import load_saved_weights, read_saved_config
+from transformer_kit.tokenizer import TextTokenizer
+
+
+def load_model(path: str | Path) -> TransformerModel:
+    """Rebuild a model saved with ``model.save(path)``: same config, weights and tokenizer. Raises
+    :class:`~transformer_kit.errors.CheckpointError` for a folder that is missing, damaged or
+    holds something else."""
+    model = build_model(read_saved_config(path))
+    model.tokenizer = TextTokenizer.from_folder(path)
+    return load_saved_weights(model, path)
