@@ -54,13 +54,13 @@ def step_timers(model, session, batch: int, past: int):
         feeds[f"past_key_values.{i}.key"] = cache[2 * i]
         feeds[f"past_key_values.{i}.value"] = cache[2 * i + 1]
     ids = torch.from_numpy(feeds["input_ids"])
-    keep = torch.ones(batch, past + 1, dtype=torch.bool)
+    real = torch.ones(batch, past + 1, dtype=torch.bool)
     tensors = [torch.from_numpy(c) for c in cache]
 
     def eager():
         caches = [LayerCache(tensors[2 * i], tensors[2 * i + 1]) for i in range(layers)]
         with torch.inference_mode():
-            model.step(ids, keep, caches, last_only=True)
+            model.step(ids, real, caches, last_only=True)
 
     return (lambda: session.run(["logits"], feeds)), eager
 

@@ -194,8 +194,8 @@ def check_export(ns: dict) -> None:
     model, ids, mask = ns["model"], ns["ids"], ns["mask"]
     with torch.no_grad():
         expected = model(ids, attention_mask=mask)
-    keep = mask.bool()
-    np.testing.assert_allclose(ns["logits"][keep.numpy()], expected[keep].numpy(), atol=1e-4)
+    real = mask.bool()
+    np.testing.assert_allclose(ns["logits"][real.numpy()], expected[real].numpy(), atol=1e-4)
     assert ns["tokens"].shape == (2, 16)
 
 

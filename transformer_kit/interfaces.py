@@ -12,7 +12,7 @@ mask           (none)                                               :class:`Atte
 feedforward    d_model, d_ff, dropout                               ``nn.Module`` (B,L,D)->(B,L,D)
 norm           d_model                                              ``nn.Module`` (B,L,D)->(B,L,D)
 qk_norm        head_dim, num_heads, num_kv_heads, d_model           ``nn.Module`` (q, k)->(q, k)
-pooling        d_model                                              ``nn.Module`` (B,L,D), keep
+pooling        d_model                                              ``nn.Module`` (B,L,D), real
                                                                     (B,L) bool -> (B,D)
 block          role, d_model, dropout, self_attention,              :class:`Block`
                cross_attention, feedforward, make_norm
@@ -25,7 +25,7 @@ are split and turned by rotary, q (B, L, num_heads * head_dim) and k (B, L, num_
 head_dim), and returns both in those shapes.
 
 ``pooling`` is optional (encoders only). It turns the last hidden states (B, L, D) into one
-vector per row (B, D), reading only the positions whose ``keep`` is True (real tokens, and not
+vector per row (B, D), reading only the positions whose ``real`` is True (real tokens, and not
 the prompt when the sentence embedding excludes it); a row with no kept position gives zeros.
 """
 

@@ -27,21 +27,21 @@ def padding_mask(ids: Tensor, pad_id: int | None) -> Tensor:
         (batch, 1, 1, len) bool, True where the key is a real token (may be attended).
         A 0/1 padding mask (1 = padding, as many tutorials write it) is its negation.
     """
-    return keep_mask(ids, pad_id)[:, None, None, :]
+    return real_mask(ids, pad_id)[:, None, None, :]
 
 
-def keep_mask(ids: Tensor, pad_id: int | None) -> Tensor:
+def real_mask(ids: Tensor, pad_id: int | None) -> Tensor:
     """(batch, len) bool, True where ``ids`` is a real token."""
     if pad_id is None:
         return torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
     return ids != pad_id
 
 
-def token_keep(ids: Tensor, attention_mask: Tensor | None, pad_id: int | None) -> Tensor:
+def real_tokens(ids: Tensor, attention_mask: Tensor | None, pad_id: int | None) -> Tensor:
     """(batch, len) bool, True for real tokens: from ``attention_mask`` (batch, len), 1 (or
     True) = real token as transformers takes it, or else from ``pad_id``."""
     if attention_mask is None:
-        return keep_mask(ids, pad_id)
+        return real_mask(ids, pad_id)
     if not isinstance(attention_mask, Tensor):
         raise InputError(f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}.")
     if not tracing():
@@ -66,16 +66,16 @@ def from_keep_convention(mask: Tensor) -> Tensor:
     return mask != 0
 
 
-def positions_from_keep(keep: Tensor) -> Tensor:
+def positions_from_real(real: Tensor) -> Tensor:
     """Position of each token counting real tokens only.
 
     Args:
-        keep: (batch, len) bool, True for real tokens.
+        real: (batch, len) bool, True for real tokens.
     Returns:
         (batch, len) int64; left padding does not shift the positions of real tokens, and a
         padding slot gets the position of the last real token before it (or 0).
     """
-    return (keep.long().cumsum(-1) - 1).clamp(min=0)
+    return (real.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def check_mask(mask: Tensor, scores_shape: tuple[int, ...] | None = None) -> None:

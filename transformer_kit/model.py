@@ -25,7 +25,7 @@ from transformer_kit.embedding.heads import ClassifierHead, SentenceHead
 from transformer_kit.errors import InputError
 from transformer_kit.inputs import check_token_ids, tracing
 from transformer_kit.interfaces import AttentionInputs, AttentionMask, LayerCache
-from transformer_kit.masks import token_keep
+from transformer_kit.masks import real_tokens
 from transformer_kit.registry_entries import RegisteredComponent
 from transformer_kit.serialization import save_model
 from transformer_kit.stacks import Embedder, Stack, self_attention_inputs
@@ -178,15 +178,15 @@ class EncoderDecoderTransformer(TransformerModel):
 
     def encode(self, src_ids: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """src_ids (batch, src_len), attention_mask (batch, src_len) 1 = real token (else from
-        ``pad_id``) -> memory (batch, src_len, d_model), src_keep (batch, src_len) bool."""
+        ``pad_id``) -> memory (batch, src_len, d_model), src_real (batch, src_len) bool."""
         src_ids = check_token_ids(src_ids, self.config.src_vocab, "src_ids")
-        keep = token_keep(src_ids, attention_mask, self.config.pad_id)
-        inputs = self_attention_inputs(keep, src_ids.shape[1], self.src_embed.positional,
+        real = real_tokens(src_ids, attention_mask, self.config.pad_id)
+        inputs = self_attention_inputs(real, src_ids.shape[1], self.src_embed.positional,
                                        self.encoder_mask)
         memory = self.encoder(self.src_embed(src_ids, inputs.q_positions), inputs)
-        return memory, keep
+        return memory, real
 
-    def decode(self, tgt_ids: Tensor, memory: Tensor | None, src_keep: Tensor,
+    def decode(self, tgt_ids: Tensor, memory: Tensor | None, src_real: Tensor,
                caches: list[LayerCache] | None = None, *, last_only: bool = False) -> Tensor:
         """Logits (batch, new_len, tgt_vocab) for target tokens after the cached ones.
 
@@ -194,17 +194,17 @@ class EncoderDecoderTransformer(TransformerModel):
             tgt_ids: (batch, new_len) the target tokens not yet in ``caches``.
             memory: (batch, src_len, d_model) from :meth:`encode`; may be None when every
                 cache already holds its cross-attention keys and values.
-            src_keep: (batch, src_len) bool, True for real source tokens.
+            src_real: (batch, src_len) bool, True for real source tokens.
             caches: per-layer caches, extended in place; None for an uncached call.
             last_only: return the logits of the last position only, (batch, 1, tgt_vocab).
         """
         tgt_ids = check_token_ids(tgt_ids, self.config.tgt_vocab, "tgt_ids")
         past = caches[0].key.shape[2] if caches else 0
         batch, new_len = tgt_ids.shape
-        keep = torch.ones(batch, past + new_len, dtype=torch.bool, device=tgt_ids.device)
-        self_inputs = self_attention_inputs(keep, new_len, self.tgt_embed.positional,
+        real = torch.ones(batch, past + new_len, dtype=torch.bool, device=tgt_ids.device)
+        self_inputs = self_attention_inputs(real, new_len, self.tgt_embed.positional,
                                             self.decoder_mask)
-        cross_inputs = AttentionInputs(mask=src_keep[:, None, None, :], memory=memory)
+        cross_inputs = AttentionInputs(mask=src_real[:, None, None, :], memory=memory)
         x = self.decoder(self.tgt_embed(tgt_ids, self_inputs.q_positions), self_inputs,
                          cross_inputs, caches)
         return self.head(x[:, -1:] if last_only else x)
@@ -217,8 +217,8 @@ class EncoderDecoderTransformer(TransformerModel):
                 and src_ids.dim() >= 1 and tgt_ids.dim() >= 1 and len(src_ids) != len(tgt_ids)):
             raise InputError(f"src_ids has {len(src_ids)} rows but tgt_ids has {len(tgt_ids)}; "
                              "give one target row per source row.")
-        memory, src_keep = self.encode(src_ids, attention_mask)
-        return self.decode(tgt_ids, memory, src_keep)
+        memory, src_real = self.encode(src_ids, attention_mask)
+        return self.decode(tgt_ids, memory, src_real)
 
     def new_cache(self, batch: int, like: Tensor) -> list[LayerCache]:
         """Empty per-layer caches (zero-length past) for ``batch`` rows, dtype/device of ``like``."""
@@ -239,19 +239,19 @@ class DecoderTransformer(TransformerModel):
     def max_positions(self) -> int | None:
         return self.embed.positional.max_positions
 
-    def step(self, input_ids: Tensor, keep: Tensor, caches: list[LayerCache] | None = None,
+    def step(self, input_ids: Tensor, real: Tensor, caches: list[LayerCache] | None = None,
              *, last_only: bool = False, positions: Tensor | None = None) -> Tensor:
         """Logits (batch, new_len, vocab) for tokens after the cached ones.
 
         Args:
             input_ids: (batch, new_len) tokens not yet in ``caches``.
-            keep: (batch, past_len + new_len) bool, True for real tokens (False: padding, a dropped draft).
+            real: (batch, past_len + new_len) bool, True for real tokens (False: padding, a dropped draft).
             caches: per-layer caches, extended in place; None for an uncached call.
             last_only: return the logits of the last position only, (batch, 1, vocab).
             positions: (n,) int64 new positions whose logits alone are returned, (batch, n, vocab).
         """
         input_ids = check_token_ids(input_ids, self.config.vocab_size, "input_ids")
-        inputs = self.decoder.attention_inputs(keep, input_ids.shape[1], self.embed.positional,
+        inputs = self.decoder.attention_inputs(real, input_ids.shape[1], self.embed.positional,
                                                self.mask)
         x = self.decoder(self.embed(input_ids, inputs[0].q_positions), inputs, None, caches)
         x = x.index_select(1, positions) if positions is not None else x[:, -1:] if last_only else x
@@ -261,7 +261,7 @@ class DecoderTransformer(TransformerModel):
         """input_ids (batch, len), attention_mask (batch, len) 1 = real token (else padding is
         where ``pad_id`` is) -> logits (batch, len, vocab)."""
         input_ids = check_token_ids(input_ids, self.config.vocab_size, "input_ids")
-        return self.step(input_ids, token_keep(input_ids, attention_mask, self.config.pad_id))
+        return self.step(input_ids, real_tokens(input_ids, attention_mask, self.config.pad_id))
 
     def new_cache(self, batch: int, like: Tensor) -> list[LayerCache]:
         """Empty per-layer caches (zero-length past) for ``batch`` rows, dtype/device of ``like``."""
@@ -296,13 +296,13 @@ class EncoderTransformer(TransformerModel):
                       token_type_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """input_ids (batch, len), attention_mask (batch, len) 1 = real token (else padding is
         where ``pad_id`` is), token_type_ids (batch, len) segment ids (a pair's second text: 1)
-        -> last hidden states (batch, len, d_model), keep (batch, len) bool."""
+        -> last hidden states (batch, len, d_model), real (batch, len) bool."""
         input_ids = check_token_ids(input_ids, self.config.vocab_size, "input_ids")
-        keep = token_keep(input_ids, attention_mask, self.config.pad_id)
-        inputs = self.encoder.attention_inputs(keep, input_ids.shape[1], self.embed.positional,
+        real = real_tokens(input_ids, attention_mask, self.config.pad_id)
+        inputs = self.encoder.attention_inputs(real, input_ids.shape[1], self.embed.positional,
                                                self.mask)
         x = self.embed(input_ids, inputs[0].q_positions, token_type_ids)
-        return self.encoder(x, inputs), keep
+        return self.encoder(x, inputs), real
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None) -> Tensor:
@@ -318,8 +318,8 @@ class EncoderTransformer(TransformerModel):
         if self.sentence_head is None:
             raise InputError("This encoder has no sentence embedding; its config names no "
                              "'pooling'. Load a sentence-transformers folder, or add pooling.")
-        hidden, keep = self.hidden_states(input_ids, attention_mask)
-        pooled = keep if pooling_mask is None else keep & (pooling_mask != 0)
+        hidden, real = self.hidden_states(input_ids, attention_mask)
+        pooled = real if pooling_mask is None else real & (pooling_mask != 0)
         return self.sentence_head(hidden, pooled)
 
     def classify(self, input_ids: Tensor, attention_mask: Tensor | None = None,
@@ -340,20 +340,20 @@ class EncoderTransformer(TransformerModel):
         device = next(self.parameters()).device
         return [torch.from_numpy(a).to(device) for a in arrays]
 
-    def run_embedding(self, ids: np.ndarray, keep: np.ndarray, pooled: np.ndarray) -> np.ndarray:
-        """One padded batch: ids, keep, pooled (batch, len) -> embeddings (batch, dim) float32,
+    def run_embedding(self, ids: np.ndarray, real: np.ndarray, pooled: np.ndarray) -> np.ndarray:
+        """One padded batch: ids, real, pooled (batch, len) -> embeddings (batch, dim) float32,
         in eval mode without gradients (whatever mode the model is in), on the model's device."""
         with eval_mode(self), torch.inference_mode():  # no dropout
-            out = self.sentence_embedding(*self._tensors(ids, keep, pooled))
+            out = self.sentence_embedding(*self._tensors(ids, real, pooled))
         return out.float().cpu().numpy()
 
-    def run_scores(self, ids: np.ndarray, keep: np.ndarray, types: np.ndarray) -> np.ndarray:
-        """One padded batch: ids, keep, token types (batch, len) -> scores (batch, num_labels)
+    def run_scores(self, ids: np.ndarray, real: np.ndarray, types: np.ndarray) -> np.ndarray:
+        """One padded batch: ids, real, token types (batch, len) -> scores (batch, num_labels)
         float32, as :meth:`run_embedding`."""
         segments = getattr(self.embed.positional, "token_type", None) is not None  # BERT's types
-        ids_t, keep_t, types_t = self._tensors(ids, keep, types)
+        ids_t, real_t, types_t = self._tensors(ids, real, types)
         with eval_mode(self), torch.inference_mode():
-            _, scores = self.classify(ids_t, keep_t, types_t if segments else None)
+            _, scores = self.classify(ids_t, real_t, types_t if segments else None)
         return scores.float().cpu().numpy()
 
     def encode(self, inputs: Any, *, normalize: bool | None = None, prompt_name: str | None = None,

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from transformer_kit.errors import InputError
 from transformer_kit.inputs import check_token_ids
 from transformer_kit.interfaces import AttentionInputs, AttentionMask, LayerCache, PositionalEncoding
-from transformer_kit.masks import positions_from_keep
+from transformer_kit.masks import positions_from_real
 
 
 class Embedder(nn.Module):
@@ -100,7 +100,7 @@ class LayerVariants(nn.Module):
         self.masks = masks
         self.positionals = nn.ModuleDict({n: p for n, p in positionals.items() if p is not None})
 
-    def inputs(self, shared: AttentionInputs, keep: Tensor, q_len: int,
+    def inputs(self, shared: AttentionInputs, real: Tensor, q_len: int,
                positional: PositionalEncoding, mask: AttentionMask) -> list[AttentionInputs]:
         """Each layer's self-attention inputs: ``shared`` (the stack's) where its variant
         replaces neither the mask nor the positional encoding, else its own (built once per
@@ -113,7 +113,7 @@ class LayerVariants(nn.Module):
                 by_variant[name] = shared
             else:
                 by_variant[name] = self_attention_inputs(
-                    keep, q_len, own_positional or positional, own_mask or mask)
+                    real, q_len, own_positional or positional, own_mask or mask)
         return [by_variant[name] for name in self.layer_types]
 
 
@@ -128,14 +128,14 @@ class Stack(nn.Module):
         self.final_norm = final_norm
         self.variants = variants
 
-    def attention_inputs(self, keep: Tensor, q_len: int, positional: PositionalEncoding,
+    def attention_inputs(self, real: Tensor, q_len: int, positional: PositionalEncoding,
                          mask: AttentionMask) -> list[AttentionInputs]:
-        """Each layer's self-attention inputs for the last ``q_len`` of ``keep`` (batch,
+        """Each layer's self-attention inputs for the last ``q_len`` of ``real`` (batch,
         k_len) bool; the first entry's ``q_positions`` are the embeddings' positions."""
-        shared = self_attention_inputs(keep, q_len, positional, mask)
+        shared = self_attention_inputs(real, q_len, positional, mask)
         if self.variants is None:
             return [shared] * len(self.layers)
-        return self.variants.inputs(shared, keep, q_len, positional, mask)
+        return self.variants.inputs(shared, real, q_len, positional, mask)
 
     def forward(self, x: Tensor, self_inputs: AttentionInputs | Sequence[AttentionInputs],
                 cross_inputs: AttentionInputs | None = None,
@@ -153,18 +153,18 @@ class Stack(nn.Module):
         return self.final_norm(x) if self.final_norm is not None else x
 
 
-def self_attention_inputs(keep: Tensor, q_len: int, positional: PositionalEncoding,
+def self_attention_inputs(real: Tensor, q_len: int, positional: PositionalEncoding,
                           mask: AttentionMask) -> AttentionInputs:
-    """Masks, positions and score bias for self-attention of the last ``q_len`` of ``keep``.
+    """Masks, positions and score bias for self-attention of the last ``q_len`` of ``real``.
 
     Args:
-        keep: (batch, k_len) bool, True for real tokens (cached ones first, then the new ones).
+        real: (batch, k_len) bool, True for real tokens (cached ones first, then the new ones).
         q_len: how many of the keys are new (the queries).
     """
-    k_positions = positions_from_keep(keep)
+    k_positions = positions_from_real(real)
     # narrow keeps the length q_len itself, which torch.export can reason about (a slice does not)
     q_positions = k_positions.narrow(1, k_positions.shape[1] - q_len, q_len)
-    combined = keep[:, None, None, :]
+    combined = real[:, None, None, :]
     restriction = mask(q_positions, k_positions)
     if restriction is not None:
         combined = combined & restriction

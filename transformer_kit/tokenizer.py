@@ -123,7 +123,7 @@ class TextTokenizer:
                         chat_template=chat_template, template_kwargs=template_kwargs, options=options)
 
     def encode(self, texts: list[str], add_special_tokens: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """Prompts -> ids (batch, longest) int64, right-padded with 0, and keep (batch, longest)
+        """Prompts -> ids (batch, longest) int64, right-padded with 0, and real (batch, longest)
         bool, True for real tokens (special tokens added as the tokenizer's post-processor says,
         unless ``add_special_tokens`` is False: a rendered chat holds its own)."""
         encodings = [e.ids for e in self.backend.encode_batch(list(texts),
@@ -133,10 +133,10 @@ class TextTokenizer:
             raise InputError(f"Prompts {empty} encode to no token; give some text.")
         width = max(len(ids) for ids in encodings)
         ids = np.zeros((len(encodings), width), np.int64)
-        keep = np.zeros((len(encodings), width), bool)
+        real = np.zeros((len(encodings), width), bool)
         for row, tokens in enumerate(encodings):
-            ids[row, :len(tokens)], keep[row, :len(tokens)] = tokens, True
-        return ids, keep
+            ids[row, :len(tokens)], real[row, :len(tokens)] = tokens, True
+        return ids, real
 
     def decode(self, tokens: Iterable[int]) -> str:
         """Text of ``tokens`` with special tokens skipped."""

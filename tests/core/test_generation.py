@@ -103,13 +103,13 @@ def _step_flops(model, past_len: int, use_cache: bool) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
     ids = torch.randint(3, 37, (1, past_len + 1))
-    keep = torch.ones(1, past_len + 1, dtype=torch.bool)
+    real = torch.ones(1, past_len + 1, dtype=torch.bool)
     caches = None
     if use_cache:
         caches = model.new_cache(1, model.head.weight)
-        model.step(ids[:, :-1], keep[:, :-1], caches)
+        model.step(ids[:, :-1], real[:, :-1], caches)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model.step(ids[:, -1:] if use_cache else ids, keep, caches)
+        model.step(ids[:, -1:] if use_cache else ids, real, caches)
     return counter.get_total_flops()
 
 

@@ -69,12 +69,12 @@ def test_each_layer_attends_with_its_own_mask_and_positions():
     ids = torch.randint(3, 37, (2, 7))
     with torch.no_grad():
         x = model.embed(ids, torch.arange(7).expand(2, 7))
-        keep = torch.ones(2, 7, dtype=torch.bool)
+        real = torch.ones(2, 7, dtype=torch.bool)
         own = model.decoder.variants.positionals
         windows = {"local": SlidingWindowMask(2), "global": model.mask, "nope": model.mask}
         positionals = {"local": own["local"], "global": model.embed.positional, "nope": own["nope"]}
         for layer, name in zip(model.decoder.layers, ["local", "global", "nope"], strict=True):
-            x = layer(x, self_attention_inputs(keep, 7, positionals[name], windows[name]))
+            x = layer(x, self_attention_inputs(real, 7, positionals[name], windows[name]))
         expected = model.head(model.decoder.final_norm(x))
         torch.testing.assert_close(model(ids), expected, rtol=0, atol=0)
         # the window bites: the same weights with the local layer's window left out differ
@@ -90,8 +90,8 @@ def test_cached_steps_equal_the_whole_sequence():
     ids = torch.randint(3, 37, (2, 8))
     with torch.no_grad():
         full = model(ids)
-        cache, keep, steps = model.new_cache(2, full), torch.ones(2, 0, dtype=torch.bool), []
+        cache, real, steps = model.new_cache(2, full), torch.ones(2, 0, dtype=torch.bool), []
         for t in range(8):
-            keep = torch.cat([keep, torch.ones(2, 1, dtype=torch.bool)], 1)
-            steps.append(model.step(ids[:, t:t + 1], keep, cache))
+            real = torch.cat([real, torch.ones(2, 1, dtype=torch.bool)], 1)
+            steps.append(model.step(ids[:, t:t + 1], real, cache))
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)

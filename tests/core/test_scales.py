@@ -89,9 +89,9 @@ def test_residual_scale_multiplies_what_each_sublayer_adds(block):
     names = ["self_attention", "feedforward", "self_norm", "ff_norm"]
     seen, _ = _outputs(layer, names + (["self_post_norm", "ff_post_norm"] if block == "sandwich" else []))
     x = torch.randn(2, 5, 16)
-    keep = torch.ones(2, 5, dtype=torch.bool)
+    real = torch.ones(2, 5, dtype=torch.bool)
     with torch.no_grad():
-        out = layer(x, self_attention_inputs(keep, 5, model.embed.positional, model.mask))
+        out = layer(x, self_attention_inputs(real, 5, model.embed.positional, model.mask))
     attention, ff = seen["self_attention"][1], seen["feedforward"][1]
     if block == "post_norm":  # norm(x + s attention(x)), then norm(h + s ff(h))
         torch.testing.assert_close(seen["self_norm"][0], x + 0.3 * attention)

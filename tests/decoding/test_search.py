@@ -50,23 +50,23 @@ def test_processors_see_every_row_prompt_and_tokens_so_far_as_the_history_grows(
 
     rng = np.random.default_rng(0)
     prompt = rng.integers(3, 50, (2, 3))
-    keep = np.array([[False, True, True], [True, True, True]])
+    real = np.array([[False, True, True], [True, True, True]])
     script = rng.integers(3, 50, (2, 40))  # 40 steps: the history's buffers double twice
     seen: list[DecodingState] = []
 
     def record(scores: np.ndarray, state: DecodingState) -> np.ndarray:
-        seen.append(DecodingState(state.ids.copy(), state.keep.copy(), state.prompt_length))
+        seen.append(DecodingState(state.ids.copy(), state.real.copy(), state.prompt_length))
         return scores
 
-    call = DecodingCall(prompt, keep, eos_ids=[2], fill_id=0)
+    call = DecodingCall(prompt, real, eos_ids=[2], fill_id=0)
     tokens = np.stack(list(stream_tokens(_ScriptedSteps(script), call,
                                          GenerationConfig(max_new_tokens=40), Pipeline([record]))), 1)
     np.testing.assert_array_equal(tokens, script)
     assert len(seen) == 40
     for step, state in enumerate(seen):
         np.testing.assert_array_equal(state.ids, np.concatenate([prompt, script[:, :step]], 1))
-        np.testing.assert_array_equal(state.keep[:, :3], keep)
-        assert state.keep[:, 3:].all() and state.new_tokens == step
+        np.testing.assert_array_equal(state.real[:, :3], real)
+        assert state.real[:, 3:].all() and state.new_tokens == step
 
 
 def test_a_row_ends_at_its_eos_and_holds_the_fill_id_after_it():

@@ -148,8 +148,8 @@ def test_rejected_drafts_leave_the_cache_as_plain_decoding_would(runtimes, runti
     def stepper():
         if runtime == "onnxruntime":
             return onnx_model._plan(prompt, None, options, None)[0]
-        keep = torch.ones(prompt.shape, dtype=torch.bool)
-        return DecoderStepper(model, torch.from_numpy(prompt), keep, use_cache=True)
+        real = torch.ones(prompt.shape, dtype=torch.bool)
+        return DecoderStepper(model, torch.from_numpy(prompt), real, use_cache=True)
     speculative, plain = stepper(), stepper()
     logits, expected = speculative.first(), plain.first()
     for _ in range(12):

@@ -19,7 +19,7 @@ def test_every_input_runs_once_longest_first_right_padded():
     tokens, batches = _plan([3, 9, 5, 9, 1], batch_size=2, pad_id=0)
     assert sorted(int(r) for b in batches for r in b.rows) == [0, 1, 2, 3, 4]
     for batch in batches:
-        lengths = batch.keep.sum(axis=1)
+        lengths = batch.real.sum(axis=1)
         assert list(lengths) == sorted(lengths, reverse=True)
         for row, index in enumerate(batch.rows):
             n = len(tokens[index])

@@ -22,13 +22,13 @@ def test_the_int4_export_of_the_file_equals_its_dequantized_weights(tmp_path):
     origins = report.weight_origins
     assert origins and set(report.from_file_blocks) == set(origins), origins  # none requantized
     assert {origin.split()[1] for origin in origins.values()} == {"Q4_1", "Q8_0"}
-    ids, keep = model.tokenizer.encode(["The capital of France is", "Once upon a time, in a land"])
+    ids, real = model.tokenizer.encode(["The capital of France is", "Once upon a time, in a land"])
     with torch.no_grad():
-        expected = model(torch.from_numpy(ids), attention_mask=torch.from_numpy(keep).long()).numpy()
+        expected = model(torch.from_numpy(ids), attention_mask=torch.from_numpy(real).long()).numpy()
     om = OnnxModel(tmp_path, providers="cpu")
-    got = om(ids, attention_mask=keep.astype(np.int64))
-    real = keep.astype(bool)
+    got = om(ids, attention_mask=real.astype(np.int64))
+    real = real.astype(bool)
     assert relative_error(got[real], expected[real]) <= 2e-5  # float rounding (measured ~6e-6)
-    prompt = ids[:1, :int(keep[0].sum())]
+    prompt = ids[:1, :int(real[0].sum())]
     tokens = om.generate(prompt, max_new_tokens=16)
     np.testing.assert_array_equal(tokens, model.generate(torch.from_numpy(prompt), max_new_tokens=16).numpy())

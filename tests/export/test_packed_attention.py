@@ -57,8 +57,8 @@ def test_packed_export_matches_pytorch_with_padding_and_grouped_heads(gqa_decode
     ids = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7], [9, 8, 0, 0, 0]])
     expected = gqa_decoder(ids)
     got = om(ids.numpy())
-    keep = (ids != 0).numpy()
-    np.testing.assert_allclose(got[keep], expected.numpy()[keep], rtol=1e-5, atol=1e-5)
+    real = (ids != 0).numpy()
+    np.testing.assert_allclose(got[real], expected.numpy()[real], rtol=1e-5, atol=1e-5)
     assert np.array_equal(om.generate(ids.numpy(), 6), gqa_decoder.generate(ids, 6).numpy())
 
 
@@ -93,8 +93,8 @@ def test_rotary_positions_pack_into_rotary_embedding_ops(rotary, tmp_path):
     om = OnnxModel(tmp_path / "onnx", "cpu")
     with torch.no_grad():
         expected = model(ids).numpy()
-    keep = (ids != 0).numpy()
-    np.testing.assert_allclose(om(ids.numpy())[keep], expected[keep], rtol=1e-5, atol=1e-5)
+    real = (ids != 0).numpy()
+    np.testing.assert_allclose(om(ids.numpy())[real], expected[real], rtol=1e-5, atol=1e-5)
     assert np.array_equal(om.generate(ids.numpy(), 6), model.generate(ids, 6).numpy())
 
 

@@ -54,8 +54,8 @@ def test_padding_beyond_max_len_counts_only_real_tokens_in_both_runtimes(exports
     model, folder = exports["decoder"]
     om = OnnxModel(folder, "cpu")
     ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9, 10, 11], [3, 4, 5, 6, 7, 8, 9, 10, 0, 0]])
-    keep = (ids != 0).numpy()
-    np.testing.assert_allclose(om(ids.numpy())[keep], model(ids).numpy()[keep], rtol=1e-5, atol=1e-5)
+    real = (ids != 0).numpy()
+    np.testing.assert_allclose(om(ids.numpy())[real], model(ids).numpy()[real], rtol=1e-5, atol=1e-5)
     too_long = torch.arange(1, 10)[None]
     with pytest.raises(tk.InputError, match="max_len"):
         model(too_long)
@@ -78,9 +78,9 @@ def test_an_all_padding_row_gives_finite_output_and_leaves_the_others_alone(arch
     out = om(ids.numpy()).astype(np.float32)
     assert np.isfinite(out).all()
     reference = model(ids).numpy()
-    keep = (ids != 0).numpy()
+    real = (ids != 0).numpy()
     tolerance = 1e-5 if dtype == "float32" else 2e-2 * np.abs(reference).max()
-    np.testing.assert_allclose(out[keep], reference[keep], atol=tolerance,
+    np.testing.assert_allclose(out[real], reference[real], atol=tolerance,
                                rtol=0 if dtype == "float16" else 1e-5)
     alone = om(ids[:1].numpy()).astype(np.float32)
     np.testing.assert_allclose(out[:1], alone, atol=1e-5 if dtype == "float32" else 1e-2)

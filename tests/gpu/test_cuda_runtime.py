@@ -94,8 +94,8 @@ def log_probs_along(model: OnnxModel, name: str, ids, mask, tokens) -> np.ndarra
     rows = len(tokens)
     if name == "decoder":
         whole = np.concatenate([ids, tokens], axis=1)
-        keep = np.concatenate([mask, np.ones_like(tokens)], axis=1)
-        logits = model(whole, attention_mask=keep)[:, ids.shape[1] - 1:-1]
+        real = np.concatenate([mask, np.ones_like(tokens)], axis=1)
+        logits = model(whole, attention_mask=real)[:, ids.shape[1] - 1:-1]
     else:
         tgt = np.concatenate([np.full((rows, 1), model.manifest.bos_id), tokens[:, :-1]], axis=1)
         logits = model(ids, tgt, attention_mask=mask)

@@ -85,11 +85,11 @@ def _random_case(seed: int, dtype: torch.dtype):
     q = torch.randn(batch, heads, q_len, dim, generator=gen)
     k = torch.randn(batch, heads, k_len, dim, generator=gen)
     v = torch.randn(batch, heads, k_len, dim, generator=gen)
-    keep = torch.rand(batch, 1, 1, k_len, generator=gen) > 0.3
-    keep[1] = False  # a row whose every key is padding
+    real = torch.rand(batch, 1, 1, k_len, generator=gen) > 0.3
+    real[1] = False  # a row whose every key is padding
     causal = torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)
     causal[0] = False  # and a query row that sees nothing through the causal mask alone
-    mask = keep & causal
+    mask = real & causal
     return q.to(dtype), k.to(dtype), v.to(dtype), mask
 
 

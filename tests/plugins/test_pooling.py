@@ -15,8 +15,8 @@ HIDDEN = torch.tensor([[[1.0, -2.0], [3.0, 4.0], [5.0, -6.0]],
 KEEP = torch.tensor([[True, True, False], [False, True, True]])
 
 
-def _pool(name: str, hidden=HIDDEN, keep=KEEP) -> torch.Tensor:
-    return tk.get_registry().create("pooling", name, context={"d_model": 2})(hidden, keep)
+def _pool(name: str, hidden=HIDDEN, real=KEEP) -> torch.Tensor:
+    return tk.get_registry().create("pooling", name, context={"d_model": 2})(hidden, real)
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -34,8 +34,8 @@ def test_each_pooling_reads_only_kept_positions(name, expected):
 
 @pytest.mark.parametrize("name", POOLINGS)
 def test_a_row_with_nothing_kept_is_finite_zeros_or_its_first_token(name):
-    keep = torch.tensor([[False, False, False], [True, True, True]])
-    out = _pool(name, keep=keep)
+    real = torch.tensor([[False, False, False], [True, True, True]])
+    out = _pool(name, real=real)
     assert torch.isfinite(out).all()
     if name != "cls":  # cls reads the first position of a row whatever its mask
         assert torch.equal(out[0], torch.zeros(2))
@@ -55,8 +55,8 @@ def test_every_pooling_is_registered():
 class _MinPooling(torch.nn.Module):
     """A third party's pooling: the feature-wise minimum over kept positions."""
 
-    def forward(self, hidden, keep):
-        return hidden.masked_fill(~keep[..., None], torch.finfo(hidden.dtype).max).amin(dim=1)
+    def forward(self, hidden, real):
+        return hidden.masked_fill(~real[..., None], torch.finfo(hidden.dtype).max).amin(dim=1)
 
 
 class _MinPlugin:
@@ -75,8 +75,8 @@ def test_a_plugin_s_pooling_builds_exports_and_embeds(fresh_registry, tmp_path):
                             "sentence_embedding": {"normalize": True}}).eval()
     assert model.components["pooling"].plugin == "min-pooling"
     ids = [[3, 4, 5, 6], [7, 8]]
-    hidden, keep = model.hidden_states(torch.tensor([[3, 4, 5, 6], [7, 8, 0, 0]]))
-    expected = torch.nn.functional.normalize(_MinPooling()(hidden, keep), dim=-1).detach().numpy()
+    hidden, real = model.hidden_states(torch.tensor([[3, 4, 5, 6], [7, 8, 0, 0]]))
+    expected = torch.nn.functional.normalize(_MinPooling()(hidden, real), dim=-1).detach().numpy()
     export_onnx(model, tmp_path)
     np.testing.assert_allclose(OnnxModel(tmp_path).embed(ids), expected, atol=1e-5)
     np.testing.assert_allclose(model.embed(ids), expected, atol=1e-6)

@@ -32,7 +32,7 @@ class Stepper(Protocol):
 class DecodingCall:
     """One decoding call.
 
-    prompt_ids, prompt_keep: (batch, length) left-padded prompt ids and True for real tokens
+    prompt_ids, prompt_real: (batch, length) left-padded prompt ids and True for real tokens
         (for encoder-decoder models: the decoder start token, all True).
     eos_ids: ids that end a row; fill_id: what a row holds after it ended.
     stop: called with the rows' new tokens (rows, n) -> (rows,) bool, True where a stop string
@@ -42,7 +42,7 @@ class DecodingCall:
     """
 
     prompt_ids: np.ndarray
-    prompt_keep: np.ndarray
+    prompt_real: np.ndarray
     eos_ids: list[int]
     fill_id: int
     stop: Callable[[np.ndarray], np.ndarray] | None = None
@@ -90,15 +90,15 @@ class History:
     """Each row's ids (rows, length) int64 and keep flags so far, in buffers that double when
     full (no copy of the whole history per step); ``state`` gives views of the columns so far."""
 
-    def __init__(self, ids: np.ndarray, keep: np.ndarray) -> None:
-        self.length, self.ids, self.keep = ids.shape[1], ids, keep
+    def __init__(self, ids: np.ndarray, real: np.ndarray) -> None:
+        self.length, self.ids, self.real = ids.shape[1], ids, real
 
     def state(self, prompt_length: int) -> DecodingState:
-        return DecodingState(self.ids[:, :self.length], self.keep[:, :self.length], prompt_length)
+        return DecodingState(self.ids[:, :self.length], self.real[:, :self.length], prompt_length)
 
     def append(self, token: np.ndarray) -> None:
         if self.length == self.ids.shape[1]:  # full (first at the prompt's own arrays): double
             self.ids = np.concatenate([self.ids, np.empty_like(self.ids)], axis=1)
-            self.keep = np.concatenate([self.keep, np.ones_like(self.keep)], axis=1)
+            self.real = np.concatenate([self.real, np.ones_like(self.real)], axis=1)
         self.ids[:, self.length] = token
         self.length += 1

@@ -29,16 +29,21 @@ class DecodingState:
 
     ids: (rows, length) int64, each row's prompt (left-padded) and the tokens chosen so far;
         for encoder-decoder models the decoder's tokens (start token first).
-    keep: (rows, length) bool, True for real tokens (False for padding).
+    real: (rows, length) bool, True for real tokens (False for padding).
     prompt_length: how many leading columns of ``ids`` are the prompt.
-    generated: the tokens generated so far when ``ids`` and ``keep`` hold the prompt alone
+    generated: the tokens generated so far when ``ids`` and ``real`` hold the prompt alone
         (the state a pipeline gets when none of its processors reads tokens), else None.
     """
 
     ids: np.ndarray
-    keep: np.ndarray
+    real: np.ndarray
     prompt_length: int
     generated: int | None = None
+
+    @property
+    def keep(self) -> np.ndarray:
+        """:attr:`real` under the name processors written for earlier versions read."""
+        return self.real
 
     @property
     def new_tokens(self) -> int:
@@ -54,7 +59,7 @@ class LogitsProcessor:
     Return a new array or change ``scores`` in place and return it.
     """
 
-    #: Whether the processor reads ``state.ids`` or ``state.keep``. When no processor of a
+    #: Whether the processor reads ``state.ids`` or ``state.real``. When no processor of a
     #: pipeline does (only ``new_tokens``), the decoding loop keeps no history of the tokens
     #: (about 40 us a token less: min_new_tokens alone, the sampling warpers). A plain callable
     #: counts as one that reads them.

@@ -25,7 +25,7 @@ def as_array(x: Any, name: str) -> np.ndarray:
     return x
 
 
-def keep_from_mask(attention_mask: Any, shape: tuple[int, ...], name: str = "attention_mask"
+def real_from_mask(attention_mask: Any, shape: tuple[int, ...], name: str = "attention_mask"
                    ) -> np.ndarray:
     """(batch, len) bool, True for real tokens, from a 0/1 (or boolean) ``attention_mask``
     given as transformers takes it: 1 = real token, 0 = padding."""
@@ -41,23 +41,23 @@ def keep_from_mask(attention_mask: Any, shape: tuple[int, ...], name: str = "att
     return mask
 
 
-def keep_from_pad(ids: np.ndarray, pad_id: int | None) -> np.ndarray:
+def real_from_pad(ids: np.ndarray, pad_id: int | None) -> np.ndarray:
     """(batch, len) bool, True where ``ids`` is not ``pad_id`` (all True without a pad id)."""
     return np.ones(ids.shape, dtype=bool) if pad_id is None else ids != pad_id
 
 
-def left_align(ids: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def left_align(ids: np.ndarray, real: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Move each row's padding to the left (token order kept) and drop columns that are
-    padding in every row: ids (batch, len) int64, keep (batch, len) bool, narrower or equal.
+    padding in every row: ids (batch, len) int64, real (batch, len) bool, narrower or equal.
     Rows that hold no real token are refused."""
-    empty = np.flatnonzero(~keep.any(axis=1)).tolist()
+    empty = np.flatnonzero(~real.any(axis=1)).tolist()
     if empty:
         raise InputError(f"Prompt rows {empty} hold only padding; give every row at least one "
                          "real token.")
-    order = np.argsort(keep.astype(np.int8), axis=1, kind="stable")
-    ids, keep = np.take_along_axis(ids, order, 1), np.take_along_axis(keep, order, 1)
-    first = int(keep.any(axis=0).argmax())
-    return np.ascontiguousarray(ids[:, first:], dtype=np.int64), keep[:, first:]
+    order = np.argsort(real.astype(np.int8), axis=1, kind="stable")
+    ids, real = np.take_along_axis(ids, order, 1), np.take_along_axis(real, order, 1)
+    first = int(real.any(axis=0).argmax())
+    return np.ascontiguousarray(ids[:, first:], dtype=np.int64), real[:, first:]
 
 
 def check_room(used: int, options: GenerationConfig, context_length: int | None,
@@ -95,21 +95,21 @@ def prepare_call(ids: np.ndarray, attention_mask: Any, options: GenerationConfig
     """What every runtime prepares before decoding checked ``ids`` (batch, len) int64.
 
     Returns the call for the strategies (decoder: the prompts left-aligned; encoder-decoder:
-    the start token), the processors, and keep (batch, len') bool: the aligned prompt's, or the
+    the start token), the processors, and real (batch, len') bool: the aligned prompt's, or the
     source's. ``source_positions``: the positional bound the source must fit, if checked here.
     """
-    keep = (keep_from_pad(ids, pad_id) if attention_mask is None
-            else keep_from_mask(attention_mask, ids.shape))
+    real = (real_from_pad(ids, pad_id) if attention_mask is None
+            else real_from_mask(attention_mask, ids.shape))
     eos_ids = options.eos_ids(eos_id)
     _, pipeline = build_pipeline(options, vocab, eos_ids, forced_bos_id=forced_bos_id,
                                  tokenizer=tokenizer)
     fill = fill_id(pad_id, eos_ids)
     if decoder:
-        ids, keep = left_align(ids, keep)
-        check_room(int(keep.sum(axis=1).max()), options, context_length)
-        return DecodingCall(ids, keep, eos_ids, fill, stop_matcher), pipeline, keep
+        ids, real = left_align(ids, real)
+        check_room(int(real.sum(axis=1).max()), options, context_length)
+        return DecodingCall(ids, real, eos_ids, fill, stop_matcher), pipeline, real
     if source_positions is not None:
-        check_positions(int(keep.sum(axis=1).max()) if keep.size else 0, source_positions, "src_ids")
+        check_positions(int(real.sum(axis=1).max()) if real.size else 0, source_positions, "src_ids")
     check_room(1, options, context_length, "decoder start token")
     start = np.full((len(ids), 1), bos_id, np.int64)
-    return DecodingCall(start, np.ones(start.shape, bool), eos_ids, fill, stop_matcher), pipeline, keep
+    return DecodingCall(start, np.ones(start.shape, bool), eos_ids, fill, stop_matcher), pipeline, real

@@ -37,7 +37,7 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def _repeat(call: DecodingCall, times: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rows = np.repeat(np.arange(len(call.prompt_ids)), times)
-    return rows, call.prompt_ids[rows], call.prompt_keep[rows]
+    return rows, call.prompt_ids[rows], call.prompt_real[rows]
 
 
 def stream_tokens(stepper: Stepper, call: DecodingCall, options: GenerationConfig,
@@ -58,12 +58,12 @@ def stream_tokens(stepper: Stepper, call: DecodingCall, options: GenerationConfi
         yield from speculative_tokens(stepper, call, options, pipeline)
         return
     copies = options.num_return_sequences
-    source, ids, keep = _repeat(call, copies)
+    source, ids, real = _repeat(call, copies)
     rng = np.random.default_rng(options.seed) if options.do_sample else None
     finished, some_finished = np.zeros(len(ids), dtype=bool), False
     eos = frozenset(call.eos_ids)
     processing = len(pipeline) > 0
-    history = History(ids, keep) if processing and pipeline.reads_tokens else None
+    history = History(ids, real) if processing and pipeline.reads_tokens else None
     width = call.prompt_ids.shape[1]
     new: list[np.ndarray] = []
     if options.max_new_tokens == 0:
@@ -73,7 +73,7 @@ def stream_tokens(stepper: Stepper, call: DecodingCall, options: GenerationConfi
         # the stepper's logits are ours to change until the next step: processors work in place
         if processing:
             state = (history.state(width) if history is not None
-                     else DecodingState(ids, keep, width, generated=step))
+                     else DecodingState(ids, real, width, generated=step))
             scores = pipeline(logits.astype(np.float32, copy=False), state)
         else:
             scores = logits
@@ -207,7 +207,7 @@ def beam_search(stepper: Stepper, call: DecodingCall, options: GenerationConfig,
     batch, prompt_len = call.prompt_ids.shape
     keep_k = max(2, 1 + n_eos) * k
     rng = np.random.default_rng(options.seed) if options.do_sample else None
-    flat_source, ids, keep = _repeat(call, k)  # (batch * k, prompt_len)
+    flat_source, ids, real = _repeat(call, k)  # (batch * k, prompt_len)
     running_new = np.zeros((batch, k, 0), dtype=np.int64)  # tokens after the prompt
     running_scores = np.zeros((batch, k), dtype=np.float32)
     running_scores[:, 1:] = _FINISHED
@@ -217,7 +217,7 @@ def beam_search(stepper: Stepper, call: DecodingCall, options: GenerationConfig,
     logits = stepper.first()[flat_source]
     for step in range(options.max_new_tokens):
         state = DecodingState(np.concatenate([ids, running_new.reshape(batch * k, -1)], 1),
-                              np.concatenate([keep, np.ones((batch * k, step), bool)], 1),
+                              np.concatenate([real, np.ones((batch * k, step), bool)], 1),
                               prompt_len)
         log_probs = pipeline(_log_softmax(logits), state)
         vocab = log_probs.shape[-1]

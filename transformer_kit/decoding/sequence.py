@@ -20,7 +20,7 @@ class SequenceSearch:
         self.call, self.options, self.pipeline = call, options, pipeline
         self.rng = np.random.default_rng(options.seed) if options.do_sample else None
         self.eos = frozenset(call.eos_ids)
-        self.history = History(call.prompt_ids, call.prompt_keep) if len(pipeline) else None
+        self.history = History(call.prompt_ids, call.prompt_real) if len(pipeline) else None
         self.new: list[np.ndarray] = []
 
     def choose(self, logits: np.ndarray, draft: int | None = None) -> tuple[int, str | None]:

@@ -118,12 +118,12 @@ class _Chooser:
     def __init__(self, call, options: GenerationConfig, pipeline: Pipeline) -> None:
         self.rng = np.random.default_rng(options.seed) if options.do_sample else None
         self.pipeline, self.width = pipeline, call.prompt_ids.shape[1]
-        self.history = History(call.prompt_ids.copy(), call.prompt_keep.copy())
+        self.history = History(call.prompt_ids.copy(), call.prompt_real.copy())
 
     def ids(self) -> np.ndarray:
         """(length,) the row's ids so far, padding left out."""
         h = self.history
-        return h.ids[0, :h.length][h.keep[0, :h.length]]
+        return h.ids[0, :h.length][h.real[0, :h.length]]
 
     def processed(self, logits: np.ndarray) -> np.ndarray:
         """(1, vocab) scores after the processors, for the history so far."""

@@ -41,26 +41,26 @@ def _take(caches: list[LayerCache] | None, rows: Tensor) -> None:
 
 
 class DecoderStepper:
-    """Decoder-only steps: the prompt (batch, len) with ``keep``, then one token per row."""
+    """Decoder-only steps: the prompt (batch, len) with ``real``, then one token per row."""
 
-    def __init__(self, model, ids: Tensor, keep: Tensor, use_cache: bool) -> None:
-        self.model, self.ids, self.keep, self.use_cache = model, ids, keep, use_cache
+    def __init__(self, model, ids: Tensor, real: Tensor, use_cache: bool) -> None:
+        self.model, self.ids, self.real, self.use_cache = model, ids, real, use_cache
         like = torch.empty(0, dtype=model.head.weight.dtype, device=ids.device)  # weights may be streamed
         self.caches = model.new_cache(ids.shape[0], like) if use_cache else None
 
     def first(self) -> np.ndarray:
-        return _logits(self.model.step(self.ids, self.keep, self.caches, last_only=True)[:, -1])
+        return _logits(self.model.step(self.ids, self.real, self.caches, last_only=True)[:, -1])
 
     def next(self, tokens: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
         token = torch.from_numpy(tokens).to(self.ids.device)[:, None]
         if rows is not None:
             index = torch.from_numpy(rows).to(self.ids.device)
-            self.ids, self.keep = self.ids[index], self.keep[index]
+            self.ids, self.real = self.ids[index], self.real[index]
             _take(self.caches, index)
-        self.keep = torch.cat([self.keep, self.keep.new_ones(len(token), 1)], 1)
+        self.real = torch.cat([self.real, self.real.new_ones(len(token), 1)], 1)
         self.ids = torch.cat([self.ids, token], 1)
         new = token if self.use_cache else self.ids  # the reference recomputes everything
-        return _logits(self.model.step(new, self.keep, self.caches, last_only=True)[:, -1])
+        return _logits(self.model.step(new, self.real, self.caches, last_only=True)[:, -1])
 
     #: Several positions' logits in one step (speculative decoding).
     verifies = True
@@ -69,32 +69,32 @@ class DecoderStepper:
         """Append ``tokens`` (n,) int64 to the one row in one step: logits (n, vocab), row j
         the next-token logits after ``tokens[j]``."""
         new = torch.from_numpy(tokens).to(self.ids.device)[None]
-        self.keep = torch.cat([self.keep, self.keep.new_ones(1, new.shape[1])], 1)
+        self.real = torch.cat([self.real, self.real.new_ones(1, new.shape[1])], 1)
         self.ids = torch.cat([self.ids, new], 1)
         length = self.ids.shape[1]
         start = length - new.shape[1] if not self.use_cache else 0
         positions = torch.arange(start, start + new.shape[1], device=self.ids.device)
-        return _logits(self.model.step(new if self.use_cache else self.ids, self.keep, self.caches,
+        return _logits(self.model.step(new if self.use_cache else self.ids, self.real, self.caches,
                                        positions=positions)[0])
 
     def drop(self, count: int) -> None:
         """Forget the last ``count`` tokens (rejected drafts): masked out, never attended to."""
-        self.keep = self.keep.clone()
-        self.keep[:, self.keep.shape[1] - count:] = False
+        self.real = self.real.clone()
+        self.real[:, self.real.shape[1] - count:] = False
 
 
 class EncoderDecoderStepper:
     """Encoder-decoder steps: the source encoded once, the target from ``bos_id``."""
 
-    def __init__(self, model, src_ids: Tensor, src_keep: Tensor, use_cache: bool) -> None:
+    def __init__(self, model, src_ids: Tensor, src_real: Tensor, use_cache: bool) -> None:
         self.model, self.use_cache = model, use_cache
-        self.memory, self.src_keep = model.encode(src_ids, src_keep)
+        self.memory, self.src_real = model.encode(src_ids, src_real)
         batch = src_ids.shape[0]
         self.caches = model.new_cache(batch, self.memory) if use_cache else None
         self.tgt = torch.full((batch, 1), model.config.bos_id, device=src_ids.device)
 
     def _decode(self, new: Tensor) -> np.ndarray:
-        return _logits(self.model.decode(new, self.memory, self.src_keep, self.caches,
+        return _logits(self.model.decode(new, self.memory, self.src_real, self.caches,
                                          last_only=True)[:, -1])
 
     def first(self) -> np.ndarray:
@@ -104,7 +104,7 @@ class EncoderDecoderStepper:
         token = torch.from_numpy(tokens).to(self.tgt.device)[:, None]
         if rows is not None:
             index = torch.from_numpy(rows).to(self.tgt.device)
-            self.tgt, self.memory, self.src_keep = self.tgt[index], self.memory[index], self.src_keep[index]
+            self.tgt, self.memory, self.src_real = self.tgt[index], self.memory[index], self.src_real[index]
             _take(self.caches, index)
         self.tgt = torch.cat([self.tgt, token], 1)
         return self._decode(token if self.use_cache else self.tgt)
@@ -128,23 +128,23 @@ def _plan(model, ids: Tensor, attention_mask: Any, options: GenerationConfig, us
                           "bos_id in the config (for a checkpoint: tk.from_hf(folder, bos_id=...)).")
     name = "input_ids" if is_decoder else "src_ids"
     ids = check_token_ids(ids, cfg.vocab_size if is_decoder else cfg.src_vocab, name)
-    call, pipeline, keep = prepare_call(
+    call, pipeline, real = prepare_call(
         ids.cpu().numpy(), attention_mask, options, decoder=is_decoder, pad_id=cfg.pad_id,
         eos_id=cfg.eos_id, bos_id=cfg.bos_id, vocab=cfg.tgt_vocab,
         context_length=model.context_length, stop_matcher=stop_matcher,
         forced_bos_id=cfg.forced_bos_id, tokenizer=getattr(model, "tokenizer", None))
-    keep_tensor = torch.from_numpy(keep).to(ids.device)
+    real_tensor = torch.from_numpy(real).to(ids.device)
     if is_decoder:
         prompt = torch.from_numpy(call.prompt_ids).to(ids.device)
         if assistant is not None:
-            call.assistant = _assistant_stepper(model, assistant, prompt, keep_tensor)
-        return DecoderStepper(model, prompt, keep_tensor, use_cache), call, pipeline
+            call.assistant = _assistant_stepper(model, assistant, prompt, real_tensor)
+        return DecoderStepper(model, prompt, real_tensor, use_cache), call, pipeline
     if assistant is not None:
         call.assistant = assistant  # refused with a sentence: an encoder-decoder cannot check drafts
-    return EncoderDecoderStepper(model, ids, keep_tensor, use_cache), call, pipeline
+    return EncoderDecoderStepper(model, ids, real_tensor, use_cache), call, pipeline
 
 
-def _assistant_stepper(model, assistant, prompt: Tensor, keep: Tensor) -> DecoderStepper:
+def _assistant_stepper(model, assistant, prompt: Tensor, real: Tensor) -> DecoderStepper:
     """``assistant``'s cached stepper over the same prompt, once it can draft for ``model``."""
     if getattr(assistant, "architecture", None) != "decoder" or not hasattr(assistant, "new_cache"):
         raise InputError("assistant_model must be a decoder TransformerModel, got "
@@ -154,7 +154,7 @@ def _assistant_stepper(model, assistant, prompt: Tensor, keep: Tensor) -> Decode
                          f"this model's {model.config.vocab_size}; an assistant drafts with the same "
                          "tokenizer: choose one of the same family.")
     assistant.eval()
-    return DecoderStepper(assistant, prompt, keep, use_cache=True)
+    return DecoderStepper(assistant, prompt, real, use_cache=True)
 
 
 def generate(model, ids: Tensor, *, attention_mask: Any = None,
@@ -212,9 +212,9 @@ def stream(model, ids: Tensor, *, attention_mask: Any = None,
 def _encoded(model, prompts: list[str], add_special_tokens: bool):
     """The model's tokenizer and the prompts as ids and attention mask tensors."""
     tokenizer = text.require(getattr(model, "tokenizer", None), "This model")
-    ids, keep = tokenizer.encode(prompts, add_special_tokens)
+    ids, real = tokenizer.encode(prompts, add_special_tokens)
     device = next(model.parameters()).device
-    return tokenizer, (torch.from_numpy(ids).to(device), torch.from_numpy(keep).to(device))
+    return tokenizer, (torch.from_numpy(ids).to(device), torch.from_numpy(real).to(device))
 
 
 def _steps(model, steps: Iterator[np.ndarray], device: torch.device) -> Iterator[Tensor]:

@@ -43,11 +43,11 @@ class SentenceRunner(Protocol):
     def embedding_settings(self) -> tuple[dict, int | None]:
         """The model config as a dict, and the positional encoding's bound (or None)."""
 
-    def run_embedding(self, ids: np.ndarray, keep: np.ndarray, pooled: np.ndarray) -> np.ndarray:
-        """ids, keep, pooled (batch, len) -> sentence embeddings (batch, dim) float32."""
+    def run_embedding(self, ids: np.ndarray, real: np.ndarray, pooled: np.ndarray) -> np.ndarray:
+        """ids, real, pooled (batch, len) -> sentence embeddings (batch, dim) float32."""
 
-    def run_scores(self, ids: np.ndarray, keep: np.ndarray, types: np.ndarray) -> np.ndarray:
-        """ids, keep, token types (batch, len) -> scores (batch, num_labels) float32."""
+    def run_scores(self, ids: np.ndarray, real: np.ndarray, types: np.ndarray) -> np.ndarray:
+        """ids, real, token types (batch, len) -> scores (batch, num_labels) float32."""
 
 
 class SentenceTasks:
@@ -106,7 +106,7 @@ class SentenceTasks:
         vectors: np.ndarray | None = None
         for batch in plan_batches(encoded.tokens, encoded.pooled, batch_size=batch_size,
                                   max_batch_tokens=max_batch_tokens, pad_id=settings.get("pad_id") or 0):
-            out = np.asarray(self.runner.run_embedding(batch.ids, batch.keep, batch.extra), np.float32)
+            out = np.asarray(self.runner.run_embedding(batch.ids, batch.real, batch.extra), np.float32)
             if vectors is None:
                 vectors = np.empty((len(encoded.tokens), out.shape[1]), np.float32)
             vectors[batch.rows] = out
@@ -133,7 +133,7 @@ class SentenceTasks:
         scores = np.empty((len(tokens), settings["classifier"]["num_labels"]), np.float32)
         for batch in plan_batches(tokens, types, batch_size=batch_size,
                                   max_batch_tokens=max_batch_tokens, pad_id=settings.get("pad_id") or 0):
-            scores[batch.rows] = self.runner.run_scores(batch.ids, batch.keep, batch.extra)
+            scores[batch.rows] = self.runner.run_scores(batch.ids, batch.real, batch.extra)
         return scores[:, 0] if scores.shape[1] == 1 else scores
 
     def rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None,

@@ -26,12 +26,12 @@ PAD_FRACTION = 0.25
 
 @dataclass
 class Batch:
-    """Rows of one run: ``rows`` (n,) the inputs' indices; ids, keep, extra (n, longest)
+    """Rows of one run: ``rows`` (n,) the inputs' indices; ids, real, extra (n, longest)
     int64 / bool / int64 (``extra``: pooled positions or token types), right-padded."""
 
     rows: np.ndarray
     ids: np.ndarray
-    keep: np.ndarray
+    real: np.ndarray
     extra: np.ndarray
 
 
@@ -63,10 +63,10 @@ def plan_batches(tokens: Sequence[Sequence[int]], extras: Sequence[Sequence[int]
             rows += 1
         chosen = order[start:start + rows]
         ids = np.full((rows, longest), pad_id, np.int64)
-        keep = np.zeros((rows, longest), bool)
+        real = np.zeros((rows, longest), bool)
         extra = np.zeros((rows, longest), np.int64)
         for row, index in enumerate(chosen):
             n = len(tokens[index])
-            ids[row, :n], keep[row, :n], extra[row, :n] = tokens[index], True, extras[index]
-        yield Batch(np.asarray(chosen, np.int64), ids, keep, extra)
+            ids[row, :n], real[row, :n], extra[row, :n] = tokens[index], True, extras[index]
+        yield Batch(np.asarray(chosen, np.int64), ids, real, extra)
         start += rows

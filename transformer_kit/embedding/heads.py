@@ -42,7 +42,7 @@ def linear_as_matmul(linear: nn.Linear, x: Tensor) -> Tensor:
 
 
 class SentenceHead(nn.Module):
-    """hidden (batch, len, d_model), keep (batch, len) bool -> sentence embedding (batch, dim).
+    """hidden (batch, len, d_model), real (batch, len) bool -> sentence embedding (batch, dim).
 
     Args:
         pooling: the registry's ``pooling`` component.
@@ -56,8 +56,8 @@ class SentenceHead(nn.Module):
                                    for d in config.dense)
         self.normalize = config.normalize
 
-    def forward(self, hidden: Tensor, keep: Tensor) -> Tensor:
-        x = self.pooling(hidden, keep)
+    def forward(self, hidden: Tensor, real: Tensor) -> Tensor:
+        x = self.pooling(hidden, real)
         for layer in self.dense:
             x = layer(x)
         # sentence-transformers' Normalize: x / max(||x||, 1e-12)

@@ -84,12 +84,12 @@ class _HeadReached(Exception):
 
 def _run(model: nn.Module, ids: torch.Tensor) -> None:
     """One forward pass over ``ids`` (windows, window), every token real, up to the head."""
-    keep = torch.ones_like(ids)
+    real = torch.ones_like(ids)
     try:
         if model.architecture == "encoder_decoder":
-            model(ids, ids, attention_mask=keep)
+            model(ids, ids, attention_mask=real)
         else:
-            model(ids, attention_mask=keep)
+            model(ids, attention_mask=real)
     except _HeadReached:
         pass
 

@@ -29,7 +29,7 @@ float32 rounding.
 
 Not mapped (the export quantizes their dequantized weights with the kit's own int4 and says so
 in its report): Q2_K, Q3_K, Q5_K (expressible the same way, not written yet), the IQ types,
-and float types (F16, BF16, F32, which have no blocks to keep).
+and float types (F16, BF16, F32, which have no blocks to real).
 """
 
 from __future__ import annotations

@@ -104,11 +104,11 @@ def dense_onnx(g: GraphBuilder, dense: DenseActivation, x: ir.Value) -> ir.Value
     return g.call(dense.activation, g.linear(dense.linear, x))
 
 
-def sentence_head_onnx(g: GraphBuilder, head: SentenceHead, hidden: ir.Value, keep: ir.Value) -> ir.Value:
-    """hidden (batch, len, d_model), keep (batch, len) bool -> (batch, dim): pooled, through the
+def sentence_head_onnx(g: GraphBuilder, head: SentenceHead, hidden: ir.Value, real: ir.Value) -> ir.Value:
+    """hidden (batch, len, d_model), real (batch, len) bool -> (batch, dim): pooled, through the
     dense layers, L2-normalised (x / max(|x|, 1e-12)) when configured."""
     batch, width = shape_of(hidden)[0], shape_of(hidden)[-1]
-    x = g.shaped(g.call(head.pooling, hidden, keep), [batch, width], g.float_type)
+    x = g.shaped(g.call(head.pooling, hidden, real), [batch, width], g.float_type)
     for layer in head.dense:
         x = g.call(layer, x)
     if head.normalize:

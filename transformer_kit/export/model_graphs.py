@@ -63,7 +63,7 @@ class BuiltGraph:
     outputs: list[str]
 
 
-def keep_of(g: GraphBuilder, mask: ir.Value) -> ir.Value:
+def real_of(g: GraphBuilder, mask: ir.Value) -> ir.Value:
     """An attention mask (batch, len) int64 -> (batch, len) bool, True for real tokens."""
     with g.scope(mask.name):
         return g.shaped(g.op.Not(g.op.Equal(mask, [0])), mask.shape, BOOL)
@@ -75,20 +75,20 @@ def _all_real(g: GraphBuilder, batch: ir.Value, length: ir.Value) -> ir.Value:
                                 value=ir.tensor(np.array([True])))
 
 
-def attention_inputs(g: GraphBuilder, keep: ir.Value, new: ir.Value | None,
+def attention_inputs(g: GraphBuilder, real: ir.Value, new: ir.Value | None,
                      positional: PositionalEncoding, mask: AttentionMask, mask_path: str
                      ) -> AttentionInputs:
-    """Masks, positions and score bias of self-attention over ``keep`` (batch, k_len) bool
+    """Masks, positions and score bias of self-attention over ``real`` (batch, k_len) bool
     (cached tokens, then new ones), for its last ``new`` (1,) int64 positions (None: all), as
     ``stacks.self_attention_inputs`` computes them: positions count real tokens."""
-    batch, k_len = list(keep.shape)
-    counted = g.op.CumSum(g.op.Cast(keep, to=INT64), g.constant(np.array(1, np.int64)))
+    batch, k_len = list(real.shape)
+    counted = g.op.CumSum(g.op.Cast(real, to=INT64), g.constant(np.array(1, np.int64)))
     k_positions = g.shaped(g.op.Max(g.op.Sub(counted, [1]), [0]), [batch, k_len], INT64)
     q_len = k_len if new is None else "new"
     q_positions = k_positions if new is None else g.shaped(  # the last ``new`` of them
-        g.op.Slice(k_positions, g.op.Sub(g.op.Shape(keep, start=1, end=2), new), [_END], [1]),
+        g.op.Slice(k_positions, g.op.Sub(g.op.Shape(real, start=1, end=2), new), [_END], [1]),
         [batch, q_len], INT64)
-    combined = g.shaped(g.op.Unsqueeze(keep, [1, 2]), [batch, 1, 1, k_len], BOOL)
+    combined = g.shaped(g.op.Unsqueeze(real, [1, 2]), [batch, 1, 1, k_len], BOOL)
     restriction = g.call(mask, q_positions, k_positions, path=mask_path)
     if restriction is not None:
         combined = g.shaped(g.op.And(combined, restriction), [batch, 1, q_len, k_len], BOOL)
@@ -98,14 +98,14 @@ def attention_inputs(g: GraphBuilder, keep: ir.Value, new: ir.Value | None,
     return AttentionInputs(combined, q_positions, k_positions, bias, positional)
 
 
-def stack_inputs(g: GraphBuilder, stack: Stack, keep: ir.Value, new: ir.Value | None,
+def stack_inputs(g: GraphBuilder, stack: Stack, real: ir.Value, new: ir.Value | None,
                  positional: PositionalEncoding, mask: AttentionMask, mask_path: str
                  ) -> list[AttentionInputs]:
     """Each layer's self-attention inputs, as ``Stack.attention_inputs``: the stack's, or its
     layer variant's own mask and positional encoding (built once per variant)."""
     stack_path = g.path_of(stack, "stack")
     with g.scope(f"{stack_path}.attention_inputs"):
-        shared = attention_inputs(g, keep, new, positional, mask, mask_path)
+        shared = attention_inputs(g, real, new, positional, mask, mask_path)
     variants = stack.variants
     if variants is None:
         return [shared] * len(stack.layers)
@@ -118,7 +118,7 @@ def stack_inputs(g: GraphBuilder, stack: Stack, keep: ir.Value, new: ir.Value | 
             continue
         with g.scope(f"{stack_path}.variants.{name}.attention_inputs"):
             by_variant[name] = attention_inputs(
-                g, keep, new, own_positional or positional, own_mask or mask,
+                g, real, new, own_positional or positional, own_mask or mask,
                 f"{stack_path}.variants.masks.{name}" if own_mask is not None else mask_path)
     return [by_variant[name] for name in variants.layer_types]
 
@@ -137,8 +137,8 @@ def _pairs(values: list[ir.Value]) -> list[tuple[ir.Value, ir.Value]]:
 # -- decoders --------------------------------------------------------------------------------------
 def decoder_model(g: GraphBuilder, model: TransformerModel) -> None:
     ids = g.input("input_ids", INT64, ["batch", "len"])
-    keep = keep_of(g, g.input("attention_mask", INT64, ["batch", "len"]))
-    inputs = stack_inputs(g, model.decoder, keep, None, model.embed.positional, model.mask, "mask")
+    real = real_of(g, g.input("attention_mask", INT64, ["batch", "len"]))
+    inputs = stack_inputs(g, model.decoder, real, None, model.embed.positional, model.mask, "mask")
     x = g.call(model.embed, ids, inputs[0].q_positions)
     x = g.call(model.decoder, x, inputs)
     g.output(g.call(model.head, x), "logits")
@@ -146,12 +146,12 @@ def decoder_model(g: GraphBuilder, model: TransformerModel) -> None:
 
 def decoder_step(g: GraphBuilder, model: TransformerModel) -> None:
     ids = g.input("input_ids", INT64, ["batch", "new"])
-    keep = keep_of(g, g.input("attention_mask", INT64, ["batch", "total"]))
+    real = real_of(g, g.input("attention_mask", INT64, ["batch", "total"]))
     past = _caches(g, model, "past_key_values", "past")
     positions = g.input(LOGIT_POSITIONS, INT64, ["kept"])
     with g.scope("input_ids"):
         new = g.op.Shape(ids, start=1, end=2)
-    inputs = stack_inputs(g, model.decoder, keep, new, model.embed.positional, model.mask, "mask")
+    inputs = stack_inputs(g, model.decoder, real, new, model.embed.positional, model.mask, "mask")
     caches = [LayerCache(k, v) for k, v in _pairs(past)]
     x = g.call(model.embed, ids, inputs[0].q_positions)
     x = g.call(model.decoder, x, inputs, None, caches)
@@ -170,22 +170,22 @@ def decoder_step(g: GraphBuilder, model: TransformerModel) -> None:
 # -- encoders --------------------------------------------------------------------------------------
 def encoder_model(g: GraphBuilder, model: TransformerModel) -> None:
     ids = g.input("input_ids", INT64, ["batch", "len"])
-    keep = keep_of(g, g.input("attention_mask", INT64, ["batch", "len"]))
+    real = real_of(g, g.input("attention_mask", INT64, ["batch", "len"]))
     sentence = model.config.sentence_embedding
     pooling_mask = types = None
     if model.sentence_head is not None and sentence is not None and not sentence.include_prompt:
         pooling_mask = g.input("pooling_mask", INT64, ["batch", "len"])
     if model.classifier is not None and takes_token_types(model):
         types = g.input("token_type_ids", INT64, ["batch", "len"])
-    inputs = stack_inputs(g, model.encoder, keep, None, model.embed.positional, model.mask, "mask")
+    inputs = stack_inputs(g, model.encoder, real, None, model.embed.positional, model.mask, "mask")
     x = g.call(model.embed, ids, inputs[0].q_positions, types)
     hidden = g.call(model.encoder, x, inputs)
     if model.sentence_head is not None:
-        pooled = keep
+        pooled = real
         if pooling_mask is not None:
-            pooling_keep = keep_of(g, pooling_mask)
+            pooling_real = real_of(g, pooling_mask)
             with g.scope("pooling_mask"):
-                pooled = g.shaped(g.op.And(keep, pooling_keep), keep.shape, BOOL)
+                pooled = g.shaped(g.op.And(real, pooling_real), real.shape, BOOL)
         embedding = g.call(model.sentence_head, hidden, pooled)
         g.output(hidden, "last_hidden_state")
         g.output(embedding, "sentence_embedding")
@@ -201,24 +201,24 @@ def encoder_model(g: GraphBuilder, model: TransformerModel) -> None:
 
 
 # -- encoder-decoders ------------------------------------------------------------------------------
-def _encode(g: GraphBuilder, model: TransformerModel, src: ir.Value, keep: ir.Value) -> ir.Value:
+def _encode(g: GraphBuilder, model: TransformerModel, src: ir.Value, real: ir.Value) -> ir.Value:
     """memory (batch, src_len, d_model) of the source, as ``EncoderDecoderTransformer.encode``."""
-    inputs = stack_inputs(g, model.encoder, keep, None, model.src_embed.positional, model.encoder_mask,
+    inputs = stack_inputs(g, model.encoder, real, None, model.src_embed.positional, model.encoder_mask,
                           "encoder_mask")
     return g.call(model.encoder, g.call(model.src_embed, src, inputs[0].q_positions), inputs)
 
 
 def _decode(g: GraphBuilder, model: TransformerModel, tgt: ir.Value, memory: ir.Value | None,
-            src_keep: ir.Value, caches: list[LayerCache] | None) -> ir.Value:
+            src_real: ir.Value, caches: list[LayerCache] | None) -> ir.Value:
     """The decoder stack's output (batch, new, d_model) for target tokens after the cached ones,
     as ``EncoderDecoderTransformer.decode`` (without the head)."""
     with g.scope(g.path_of(model.decoder, "decoder") + ".attention_inputs"):
         new = g.op.Shape(tgt, start=1, end=2)
         length, total = (new, "len") if caches is None else (
             g.op.Add(g.op.Shape(caches[0].key, start=2, end=3), new), "total")
-        keep = g.shaped(_all_real(g, g.op.Shape(tgt, start=0, end=1), length), ["batch", total], BOOL)
-        src_mask = g.shaped(g.op.Unsqueeze(src_keep, [1, 2]), ["batch", 1, 1, "src_len"], BOOL)
-    self_inputs = stack_inputs(g, model.decoder, keep, None if caches is None else new,
+        real = g.shaped(_all_real(g, g.op.Shape(tgt, start=0, end=1), length), ["batch", total], BOOL)
+        src_mask = g.shaped(g.op.Unsqueeze(src_real, [1, 2]), ["batch", 1, 1, "src_len"], BOOL)
+    self_inputs = stack_inputs(g, model.decoder, real, None if caches is None else new,
                                model.tgt_embed.positional, model.decoder_mask, "decoder_mask")
     cross = AttentionInputs(mask=src_mask, memory=memory)
     x = g.call(model.tgt_embed, tgt, self_inputs[0].q_positions)
@@ -228,17 +228,17 @@ def _decode(g: GraphBuilder, model: TransformerModel, tgt: ir.Value, memory: ir.
 def seq2seq_model(g: GraphBuilder, model: TransformerModel) -> None:
     src = g.input("src_ids", INT64, ["batch", "src_len"])
     tgt = g.input("tgt_ids", INT64, ["batch", "len"])
-    keep = keep_of(g, g.input("attention_mask", INT64, ["batch", "src_len"]))
-    memory = _encode(g, model, src, keep)
-    g.output(g.call(model.head, _decode(g, model, tgt, memory, keep, None)), "logits")
+    real = real_of(g, g.input("attention_mask", INT64, ["batch", "src_len"]))
+    memory = _encode(g, model, src, real)
+    g.output(g.call(model.head, _decode(g, model, tgt, memory, real, None)), "logits")
 
 
 def seq2seq_encoder(g: GraphBuilder, model: TransformerModel) -> None:
     src = g.input("src_ids", INT64, ["batch", "src_len"])
-    keep = keep_of(g, g.input("attention_mask", INT64, ["batch", "src_len"]))
-    memory = _encode(g, model, src, keep)
+    real = real_of(g, g.input("attention_mask", INT64, ["batch", "src_len"]))
+    memory = _encode(g, model, src, real)
     with g.scope("encoder_attention_mask"):
-        g.output(g.op.Cast(keep, to=INT64), "encoder_attention_mask")
+        g.output(g.op.Cast(real, to=INT64), "encoder_attention_mask")
     for i, layer in enumerate(model.decoder.layers):
         key, value = keys_values(g, layer.cross_attention, memory)
         g.output(key, f"cross.{i}.key")
@@ -247,11 +247,11 @@ def seq2seq_encoder(g: GraphBuilder, model: TransformerModel) -> None:
 
 def seq2seq_step(g: GraphBuilder, model: TransformerModel) -> None:
     ids = g.input("input_ids", INT64, ["batch", "new"])
-    src_keep = keep_of(g, g.input("encoder_attention_mask", INT64, ["batch", "src_len"]))
+    src_real = real_of(g, g.input("encoder_attention_mask", INT64, ["batch", "src_len"]))
     cross = _caches(g, model, "cross", "src_len")
     past = _caches(g, model, "past_key_values", "past")
     caches = [LayerCache(k, v, ck, cv) for (k, v), (ck, cv) in zip(_pairs(past), _pairs(cross), strict=True)]
-    x = _decode(g, model, ids, None, src_keep, caches)
+    x = _decode(g, model, ids, None, src_real, caches)
     with g.scope("head"):  # the last position's logits alone
         last = g.shaped(g.op.Gather(x, g.constant(-1), axis=1), ["batch", model.config.d_model],
                         g.float_type)

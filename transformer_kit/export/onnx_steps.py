@@ -122,7 +122,7 @@ class OnnxStepper:
     """
 
     def __init__(self, session: ort.InferenceSession, graph: Any, fixed: dict[str, ort.OrtValue],
-                 first_ids: np.ndarray, keep: np.ndarray | None, empty_cache, vocab: int,
+                 first_ids: np.ndarray, real: np.ndarray | None, empty_cache, vocab: int,
                  logits_dtype: type, cache_ops: Any, device: str) -> None:
         self.cache_ops = cache_ops
         self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
@@ -135,9 +135,9 @@ class OnnxStepper:
         self.first_ids = first_ids
         self.length = first_ids.shape[1]
         self.mask = None
-        if keep is not None:
+        if real is not None:
             self.mask = np.ones((rows, 2 * self.length + 8), np.int64)
-            self.mask[:, :self.length] = keep
+            self.mask[:, :self.length] = real
         self.vocab, self.logits_dtype = vocab, logits_dtype
         self.logits: np.ndarray | None = None
         self.tokens: np.ndarray | None = None  # (rows, 1) int64, bound as input_ids by its OrtValue

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from transformer_kit.decoding.prompts import keep_from_pad
+from transformer_kit.decoding.prompts import real_from_pad
 from transformer_kit.export.manifest import Manifest
 from transformer_kit.export.providers import CPU
 from transformer_kit.export.runtime import OnnxModel
@@ -44,7 +44,7 @@ def _forward_feeds(manifest: Manifest) -> dict[str, np.ndarray]:
     feeds = {name: random_ids(4, length, vocab, manifest.pad_id, seed=i).numpy()
              for i, (name, vocab) in enumerate(zip(names, vocabs, strict=False))}
     if "attention_mask" in graph.inputs:
-        feeds["attention_mask"] = keep_from_pad(feeds[names[0]], manifest.pad_id).astype(np.int64)
+        feeds["attention_mask"] = real_from_pad(feeds[names[0]], manifest.pad_id).astype(np.int64)
     return feeds
 
 

@@ -25,9 +25,9 @@ from transformer_kit.decoding import generation_config as resolve_options
 from transformer_kit.decoding.prompts import (
     as_array,
     check_stop,
-    keep_from_mask,
-    keep_from_pad,
     prepare_call,
+    real_from_mask,
+    real_from_pad,
 )
 from transformer_kit.decoding.text import chat_reply, stream_chat_reply
 from transformer_kit.embedding import RerankResult, SentenceTasks
@@ -137,22 +137,22 @@ class OnnxModel:
         vocabs = [m.src_vocab, m.tgt_vocab] if m.architecture == "encoder_decoder" else [m.src_vocab]
         feeds = {name: check_ids(x, vocab, name) for name, x, vocab in zip(names, ids, vocabs, strict=True)}
         first = feeds[names[0]]
-        keep = (keep_from_pad(first, m.pad_id) if attention_mask is None
-                else keep_from_mask(attention_mask, first.shape))
-        check_positions(int(keep.sum(axis=1).max()) if keep.size else 0, m.max_positions, names[0])
+        real = (real_from_pad(first, m.pad_id) if attention_mask is None
+                else real_from_mask(attention_mask, first.shape))
+        check_positions(int(real.sum(axis=1).max()) if real.size else 0, m.max_positions, names[0])
         if m.architecture == "encoder_decoder":  # targets are never padding-masked
             check_positions(feeds["tgt_ids"].shape[1], m.max_positions, "tgt_ids")
             if len(feeds["src_ids"]) != len(feeds["tgt_ids"]):
                 raise InputError(f"src_ids has {len(feeds['src_ids'])} rows but tgt_ids has "
                                  f"{len(feeds['tgt_ids'])}; give one target row per source row.")
         if "attention_mask" in graph.inputs:
-            feeds["attention_mask"] = keep.astype(np.int64)
+            feeds["attention_mask"] = real.astype(np.int64)
         elif attention_mask is not None:
             raise InputError(f"{self.path} was exported without an attention_mask input; export "
                              "the model again to pass one.")
         for name in ("pooling_mask", "token_type_ids"):  # every real token pooled; one segment
             if name in graph.inputs:
-                feeds[name] = keep.astype(np.int64) if name == "pooling_mask" else np.zeros_like(first)
+                feeds[name] = real.astype(np.int64) if name == "pooling_mask" else np.zeros_like(first)
         return self._session("model").run(None, feeds)[0]
 
     # -- sentence tasks (SentenceTasks over this export's runs) -----------------------------
@@ -185,20 +185,20 @@ class OnnxModel:
     def embedding_settings(self) -> tuple[dict, int | None]:
         return self.manifest.config, self.manifest.max_positions
 
-    def _run_outputs(self, output: str, ids: np.ndarray, keep: np.ndarray,
+    def _run_outputs(self, output: str, ids: np.ndarray, real: np.ndarray,
                      extra: tuple[str, np.ndarray]) -> np.ndarray:
         graph = self.manifest.graphs["model"]
-        feeds = {"input_ids": ids, "attention_mask": keep.astype(np.int64)}
+        feeds = {"input_ids": ids, "attention_mask": real.astype(np.int64)}
         if extra[0] in graph.inputs:
             feeds[extra[0]] = extra[1]
         return self._session("model").run([output], feeds)[0]
 
-    def run_embedding(self, ids: np.ndarray, keep: np.ndarray, pooled: np.ndarray) -> np.ndarray:
-        return self._run_outputs("sentence_embedding", ids, keep, ("pooling_mask", pooled))
+    def run_embedding(self, ids: np.ndarray, real: np.ndarray, pooled: np.ndarray) -> np.ndarray:
+        return self._run_outputs("sentence_embedding", ids, real, ("pooling_mask", pooled))
 
-    def run_scores(self, ids: np.ndarray, keep: np.ndarray, types: np.ndarray) -> np.ndarray:
+    def run_scores(self, ids: np.ndarray, real: np.ndarray, types: np.ndarray) -> np.ndarray:
         output = "scores" if "scores" in self.manifest.graphs["model"].outputs else "logits"
-        return self._run_outputs(output, ids, keep, ("token_type_ids", types))
+        return self._run_outputs(output, ids, real, ("token_type_ids", types))
 
     # -- chat ------------------------------------------------------------------------------
     def chat(self, messages: list[dict], *, tools: list[dict] | None = None, tool_choice: Any = None,
@@ -287,17 +287,17 @@ class OnnxModel:
             raise ConfigError("bos_id is null, but encoder_decoder decoding starts from bos_id; "
                               "export the model again with a bos_id in its config.")
         ids = check_ids(ids, m.src_vocab, "input_ids" if is_decoder else "src_ids")
-        call, pipeline, keep = prepare_call(
+        call, pipeline, real = prepare_call(
             ids, attention_mask, options, decoder=is_decoder, pad_id=m.pad_id, eos_id=m.eos_id,
             bos_id=m.bos_id, vocab=m.tgt_vocab, context_length=self.context_length,
             source_positions=None if is_decoder else m.max_positions, stop_matcher=stop_matcher,
             forced_bos_id=m.config.get("forced_bos_id"), tokenizer=self.tokenizer)
-        fixed = {} if is_decoder else self._encode(ids, keep)
+        fixed = {} if is_decoder else self._encode(ids, real)
         if assistant is not None:
-            call.assistant = self._assistant_stepper(assistant, call.prompt_ids, keep)
-        return self._stepper(fixed, call.prompt_ids, keep if is_decoder else None), call, pipeline
+            call.assistant = self._assistant_stepper(assistant, call.prompt_ids, real)
+        return self._stepper(fixed, call.prompt_ids, real if is_decoder else None), call, pipeline
 
-    def _assistant_stepper(self, assistant: Any, prompt_ids: np.ndarray, keep: np.ndarray) -> OnnxStepper:
+    def _assistant_stepper(self, assistant: Any, prompt_ids: np.ndarray, real: np.ndarray) -> OnnxStepper:
         """``assistant``'s stepper over the same prompt, once it can draft for this model."""
         if not isinstance(assistant, OnnxModel) or assistant.manifest.architecture != "decoder":
             raise InputError("assistant_model must be an OnnxModel of a decoder, got "
@@ -305,7 +305,7 @@ class OnnxModel:
         if (vocab := assistant.manifest.tgt_vocab) != self.manifest.tgt_vocab:
             raise InputError(f"The assistant model's vocabulary has {vocab} tokens and this model's "
                              f"{self.manifest.tgt_vocab}; an assistant drafts with the same tokenizer.")
-        return assistant._stepper({}, prompt_ids, keep)
+        return assistant._stepper({}, prompt_ids, real)
 
     def batch_decoder(self) -> BatchDecoder:
         """An empty running batch over this model's step graph, for continuous batching (a
@@ -318,20 +318,20 @@ class OnnxModel:
                             self._empty_cache, self.manifest.tgt_vocab,
                             _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device)
 
-    def _stepper(self, fixed: dict[str, Any], first_ids: np.ndarray, keep: np.ndarray | None
+    def _stepper(self, fixed: dict[str, Any], first_ids: np.ndarray, real: np.ndarray | None
                  ) -> OnnxStepper:
         return OnnxStepper(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
-                           fixed, first_ids, keep, self._empty_cache, self.manifest.tgt_vocab,
+                           fixed, first_ids, real, self._empty_cache, self.manifest.tgt_vocab,
                            _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device)
 
-    def _encode(self, src_ids: np.ndarray, keep: np.ndarray) -> dict[str, Any]:
+    def _encode(self, src_ids: np.ndarray, real: np.ndarray) -> dict[str, Any]:
         """Run the encoder once: encoder_attention_mask and every layer's cross keys/values."""
         session = self._sessions["encoder"]
         graph = self.manifest.graphs["encoder"]
         io = session.io_binding()
         io.bind_cpu_input("src_ids", src_ids)
         if "attention_mask" in graph.inputs:
-            io.bind_cpu_input("attention_mask", keep.astype(np.int64))
+            io.bind_cpu_input("attention_mask", real.astype(np.int64))
         for name in graph.outputs:
             io.bind_output(name, self._device)
         session.run_with_iobinding(io)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from transformer_kit.checkpoints.streaming import weights_per_module
-from transformer_kit.decoding.prompts import keep_from_pad, left_align
+from transformer_kit.decoding.prompts import left_align, real_from_pad
 from transformer_kit.errors import ExportError
 from transformer_kit.export.onnx_steps import LAST_POSITION, LOGIT_POSITIONS
 from transformer_kit.export.runtime import OnnxModel
@@ -82,7 +82,7 @@ def check_sentence_outputs(model: TransformerModel, om: OnnxModel, seed: int = 0
     length = _fit(PROMPT_LEN + 3, model)
     ids = random_ids(3, length, model.config.vocab_size, model.config.pad_id, seed)
     pad = model.config.pad_id
-    keep = (ids != pad) if pad is not None else torch.ones_like(ids, dtype=torch.bool)
+    real = (ids != pad) if pad is not None else torch.ones_like(ids, dtype=torch.bool)
     extra = torch.zeros_like(ids)
     for row in range(len(ids)):
         extra[row, row:] = 1  # pooled from position `row` on; or the second segment from it
@@ -91,11 +91,11 @@ def check_sentence_outputs(model: TransformerModel, om: OnnxModel, seed: int = 0
         extra = torch.ones_like(ids)  # the graph pools every real token
     types = extra if "token_type_ids" in inputs else None  # else one segment
     if model.sentence_head is not None:
-        expected = model.sentence_embedding(ids, keep.long(), extra).float().numpy()
-        actual = om.run_embedding(ids.numpy(), keep.numpy(), extra.numpy())
+        expected = model.sentence_embedding(ids, real.long(), extra).float().numpy()
+        actual = om.run_embedding(ids.numpy(), real.numpy(), extra.numpy())
     else:
-        expected = model.classify(ids, keep.long(), types)[1].float().numpy()
-        actual = om.run_scores(ids.numpy(), keep.numpy(), extra.numpy())
+        expected = model.classify(ids, real.long(), types)[1].float().numpy()
+        actual = om.run_scores(ids.numpy(), real.numpy(), extra.numpy())
     return relative_error(actual, expected)
 
 
@@ -113,8 +113,8 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
     if model.architecture == "decoder":
         prompts = random_ids(batch, _fit(PROMPT_LEN + 2, model, room=4), cfg.vocab_size, cfg.pad_id,
                              seed).numpy()
-        ids, keep = left_align(prompts, keep_from_pad(prompts, cfg.pad_id))
-        mask = keep.astype(np.int64)
+        ids, real = left_align(prompts, real_from_pad(prompts, cfg.pad_id))
+        mask = real.astype(np.int64)
         fixed: dict[str, np.ndarray] = {}
 
         def reference(new_ids: np.ndarray, mask: np.ndarray, every: bool) -> torch.Tensor:
@@ -126,15 +126,15 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
                               last_only=True)[:, -1]
     else:
         src = random_ids(batch, _fit(PROMPT_LEN + 2, model), cfg.src_vocab, cfg.pad_id, seed)
-        src_mask = keep_from_pad(src.numpy(), cfg.pad_id).astype(np.int64)
+        src_mask = real_from_pad(src.numpy(), cfg.pad_id).astype(np.int64)
         encoded = om._sessions["encoder"].run(None, {"src_ids": src.numpy(), "attention_mask": src_mask})
         fixed = dict(zip(om.manifest.graphs["encoder"].outputs, encoded, strict=True))
-        memory, src_keep = model.encode(src)
+        memory, src_real = model.encode(src)
         start = cfg.bos_id if cfg.bos_id is not None else 0  # any token checks the graph
         ids, mask = np.full((batch, 1), start, np.int64), None
 
         def reference(new_ids: np.ndarray, mask: None, every: bool) -> torch.Tensor:
-            return model.decode(torch.from_numpy(new_ids), memory, src_keep, caches,
+            return model.decode(torch.from_numpy(new_ids), memory, src_real, caches,
                                 last_only=True)[:, -1]
     past = empty
     # the prompt, one token, then three tokens with every new position's logits (a decoder's)
@@ -173,7 +173,7 @@ def top1_agreement(model: TransformerModel, om: OnnxModel, prompts: int = TOP1_P
     inputs = _forward_inputs(model, prompts, _fit(length, model), seed)
     expected = model(*inputs).argmax(-1).numpy()
     actual = om(*[x.numpy() for x in inputs]).argmax(-1)
-    real = keep_from_pad(inputs[-1].numpy(), model.config.pad_id)  # target or decoder positions
+    real = real_from_pad(inputs[-1].numpy(), model.config.pad_id)  # target or decoder positions
     return float((actual == expected)[real].mean())
 
 

@@ -36,7 +36,7 @@ class RepetitionPenalty(LogitsProcessor):
     def __call__(self, scores: np.ndarray, state: DecodingState) -> np.ndarray:
         rows, vocab = scores.shape
         seen = np.zeros((rows, vocab + 1), dtype=bool)  # padding goes to the spare column
-        ids = np.where(state.keep, state.ids, vocab)
+        ids = np.where(state.real, state.ids, vocab)
         seen[np.arange(rows)[:, None], ids] = True
         seen = seen[:, :vocab]
         penalized = np.where(scores < 0, scores * self.penalty, scores / self.penalty)
@@ -55,10 +55,10 @@ class NoRepeatNGram(LogitsProcessor):
         if length < n:
             return scores
         if n == 1:
-            windows, real = state.ids[:, :, None], state.keep[:, :, None]
+            windows, real = state.ids[:, :, None], state.real[:, :, None]
         else:
             windows = sliding_window_view(state.ids, n, axis=1)  # (rows, length - n + 1, n)
-            real = sliding_window_view(state.keep, n, axis=1)
+            real = sliding_window_view(state.real, n, axis=1)
         prefix = state.ids[:, length - n + 1:]  # the last n - 1 tokens
         matches = (windows[..., :-1] == prefix[:, None, :]).all(-1) & real.all(-1)
         rows, where = np.nonzero(matches)

@@ -127,7 +127,7 @@ class PoolingCalls:
         out: np.ndarray | None = None
         for batch in plan_batches(tokens, extras, batch_size=self.batch_size,
                                   max_batch_tokens=self.max_batch_tokens, pad_id=self.pad_id):
-            rows = np.asarray(run(batch.ids, batch.keep, batch.extra), np.float32)
+            rows = np.asarray(run(batch.ids, batch.real, batch.extra), np.float32)
             if out is None:
                 out = np.empty((len(tokens), rows.shape[1]), np.float32)
             out[batch.rows] = rows

@@ -72,8 +72,8 @@ def _error(reference: torch.nn.Module, model: tk.TransformerModel) -> float:
     with torch.no_grad():
         expected = reference(input_ids=ids, attention_mask=mask).logits
         ours = model(ids, attention_mask=mask)
-    keep = mask.bool()
-    return relative_error(ours[keep].numpy(), expected[keep].numpy())
+    real = mask.bool()
+    return relative_error(ours[real].numpy(), expected[real].numpy())
 
 
 @pytest.mark.parametrize("arch", READ_BY_TRANSFORMERS)

@@ -47,8 +47,8 @@ def test_config_matches_the_files_metadata(ours):
 
 
 def test_logits_equal_transformers_on_a_padded_batch(ours, reference, reference_tokenizer):
-    ids, keep = ours.tokenizer.encode(TEXTS[:3])
-    ids, mask = torch.from_numpy(ids), torch.from_numpy(keep).long()
+    ids, real = ours.tokenizer.encode(TEXTS[:3])
+    ids, mask = torch.from_numpy(ids), torch.from_numpy(real).long()
     with torch.no_grad():
         expected = reference(input_ids=ids, attention_mask=mask).logits
         got = ours(ids, attention_mask=mask)
