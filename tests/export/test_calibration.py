@@ -62,9 +62,9 @@ def test_the_importance_is_each_layers_mean_squared_input():
     importance = input_importance(model, ids)
     seen = {}  # what each linear layer really gets, taken by a hook of the test's own
 
-    def real(name):
+    def keep(name):
         return lambda module, args: seen.setdefault(name, []).append(args[0].reshape(-1, args[0].shape[-1]))
-    handles = [m.register_forward_pre_hook(real(n)) for n, m in model.named_modules()
+    handles = [m.register_forward_pre_hook(keep(n)) for n, m in model.named_modules()
                if isinstance(m, torch.nn.Linear)]
     with torch.no_grad():
         model(torch.from_numpy(ids[:128][None]), attention_mask=torch.ones(1, 128, dtype=torch.long))

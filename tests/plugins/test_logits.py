@@ -1,4 +1,4 @@
-"""The built-in logits processors real, drop and scale exactly what transformers' processors
+"""The built-in logits processors keep, drop and scale exactly what transformers' processors
 of the same role do, on random scores over small and GPT-2-sized vocabularies."""
 
 from __future__ import annotations

@@ -40,9 +40,9 @@ def test_a_folder_is_pointed_to_from_hf(tmp_path):
 
 
 @pytest.mark.parametrize("keep", [0.3, 0.95])
-def test_a_truncated_file_is_refused(tmp_path, real):
+def test_a_truncated_file_is_refused(tmp_path, keep):
     data = _qwen3_file(tmp_path).read_bytes()
-    (tmp_path / "cut.gguf").write_bytes(data[:int(len(data) * real)])
+    (tmp_path / "cut.gguf").write_bytes(data[:int(len(data) * keep)])
     with pytest.raises(tk.CheckpointError, match=r"Cannot read the GGUF file .*cut\.gguf' \(truncated"):
         tk.from_gguf(tmp_path / "cut.gguf")
 
