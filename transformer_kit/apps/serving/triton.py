@@ -109,6 +109,22 @@ def key_flags(api_key: str) -> list[str]:
     return [f"--http-restricted-api=inference:{header}", f"--grpc-restricted-protocol=inference:{header}"]
 
 
+#: The first Triton release with ``--http-max-input-size`` (2.59.0, container 25.06): earlier
+#: ones, the nvidia-pytriton wheel's 2.51 (24.10) among them, refuse the flag and do not start.
+HTTP_MAX_INPUT_SIZE_SINCE = "25.06"
+
+
+def body_flags(max_body_bytes: int) -> list[str]:
+    """``tritonserver``'s flags that bound a request's size to ``max_body_bytes``, as
+    ``transformer-kit serve --max-body-mb`` bounds a body: ``--http-max-input-size``, with which
+    Triton refuses (400) an HTTP request whose JSON, or one of whose inputs, is larger, before
+    parsing it (Triton 25.06 and later; earlier releases refuse the flag). Triton has no flag
+    for gRPC: its server takes messages up to 2 GiB in every release; there, and on Triton before
+    25.06, the served model's own bound (the config's ``max_body_bytes``) refuses larger inputs,
+    once Triton has read them."""
+    return [f"--http-max-input-size={_body_bound(max_body_bytes)}"]
+
+
 def _body_bound(max_body_bytes: int) -> int:
     """``max_body_bytes``, refused below 1 byte."""
     if max_body_bytes < 1:
@@ -136,7 +152,7 @@ def write_repository(export: str | Path, repo: str | Path, name: str, max_batch:
     a ``.tar.gz``; absent: the server's own Python). ``max_prompt_tokens`` (None: the model's
     context length) and ``max_request_seconds`` (None: no bound) bound its requests as
     ``transformer-kit serve``'s; ``max_body_bytes`` (None: no bound) the bytes of a request's
-    inputs, as ``serve``'s body bound. Returns the
+    inputs, as ``serve``'s body bound (Triton's own HTTP bound: :func:`body_flags`). Returns the
     ``config.pbtxt`` paths written."""
     export, repo = Path(export), Path(repo)
     env = _environment(env)
