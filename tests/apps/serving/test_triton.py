@@ -115,3 +115,23 @@ def test_the_key_goes_on_triton_s_command_line_never_into_the_repository(exporte
     assert not any("s3cret" in p.read_text() for p in (tmp_path / "repo").rglob("*.pbtxt"))
     refused = invoke("triton", str(folder / "onnx"), "-o", str(tmp_path / "other"), "--api-key", "a,b")
     assert refused.exit_code == 1 and "comma" in refused.output and not (tmp_path / "other").exists()
+
+
+def test_the_body_bound_goes_into_the_model_s_config_and_on_triton_s_command_line(exported, tmp_path):
+    _, folder = exported
+    result = invoke("triton", str(folder / "onnx"), "-o", str(tmp_path / "repo"))
+    assert result.exit_code == 0, result.output
+    generate = _config(tmp_path / "repo" / "onnx_generate" / "config.pbtxt")
+    assert generate.parameters["max_body_bytes"].string_value == str(4 * 2**20)  # serve's default
+    assert "--http-max-input-size=4194304" in result.output and "before 25.06" in result.output
+    result = invoke("triton", str(folder / "onnx"), "-o", str(tmp_path / "repo"), "--max-body-mb", "0.5",
+                    "--api-key", "k")
+    assert result.exit_code == 0, result.output
+    assert "--http-max-input-size=524288" in result.output and "--http-restricted-api=" in result.output
+    generate = _config(tmp_path / "repo" / "onnx_generate" / "config.pbtxt")
+    assert generate.parameters["max_body_bytes"].string_value == "524288"
+    refused = invoke("triton", str(folder / "onnx"), "-o", str(tmp_path / "other"), "--max-body-mb", "0")
+    assert refused.exit_code == 1 and "at least 1 byte" in refused.output
+    assert not (tmp_path / "other").exists()
+    written = write_repository(folder / "onnx", tmp_path / "plain", "tiny")
+    assert "max_body_bytes" not in _config(written[-1]).parameters  # the library's default: no bound

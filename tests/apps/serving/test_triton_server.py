@@ -2,7 +2,9 @@
 ``tritonserver`` of the nvidia-pytriton wheel, on 127.0.0.1) and driven with tritonclient: gRPC
 streaming and HTTP ``generate_stream`` give ``OnnxModel.generate``'s tokens, its texts and
 ``OnnxModel.chat``'s replies; 8 concurrent streams are each exact; bad requests get errors and the
-server keeps serving; the prompt bound is answered as the HTTP server answers it. The generate
+server keeps serving; the prompt bound is answered as the HTTP server answers it, and a request
+over the body bound (``--max-body-mb``) is refused on HTTP and gRPC by the model itself (this
+wheel's Triton 24.10 has no ``--http-max-input-size``, Triton has no gRPC bound). The generate
 model's export is a chat model (tests/chat/checkpoint.py): ids, text and messages in. A
 sentence-embedding model and a cross-encoder are served beside it: their vectors and scores
 match sentence-transformers', batched across concurrent clients."""
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import queue
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +27,7 @@ from testbed import triton_local as tritonserver
 from tests.apps.conftest import invoke
 from tests.apps.serving.test_http import _alone
 from tests.chat.checkpoint import write_chat_checkpoint
-from transformer_kit.apps.serving.triton import key_flags
+from transformer_kit.apps.serving.triton import body_flags, key_flags
 from transformer_kit.export import OnnxModel, export_onnx
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -38,6 +41,8 @@ HEADERS = {"authorization": f"Bearer {KEY}"}
 GRPC_HEADERS = {"triton-grpc-protocol-authorization": f"Bearer {KEY}"}
 #: The generate model's prompt bound (its config's max_prompt_tokens).
 MAX_PROMPT_TOKENS = 100
+#: The generate model's body bound (transformer-kit triton --max-body-mb 0.0625: 64 KiB).
+MAX_BODY_BYTES = 64 * 1024
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -56,7 +61,8 @@ def triton(tmp_path_factory, embedding_export, cross_encoder_export):
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"numpy<2 for the model's environment cannot be installed here: {exc}")
     written = invoke("triton", str(folder / "onnx"), "-o", str(work / "repo"), "--name", "tiny",
-                     "--env", str(env), "--max-prompt-tokens", str(MAX_PROMPT_TOKENS))
+                     "--env", str(env), "--max-prompt-tokens", str(MAX_PROMPT_TOKENS),
+                     "--max-body-mb", str(MAX_BODY_BYTES / 2**20))
     assert written.exit_code == 0, written.output
     for name, (_, exported) in {"st": embedding_export, "ce": cross_encoder_export}.items():
         written = invoke("triton", str(exported.path), "-o", str(work / "repo"), "--name", name,
@@ -249,3 +255,40 @@ def test_inference_needs_the_key_and_health_is_open(triton):
     assert health.status_code == 200
     assert [int(a[0]) for a in _grpc_stream(server, _ids([5, 6], max_new_tokens=2))] == \
         _alone(onnx_model, [5, 6], 2)
+
+
+def test_a_request_over_the_body_bound_is_refused_and_the_server_keeps_serving(triton):
+    server, onnx_model = triton
+    sentence = f"this server takes at most {MAX_BODY_BYTES:,} bytes (--max-body-mb)"
+    url = f"http://127.0.0.1:{server.http_port}/v2/models/{MODEL}/generate_stream"
+    body = json.dumps({"text_input": "a " * 2**19, "max_new_tokens": 2})  # 1 MiB, 512K tokens
+    refused = httpx.post(url, content=body, timeout=60, headers=HEADERS)  # refused before tokenizing
+    size = 4 + 2**20 + 8  # the text with its length, and max_new_tokens
+    assert refused.status_code == 400 and f"The request's inputs are {size:,} bytes" in refused.text
+    assert sentence in refused.text
+    over = MAX_BODY_BYTES // 8 + 1  # ids of 8 bytes: one byte over the bound
+    refused, = _grpc_stream(server, _ids(list(range(5, 5 + over))))
+    assert f"{over * 8:,} bytes" in refused and sentence in refused
+    text = b"a " * ((MAX_BODY_BYTES - 4 - 8) // 2)  # with its length and max_new_tokens: the bound
+    at = _grpc_stream(server, {"text_input": np.array([text], dtype=object),
+                               "max_new_tokens": np.array([2], np.int64)})
+    assert "tokens, more than the 100 tokens" in at[0]  # at the body bound: on to the prompt bound
+    events = _http_stream(server, {"text_input": "The weather in Paris", "max_new_tokens": 6})
+    assert "".join(e["text_output"] for e in events) == onnx_model.generate("The weather in Paris",
+                                                                           max_new_tokens=6)
+    assert [int(a[0]) for a in _grpc_stream(server, _ids([5, 6, 7], max_new_tokens=4))] == \
+        _alone(onnx_model, [5, 6, 7], 4)
+
+
+def test_this_tritonserver_has_no_http_body_flag_so_the_model_bounds_requests():
+    """The wheel's Triton 2.51 (24.10) refuses --http-max-input-size (Triton 2.59, 25.06, added
+    it), so the server above runs without it and the model's bound is what refuses. A wheel whose
+    server takes the flag fails this test: then give the server body_flags(MAX_BODY_BYTES) too."""
+    root = tritonserver.wheel_root()
+    if root is None:
+        pytest.skip("nvidia-pytriton (the wheel with tritonserver) is not installed.")
+    env = {**os.environ, "LD_LIBRARY_PATH": str(root.parent / "nvidia_pytriton.libs")}
+    binary = root / "tritonserver" / "bin" / "tritonserver"
+    started = subprocess.run([str(binary), *body_flags(MAX_BODY_BYTES), "--model-repository=/nonexistent"],
+                             capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert started.returncode == 1 and "unrecognized option '--http-max-input-size" in started.stderr

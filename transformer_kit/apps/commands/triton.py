@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from transformer_kit.apps.serving.guard import API_KEY_ENV
+from transformer_kit.apps.serving.guard import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
 from transformer_kit.apps.sources import kind_of
 from transformer_kit.apps.terminal import console, fail
 from transformer_kit.errors import ArtifactError, TransformerKitError
@@ -35,6 +35,11 @@ def triton(
                                                       "arrival to its end; past it it is stopped with "
                                                       "an error. Default: 600, as transformer-kit "
                                                       "serve.")] = 600.0,
+    max_body_mb: Annotated[float, _Opt(help="Largest request taken, in MiB, as serve's body bound: "
+                                       "the served model refuses a request whose inputs are larger "
+                                       "(HTTP and gRPC), and the printed --http-max-input-size makes "
+                                       "Triton refuse a larger HTTP request before parsing it "
+                                       "(Triton 25.06 and later).")] = DEFAULT_MAX_BODY_BYTES / 2**20,
     api_key: Annotated[str | None, _Opt(envvar=API_KEY_ENV, show_envvar=True, help="Print the "
                                         "tritonserver flags that make inference need "
                                         "'Authorization: Bearer KEY', as serve --api-key does "
@@ -43,24 +48,34 @@ def triton(
     """Write {name}_forward (onnxruntime backend, dynamic batching) and the model of what the
     export serves, {name}_generate, {name}_embed or {name}_rerank (Python backend, decoupled),
     into a Triton model repository."""
-    from transformer_kit.apps.serving.triton import key_flags, write_repository
+    from transformer_kit.apps.serving.triton import (
+        HTTP_MAX_INPUT_SIZE_SINCE,
+        body_flags,
+        key_flags,
+        write_repository,
+    )
 
     try:
-        flags = "" if api_key is None else " " + shlex.join(key_flags(api_key))  # refused first
+        max_body_bytes = int(max_body_mb * 2**20)
+        flags = " " + shlex.join([*([] if api_key is None else key_flags(api_key)),
+                                  *body_flags(max_body_bytes)])  # refused first
         if kind_of(folder) != "export":
             raise ArtifactError(f"{folder} is not an export folder (no manifest.json written by "
                                 f"transformer-kit export); export a model first: transformer-kit "
                                 f"export SRC -o DIR.")
         written = write_repository(folder, output, name or folder.resolve().name, max_batch, env,
                                    max_prompt_tokens=max_prompt_tokens,
-                                   max_request_seconds=max_request_seconds)
+                                   max_request_seconds=max_request_seconds,
+                                   max_body_bytes=max_body_bytes)
     except TransformerKitError as exc:
         fail(exc)
     for config in written:
         console.print(f"wrote {config.parent}")
     console.print(f"start Triton with: tritonserver --model-repository {output}{flags} (the forward "
                   "model needs Triton's onnxruntime backend; without it add --model-control-mode "
-                  f"explicit --load-model {written[-1].parent.name})", highlight=False, markup=False)
+                  f"explicit --load-model {written[-1].parent.name}; Triton before "
+                  f"{HTTP_MAX_INPUT_SIZE_SINCE} has no --http-max-input-size: leave it out there, the "
+                  "served model still refuses larger requests)", highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -7,7 +7,8 @@ Two models, each a folder with ``config.pbtxt`` and a version ``1``:
   batching on (Triton batches requests of equal shapes);
 - the model of what the export serves, on the Python backend in decoupled mode over a copy of
   the export folder, with transformer-kit's engine batching every client's requests and the
-  server's limits (prompt tokens, request time) applied by the runtime (:mod:`.triton_model`):
+  server's limits (prompt tokens, request time) applied by the runtime and the request size by
+  the model (:mod:`.triton_model`):
   ``{name}_generate`` for a decoder (a response per token, then a final flag; token ids in
   and out, text in and out where the export has a tokenizer, chat messages where it has a chat
   template, up to ``max_batch`` requests decoded together), ``{name}_embed`` for a
@@ -108,6 +109,30 @@ def key_flags(api_key: str) -> list[str]:
     return [f"--http-restricted-api=inference:{header}", f"--grpc-restricted-protocol=inference:{header}"]
 
 
+#: The first Triton release with ``--http-max-input-size`` (2.59.0, container 25.06): earlier
+#: ones, the nvidia-pytriton wheel's 2.51 (24.10) among them, refuse the flag and do not start.
+HTTP_MAX_INPUT_SIZE_SINCE = "25.06"
+
+
+def body_flags(max_body_bytes: int) -> list[str]:
+    """``tritonserver``'s flags that bound a request's size to ``max_body_bytes``, as
+    ``transformer-kit serve --max-body-mb`` bounds a body: ``--http-max-input-size``, with which
+    Triton refuses (400) an HTTP request whose JSON, or one of whose inputs, is larger, before
+    parsing it (Triton 25.06 and later; earlier releases refuse the flag). Triton has no flag
+    for gRPC: its server takes messages up to 2 GiB in every release; there, and on Triton before
+    25.06, the served model's own bound (the config's ``max_body_bytes``) refuses larger inputs,
+    once Triton has read them."""
+    return [f"--http-max-input-size={_body_bound(max_body_bytes)}"]
+
+
+def _body_bound(max_body_bytes: int) -> int:
+    """``max_body_bytes``, refused below 1 byte."""
+    if max_body_bytes < 1:
+        raise InputError(f"The bound on a request's body must be at least 1 byte, got {max_body_bytes} "
+                         "(--max-body-mb: more than 0).")
+    return max_body_bytes
+
+
 def _copy(source: Path, target: Path) -> None:
     """A hard link where the file system allows (no second copy of the weights), else a copy."""
     try:
@@ -118,14 +143,17 @@ def _copy(source: Path, target: Path) -> None:
 
 def write_repository(export: str | Path, repo: str | Path, name: str, max_batch: int = 16,
                      env: str | Path | None = None, *, max_prompt_tokens: int | None = None,
-                     max_request_seconds: float | None = None) -> list[Path]:
+                     max_request_seconds: float | None = None,
+                     max_body_bytes: int | None = None) -> list[Path]:
     """Write the two models of ``export`` (an export folder) into the Triton repository ``repo``
     (created if missing; models of other names in it are left alone): ``{name}_forward`` and
     the model of what the export serves (``{name}_generate``, ``{name}_embed`` or
     ``{name}_rerank``). ``env``: the Python environment the served model runs in (a folder or
     a ``.tar.gz``; absent: the server's own Python). ``max_prompt_tokens`` (None: the model's
     context length) and ``max_request_seconds`` (None: no bound) bound its requests as
-    ``transformer-kit serve``'s. Returns the ``config.pbtxt`` paths written."""
+    ``transformer-kit serve``'s; ``max_body_bytes`` (None: no bound) the bytes of a request's
+    inputs, as ``serve``'s body bound (Triton's own HTTP bound: :func:`body_flags`). Returns the
+    ``config.pbtxt`` paths written."""
     export, repo = Path(export), Path(repo)
     env = _environment(env)
     manifest = Manifest.read(export)
@@ -134,7 +162,7 @@ def write_repository(export: str | Path, repo: str | Path, name: str, max_batch:
                          "folders of the repository and Triton's models).")
     if max_batch < 1:
         raise InputError(f"max_batch must be at least 1, got {max_batch}.")
-    limits = Limits.of(None, max_prompt_tokens, max_request_seconds)  # refuses a bound below 1
+    bounds = _bounds(max_prompt_tokens, max_request_seconds, max_body_bytes)
     model = OnnxModel(export, providers="cpu")
     kind = model_kind(model)
     forward = _model_folder(repo / f"{name}_forward")
@@ -151,13 +179,24 @@ def write_repository(export: str | Path, repo: str | Path, name: str, max_batch:
         if item.is_file():
             _copy(item, served / "1" / "export" / item.name)
     shutil.copy2(Path(__file__).with_name("triton_model.py"), served / "1" / "model.py")
-    parameters = {"export_folder": "export", "max_batch": str(max_batch), "max_queue": str(4 * max_batch)}
-    if max_prompt_tokens is not None:
-        parameters["max_prompt_tokens"] = str(limits.max_prompt_tokens)
-    if max_request_seconds is not None:
-        parameters["max_request_seconds"] = f"{max_request_seconds:g}"
+    parameters = {"export_folder": "export", "max_batch": str(max_batch), "max_queue": str(4 * max_batch),
+                  **bounds}
     (served / "config.pbtxt").write_text(_served_config(served.name, inputs, outputs, env, parameters))
     return [forward / "config.pbtxt", served / "config.pbtxt"]
+
+
+def _bounds(max_prompt_tokens: int | None, max_request_seconds: float | None,
+            max_body_bytes: int | None) -> dict[str, str]:
+    """The served model's parameters for the bounds given (None: not given), each checked."""
+    limits = Limits.of(None, max_prompt_tokens, max_request_seconds)  # refuses a bound below 1
+    bounds = {}
+    if max_prompt_tokens is not None:
+        bounds["max_prompt_tokens"] = str(limits.max_prompt_tokens)
+    if max_request_seconds is not None:
+        bounds["max_request_seconds"] = f"{max_request_seconds:g}"
+    if max_body_bytes is not None:
+        bounds["max_body_bytes"] = str(_body_bound(max_body_bytes))
+    return bounds
 
 
 def _environment(env: str | Path | None) -> Path | None:

@@ -1,7 +1,8 @@
 """Triton Python-backend model, decoupled, over the runtime's
 :class:`~transformer_kit.runtime.Service`: the requests of all clients batched by
 transformer-kit's engine (as ``transformer-kit serve`` does), within the same limits (prompt
-tokens, request time: the config's ``max_prompt_tokens`` and ``max_request_seconds``).
+tokens, request time, request size: the config's ``max_prompt_tokens``, ``max_request_seconds``
+and ``max_body_bytes``).
 ``transformer-kit triton`` copies this file into a repository as ``{name}_generate/1/model.py``
 (or ``_embed``, ``_rerank``); Triton imports it there (the module ``triton_python_backend_utils``
 exists only inside Triton's Python backend).
@@ -21,7 +22,10 @@ An embedding model's (``_embed``) takes ``text_input`` (n,) bytes and, optional,
 ``scores`` (n,) float32, in the documents' order. ``execute`` only submits: each request is
 answered from a thread of its own as the engine produces it (the decoupled mode's way), so
 requests arriving while others run join the running batch. A bad request, or one past the
-limits, gets one response with an error; the model keeps serving.
+limits, gets one response with an error; the model keeps serving. A request whose inputs are
+larger than ``max_body_bytes`` is refused before its text is read or tokenized (on HTTP and gRPC
+alike; Triton has read it by then: its own bound on HTTP is ``--http-max-input-size``, gRPC has
+none).
 """
 
 from __future__ import annotations
@@ -53,6 +57,27 @@ def _strings(tensor: Any) -> list[str]:
     return [v.decode() if isinstance(v, bytes) else str(v) for v in tensor.as_numpy().reshape(-1)]
 
 
+def _byte_size(tensor: Any, texts: frozenset[str]) -> int:
+    """The bytes an input tensor carries as Triton serializes it: each string's UTF-8 bytes and
+    4 for its length (an input named in ``texts``, the config's strings), or the numbers' buffer."""
+    if tensor.name() in texts:
+        return sum(4 + len(v) for v in tensor.as_numpy().reshape(-1))
+    return _numbers(tensor).nbytes
+
+
+def _check_size(request: Any, max_body_bytes: int | None, texts: frozenset[str]) -> None:
+    """Refuse (ValueError) a request whose inputs are larger than ``max_body_bytes`` (None: any
+    size), with the sentence of ``transformer-kit serve``'s body bound."""
+    if max_body_bytes is None:
+        return
+    size = sum(_byte_size(tensor, texts) for tensor in request.inputs())
+    if size > max_body_bytes:
+        raise ValueError(f"The request's inputs are {size:,} bytes; this server takes at most "
+                         f"{max_body_bytes:,} bytes (--max-body-mb). Send less per request (several "
+                         "requests are batched together), or write the repository again with a "
+                         "larger --max-body-mb.")
+
+
 def _parameter(config: dict, key: str, default: str | None) -> str | None:
     return config.get("parameters", {}).get(key, {}).get("string_value", default)
 
@@ -74,6 +99,10 @@ class TritonPythonModel:
                                                                       "max_request_seconds"))
         limits = Limits.of(model.context_length, prompts and int(prompts), seconds and float(seconds))
         self.service = Service(engine, limits)
+        body = _parameter(config, "max_body_bytes", None)
+        self.max_body_bytes: int | None = int(body) if body else None
+        # the string inputs (pb_utils' Tensor.triton_dtype() fails in stubs before 24.11)
+        self.texts = frozenset(i["name"] for i in config["input"] if i["data_type"] == "TYPE_STRING")
         if int(np.__version__.split(".")[0]) >= 2:
             pb_utils.Logger.log_warn(
                 f"numpy {np.__version__} in this model's Python environment: the stubs of Triton "
@@ -87,6 +116,7 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
+                _check_size(request, self.max_body_bytes, self.texts)
                 submitted = self._submit(request)
             except Exception as exc:  # the error goes to the client, the model keeps serving
                 self._fail(sender, str(exc))
