@@ -67,7 +67,7 @@ def chat(
         no_repeat_ngram_size=no_repeat_ngram_size, eos_id=eos_id, stop=stop, seed=seed,
         response_format=response_format(json_object, json_schema, regex, choice))
     try:  # bad options, a missing tokenizer or template: refused before the first turn
-        check_reply_options(max_new_tokens, **options)
+        check_reply_options(max_new_tokens, **options)  # a bad option is told before a bad folder
         om = open_export(folder, provider)
         session = ChatSession(om, system, max_new_tokens=max_new_tokens,
                               chat_template=_template(chat_template), **options)
