@@ -13,14 +13,14 @@ is the :class:`~.engine.Engine`'s work, and :class:`~.service.Service`'s text ov
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from transformer_kit.decoding import generation_config
-from transformer_kit.decoding.text import TextPieces, require, row_texts
+from transformer_kit.decoding.text import TextPieces, TextTokenizer, require, row_texts
 from transformer_kit.errors import InputError
 from transformer_kit.export import OnnxModel
 from transformer_kit.runtime.text_stream import Delta
@@ -92,8 +92,8 @@ class OneShotGeneration:
         self.model, self.options = model, options
         self.eos_ids = config.eos_ids(model.manifest.eos_id)
         self.stops = config.stop
-        self.tokenizer = None
-        self.stop_matcher = None
+        self.tokenizer: TextTokenizer | None = None
+        self.stop_matcher: Callable[[np.ndarray], np.ndarray] | None = None
         if isinstance(prompts, list):
             self.tokenizer = require(model.tokenizer, str(model.path))
             prompts, attention_mask = self.tokenizer.encode(prompts)
