@@ -1,8 +1,9 @@
 """The structure holds: import-linter's contracts (layers core <- plugins <- export <- runtime <-
 apps, a root that imports only the core, no import cycles) pass, and they fail when broken; the
 core imports no outer layer, even inside a function; no package reads another package's private
-names; the front-ends neither tokenize nor choose between engines; the installed package holds
-none of the helpers the tests and benchmarks share (testbed/)."""
+names; the front-ends (the servers, the command line) neither tokenize nor choose between
+engines; the installed package holds none of the helpers the tests and benchmarks share
+(testbed/)."""
 
 from __future__ import annotations
 
@@ -162,22 +163,35 @@ def test_a_private_read_across_packages_is_found(tmp_path):
         "kit/serving/engine.py:3 _cache", "kit/serving/engine.py:3 _run"]
 
 
-#: What tokenizes or detokenizes: the runtime's service does it for every front-end.
+#: What tokenizes or detokenizes: the runtime does it for every front-end (its Service for the
+#: servers, OneShotGeneration and ChatSession for the command line).
 TEXT_MODULES = ("transformer_kit.decoding.text", "transformer_kit.tokenizer", "transformer_kit.chat",
                 "transformer_kit.embedding")
 TEXT_NAMES = {"tokenizer", "text_encoder", "TextPieces", "TextTokenizer", "ChatTurn", "chat_turn",
-              "stop_matcher"}
+              "stop_matcher", "row_texts", "cut_at_stop", "stream_text", "apply_chat_template"}
+#: The front-ends: the servers and the command line.
+FRONT_ENDS = ("apps/serving", "apps/commands")
+
+
+def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The modules an import statement may bring in: ``from a import b`` may be module a.b."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    module = node.module or ""
+    return [module, *(f"{module}.{alias.name}" for alias in node.names)]
 
 
 def front_end_text_work(folder: Path) -> list[str]:
     """Where a module of ``folder`` imports a tokenizing module, reads a tokenizer or the text
-    classes, or chooses by ``isinstance`` between the runtime's engines: "file:line what"."""
+    classes and functions (encoding, stop matching, detokenizing, rendering a chat), or chooses
+    by ``isinstance`` between the runtime's engines: "file:line what"."""
     found = []
     for path in sorted(folder.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             where = f"{path.name}:{getattr(node, 'lineno', 0)}"
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(TEXT_MODULES):
-                found.append(f"{where} imports {node.module}")
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                text_modules = [name for name in _imported(node) if name.startswith(TEXT_MODULES)]
+                found += [f"{where} imports {text_modules[0]}"] if text_modules else []
             elif isinstance(node, ast.Attribute) and node.attr in TEXT_NAMES:
                 found.append(f"{where} reads .{node.attr}")
             elif isinstance(node, ast.Name) and node.id in TEXT_NAMES:
@@ -188,8 +202,9 @@ def front_end_text_work(folder: Path) -> list[str]:
     return sorted(found, key=lambda f: (f.split(":")[0], int(f.split(":")[1].split()[0])))
 
 
-def test_the_front_ends_neither_tokenize_nor_choose_between_engines():
-    assert front_end_text_work(PACKAGE / "apps" / "serving") == []
+@pytest.mark.parametrize("front_end", FRONT_ENDS)
+def test_the_front_ends_neither_tokenize_nor_choose_between_engines(front_end):
+    assert front_end_text_work(PACKAGE / front_end) == []
 
 
 def test_a_front_end_that_tokenizes_is_found(tmp_path):
@@ -201,3 +216,19 @@ def test_a_front_end_that_tokenizes_is_found(tmp_path):
     assert front_end_text_work(tmp_path) == [
         "server.py:1 imports transformer_kit.decoding.text", "server.py:3 reads .tokenizer",
         "server.py:4 chooses by isinstance: isinstance(engine, Engine)"]
+
+
+def test_a_command_that_detokenizes_or_renders_is_found(tmp_path):
+    (tmp_path / "command.py").write_text(
+        "from transformer_kit.decoding import text\n"
+        "import transformer_kit.chat.conversation\n"
+        "def run(om, tokens, eos_ids, stops, messages):\n"
+        "    print(text.row_texts(om.tokenizer, tokens, eos_ids, stops))\n"
+        "    matcher = om.tokenizer.stop_matcher(stops)\n"
+        "    return om.tokenizer.apply_chat_template(messages), matcher\n")
+    assert front_end_text_work(tmp_path) == [
+        "command.py:1 imports transformer_kit.decoding.text",
+        "command.py:2 imports transformer_kit.chat.conversation",
+        "command.py:4 reads .row_texts", "command.py:4 reads .tokenizer",
+        "command.py:5 reads .stop_matcher", "command.py:5 reads .tokenizer",
+        "command.py:6 reads .apply_chat_template", "command.py:6 reads .tokenizer"]

@@ -8,18 +8,23 @@
 
 ``OnnxModel`` runs an export (forward, generate, chat, embed, score); :class:`Engine` batches
 the requests of many callers over one (generation, or pooling for embeddings and a
-cross-encoder's scores); :class:`Service` is what every front-end (the HTTP server, Ray Serve,
-Triton, the command line) calls: text in, text deltas, vectors or scores out, within one set of
-:class:`Limits`.
+cross-encoder's scores); :class:`Service` is what every server (the HTTP server, Ray Serve,
+Triton) calls: text in, text deltas, vectors or scores out, within one set of :class:`Limits`.
+The command line's ``generate`` and ``chat`` run once on the ``OnnxModel``, no engine between:
+:class:`OneShotGeneration` (rows whole, or one streamed, with their token count) and
+:class:`ChatSession` (a conversation turn after turn).
 """
 
 from transformer_kit.export import OnnxModel
+from transformer_kit.runtime.chat_session import ChatSession
 from transformer_kit.runtime.engine import Engine, QueueFull
 from transformer_kit.runtime.limits import Limits
+from transformer_kit.runtime.one_shot import GeneratedRows, OneShotGeneration, RowStream
 from transformer_kit.runtime.pooling import Kind, model_kind
 from transformer_kit.runtime.requests import GenerationRequest, PoolingRequest, Request
 from transformer_kit.runtime.service import Service, prompt_forms
 from transformer_kit.runtime.stats import EngineStats
 
-__all__ = ["Engine", "EngineStats", "GenerationRequest", "Kind", "Limits", "OnnxModel",
-           "PoolingRequest", "QueueFull", "Request", "Service", "model_kind", "prompt_forms"]
+__all__ = ["ChatSession", "Engine", "EngineStats", "GeneratedRows", "GenerationRequest", "Kind",
+           "Limits", "OneShotGeneration", "OnnxModel", "PoolingRequest", "QueueFull", "Request",
+           "RowStream", "Service", "model_kind", "prompt_forms"]

@@ -1,8 +1,9 @@
 """The tasks a served model does, as every front-end calls them: text in, text deltas, vectors
 or scores out, within one set of :class:`~.limits.Limits`.
 
-The HTTP server, Ray Serve's replicas, the Triton model and the command line call these and
-nothing below them: here prompts are tokenized (a chat rendered by the export's template),
+The HTTP server, Ray Serve's replicas and the Triton model call these and nothing below them
+(the command line's one-shot ``generate`` and ``chat`` call :mod:`.one_shot` and
+:mod:`.chat_session`): here prompts are tokenized (a chat rendered by the export's template),
 checked against the limits, submitted to the :class:`~.engine.Engine` with the request's time
 bound, and read back as text (stop strings cut, tool calls parsed), vectors (cut to
 ``dimensions``, normalised again) or scores. Every method raises InputError (a

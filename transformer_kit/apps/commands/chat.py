@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import warnings
 from pathlib import Path
 from typing import Annotated, Any, TextIO
 
@@ -17,10 +16,8 @@ from rich.markup import escape
 from transformer_kit.apps.commands import _options as opts
 from transformer_kit.apps.sources import Provider, open_export
 from transformer_kit.apps.terminal import console, errors, fail, settings
-from transformer_kit.chat.conversation import DEFAULT_REPLY_TOKENS, reply_budget
-from transformer_kit.decoding import generation_config
-from transformer_kit.decoding.text import require
-from transformer_kit.errors import InputError, TransformerKitError
+from transformer_kit.errors import TransformerKitError
+from transformer_kit.runtime.chat_session import DEFAULT_REPLY_TOKENS, ChatSession, check_reply_options
 
 _Opt = typer.Option
 
@@ -28,62 +25,16 @@ EXIT, RESET = ("/exit", "/quit"), "/reset"
 HELP = "/reset clears the conversation (the system message stays); /exit, /quit or Ctrl-D ends it."
 
 
-class Conversation:
-    """The messages so far (the system message first) and the generation options of a reply.
-
-    Args:
-        om: the export's ``OnnxModel`` (it has a tokenizer with a chat template).
-        system: the system message, or None.
-        max_new_tokens: tokens per reply at most; None: ``DEFAULT_REPLY_TOKENS``, or what the
-            model's context has left after the conversation (``reply_budget``).
-        options: the other generation options (``response_format`` among them).
-        chat_template: a template's name (``tool_use``) or text instead of the export's default.
-    """
-
-    def __init__(self, om: Any, system: str | None, max_new_tokens: int | None,
-                 options: dict[str, Any], chat_template: str | None = None) -> None:
-        self.om, self.max_new_tokens, self.options = om, max_new_tokens, options
-        self.chat_template = chat_template
-        self.start = [] if system is None else [{"role": "system", "content": system}]
-        self.messages = list(self.start)
-
-    def reset(self) -> None:
-        """Forget every turn; the system message stays."""
-        self.messages = list(self.start)
-
-    def reply(self, text: str, out: TextIO) -> str:
-        """The assistant's reply to the user's ``text``, written to ``out`` as it is generated
-        (then a newline); the turn joins the history once the reply is complete."""
-        messages = [*self.messages, {"role": "user", "content": text}]
-        stream = self.om.stream_chat(messages, max_new_tokens=self._budget(messages),
-                                     chat_template=self.chat_template, **self.options)
-        pieces = []
-        for piece in stream:
-            pieces.append(piece)
-            out.write(piece)
-            out.flush()
-        out.write("\n")
-        answer = "".join(pieces)
-        self.messages = [*messages, {"role": "assistant", "content": answer}]
-        return answer
-
-    def _budget(self, messages: list[dict]) -> int:
-        """--max-new-tokens, else the default bounded by the context the prompt leaves."""
-        if self.max_new_tokens is not None:
-            return self.max_new_tokens
-        context = self.om.context_length
-        if context is None:
-            return DEFAULT_REPLY_TOKENS
-        tokenizer = self.om.tokenizer
-        prompt = tokenizer.apply_chat_template(messages, chat_template=self.chat_template)
-        ids, _ = tokenizer.encode([prompt], add_special_tokens=False)
-        used = ids.shape[1]
-        budget = reply_budget(used, context)
-        if budget < 1:
-            raise InputError(f"The conversation takes {used} tokens, and the model's context holds "
-                             f"{context}, so no reply fits; start a shorter conversation (/reset "
-                             "in a session).")
-        return budget
+def reply(session: ChatSession, text: str, out: TextIO) -> str:
+    """The session's reply to the user's ``text``, written to ``out`` as it is generated (then a
+    newline)."""
+    pieces = []
+    for piece in session.reply(text):
+        pieces.append(piece)
+        out.write(piece)
+        out.flush()
+    out.write("\n")
+    return "".join(pieces)
 
 
 def chat(
@@ -116,27 +67,23 @@ def chat(
         no_repeat_ngram_size=no_repeat_ngram_size, eos_id=eos_id, stop=stop, seed=seed,
         response_format=response_format(json_object, json_schema, regex, choice))
     try:  # bad options, a missing tokenizer or template: refused before the first turn
-        with warnings.catch_warnings():  # a turn warns about its options; once is enough
-            warnings.simplefilter("ignore")
-            generation_config(**options, max_new_tokens=DEFAULT_REPLY_TOKENS if max_new_tokens is None
-                              else max_new_tokens)
+        check_reply_options(max_new_tokens, **options)  # a bad option is told before a bad folder
         om = open_export(folder, provider)
-        template = _template(chat_template)
-        require(om.tokenizer, str(folder)).chat_template(template)
+        session = ChatSession(om, system, max_new_tokens=max_new_tokens,
+                              chat_template=_template(chat_template), **options)
     except TransformerKitError as exc:
         fail(exc)
-    conversation = Conversation(om, system, max_new_tokens, options, template)
     if message:
         for text in message:
             try:
-                conversation.reply(text, sys.stdout)
+                reply(session, text, sys.stdout)
             except TransformerKitError as exc:
                 fail(exc)
         return
     terminal = sys.stdin.isatty()
     if terminal:
         console.print(f"Chatting with {folder} on {om.provider}. {HELP}", highlight=False, markup=False)
-    converse(conversation, sys.stdout, terminal)
+    converse(session, sys.stdout, terminal)
 
 
 def _template(given: str | None) -> str | None:
@@ -177,7 +124,7 @@ def _read_schema(path: Path) -> dict[str, Any]:
     return schema
 
 
-def converse(conversation: Conversation, out: TextIO, terminal: bool) -> None:
+def converse(session: ChatSession, out: TextIO, terminal: bool) -> None:
     """Read user turns from stdin until /exit, /quit or its end; /reset clears the history. An
     error in a turn prints its sentence and the session goes on. On a terminal: a "you> "
     prompt with line editing; Ctrl-C stops a reply (the turn is dropped) or, at the prompt,
@@ -187,11 +134,11 @@ def converse(conversation: Conversation, out: TextIO, terminal: bool) -> None:
             import readline  # noqa: F401  (line editing and history for input())
     while (text := _next_turn(out, terminal)) is not None and text not in EXIT:
         if text == RESET:
-            conversation.reset()
+            session.reset()
             if terminal:
                 console.print("(conversation cleared)", style="dim", highlight=False)
         elif text:
-            _answer(conversation, text, out)
+            _answer(session, text, out)
 
 
 def _next_turn(out: TextIO, terminal: bool) -> str | None:
@@ -204,10 +151,10 @@ def _next_turn(out: TextIO, terminal: bool) -> str | None:
         return None
 
 
-def _answer(conversation: Conversation, text: str, out: TextIO) -> None:
+def _answer(session: ChatSession, text: str, out: TextIO) -> None:
     """The model's reply to ``text``; an error prints its sentence, Ctrl-C drops the turn."""
     try:
-        conversation.reply(text, out)
+        reply(session, text, out)
     except TransformerKitError as exc:
         _report(exc)
     except KeyboardInterrupt:

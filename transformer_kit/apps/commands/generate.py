@@ -14,9 +14,8 @@ import typer
 from transformer_kit.apps.commands import _options as opts
 from transformer_kit.apps.sources import Provider, open_export, parse_ids
 from transformer_kit.apps.terminal import console, fail
-from transformer_kit.decoding import generation_config
-from transformer_kit.decoding.text import TextPieces, require, row_texts
 from transformer_kit.errors import TransformerKitError
+from transformer_kit.runtime.one_shot import OneShotGeneration
 
 _Opt = typer.Option
 
@@ -79,29 +78,19 @@ def _id_rows(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 def _run(om, inputs, mask, options: dict[str, Any]) -> int:
     """Print what is generated (one row: as it comes); returns the number of tokens generated
     (each row's up to its eos)."""
-    config = generation_config(**options)
-    eos_ids = config.eos_ids(om.manifest.eos_id)
-    tokenizer = stop_matcher = None
-    if isinstance(inputs, list):  # text: encode here, so the tokens can be counted
-        tokenizer = require(om.tokenizer, str(om.path))
-        inputs, mask = tokenizer.encode(inputs)
-        stop_matcher = tokenizer.stop_matcher(config.stop) if config.stop else None
-    if len(inputs) * config.num_return_sequences > 1 or config.num_beams > 1:
-        out = om.generate(inputs, attention_mask=mask, stop_matcher=stop_matcher, **options)
-        rows = row_texts(tokenizer, out, eos_ids, config.stop) if tokenizer else \
-            [" ".join(map(str, row.tolist())) for row in out]
-        for row in rows:
-            console.print(row, highlight=False, markup=False)
-        ends = [np.flatnonzero(np.isin(row, eos_ids)) for row in out]
-        return sum(int(e[0]) + 1 if len(e) else len(row) for e, row in zip(ends, out, strict=True))
-    pieces = TextPieces(tokenizer, eos_ids, config.stop) if tokenizer else None
-    count = 0
-    for step in om.stream(inputs, attention_mask=mask, stop_matcher=stop_matcher, **options):
-        count += 1
-        sys.stdout.write(pieces.add(int(step[0])) if pieces else f"{int(step[0])} ")
+    run = OneShotGeneration(om, inputs, attention_mask=mask, **options)
+    if not run.streams:
+        rows = run.generate()
+        texts = rows.texts if run.is_text else [" ".join(map(str, row)) for row in rows.tokens.tolist()]
+        for text in texts:
+            console.print(text, highlight=False, markup=False)
+        return rows.token_count
+    stream = run.stream()
+    for delta in stream:
+        sys.stdout.write(delta.text if run.is_text else f"{delta.token_id} ")
         sys.stdout.flush()
-    sys.stdout.write((pieces.finish() if pieces and not pieces.ended else "") + "\n")
-    return count
+    sys.stdout.write(stream.rest() + "\n")
+    return len(stream.tokens)
 
 
 def register(app: typer.Typer) -> None:

@@ -57,8 +57,8 @@ def triton(
 
     try:
         max_body_bytes = int(max_body_mb * 2**20)
-        flags = " " + shlex.join([*([] if api_key is None else key_flags(api_key)),
-                                  *body_flags(max_body_bytes)])  # refused first
+        flags = "" if api_key is None else " " + shlex.join(key_flags(api_key))  # refused first
+        body = shlex.join(body_flags(max_body_bytes))
         if kind_of(folder) != "export":
             raise ArtifactError(f"{folder} is not an export folder (no manifest.json written by "
                                 f"transformer-kit export); export a model first: transformer-kit "
@@ -73,9 +73,11 @@ def triton(
         console.print(f"wrote {config.parent}")
     console.print(f"start Triton with: tritonserver --model-repository {output}{flags} (the forward "
                   "model needs Triton's onnxruntime backend; without it add --model-control-mode "
-                  f"explicit --load-model {written[-1].parent.name}; Triton before "
-                  f"{HTTP_MAX_INPUT_SIZE_SINCE} has no --http-max-input-size: leave it out there, the "
-                  "served model still refuses larger requests)", highlight=False, markup=False)
+                  f"explicit --load-model {written[-1].parent.name})", highlight=False, markup=False)
+    console.print(f"on Triton {HTTP_MAX_INPUT_SIZE_SINCE} or later also add {body}: Triton then "
+                  "refuses a larger HTTP request before parsing it (earlier releases refuse the "
+                  "flag; the served model refuses larger inputs on every release)",
+                  highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:
