@@ -125,7 +125,8 @@ def test_the_body_bound_goes_into_the_model_s_config_and_on_triton_s_command_lin
     assert generate.parameters["max_body_bytes"].string_value == str(4 * 2**20)  # serve's default
     start = next(line for line in result.output.splitlines() if line.startswith("start Triton with"))
     assert "--http-max-input-size" not in start  # the wheel's Triton 24.10 would not start
-    assert "on Triton 25.06 or later also add --http-max-input-size=4194304" in " ".join(result.output.split())
+    said = " ".join(result.output.split())  # the console wraps long lines
+    assert "on Triton 25.06 or later also add --http-max-input-size=4194304" in said
     result = invoke("triton", str(folder / "onnx"), "-o", str(tmp_path / "repo"), "--max-body-mb", "0.5",
                     "--api-key", "k")
     assert result.exit_code == 0, result.output
