@@ -176,3 +176,21 @@ def test_names_are_told_from_paths():
         assert not hub.is_repo_id(path)
     assert hub.split_gguf_name("org/m-GGUF:m-Q4_K_M.gguf") == ("org/m-GGUF", "m-Q4_K_M.gguf")
     assert hub.split_gguf_name("org/m-GGUF:../x.gguf") is None and hub.split_gguf_name("org/m") is None
+
+
+def test_a_sharded_checkpoint_and_a_sentence_transformers_repository(cache, checkpoints, tmp_path):
+    pytest.importorskip("sentence_transformers")
+    from tests.embedding.checkpoints import write_sentence_transformer
+
+    first, _, _ = checkpoints
+    sharded = tmp_path / "sharded"
+    hf.AutoModelForCausalLM.from_pretrained(first).save_pretrained(sharded, max_shard_size="100KB")
+    assert (sharded / "model.safetensors.index.json").is_file()
+    place_snapshot(cache, "org/sharded", sharded, FIRST)
+    assert torch.equal(_logits(tk.from_hf("org/sharded")), _logits(tk.from_hf(first)))
+    reference = write_sentence_transformer(tmp_path / "st", dense=16, normalize=True)
+    place_snapshot(cache, "org/st", tmp_path / "st", FIRST)  # 1_Pooling/, 2_Dense/, 3_Normalize/
+    texts = ["a first text", "and another one"]
+    vectors = tk.from_hf("org/st").embed(texts)
+    assert vectors.shape == (2, 16)
+    assert abs(vectors - reference.encode(texts)).max() <= 1e-5
