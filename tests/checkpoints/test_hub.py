@@ -1,10 +1,11 @@
 """Checkpoints by their Hub name: from_hf / config_from_hf / from_gguf on ``org/name`` (and
 ``org/name:FILE.gguf``) read huggingface_hub's cache offline as they read the folder itself, a
-revision picks another snapshot, a local folder of the same name wins, and every refusal (not
+revision picks another snapshot, a local folder of the same name wins, only the files the kit
+reads are downloaded (and read offline afterwards), and every refusal (not
 cached offline, no such repository, revision or file, a gated repository, a name that is no
 path and no repository id) is a CheckpointError sentence. The Hub cannot be reached here: the
-cache is filled as huggingface_hub lays it out, and the online refusals come from a stand-in
-server that answers with the Hub's error codes."""
+cache is filled as huggingface_hub lays it out, and the downloads and online refusals come from
+a stand-in server on 127.0.0.1 that speaks the Hub's API."""
 
 from __future__ import annotations
 
@@ -14,12 +15,11 @@ import huggingface_hub
 import pytest
 import torch
 import transformers as hf
-from huggingface_hub.utils import filter_repo_objects
 
 import transformer_kit as tk
 from tests.chat.checkpoint import write_chat_checkpoint
 from tests.checkpoints.gguf.writer import write_gguf
-from tests.checkpoints.hub_cache import place_snapshot, refusing_hub
+from tests.checkpoints.hub_cache import place_snapshot, repository, stand_in_hub
 from transformer_kit.checkpoints import hub
 from transformer_kit.export.verify import relative_error
 
@@ -134,10 +134,8 @@ def test_a_name_that_is_neither_a_path_nor_a_repository_id(cache):
         tk.from_gguf("org/x--y:a.gguf")
 
 
-def test_the_hubs_refusals_are_sentences(cache, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # read at its import
-    with refusing_hub() as address:
+def test_the_hubs_refusals_are_sentences(online, monkeypatch):
+    with stand_in_hub({"org/chat": (FIRST, {"config.json": b"{}"})}) as (address, _):
         monkeypatch.setenv("HF_ENDPOINT", address)
         with pytest.raises(tk.CheckpointError, match=r"'org/missing' is not a local path, and the Hub has "
                                                      r"no repository 'org/missing'.*HF_TOKEN"):
@@ -148,26 +146,9 @@ def test_the_hubs_refusals_are_sentences(cache, monkeypatch):
         with pytest.raises(tk.CheckpointError, match=r"Hub repository 'org/chat' has no revision 'nope'; "
                                                      r"give one of its branches, tags or commits"):
             tk.from_hf("org/chat", revision="nope")
-        with pytest.raises(tk.CheckpointError, match=r"Hub repository 'org/elsewhere' \(revision main\) has "
-                                                     r"no file 'absent.gguf'"):
-            tk.from_gguf("org/elsewhere:absent.gguf")
-
-
-def test_only_the_files_the_kit_reads_are_asked_for():
-    listing = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json", "chat_template.jinja", "additional_chat_templates/tools.jinja",
-               "model.safetensors.index.json", "model-00001-of-00002.safetensors", "modules.json",
-               "config_sentence_transformers.json", "sentence_bert_config.json", "README.md",
-               ".gitattributes", "vocab.json", "merges.txt", "consolidated.safetensors",
-               "original/consolidated.00.pth", "onnx/model.onnx", "onnx/config.json",
-               "pytorch_model.bin", "tf_model.h5", "model-Q4_K_M.gguf"]
-    first = set(filter_repo_objects(listing, allow_patterns=[*hub.CONFIG_FILES, *hub.WEIGHT_FILES,
-                                                             *hub.SENTENCE_FILES]))
-    assert first == {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                     "special_tokens_map.json", "chat_template.jinja",
-                     "additional_chat_templates/tools.jinja", "model.safetensors.index.json",
-                     "modules.json", "config_sentence_transformers.json", "sentence_bert_config.json"}
-    # the shards come from the index; pytorch_model.bin only where no safetensors are
+        with pytest.raises(tk.CheckpointError, match=r"Hub repository 'org/chat' \(revision main\) has no "
+                                                     r"file 'absent.gguf'"):
+            tk.from_gguf("org/chat:absent.gguf")
 
 
 def test_names_are_told_from_paths():
@@ -194,3 +175,58 @@ def test_a_sharded_checkpoint_and_a_sentence_transformers_repository(cache, chec
     vectors = tk.from_hf("org/st").embed(texts)
     assert vectors.shape == (2, 16)
     assert abs(vectors - reference.encode(texts)).max() <= 1e-5
+
+
+@pytest.fixture
+def online(cache, monkeypatch):
+    """Downloads allowed (from the stand-in Hub the test starts, named by HF_ENDPOINT)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # read at its import
+    return cache
+
+
+def test_only_the_files_the_kit_reads_are_downloaded(online, checkpoints, tmp_path, monkeypatch):
+    pytest.importorskip("sentence_transformers")
+    from tests.embedding.checkpoints import write_sentence_transformer
+
+    first, _, gguf = checkpoints
+    unread = {"README.md": b"# a model", "consolidated.safetensors": b"x" * 64, "onnx/model.onnx": b"o",
+              "onnx/config.json": b"{}", "tf_model.h5": b"h", "pytorch_model.bin": b"never read",
+              "merges.txt": b"a b"}
+    sharded = tmp_path / "sharded"
+    hf.AutoModelForCausalLM.from_pretrained(first).save_pretrained(sharded, max_shard_size="100KB")
+    legacy = tmp_path / "legacy"
+    reference = hf.AutoModelForCausalLM.from_pretrained(first)
+    reference.config.save_pretrained(legacy)
+    torch.save(reference.state_dict(), legacy / "pytorch_model.bin")
+    repos = {"org/fresh": ("c" * 40, repository(first, unread)),
+             "org/sharded": ("d" * 40, repository(sharded, {"consolidated.safetensors": b"x"})),
+             "org/legacy": ("e" * 40, repository(legacy, {"tf_model.h5": b"h"})),
+             "org/fresh-GGUF": ("f" * 40, {"tiny-F32.gguf": gguf.read_bytes(), "tiny-Q8.gguf": b"GGUF"})}
+    st = write_sentence_transformer(tmp_path / "st", dense=16, normalize=True)
+    repos["org/st"] = ("a" * 40, repository(tmp_path / "st"))
+    expected = _logits(tk.from_hf(first))
+    with stand_in_hub(repos) as (address, fetched):
+        monkeypatch.setenv("HF_ENDPOINT", address)
+        tk.config_from_hf("org/fresh")  # the config and the tokenizer, no weights
+        assert sorted(fetched) == ["chat_template.jinja", "config.json", "generation_config.json",
+                                   "tokenizer.json", "tokenizer_config.json"]
+        fetched.clear()
+        assert torch.equal(_logits(tk.from_hf("org/fresh")), expected)
+        assert fetched == ["model.safetensors"]
+        fetched.clear()
+        assert torch.equal(_logits(tk.from_hf("org/sharded")), expected)
+        assert sorted(fetched) == sorted(repository(sharded))
+        fetched.clear()
+        assert torch.equal(_logits(tk.from_hf("org/legacy")), expected)
+        assert sorted(fetched) == ["config.json", "pytorch_model.bin"]
+        fetched.clear()
+        assert torch.equal(_logits(tk.from_gguf("org/fresh-GGUF:tiny-F32.gguf")), _logits(tk.from_gguf(gguf)))
+        assert fetched == ["tiny-F32.gguf"]
+        fetched.clear()
+        vectors = tk.from_hf("org/st").embed(["a text"])
+        assert abs(vectors - st.encode(["a text"])).max() <= 1e-5
+        assert set(repository(tmp_path / "st")) - set(fetched) == {"README.md"}
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what was downloaded is in the cache
+    assert torch.equal(_logits(tk.from_hf("org/fresh")), expected)
+    assert torch.equal(_logits(tk.from_gguf("org/fresh-GGUF:tiny-F32.gguf")), _logits(tk.from_gguf(gguf)))

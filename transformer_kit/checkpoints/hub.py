@@ -129,17 +129,19 @@ def _sentence_modules(repo: str, at: str, folder: Path, weights: bool) -> Path:
     try:
         modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
         paths = [str(entry.get("path", "")).strip("/") for entry in modules]
+        dense = [path for entry, path in zip(modules, paths, strict=True)
+                 if path and str(entry.get("type", "")).endswith("Dense")]
     except (OSError, ValueError, AttributeError, TypeError):
         return folder  # the loader names what is wrong with modules.json
     if not paths:
         return folder
     body_files = (*CONFIG_FILES, *(WEIGHT_FILES if weights else ()))
     patterns = [f"{paths[0]}/{name}" for name in body_files] if paths[0] else []
-    for path in filter(None, paths[1:]):
-        patterns += [f"{path}/config.json", f"{path}/model.safetensors"]
+    patterns += [f"{path}/config.json" for path in filter(None, paths[1:])]
+    patterns += [f"{path}/model.safetensors" for path in dense]  # the only modules with weights
     if patterns:
         _snapshot(repo, at, patterns)
-    for path in filter(None, paths[1:]):
+    for path in dense:
         _complete_weights(repo, at, folder, Path(path))
     return folder / paths[0]
 
