@@ -1,5 +1,6 @@
-"""What the commands take from the command line: paths to models of every kind, token ids, and
-the special-id overrides; each refused with a sentence that names the flag or the path."""
+"""What the commands take from the command line: paths to models of every kind (or Hub names of
+checkpoints and GGUF files), token ids, and the special-id overrides; each refused with a
+sentence that names the flag or the path."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from transformer_kit.errors import ArtifactError, CheckpointError, ConfigError, 
 from transformer_kit.export.manifest import MANIFEST_FILE
 
 ACCEPTED = ("a config file (.yaml, .yml, .json), a folder saved with model.save, a Hugging Face "
-            "checkpoint folder, a GGUF file or an export folder")
+            "checkpoint folder, a GGUF file, an export folder, or a Hub name (org/name, "
+            "org/name:FILE.gguf)")
+#: The --revision option's help, the same on every command that takes a Hub name.
+REVISION_HELP = "The branch, tag or commit of a SOURCE given as a Hub name (org/name); default: main."
 
 
 class Provider(str, Enum):
@@ -75,17 +79,32 @@ def special_id_overrides(pad_id: str | None, bos_id: str | None, eos_id: str | N
     return {key: value for key, value in values.items() if value != ""}
 
 
+def resolve_source(source: Path, revision: str | None = None, from_hf: bool = False,
+                   weights: bool = True) -> tuple[Path, bool]:
+    """SOURCE as a local path, a Hub name (org/name, org/name:FILE.gguf) as its cached snapshot
+    folder or file (downloaded first where missing; a checkpoint's config and tokenizer only
+    without ``weights``), and whether it is read as a Hugging Face checkpoint: with --from-hf,
+    or a Hub name's checkpoint (which needs no flag)."""
+    from transformer_kit.checkpoints.hub import is_hub_name, local_source
+
+    hub = is_hub_name(source)
+    local = local_source(source, revision=revision, weights=weights)
+    return local, from_hf or (hub and kind_of(local) == "checkpoint")
+
+
 def load_model(source: Path, *, from_hf: bool = False, weights: Path | None = None,
-               overrides: dict[str, Any] | None = None, stream: bool = False):
+               overrides: dict[str, Any] | None = None, stream: bool = False,
+               revision: str | None = None):
     """A model from a config file (random weights unless ``weights``), a folder saved with
     model.save, a GGUF file (llama.cpp), or (``from_hf``) a Hugging Face checkpoint folder, in
-    eval mode. ``stream``: a safetensors checkpoint's weights stay on disk until an export writes
-    them."""
+    eval mode; a Hub name (at ``revision``) of a checkpoint or a GGUF file as well.
+    ``stream``: a safetensors checkpoint's weights stay on disk until an export writes them."""
     import transformer_kit as tk
     from transformer_kit.config import config_from_dict
     from transformer_kit.serialization import load_saved_weights, read_saved_config
 
     overrides = overrides or {}
+    source, from_hf = resolve_source(source, revision, from_hf)
     kind = kind_of(source)
     if from_hf:
         if kind != "checkpoint":
@@ -115,12 +134,14 @@ def load_model(source: Path, *, from_hf: bool = False, weights: Path | None = No
     return model.eval()
 
 
-def resolve_config(source: Path):
-    """The config of any source: a config file, a saved model, a checkpoint or an export."""
+def resolve_config(source: Path, revision: str | None = None):
+    """The config of any source: a config file, a saved model, a checkpoint or an export, or a
+    Hub name (at ``revision``) of a checkpoint or a GGUF file."""
     import transformer_kit as tk
     from transformer_kit.export import Manifest
     from transformer_kit.serialization import read_saved_config
 
+    source, _ = resolve_source(source, revision, weights=False)
     kind = kind_of(source)
     if kind == "export":
         return tk.load_config(Manifest.read(source).config)

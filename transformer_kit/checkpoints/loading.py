@@ -1,5 +1,6 @@
-"""``from_hf``: a local Hugging Face checkpoint folder as an assembled model, through the
-checkpoint family a plugin registered for its ``model_type``."""
+"""``from_hf``: a Hugging Face checkpoint (a local folder, or a Hub name resolved to its cached
+snapshot) as an assembled model, through the checkpoint family a plugin registered for its
+``model_type``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch import Tensor, nn
 from transformer_kit.assembly import build_model
 from transformer_kit.checkpoints.deferred import materialize, open_checkpoint_tensors
 from transformer_kit.checkpoints.end_ids import end_ids
+from transformer_kit.checkpoints.hub import checkpoint_folder
 from transformer_kit.checkpoints.reader import Weights, read_hf_config, read_hf_weights
 from transformer_kit.checkpoints.sentence_transformers import SentencePipeline, read_sentence_pipeline
 from transformer_kit.checkpoints.streaming import StreamedWeights, guard_streamed
@@ -66,14 +68,17 @@ def _drop_ids_outside_vocabulary(data: dict, model_type: str, overrides: dict[st
                       "command line) to choose one.", UserWarning, stacklevel=_caller_level())
 
 
-def config_from_hf(folder: str | Path, **overrides: Any) -> ModelConfig:
+def config_from_hf(folder: str | Path, *, revision: str | None = None, **overrides: Any) -> ModelConfig:
     """The transformer_kit config equivalent to a checkpoint's ``config.json``.
 
-    ``overrides`` replace keys of the result, e.g. ``pad_id=0`` for a GPT-2 without a pad
-    token, ``eos_id=None``, or ``attention="matmul"``. A generating model's ``eos_id`` is every
-    id that ends its text: config.json's, generation_config.json's and the tokenizer's
-    ``eos_token`` (a list when they differ: a chat model's end of turn).
+    ``folder`` is a local checkpoint folder or a Hub name (``"Qwen/Qwen3-0.6B"``, at
+    ``revision``), as in :func:`from_hf`. ``overrides`` replace keys of the result, e.g.
+    ``pad_id=0`` for a GPT-2 without a pad token, ``eos_id=None``, or ``attention="matmul"``. A
+    generating model's ``eos_id`` is every id that ends its text: config.json's,
+    generation_config.json's and the tokenizer's ``eos_token`` (a list when they differ: a chat
+    model's end of turn).
     """
+    folder = checkpoint_folder(folder, revision=revision, weights=False)
     pipeline = read_sentence_pipeline(folder)
     body = pipeline.body if pipeline is not None else folder
     hf = read_hf_config(body)
@@ -143,9 +148,10 @@ def _fill(model: TransformerModel, state: dict[str, Tensor], dtype: torch.dtype)
             buffer.copy_(materialize(state[name]))
 
 
-def from_hf(folder: str | Path, *, dtype: str | torch.dtype = "float32", stream: bool = False,
-            **overrides: Any) -> TransformerModel:
-    """Load a local Hugging Face checkpoint folder as an assembled transformer_kit model.
+def from_hf(folder: str | Path, *, revision: str | None = None, dtype: str | torch.dtype = "float32",
+            stream: bool = False, **overrides: Any) -> TransformerModel:
+    """Load a Hugging Face checkpoint, a local folder or a Hub name, as an assembled
+    transformer_kit model.
 
     The folder's ``model_type`` picks the checkpoint family a plugin registered (built in:
     gpt2, bert, llama, marian; ``tk.get_registry().model_types()`` lists them). The weights are
@@ -156,6 +162,12 @@ def from_hf(folder: str | Path, *, dtype: str | torch.dtype = "float32", stream:
     carry the tokenizer along.
 
     Args:
+        folder: a local checkpoint folder, or a Hub repository id (``"Qwen/Qwen3-0.6B"``) whose
+            files the kit reads (config, tokenizer, safetensors weights) ``huggingface_hub``
+            downloads into its cache (``HF_HOME`` / ``HF_HUB_CACHE``; ``HF_HUB_OFFLINE=1``: the
+            cache only; ``HF_TOKEN``: gated and private repositories). A local folder of the
+            same name wins.
+        revision: a Hub name's branch, tag or commit (its default branch when None).
         dtype: the parameters' dtype: ``"float32"`` (the default: outputs equal the original's
             in float32), ``"bfloat16"``, ``"float16"``, or ``"auto"`` for the checkpoint's own
             (config.json's ``torch_dtype``). The tensors are read and converted one at a time,
@@ -164,6 +176,7 @@ def from_hf(folder: str | Path, *, dtype: str | torch.dtype = "float32", stream:
             are on the ``meta`` device and ``export_onnx`` reads each weight as it writes it, so
             a model larger than memory exports. Such a model does not run in PyTorch.
     """
+    folder = checkpoint_folder(folder, revision=revision)
     pipeline = read_sentence_pipeline(folder)
     folder = pipeline.body if pipeline is not None else folder  # the Transformer module's
     hf = read_hf_config(folder)

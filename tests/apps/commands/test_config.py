@@ -96,3 +96,31 @@ def test_config_commands_in_a_real_process(tmp_path, exported):
         result = cli(*args, cwd=tmp_path)
         assert result.returncode == 0, (args, result.stderr)
         assert expected in result.stdout
+
+
+def test_show_and_validate_read_a_gguf_file_by_its_hub_name(tmp_path, monkeypatch):
+    import torch
+    import transformers as hf
+
+    from tests.checkpoints.gguf.writer import write_gguf
+    from tests.checkpoints.hub_cache import place_snapshot
+
+    torch.manual_seed(0)
+    model = hf.Qwen3ForCausalLM(hf.Qwen3Config(
+        vocab_size=40, hidden_size=32, intermediate_size=48, num_attention_heads=2,
+        num_key_value_heads=1, num_hidden_layers=1, head_dim=16, max_position_embeddings=32,
+        bos_token_id=1, eos_token_id=2))
+    path = write_gguf(model, tmp_path / "tiny-F32.gguf", "qwen3")
+    place_snapshot(tmp_path / "cache", "org/tiny-GGUF", path, "d" * 40, refs=("main", "v1"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    shown = invoke("config", "show", "org/tiny-GGUF:tiny-F32.gguf", "--revision", "v1")
+    assert shown.exit_code == 0, shown.output
+    assert yaml.safe_load(shown.output) == tk.config_from_gguf(path).to_dict()
+    valid = invoke("config", "validate", "org/tiny-GGUF:tiny-F32.gguf")
+    assert valid.exit_code == 0 and "valid:" in valid.output
+    absent = invoke("config", "show", "org/tiny-GGUF:other.gguf")
+    assert absent.exit_code == 1 and "Traceback" not in absent.output
+    assert "file 'other.gguf' of Hub repository 'org/tiny-GGUF'" in absent.output

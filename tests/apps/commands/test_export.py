@@ -196,3 +196,29 @@ def test_export_in_a_real_process(tmp_path, exported):
     # the process ends without Python's teardown: the report's last line is out, the folder whole
     assert result.stdout.splitlines()[-1].strip().startswith("export ")
     assert (tmp_path / "onnx" / "manifest.json").exists() and not list(tmp_path.glob(".*onnx*"))
+
+
+def test_a_hub_name_exports_offline_from_the_cache(tmp_path, monkeypatch):
+    import yaml
+
+    from tests.chat.checkpoint import write_chat_checkpoint
+    from tests.checkpoints.hub_cache import place_snapshot
+
+    checkpoint = write_chat_checkpoint(tmp_path / "chat", layers=1)
+    place_snapshot(tmp_path / "cache", "org/chat", checkpoint, "c" * 40, refs=("main", "v1"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    result = invoke("export", "org/chat", "--revision", "v1", "-o", str(tmp_path / "onnx"))
+    assert result.exit_code == 0, result.output
+    assert "passed" in result.output
+    manifest = OnnxModel(tmp_path / "onnx").manifest
+    assert manifest.tokenizer and tk.load_config(manifest.config) == tk.config_from_hf(checkpoint)
+    shown = invoke("config", "show", "org/chat")
+    assert shown.exit_code == 0, shown.output
+    assert yaml.safe_load(shown.output) == tk.config_from_hf(checkpoint).to_dict()
+    missing = invoke("export", "org/unknown", "-o", str(tmp_path / "x"))
+    assert missing.exit_code == 1 and "Traceback" not in missing.output
+    assert "'org/unknown' (revision main) is not a local path and not in the Hub cache" in missing.output
+    local = invoke("export", "chat", "--from-hf", "--revision", "v1", "-o", str(tmp_path / "x"))
+    assert local.exit_code == 1 and "is a local path" in local.output

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from transformer_kit.apps.sources import Provider, load_model, open_export
+from transformer_kit.apps.sources import REVISION_HELP, Provider, load_model, open_export, resolve_source
 from transformer_kit.apps.terminal import console, fail
 from transformer_kit.errors import InputError, TransformerKitError
 
@@ -22,8 +22,9 @@ if TYPE_CHECKING:  # imported on use: the command line starts without torch
 
 
 def bench(
-    source: Annotated[Path, typer.Argument(help="Config file, saved model folder, or (with --from-hf) a checkpoint folder.")],
+    source: Annotated[Path, typer.Argument(help="Config file, saved model folder, (with --from-hf) a checkpoint folder, or a checkpoint's Hub name (org/name).")],
     from_hf: Annotated[bool, typer.Option("--from-hf", help="SOURCE is a Hugging Face checkpoint; also time transformers and optimum where installed.")] = False,
+    revision: Annotated[str | None, typer.Option(help=REVISION_HELP)] = None,
     batch: Annotated[int, typer.Option(min=1, help="Rows.")] = 1,
     prompt_len: Annotated[int, typer.Option(min=1, help="Prompt (or source) tokens per row.")] = 16,
     new_tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate per row.")] = 32,
@@ -43,6 +44,7 @@ def bench(
     from transformer_kit.export import export_onnx
 
     try:
+        source, from_hf = resolve_source(source, revision, from_hf)
         model = load_model(source, from_hf=from_hf)
         if model.architecture == "encoder":
             raise InputError(f"{str(source)!r} is an encoder-only model; bench times generation, "

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from transformer_kit.apps.sources import ACCEPTED, resolve_config
+from transformer_kit.apps.sources import ACCEPTED, REVISION_HELP, resolve_config
 from transformer_kit.apps.terminal import console, fail, warn
 from transformer_kit.errors import TransformerKitError
 
@@ -18,19 +18,21 @@ config_app = typer.Typer(help="Show, validate or describe model configs.", no_ar
 
 
 @config_app.command("show")
-def config_show(source: Annotated[Path, typer.Argument(help=f"{ACCEPTED[0].upper()}{ACCEPTED[1:]}.")]) -> None:
+def config_show(source: Annotated[Path, typer.Argument(help=f"{ACCEPTED[0].upper()}{ACCEPTED[1:]}.")],
+                revision: Annotated[str | None, typer.Option(help=REVISION_HELP)] = None) -> None:
     """Print the resolved config (defaults filled in) as YAML."""
     import yaml
 
     try:
-        config = resolve_config(source)
+        config = resolve_config(source, revision)
     except TransformerKitError as exc:
         fail(exc)
     console.print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="", highlight=False)
 
 
 @config_app.command("validate")
-def config_validate(source: Annotated[Path, typer.Argument(help="Config file (or any model folder) to check.")]) -> None:
+def config_validate(source: Annotated[Path, typer.Argument(help="Config file (or any model folder, or a Hub name) to check.")],
+                    revision: Annotated[str | None, typer.Option(help=REVISION_HELP)] = None) -> None:
     """Check a config as build_model does, without allocating weights; print its size.
 
     Keys, values, component names, their combination and every component's parameters.
@@ -38,7 +40,7 @@ def config_validate(source: Annotated[Path, typer.Argument(help="Config file (or
     from transformer_kit.assembly import check_config
 
     try:
-        config = resolve_config(source)
+        config = resolve_config(source, revision)
         size = check_config(config)
     except TransformerKitError as exc:
         fail(exc)

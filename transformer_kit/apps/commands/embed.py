@@ -1,5 +1,6 @@
 """``transformer-kit embed``: sentence embeddings of texts from an export folder (onnxruntime)
-or a sentence-transformers / Hugging Face folder (PyTorch), printed or written as .npy."""
+or a sentence-transformers / Hugging Face folder or Hub name (PyTorch), printed or written as
+.npy."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from transformer_kit.apps.sources import Provider, kind_of, open_export
+from transformer_kit.apps.sources import REVISION_HELP, Provider, kind_of, open_export, resolve_source
 from transformer_kit.apps.terminal import console, fail
 from transformer_kit.errors import InputError, TransformerKitError
 
@@ -34,8 +35,10 @@ def read_texts(text: list[str] | None, file: Path | None) -> list[str]:
     return texts
 
 
-def open_model(folder: Path, provider: Provider):
-    """An OnnxModel of an export folder, else the PyTorch model of a checkpoint folder."""
+def open_model(folder: Path, provider: Provider, revision: str | None = None):
+    """An OnnxModel of an export folder, else the PyTorch model of a checkpoint folder or of a
+    checkpoint's Hub name (at ``revision``)."""
+    folder, _ = resolve_source(folder, revision)
     if kind_of(folder) == "checkpoint":
         import transformer_kit as tk
 
@@ -58,7 +61,7 @@ def _write_npy(path: Path, vectors: np.ndarray) -> None:
 
 def embed(
     folder: Annotated[Path, typer.Argument(help="An export folder, or a sentence-transformers "
-                                           "(or Hugging Face) folder run in PyTorch.")],
+                                           "(or Hugging Face) folder or Hub name (org/name) run in PyTorch.")],
     text: Annotated[list[str] | None, _Opt(help="A text to embed (repeat for more).")] = None,
     file: Annotated[Path | None, _Opt(help="A UTF-8 file of texts, one per line.")] = None,
     output: Annotated[Path | None, _Opt("--output", "-o", help="Write the (n, dim) float32 "
@@ -68,11 +71,12 @@ def embed(
     dimensions: Annotated[int | None, _Opt(help="Keep the first N features.")] = None,
     batch_size: Annotated[int, _Opt(help="Texts per run at most.")] = 32,
     provider: Annotated[Provider, _Opt(help="Where onnxruntime runs (export folders).")] = Provider.auto,
+    revision: Annotated[str | None, _Opt(help=REVISION_HELP)] = None,
 ) -> None:
     """Sentence embeddings of texts: printed one row per text, or written to --output (.npy)."""
     texts = read_texts(text, file)
     try:
-        model = open_model(folder, provider)
+        model = open_model(folder, provider, revision)
         start = time.perf_counter()
         vectors = model.embed(texts, prompt_name=prompt_name, normalize=normalize or None,
                               dimensions=dimensions, batch_size=batch_size)

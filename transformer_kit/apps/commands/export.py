@@ -1,5 +1,5 @@
-"""``transformer-kit export``: a model (config file, saved folder or Hugging Face checkpoint) to a
-verified ONNX export folder; prints the verification report."""
+"""``transformer-kit export``: a model (config file, saved folder, Hugging Face checkpoint, GGUF
+file, or a Hub name of either) to a verified ONNX export folder; prints the verification report."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from transformer_kit.apps.sources import kind_of, load_model, special_id_overrides
+from transformer_kit.apps.sources import REVISION_HELP, kind_of, load_model, special_id_overrides
 from transformer_kit.apps.terminal import console, fail, settings, warn
 from transformer_kit.errors import InputError, TransformerKitError
 
@@ -32,10 +32,11 @@ INT4_OPTIONS = ("--block-size", "--accuracy-level", "--symmetric/--asymmetric", 
 
 
 def export(
-    source: Annotated[Path, typer.Argument(help="Config file, saved model folder, GGUF file, or checkpoint folder with --from-hf.")],
+    source: Annotated[Path, typer.Argument(help="Config file, saved model folder, GGUF file, checkpoint folder with --from-hf, or a Hub name: org/name (a checkpoint), org/name:FILE.gguf.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Export folder (new, empty, or an earlier export to replace).")],
     weights: Annotated[Path | None, typer.Option(help="safetensors weights for a config file.")] = None,
     from_hf: Annotated[bool, typer.Option("--from-hf", help="SOURCE is a Hugging Face checkpoint folder.")] = False,
+    revision: Annotated[str | None, typer.Option(help=REVISION_HELP)] = None,
     dtype: Annotated[Dtype, typer.Option(help="Weights and activations.")] = Dtype.float32,
     quantize: Annotated[Quantization | None, typer.Option(help="int8: dynamic int8 quantization of the matrix products; int4: 4-bit MatMulNBits weights.")] = None,
     block_size: Annotated[int | None, typer.Option(help="int4: weights per scale, 16..256, a power of 2 (default 32).")] = None,
@@ -89,7 +90,8 @@ def export(
                         "--accuracy-level")
             raise typer.BadParameter(str(exc), param_hint=flag) from None
     try:
-        model = load_model(source, from_hf=from_hf, weights=weights, overrides=overrides, stream=True)
+        model = load_model(source, from_hf=from_hf, weights=weights, overrides=overrides, stream=True,
+                           revision=revision)
         if kind_of(source) == "config file" and weights is None:
             warn(f"{source} is a config file and no --weights were given: the export holds "
                  "randomly initialised weights. Pass --weights FILE.safetensors, or export a folder "

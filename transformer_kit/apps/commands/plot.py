@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from transformer_kit.apps.sources import load_model, parse_ids
+from transformer_kit.apps.sources import REVISION_HELP, load_model, parse_ids
 from transformer_kit.apps.terminal import console, fail
 from transformer_kit.errors import TransformerKitError
 
@@ -34,10 +34,11 @@ def plot_positional_cmd(
 
 @plot_app.command("attention")
 def plot_attention_cmd(
-    source: Annotated[Path, typer.Argument(help="Config file or saved model folder.")],
+    source: Annotated[Path, typer.Argument(help="Config file, saved model folder, GGUF file, or a Hub name (org/name, org/name:FILE.gguf).")],
     ids: Annotated[str, typer.Option(help="Input (or source) ids of one row.")],
     tgt_ids: Annotated[str | None, typer.Option(help="Target ids (encoder_decoder).")] = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="Folder for the PNGs.")] = Path("attention"),
+    revision: Annotated[str | None, typer.Option(help=REVISION_HELP)] = None,
 ) -> None:
     """Attention weights of every layer and head for one input, one PNG per layer."""
     import torch
@@ -45,7 +46,7 @@ def plot_attention_cmd(
     from transformer_kit.apps.plotting import plot_attention
 
     try:
-        model = load_model(source)
+        model = load_model(source, revision=revision)
         inputs: list[Any] = [torch.tensor(parse_ids(ids)[:1])]
         if model.architecture == "encoder_decoder":
             start = tgt_ids or (str(model.config.bos_id) if model.config.bos_id is not None else None)

@@ -1,5 +1,5 @@
-"""``from_gguf``: a GGUF file (llama.cpp, Ollama) as an assembled model, through the same
-checkpoint family ``from_hf`` uses for its architecture."""
+"""``from_gguf``: a GGUF file (llama.cpp, Ollama), local or one file of a Hub repository, as an
+assembled model, through the same checkpoint family ``from_hf`` uses for its architecture."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from transformer_kit.checkpoints.gguf.config import hf_config
 from transformer_kit.checkpoints.gguf.file import open_gguf, read_metadata
 from transformer_kit.checkpoints.gguf.tensors import GgufTensors, kit_blocks
 from transformer_kit.checkpoints.gguf.tokenizer import gguf_tokenizer
+from transformer_kit.checkpoints.hub import gguf_path
 from transformer_kit.checkpoints.loading import (
     _dtype,
     assemble,
@@ -48,14 +49,16 @@ class _Opened:
         return kit_config(self.hf, self.family, self.path, overrides, self.tokenizer)
 
 
-def config_from_gguf(path: str | Path, **overrides: Any) -> ModelConfig:
-    """The transformer_kit config of the model in GGUF file ``path`` (``overrides`` replace
+def config_from_gguf(path: str | Path, *, gguf_file: str | None = None, revision: str | None = None,
+                     **overrides: Any) -> ModelConfig:
+    """The transformer_kit config of the model in GGUF file ``path`` (a local file or a Hub
+    name, with ``gguf_file`` and ``revision`` as in :func:`from_gguf`; ``overrides`` replace
     keys, as in :func:`~transformer_kit.config_from_hf`)."""
-    return _Opened(path).config(overrides)
+    return _Opened(gguf_path(path, gguf_file=gguf_file, revision=revision)).config(overrides)
 
 
-def from_gguf(path: str | Path, *, dtype: str | torch.dtype = "float32",
-              **overrides: Any) -> TransformerModel:
+def from_gguf(path: str | Path, *, gguf_file: str | None = None, revision: str | None = None,
+              dtype: str | torch.dtype = "float32", **overrides: Any) -> TransformerModel:
     """Load a GGUF file (llama.cpp's format) as an assembled transformer_kit model.
 
     The file's metadata becomes the Hugging Face config.json of its architecture
@@ -71,16 +74,22 @@ def from_gguf(path: str | Path, *, dtype: str | torch.dtype = "float32",
     parameter name.
 
     Args:
-        path: the ``.gguf`` file.
+        path: the ``.gguf`` file; or a file of a Hub repository, ``"org/name:FILE.gguf"``
+            (or ``"org/name"`` with ``gguf_file``), which ``huggingface_hub`` downloads alone
+            into its cache (``HF_HOME`` / ``HF_HUB_CACHE``; ``HF_HUB_OFFLINE=1``: the cache
+            only); a local path of the same name wins.
+        gguf_file: the file's name in the Hub repository (or local folder) ``path``.
+        revision: a Hub repository's branch, tag or commit (its default branch when None).
         dtype: the parameters' dtype: ``"float32"`` (the default), ``"bfloat16"`` or
             ``"float16"``.
         overrides: config keys to replace (``attention="matmul"``, ``eos_id=...``).
 
     Raises:
         CheckpointError: a missing, truncated or non-GGUF file, an architecture or tensor type
-            the kit does not read, or one whose family is not registered.
+            the kit does not read, or one whose family is not registered; a Hub name that is not
+            in the cache offline, or whose repository, revision or file does not exist.
     """
-    opened = _Opened(path)
+    opened = _Opened(gguf_path(path, gguf_file=gguf_file, revision=revision))
     config = opened.config(overrides)
     dtype = _dtype(dtype, {"torch_dtype": "float32"})
     state = family_state(opened.hf, opened.family, opened.tensors.deferred(), opened.path, config)
