@@ -32,6 +32,13 @@ def _share_cores_between_workers() -> None:
 _share_cores_between_workers()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _kit_cache(tmp_path_factory):
+    """The kit's own cache (the exports a serving command makes of a checkpoint) in a folder of
+    the test run's, never the user's ``~/.cache``."""
+    os.environ["TRANSFORMER_KIT_CACHE"] = str(tmp_path_factory.mktemp("kit-cache"))
+
+
 @pytest.fixture
 def fresh_registry(monkeypatch):
     """The process-wide registry rebuilt before and after the test."""

@@ -130,8 +130,10 @@ def test_an_export_without_tokenizer_or_template_is_one_line_error(exported, tex
         assert result.exit_code == 1, result.output
         assert named in result.output and "Traceback" not in result.output
         assert result.output.startswith("error: ") and result.output.count("\n") == 1
-    bad = invoke("chat", str(text_export.parent), "--message", "hello")
-    assert bad.exit_code == 1 and "export folder" in bad.output
+    checkpoint = invoke("chat", str(text_export.parent), "--message", "hello")  # exported first
+    assert checkpoint.exit_code == 1 and "no chat template" in checkpoint.output
+    bad = invoke("chat", str(text_export.parent / "nothing"), "--message", "hello")
+    assert bad.exit_code == 1 and "export folder" in bad.output and "Traceback" not in bad.output
 
 
 def test_another_template_from_a_file(chat_export, om, tmp_path):
@@ -146,3 +148,33 @@ def test_another_template_from_a_file(chat_export, om, tmp_path):
     assert result.output == expected["content"] + "\n"
     missing = invoke("chat", str(chat_export), "--chat-template", "tool_use", "--message", "hello")
     assert missing.exit_code == 1 and "names no template" in missing.output
+
+
+def test_a_checkpoint_or_its_hub_name_is_exported_once_and_chats_as_its_export(om, tmp_path, monkeypatch):
+    """chat takes a checkpoint (a folder, or a Hub name from an offline cache): exported into the
+    kit's cache once, then the same reply as the export of the same weights; a second run reuses
+    the export, --quantize makes another."""
+    from tests.checkpoints.hub_cache import place_snapshot
+
+    checkpoint = write_chat_checkpoint(tmp_path / "chat")  # chat_export's weights
+    place_snapshot(tmp_path / "hub", "org/chat", checkpoint, "c" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMER_KIT_CACHE", str(tmp_path / "kit"))
+    monkeypatch.chdir(tmp_path / "hub")  # no local folder named org/chat
+    expected = om.chat([user("hello")], max_new_tokens=12)["content"] + "\n"
+    first = invoke("chat", "org/chat", "--message", "hello", "--max-new-tokens", "12")
+    assert first.exit_code == 0, first.output
+    assert first.output.startswith("exporting org/chat into ") and first.output.endswith(expected)
+    again = invoke("chat", "org/chat", "--message", "hello", "--max-new-tokens", "12")
+    assert again.exit_code == 0 and again.output == expected  # the export is reused
+    local = invoke("chat", str(checkpoint), "--message", "hello", "--max-new-tokens", "12")
+    assert local.exit_code == 0 and local.output.endswith(expected)
+    assert len(list((tmp_path / "kit" / "exports").iterdir())) == 2  # the Hub's and the folder's
+    int4 = invoke("chat", "org/chat", "--quantize", "int4", "--message", "hello", "--max-new-tokens", "4")
+    assert int4.exit_code == 0, int4.output
+    assert len(list((tmp_path / "kit" / "exports").iterdir())) == 3
+    refused = invoke("chat", str(tmp_path / "kit" / "exports" / sorted(
+        p.name for p in (tmp_path / "kit" / "exports").iterdir())[0]), "--quantize", "int8",
+        "--message", "hello")
+    assert refused.exit_code == 1 and "is an export folder, already made" in refused.output

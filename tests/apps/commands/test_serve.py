@@ -68,16 +68,17 @@ def test_serve_answers_text_completions_in_a_real_process(text_export, tmp_path)
     assert process.returncode is not None
 
 
-def test_serve_refuses_a_folder_that_is_not_an_export(exported):
+def test_serve_refuses_a_folder_that_is_neither_an_export_nor_a_checkpoint(exported):
     _, folder = exported
-    result = invoke("serve", str(folder / "model"), "--port", "1")
+    result = invoke("serve", str(folder), "--port", "1")
     assert result.exit_code == 1, result.output
-    assert "export" in result.output and "Traceback" not in result.output
+    assert "is neither an export nor a checkpoint; give an export folder" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_serve_on_ray_refuses_a_folder_that_is_not_an_export_before_ray_starts(exported):
     _, folder = exported
-    result = invoke("serve", str(folder / "model"), "--ray", "--replicas", "2")
+    result = invoke("serve", str(folder), "--ray", "--replicas", "2")
     assert result.exit_code == 1, result.output
     assert "export" in result.output and "Traceback" not in result.output
     bad = invoke("serve", str(folder / "onnx"), "--ray", "--replicas", "0")
@@ -93,9 +94,9 @@ def test_serve_refuses_bad_guard_settings_and_warns_when_open_beyond_this_machin
     for flag in ("--max-prompt-tokens", "--max-request-seconds"):
         zero = invoke("serve", str(folder / "onnx"), flag, "0")
         assert zero.exit_code == 2 and flag in zero.output and "got 0" in zero.output, zero.output
-    open_ = invoke("serve", str(folder / "model"), "--host", "0.0.0.0")  # not an export: stops after
+    open_ = invoke("serve", str(folder), "--host", "0.0.0.0")  # no model: stops after
     assert "without an API key" in open_.output and open_.exit_code == 1, open_.output
-    local = invoke("serve", str(folder / "model"), "--host", "127.0.0.1")
+    local = invoke("serve", str(folder), "--host", "127.0.0.1")
     assert "without an API key" not in local.output
 
 
@@ -217,3 +218,31 @@ def test_serve_refuses_an_encoder_with_neither_pooling_nor_a_classifier(tmp_path
     assert "neither pooling" in result.output and "Traceback" not in result.output
     ray = invoke("serve", str(plain), "--ray")  # refused before Ray starts, with the same sentence
     assert ray.exit_code == 1 and "neither pooling" in ray.output, ray.output
+
+
+def test_serve_exports_a_checkpoint_or_its_hub_name_once_and_names_the_model_so(tmp_path, monkeypatch):
+    """A checkpoint given by its Hub name is exported into the kit's cache (once) and served as
+    that export, under the name as given (as vLLM names it)."""
+    import uvicorn
+
+    from tests.chat.checkpoint import write_chat_checkpoint
+    from tests.checkpoints.hub_cache import place_snapshot
+    from transformer_kit.export import OnnxModel
+
+    checkpoint = write_chat_checkpoint(tmp_path / "chat", layers=1)
+    place_snapshot(tmp_path / "hub", "org/chat", checkpoint, "c" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMER_KIT_CACHE", str(tmp_path / "kit"))
+    monkeypatch.chdir(tmp_path / "hub")
+    apps = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    first = invoke("serve", "org/chat")
+    assert first.exit_code == 0, first.output
+    assert "exporting org/chat into" in first.output and "serving 'org/chat' from" in first.output
+    served = apps[-1].state.server.service.model
+    messages = [{"role": "user", "content": "hello"}]
+    (export,) = (tmp_path / "kit" / "exports").iterdir()
+    assert served.chat(messages, max_new_tokens=8) == OnnxModel(export).chat(messages, max_new_tokens=8)
+    again = invoke("serve", "org/chat", "--model-name", "mine")
+    assert again.exit_code == 0 and "exporting" not in again.output and "serving 'mine'" in again.output

@@ -1,15 +1,17 @@
-"""The generation options shared by the commands that generate (``generate``, ``chat``): their
-typer declarations (``Annotated`` types, one per option) and the keyword options they give.
+"""The options shared by several commands: the generation options of the commands that generate
+(``generate``, ``chat``), with the keyword options they give, and the source options of the
+serving commands (``serve``, ``chat``); their typer declarations (``Annotated`` types).
 
 Not a command: the module's name starts with ``_``, so the CLI does not register it."""
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Annotated, Any
 
 import typer
 
-from transformer_kit.apps.sources import Provider
+from transformer_kit.apps.sources import REVISION_HELP, Provider
 
 _Opt = typer.Option
 
@@ -27,6 +29,21 @@ Seed = Annotated[int | None, _Opt(help="Sampling seed: same seed, same tokens.")
 PromptLookup = Annotated[int | None, _Opt(help="Speculative decoding: draft up to this many tokens "
                                           "a step from the prompt and output (one prompt).")]
 ProviderOption = Annotated[Provider, _Opt("--provider", help="Where onnxruntime runs.")]
+
+
+class Quantization(str, Enum):
+    int8 = "int8"
+    int4 = "int4"
+
+
+#: A serving command's SOURCE: an export, or a checkpoint it exports first.
+SERVED_SOURCE = ("An export folder, or a checkpoint exported first into the kit's cache (once; "
+                 "reused while unchanged): a Hugging Face checkpoint folder, a GGUF file, a folder "
+                 "saved with model.save, or a Hub name (org/name, org/name:FILE.gguf).")
+RevisionOption = Annotated[str | None, _Opt(help=REVISION_HELP)]
+ServedQuantize = Annotated[Quantization | None, _Opt(help="A checkpoint's export here: int8 or int4 "
+                                                     "weights (the kit's defaults); default "
+                                                     "float32. For other options export first.")]
 
 
 def given_options(*, do_sample: bool = False, **values: Any) -> dict[str, Any]:

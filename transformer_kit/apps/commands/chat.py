@@ -14,6 +14,7 @@ import typer
 from rich.markup import escape
 
 from transformer_kit.apps.commands import _options as opts
+from transformer_kit.apps.exporting import served_folder
 from transformer_kit.apps.sources import Provider, open_export
 from transformer_kit.apps.terminal import console, errors, fail, settings
 from transformer_kit.errors import TransformerKitError
@@ -38,7 +39,7 @@ def reply(session: ChatSession, text: str, out: TextIO) -> str:
 
 
 def chat(
-    folder: Annotated[Path, typer.Argument(help="An export folder with a tokenizer and a chat template.")],
+    source: Annotated[Path, typer.Argument(help="A model with a tokenizer and a chat template. " + opts.SERVED_SOURCE)],
     message: Annotated[list[str] | None, _Opt(help="A user turn (repeatable): answer each in order, then exit.")] = None,
     system: Annotated[str | None, _Opt(help="The system message, first in the conversation.")] = None,
     max_new_tokens: Annotated[int | None, _Opt(help=f"Tokens per reply at most (default {DEFAULT_REPLY_TOKENS}, or what the context has left).")] = None,
@@ -59,6 +60,8 @@ def chat(
     choice: Annotated[list[str] | None, _Opt(help="Replies are one of these strings (repeatable).")] = None,
     chat_template: Annotated[str | None, _Opt(help="A template of the export by name (e.g. tool_use), or a file holding one, instead of its default.")] = None,
     provider: opts.ProviderOption = Provider.auto,
+    revision: opts.RevisionOption = None,
+    quantize: opts.ServedQuantize = None,
 ) -> None:
     """Chat with an export's model: --message turns, else a session (one line per turn)."""
     options = opts.given_options(
@@ -68,6 +71,7 @@ def chat(
         response_format=response_format(json_object, json_schema, regex, choice))
     try:  # bad options, a missing tokenizer or template: refused before the first turn
         check_reply_options(max_new_tokens, **options)  # a bad option is told before a bad folder
+        folder = served_folder(source, revision, quantize)
         om = open_export(folder, provider)
         session = ChatSession(om, system, max_new_tokens=max_new_tokens,
                               chat_template=_template(chat_template), **options)

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from transformer_kit.apps.commands._options import Quantization
+from transformer_kit.apps.exporting import export_with_progress
 from transformer_kit.apps.sources import REVISION_HELP, kind_of, load_model, special_id_overrides
 from transformer_kit.apps.terminal import console, fail, settings, warn
 from transformer_kit.errors import InputError, TransformerKitError
@@ -20,11 +21,6 @@ SPECIAL_ID_HELP = "Override the model's {} (a token id, or 'none'), e.g. for a c
 class Dtype(str, Enum):
     float32 = "float32"
     float16 = "float16"
-
-
-class Quantization(str, Enum):
-    int8 = "int8"
-    int4 = "int4"
 
 
 INT4_OPTIONS = ("--block-size", "--accuracy-level", "--symmetric/--asymmetric", "--float-head",
@@ -55,7 +51,6 @@ def export(
     eos_id: Annotated[str | None, typer.Option("--eos-id", help=SPECIAL_ID_HELP.format("end id"))] = None,
 ) -> None:
     """Export a model to ONNX, verified against PyTorch, and print the report."""
-    from transformer_kit.export import export_onnx
     from transformer_kit.export.quantize import Int4
 
     overrides = special_id_overrides(pad_id, bos_id, eos_id)
@@ -96,15 +91,8 @@ def export(
             warn(f"{source} is a config file and no --weights were given: the export holds "
                  "randomly initialised weights. Pass --weights FILE.safetensors, or export a folder "
                  "saved with model.save.")
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, transient=True) as bar:
-            task = bar.add_task(f"exporting {model.architecture} to {output}", total=None)
-
-            def progress(step: str, done: int, total: int) -> None:
-                bar.update(task, description=step, completed=done, total=total)
-
-            report = export_onnx(model, output, dtype=dtype.value, quantize=method, opset=opset,
-                                 optimize=optimize, verify=verify, progress=progress)
+        report = export_with_progress(model, output, dtype=dtype.value, quantize=method, opset=opset,
+                                      optimize=optimize, verify=verify)
     except TransformerKitError as exc:
         fail(exc)
     console.print(str(report), highlight=False)

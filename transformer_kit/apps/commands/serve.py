@@ -12,9 +12,12 @@ from typing import Annotated, Any
 
 import typer
 
+from transformer_kit.apps.commands import _options as opts
+from transformer_kit.apps.exporting import served_folder
 from transformer_kit.apps.serving.guard import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
 from transformer_kit.apps.sources import Provider, open_export
 from transformer_kit.apps.terminal import console, fail
+from transformer_kit.checkpoints.hub import is_hub_name
 from transformer_kit.errors import TransformerKitError
 
 _Opt = typer.Option
@@ -29,12 +32,14 @@ DEFAULT_PREFIX_CACHE_BYTES = 256 * 2**20
 
 
 def serve(
-    folder: Annotated[Path, typer.Argument(help="An export folder of a decoder, a sentence-embedding "
-                                           "model or a cross-encoder.")],
+    source: Annotated[Path, typer.Argument(help="A decoder, a sentence-embedding model or a "
+                                           "cross-encoder. " + opts.SERVED_SOURCE)],
     host: Annotated[str, _Opt(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
     port: Annotated[int, _Opt(help="TCP port.")] = 8000,
-    model_name: Annotated[str | None, _Opt(help="The model name clients send (default: the "
-                                           "folder's name).")] = None,
+    model_name: Annotated[str | None, _Opt(help="The model name clients send (default: a Hub name "
+                                           "as given, else the folder's name).")] = None,
+    revision: opts.RevisionOption = None,
+    quantize: opts.ServedQuantize = None,
     max_batch: Annotated[int, _Opt(help="Most requests decoded together (a decoder's).")] = 16,
     max_queue: Annotated[int, _Opt(help="Most requests waiting; beyond it the server answers "
                                    "503.")] = 64,
@@ -73,13 +78,17 @@ def serve(
     """Serve completions in the OpenAI convention (POST /v1/completions, GET /v1/models,
     /health, /metrics) until interrupted; an embedding model's export on POST /v1/embeddings,
     a cross-encoder's on POST /v1/rerank."""
-    name = model_name or folder.resolve().name
     _check_bounds(max_body_mb, max_prompt_tokens, max_request_seconds, prefix_cache_bytes, api_key)
     if api_key is None and not _loopback(host):
         console.print(f"[yellow]warning:[/] listening on {host}, beyond this machine, without an API "
                       f"key: anyone who can reach port {port} can use the model. Give --api-key (or "
                       f"{API_KEY_ENV}).")
     max_body_bytes = int(max_body_mb * 2**20)
+    try:
+        folder = served_folder(source, revision, quantize)
+    except TransformerKitError as exc:
+        fail(exc)
+    name = model_name or (str(source) if is_hub_name(source) else folder.resolve().name)
     if ray:
         _serve_on_ray(folder, name, host, port, replicas, max_batch, max_queue, provider,
                       api_key=api_key, max_body_bytes=max_body_bytes,
