@@ -28,6 +28,11 @@ from transformer_kit import get_registry
 
 #: The routers the component computes (see the module's docstring).
 ROUTERS = ("softmax", "softmax_topk", "sigmoid")
+#: Why ``export_onnx`` refuses the component for now (its ``unexportable_reason``).
+MOE_EXPORT_REFUSAL = (
+    "A mixture of experts is not exported to ONNX yet: its ONNX form will be onnxruntime's fused "
+    "com.microsoft MoE op (the experts in one op per layer, never a graph unrolled over them), "
+    "which is coming. Until then, use the model in PyTorch: generate and chat work there.")
 
 
 def _whole(value: Any, name: str, minimum: int, what: str) -> int:
