@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 import transformers as hf
+from safetensors.torch import save_file
 
 import transformer_kit as tk
 from tests.plugins.families import moe_parity, parity
@@ -34,3 +36,20 @@ def test_the_router_renormalises_and_the_window_is_mapped(tmp_path):
     assert config.feedforward == tk.ComponentSpec(name="moe", params={
         "num_experts": 4, "top_k": 2, "router": "softmax", "normalize": True})
     assert config.mask == tk.ComponentSpec(name="sliding_window", params={"window": 5})
+
+
+def test_experts_fused_as_transformers_holds_them_load_alike(tmp_path):
+    """transformers 5 holds the experts fused (``mlp.experts.gate_up_proj``, ``down_proj``)
+    under ``mlp``; a file written from that state dict loads to the same logits."""
+    reference = _mixtral(16, 4, 2, 2, 4, 2).eval()
+    reference.save_pretrained(tmp_path / "hub")
+    (tmp_path / "fused").mkdir()
+    (tmp_path / "fused" / "config.json").write_text((tmp_path / "hub" / "config.json").read_text())
+    state = {k: v.clone().contiguous() for k, v in reference.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    save_file(state, tmp_path / "fused" / "model.safetensors")
+    hub, fused = tk.from_hf(tmp_path / "hub", pad_id=0), tk.from_hf(tmp_path / "fused", pad_id=0)
+    ids = torch.randint(3, parity.VOCAB, (2, 7))
+    with torch.no_grad():
+        assert torch.equal(hub(ids), fused(ids))
+        parity.check_pytorch(reference, fused)
