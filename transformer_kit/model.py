@@ -182,15 +182,6 @@ class EncoderDecoderTransformer(TransformerModel):
         self.encoder_mask, self.decoder_mask = encoder_mask, decoder_mask
 
     @property
-    def unexportable_reasons(self) -> list[str]:
-        """What the components that declared ``exportable=False`` say of it
-        (``Component.unexportable_reason``), each once."""
-        entries = [*self.components.values(),
-                   *(e for kinds in self.layer_components.values() for e in kinds.values())]
-        return list(dict.fromkeys(e.component.unexportable_reason for e in entries
-                                  if not e.component.exportable and e.component.unexportable_reason))
-
-    @property
     def max_positions(self) -> int | None:
         return self.tgt_embed.positional.max_positions
 
@@ -254,15 +245,6 @@ class DecoderTransformer(TransformerModel):
         self.embed, self.decoder, self.head, self.mask = embed, decoder, head, mask
 
     @property
-    def unexportable_reasons(self) -> list[str]:
-        """What the components that declared ``exportable=False`` say of it
-        (``Component.unexportable_reason``), each once."""
-        entries = [*self.components.values(),
-                   *(e for kinds in self.layer_components.values() for e in kinds.values())]
-        return list(dict.fromkeys(e.component.unexportable_reason for e in entries
-                                  if not e.component.exportable and e.component.unexportable_reason))
-
-    @property
     def max_positions(self) -> int | None:
         return self.embed.positional.max_positions
 
@@ -314,15 +296,6 @@ class EncoderTransformer(TransformerModel):
         #: ``encode``/``embed``, ``score`` and ``rerank``, run through this model's batches.
         self.sentences = SentenceTasks(self)
         embed.sentences = self.encode  # model.embed(texts) gives sentence embeddings
-
-    @property
-    def unexportable_reasons(self) -> list[str]:
-        """What the components that declared ``exportable=False`` say of it
-        (``Component.unexportable_reason``), each once."""
-        entries = [*self.components.values(),
-                   *(e for kinds in self.layer_components.values() for e in kinds.values())]
-        return list(dict.fromkeys(e.component.unexportable_reason for e in entries
-                                  if not e.component.exportable and e.component.unexportable_reason))
 
     @property
     def max_positions(self) -> int | None:

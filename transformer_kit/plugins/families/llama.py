@@ -73,7 +73,8 @@ FeedForwardCopier = Callable[[StateDict, Weights, ModelConfig, str, str, int], N
 def copy_mlp(out: StateDict, w: Weights, cfg: ModelConfig, ours: str, theirs: str, i: int) -> None:
     """The dense SwiGLU: ``mlp.gate_proj``, ``up_proj``, ``down_proj`` -> ``feedforward.gate``,
     ``up``, ``down`` (biases when the layer's feed-forward has them)."""
-    bias = (cfg.layer_component("feedforward", i) or cfg.feedforward).params.get("bias", False)
+    spec = cfg.layer_component("feedforward", i) or cfg.feedforward  # the layer variant's, if any
+    bias = spec.params.get("bias", False)
     for name in ("gate", "up", "down"):
         copy_linear(out, f"{ours}.feedforward.{name}", w, f"{theirs}.mlp.{name}_proj", bias)
 
