@@ -42,6 +42,8 @@ class Component:
             :mod:`transformer_kit.interfaces`.
         description: one line shown in listings.
         exportable: False when the component cannot be exported to ONNX.
+        unexportable_reason: with ``exportable`` False, the sentences ``export_onnx`` adds to
+            its refusal: why, and what to do instead.
         supports_cache: False when cached decoding would not give the uncached result.
         provides: capabilities this component offers to others (e.g. ``"score_bias"`` for an
             attention kernel that accepts an additive bias, ``"causal"`` for a causal mask).
@@ -65,6 +67,7 @@ class Component:
     factory: Callable[..., Any]
     description: str = ""
     exportable: bool = True
+    unexportable_reason: str = ""
     supports_cache: bool = True
     provides: frozenset[str] = field(default_factory=frozenset)
     requires: frozenset[str] = field(default_factory=frozenset)

@@ -71,6 +71,15 @@ class TransformerModel(nn.Module):
         return self._lacking("exportable")
 
     @property
+    def unexportable_reasons(self) -> list[str]:
+        """What the components that declared ``exportable=False`` say of it
+        (``Component.unexportable_reason``), each once."""
+        entries = [*self.components.values(),
+                   *(e for kinds in self.layer_components.values() for e in kinds.values())]
+        return list(dict.fromkeys(e.component.unexportable_reason for e in entries
+                                  if not e.component.exportable and e.component.unexportable_reason))
+
+    @property
     def max_positions(self) -> int | None:
         """Longest sequence the positional encoding covers, or None when unbounded."""
         return None

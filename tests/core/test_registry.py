@@ -37,7 +37,7 @@ def test_builtin_names_are_sorted_per_kind(fresh_registry):
     assert fresh_registry.names("mask") == ["causal", "none", "sliding_window"]
     assert fresh_registry.names("block") == ["parallel", "post_norm", "post_sublayer_norm", "pre_norm",
                                              "sandwich"]
-    assert fresh_registry.names("feedforward") == ["geglu", "gelu", "relu", "silu", "swiglu"]
+    assert fresh_registry.names("feedforward") == ["geglu", "gelu", "moe", "relu", "silu", "swiglu"]
     assert fresh_registry.names("norm") == ["layernorm", "rmsnorm"]
     assert fresh_registry.names("qk_norm") == ["per_head_rmsnorm", "rmsnorm"]
     assert fresh_registry.names("attention", pattern="*mul") == ["matmul"]
@@ -269,7 +269,8 @@ def test_plugins_that_cannot_be_hashed_register_like_modules(fresh_registry):
 def test_checkpoint_families_come_from_plugins(fresh_registry):
     assert fresh_registry.model_types() == [
         "bart", "bert", "gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "gpt_neox",
-        "granite", "llama", "marian", "mistral", "olmo2", "phi3", "qwen2", "qwen3",
+        "granite", "llama", "marian", "mistral", "mixtral", "olmo2", "olmoe", "phi3", "qwen2",
+        "qwen2_moe", "qwen3", "qwen3_moe",
         "roberta", "smollm3", "t5", "xlm-roberta"]
     assert all(f.plugin == "builtin" for f in fresh_registry.families())
     family = tk.CheckpointFamily("tiny", dict, dict, probe="w")
@@ -344,7 +345,7 @@ def test_every_builtin_component_of_a_model_has_a_lowering(fresh_registry):
     missing = [f"{e.component.kind}/{e.component.name}" for e in fresh_registry.entries()
                if e.component.kind != "logits_processor"
                and fresh_registry.lowering(e.component.kind, e.component.name) is None]
-    assert missing == []
+    assert missing == ["feedforward/moe"]  # refused by export until its fused onnxruntime form
 
 
 def test_what_a_factory_makes_knows_its_component(fresh_registry):

@@ -71,8 +71,9 @@ def _check_arguments(model: Any, opset: int, dtype: str, quantize: str | Int4 | 
         raise InputError(f"opset={opset!r} is not supported; choose {MIN_OPSET}..{DEFAULT_OPSET} "
                          f"(default {DEFAULT_OPSET}).")
     if model.unexportable:
+        advice = " ".join(model.unexportable_reasons) or "Build the model with another component."
         raise ExportError(f"This model cannot be exported to ONNX: {', '.join(model.unexportable)} "
-                          "declares itself not exportable. Build the model with another component.")
+                          f"declares itself not exportable. {advice}")
 
 
 def _prepare_folder(out_dir: Path) -> Path:

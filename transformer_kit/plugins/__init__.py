@@ -51,6 +51,7 @@ from transformer_kit.plugins.masks import (
     no_mask_onnx,
     sliding_window_onnx,
 )
+from transformer_kit.plugins.mixture_of_experts import MOE_EXPORT_REFUSAL, MixtureOfExperts
 from transformer_kit.plugins.norms import (
     QKNorm,
     layer_norm,
@@ -103,6 +104,7 @@ __all__ = [
     "MeanPooling",
     "MinNewTokens",
     "MinP",
+    "MixtureOfExperts",
     "NoMask",
     "NoPositions",
     "NoRepeatNGram",
@@ -186,6 +188,10 @@ def transformer_kit_components() -> list[Component]:
         Component("feedforward", "geglu", GeGLU, lowerings={"gate_up"},
                   description="GELU-gated linear unit (T5 v1.1, Flan-T5 gated-gelu; approximate: "
                   "tanh | none)"),
+        Component("feedforward", "moe", MixtureOfExperts, exportable=False,
+                  unexportable_reason=MOE_EXPORT_REFUSAL,
+                  description="mixture of experts: top-k routed gated experts (Mixtral, Qwen-MoE, "
+                  "OLMoE), an optional shared expert; PyTorch only for now"),
         Component("norm", "layernorm", layer_norm, description="LayerNorm (the paper)"),
         Component("norm", "rmsnorm", rms_norm, description="RMSNorm (Llama)"),
         Component("qk_norm", "per_head_rmsnorm", per_head_rms_norm,

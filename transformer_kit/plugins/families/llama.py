@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from transformer_kit import CheckpointFamily, ModelConfig
 from transformer_kit.checkpoints import StateDict, Weights, copy_attention, copy_linear, first_id, require
 
@@ -63,13 +65,28 @@ def llama_config(hf: dict, family: str = "llama") -> dict:
     }
 
 
+#: Copies layer ``i``'s feed-forward: (out, w, cfg, ours, theirs, i), ``ours`` and ``theirs``
+#: the layer's prefixes (``decoder.layers.{i}``, ``layers.{i}``).
+FeedForwardCopier = Callable[[StateDict, Weights, ModelConfig, str, str, int], None]
+
+
+def copy_mlp(out: StateDict, w: Weights, cfg: ModelConfig, ours: str, theirs: str, i: int) -> None:
+    """The dense SwiGLU: ``mlp.gate_proj``, ``up_proj``, ``down_proj`` -> ``feedforward.gate``,
+    ``up``, ``down`` (biases when the layer's feed-forward has them)."""
+    spec = cfg.layer_component("feedforward", i) or cfg.feedforward  # the layer variant's, if any
+    bias = spec.params.get("bias", False)
+    for name in ("gate", "up", "down"):
+        copy_linear(out, f"{ours}.feedforward.{name}", w, f"{theirs}.mlp.{name}_proj", bias)
+
+
 def llama_weights(hf: dict, w: Weights, cfg: ModelConfig,
-                  norms: tuple[str, str] = ("input_layernorm", "post_attention_layernorm")) -> StateDict:
+                  norms: tuple[str, str] = ("input_layernorm", "post_attention_layernorm"),
+                  feedforward: FeedForwardCopier = copy_mlp) -> StateDict:
     """The weights of a Llama-layout checkpoint (also Mistral's, Qwen2's, Qwen3's, OLMo2's):
     ``norms`` names each layer's attention and feed-forward norms; ``self_attn.q_norm`` and
-    ``k_norm`` are read when the config has a ``qk_norm``."""
+    ``k_norm`` are read when the config has a ``qk_norm``; ``feedforward`` copies each layer's
+    feed-forward (the dense SwiGLU by default; a mixture of experts' families give theirs)."""
     out: StateDict = {"embed.token.weight": w.get("embed_tokens.weight")}
-    mlp_bias = cfg.feedforward.params.get("bias", False)
     for i in range(cfg.num_layers):
         ours, theirs = f"decoder.layers.{i}", f"layers.{i}"
         copy_attention(out, f"{ours}.self_attention", w, f"{theirs}.self_attn",
@@ -79,8 +96,7 @@ def llama_weights(hf: dict, w: Weights, cfg: ModelConfig,
         out[f"{ours}.ff_norm.weight"] = w.get(f"{theirs}.{norms[1]}.weight")
         for name in ("q_norm", "k_norm") if cfg.qk_norm is not None else ():
             out[f"{ours}.self_attention.qk_norm.{name}.weight"] = w.get(f"{theirs}.self_attn.{name}.weight")
-        for name in ("gate", "up", "down"):
-            copy_linear(out, f"{ours}.feedforward.{name}", w, f"{theirs}.mlp.{name}_proj", mlp_bias)
+        feedforward(out, w, cfg, ours, theirs, i)
     out["decoder.final_norm.weight"] = w.get("norm.weight")
     out["head.weight"] = out["embed.token.weight"] if cfg.tie_embeddings else w.get("lm_head.weight")
     return out

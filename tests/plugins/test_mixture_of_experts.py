@@ -1,0 +1,159 @@
+"""The ``moe`` feed-forward against a dense reference (every expert on every token, its output
+weighted by the router's weight where the token chose it and zero elsewhere); its routers'
+formulas; the experts that run; its options' refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import transformer_kit as tk
+from transformer_kit.export import export_onnx
+from transformer_kit.plugins import MixtureOfExperts
+
+D_MODEL = 12
+
+
+def _moe(**params) -> MixtureOfExperts:
+    context = {"d_model": D_MODEL, "d_ff": 20, "dropout": 0.0}
+    params = {"num_experts": 5, "top_k": 2, **params}
+    return tk.get_registry().create("feedforward", "moe", context=context, **params).eval()
+
+
+def _randomised(moe: MixtureOfExperts) -> MixtureOfExperts:
+    """Router weights large enough that the experts' scores spread (and a nonzero bias)."""
+    with torch.no_grad():
+        moe.router.weight.normal_(std=1.0)
+        if moe.router.bias is not None:
+            moe.router.bias.normal_(std=1.0)
+    return moe
+
+
+def _router_weights(moe: MixtureOfExperts, x: torch.Tensor) -> torch.Tensor:
+    """(tokens, num_experts): each token's weight on each expert, by the routers' formulas
+    written out (zero where the token did not choose the expert)."""
+    logits = x @ moe.router.weight.T + (0 if moe.router.bias is None else moe.router.bias)
+    scores = torch.sigmoid(logits) if moe.routing == "sigmoid" else torch.softmax(logits, dim=-1)
+    kept = scores >= scores.topk(moe.top_k, dim=-1).values[:, -1:]  # the top-k (no ties here)
+    weights = torch.where(kept, scores, 0.0)
+    if moe.routing == "softmax_topk":  # a softmax over the k logits kept
+        weights = torch.where(kept, torch.softmax(logits.masked_fill(~kept, -torch.inf), dim=-1), 0.0)
+    elif moe.normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights
+
+
+def _dense(moe: MixtureOfExperts, x: torch.Tensor) -> torch.Tensor:
+    """x (batch, len, d_model) -> the same: every expert on every token, weights masked."""
+    flat = x.reshape(-1, x.shape[-1])
+    weights = _router_weights(moe, flat)  # (tokens, num_experts)
+    outputs = torch.stack([expert(flat) for expert in moe.experts], dim=1)  # (tokens, E, d_model)
+    out = (weights[..., None] * outputs).sum(dim=1)
+    if moe.shared_expert is not None:
+        out = out + torch.sigmoid(flat @ moe.shared_expert_gate.weight.T) * moe.shared_expert(flat)
+    return out.reshape(x.shape)
+
+
+@pytest.mark.parametrize("params", [
+    {"top_k": 1},
+    {"top_k": 2},
+    {"top_k": 2, "normalize": True},
+    {"top_k": 3, "router": "softmax_topk", "router_bias": True},
+    {"top_k": 1, "router": "softmax_topk"},
+    {"top_k": 2, "router": "sigmoid"},
+    {"top_k": 2, "router": "sigmoid", "normalize": True, "router_bias": True},
+    {"top_k": 2, "shared_expert_d_ff": 7},
+    {"top_k": 5, "normalize": True, "shared_expert_d_ff": 4, "expert_d_ff": 3},
+    {"top_k": 2, "expert": "geglu", "expert_d_ff": 6},
+], ids=str)
+def test_equals_the_dense_reference(params):
+    torch.manual_seed(0)
+    moe = _randomised(_moe(**params))
+    x = torch.randn(3, 7, D_MODEL)
+    with torch.no_grad():
+        torch.testing.assert_close(moe(x), _dense(moe, x), rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_renormalised_and_softmax_topk_are_the_same_weights():
+    torch.manual_seed(1)
+    first = _randomised(_moe(top_k=3, normalize=True))
+    second = _moe(top_k=3, router="softmax_topk")
+    second.load_state_dict(first.state_dict())
+    x = torch.randn(20, D_MODEL)
+    with torch.no_grad():
+        (w1, e1), (w2, e2) = first.route(x), second.route(x)
+    assert torch.equal(e1, e2)
+    torch.testing.assert_close(w1, w2)
+
+
+def test_each_expert_runs_once_on_just_the_tokens_that_chose_it():
+    torch.manual_seed(2)
+    moe = _randomised(_moe(num_experts=6, top_k=2))
+    with torch.no_grad():
+        moe.router.weight[5] = -10.0  # with positive inputs, expert 5 is chosen by no token
+    seen: dict[int, list[int]] = {}
+    for e, expert in enumerate(moe.experts):
+        expert.register_forward_hook(lambda _m, inputs, _o, e=e: seen.setdefault(e, []).append(
+            inputs[0].shape[0]))
+    x = torch.randn(2, 9, D_MODEL).abs()
+    with torch.no_grad():
+        _, chosen = moe.route(x.reshape(-1, D_MODEL))
+        moe(x)
+    counts = torch.bincount(chosen.flatten(), minlength=6).tolist()
+    assert counts[5] == 0 and 5 not in seen  # an expert no token chose never runs
+    assert seen == {e: [n] for e, n in enumerate(counts) if n}  # each once, on its tokens only
+
+
+def test_one_token_and_an_expert_without_tokens_still_give_the_reference():
+    torch.manual_seed(3)
+    moe = _randomised(_moe(num_experts=4, top_k=1, shared_expert_d_ff=5))
+    x = torch.randn(1, 1, D_MODEL)
+    with torch.no_grad():
+        torch.testing.assert_close(moe(x), _dense(moe, x), rtol=1e-5, atol=1e-6)
+
+
+def test_in_a_model_padded_rows_and_cached_steps_give_the_uncached_logits():
+    torch.manual_seed(4)
+    model = tk.build_model({"architecture": "decoder", "vocab_size": 40, "d_model": 16,
+                            "num_heads": 2, "num_layers": 2, "d_ff": 24, "dropout": 0.0,
+                            "feedforward": {"name": "moe", "num_experts": 4, "top_k": 2}}).eval()
+    ids = torch.randint(3, 40, (2, 8))
+    ids[1, 5:] = 0
+    mask = (ids != 0).long()
+    tokens = model.generate(ids, max_new_tokens=5, attention_mask=mask)
+    uncached = model.generate(ids, max_new_tokens=5, attention_mask=mask, use_cache=False)
+    assert torch.equal(tokens, uncached)
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"num_experts": 0}, r"num_experts must be an integer >= 1 \(the routed experts\); got 0"),
+    ({"num_experts": 2.0}, r"num_experts must be an integer >= 1 .*got 2.0"),
+    ({"top_k": True}, r"top_k must be an integer >= 1 .*got True"),
+    ({"num_experts": 2, "top_k": 3}, r"top_k \(3\) must not exceed num_experts \(2\).*Lower top_k"),
+    ({"expert": "relu"}, r"expert must name a registered gated feed-forward .*got 'relu'. "
+                         r"Gated feed-forwards: geglu, swiglu"),
+    ({"expert_d_ff": 0}, r"expert_d_ff must be an integer >= 1"),
+    ({"router": "softmax_top_k"}, r"router must be one of softmax, softmax_topk, sigmoid; "
+                                  r"got 'softmax_top_k'"),
+    ({"normalize": "yes"}, r"normalize must be true or false .*got 'yes'"),
+    ({"shared_expert_d_ff": -1}, r"shared_expert_d_ff must be an integer >= 0 .*0: none"),
+    ({"router_bias": 1}, r"router_bias must be true or false"),
+    ({"topk": 4}, r"got unknown parameter 'topk'. Did you mean 'top_k'"),
+], ids=str)
+def test_bad_options_are_refused_with_a_sentence_naming_the_slot(params, message):
+    config = {"architecture": "decoder", "vocab_size": 40, "d_model": 16, "num_heads": 2,
+              "num_layers": 1, "d_ff": 24,
+              "feedforward": {"name": "moe", "num_experts": 4, "top_k": 2, **params}}
+    with pytest.raises(tk.ConfigError, match=r"decoder layer 0\.feedforward: feedforward 'moe'") as caught:
+        tk.build_model(config)
+    assert caught.match(message)
+
+
+def test_export_is_refused_naming_the_component_and_the_fused_form_to_come(tmp_path):
+    model = tk.build_model({"architecture": "decoder", "vocab_size": 40, "d_model": 16,
+                            "num_heads": 2, "num_layers": 1, "d_ff": 24,
+                            "feedforward": {"name": "moe", "num_experts": 4, "top_k": 2}})
+    with pytest.raises(tk.ExportError, match=r"feedforward 'moe' \(plugin 'builtin'\) declares itself "
+                                             r"not exportable. .*onnxruntime's fused com.microsoft MoE op"):
+        export_onnx(model, tmp_path / "onnx")
+    assert not (tmp_path / "onnx").exists()

@@ -1,0 +1,141 @@
+"""A mixture of experts as a feed-forward component (``moe``): a router scores each token
+against ``num_experts`` gated feed-forwards, the ``top_k`` best run on it and their outputs are
+summed by the router's weights; an optional shared expert, gated by a sigmoid, runs on every
+token (Qwen2-MoE).
+
+The routers, on the logits ``l = router(x)`` (tokens, num_experts):
+
+- ``softmax``: ``p = softmax(l)`` over all experts, then the top-k of ``p`` (Mixtral, Qwen2-MoE,
+  Qwen3-MoE, OLMoE); with ``normalize`` the k weights are divided by their sum (Mixtral always;
+  Qwen's and OLMoE's ``norm_topk_prob``).
+- ``softmax_topk``: the top-k logits, then a softmax over those k (gpt-oss). The same weights as
+  ``softmax`` with ``normalize`` (exp(l_i) / sum over the k of exp(l_j)), computed another way.
+- ``sigmoid``: ``sigmoid(l)``, then its top-k; ``normalize`` divides them by their sum.
+
+PyTorch computes the experts grouped: the (token, expert) pairs are sorted by expert, each
+expert that received tokens runs once on its tokens, and the outputs are added back to their
+tokens by the router's weights. No expert runs on a token that did not choose it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from transformer_kit import get_registry
+
+#: The routers the component computes (see the module's docstring).
+ROUTERS = ("softmax", "softmax_topk", "sigmoid")
+#: Why ``export_onnx`` refuses the component for now (its ``unexportable_reason``).
+MOE_EXPORT_REFUSAL = (
+    "A mixture of experts is not exported to ONNX yet: its ONNX form will be onnxruntime's fused "
+    "com.microsoft MoE op (the experts in one op per layer, never a graph unrolled over them), "
+    "which is coming. Until then, use the model in PyTorch: generate and chat work there.")
+
+
+def _whole(value: Any, name: str, minimum: int, what: str) -> int:
+    """``value`` as an int of at least ``minimum``; a ValueError sentence otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum} ({what}); got {value!r}. "
+                         f"Give {name}: <integer>.")
+    return value
+
+
+def _flag(value: Any, name: str, what: str) -> bool:
+    """``value`` when it is a bool; a ValueError sentence otherwise."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false ({what}); got {value!r}.")
+    return value
+
+
+def make_expert(expert: str, d_model: int, d_ff: int, dropout: float) -> nn.Module:
+    """One expert: the registered feed-forward ``expert`` of inner width ``d_ff``, which must
+    declare the ``gate_up`` contract (``nn.Linear`` ``gate`` and ``up`` over the input,
+    ``forward(x) == gated(gate(x), up(x))``: swiglu, geglu)."""
+    registry = get_registry()
+    gated = [e.component.name for e in registry.entries("feedforward") if "gate_up" in e.component.lowerings]
+    if not isinstance(expert, str) or expert not in gated:
+        raise ValueError(f"expert must name a registered gated feed-forward (one declaring the "
+                         f"'gate_up' contract); got {expert!r}. Gated feed-forwards: "
+                         f"{', '.join(gated) or '(none)'}.")
+    return registry.create("feedforward", expert, context={"d_model": d_model, "d_ff": d_ff,
+                                                            "dropout": dropout})
+
+
+class MixtureOfExperts(nn.Module):
+    """Top-k routed gated experts, plus an optional sigmoid-gated shared expert.
+
+    Parameters (state-dict names): ``router`` (num_experts, d_model) [+ bias], ``experts.{e}``
+    each expert's own (``gate``, ``up`` (expert_d_ff, d_model), ``down`` (d_model,
+    expert_d_ff) for swiglu), ``shared_expert`` (the same with shared_expert_d_ff) and
+    ``shared_expert_gate`` (1, d_model) when there is a shared expert.
+
+    Args:
+        d_model, d_ff, dropout: the model's sizes (d_ff is each expert's width by default).
+        num_experts: routed experts (>= 1).
+        top_k: experts each token runs (1..num_experts).
+        expert: the registered gated feed-forward each expert is (``swiglu``, ``geglu``).
+        expert_d_ff: each routed expert's inner width; None: d_ff.
+        router: ``softmax``, ``softmax_topk`` or ``sigmoid`` (the module's docstring).
+        normalize: divide the k chosen weights by their sum.
+        shared_expert_d_ff: the shared expert's inner width; 0: no shared expert.
+        router_bias: whether the router's linear has a bias.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float, num_experts: int, top_k: int,
+                 expert: str = "swiglu", expert_d_ff: int | None = None, router: str = "softmax",
+                 normalize: bool = False, shared_expert_d_ff: int = 0,
+                 router_bias: bool = False) -> None:
+        super().__init__()
+        self.num_experts = _whole(num_experts, "num_experts", 1, "the routed experts")
+        self.top_k = _whole(top_k, "top_k", 1, "the experts each token runs")
+        if top_k > num_experts:
+            raise ValueError(f"top_k ({top_k}) must not exceed num_experts ({num_experts}); each "
+                             "token runs top_k distinct experts. Lower top_k or add experts.")
+        width = d_ff if expert_d_ff is None else _whole(expert_d_ff, "expert_d_ff", 1,
+                                                         "each expert's inner width; null: d_ff")
+        if router not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}; got {router!r}. "
+                             "softmax: over all experts, then the top-k; softmax_topk: the top-k "
+                             "logits, then a softmax over them; sigmoid: per expert.")
+        self.routing = router
+        self.normalize = _flag(normalize, "normalize", "divide the top-k weights by their sum")
+        shared = _whole(shared_expert_d_ff, "shared_expert_d_ff", 0,
+                        "the shared expert's inner width; 0: none")
+        self.router = nn.Linear(d_model, num_experts,
+                                bias=_flag(router_bias, "router_bias", "a bias on the router"))
+        self.experts = nn.ModuleList(make_expert(expert, d_model, width, dropout)
+                                     for _ in range(num_experts))
+        self.shared_expert = make_expert(expert, d_model, shared, dropout) if shared else None
+        self.shared_expert_gate = nn.Linear(d_model, 1, bias=False) if shared else None
+
+    def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x (tokens, d_model) -> (weights (tokens, top_k) in x's dtype, experts (tokens,
+        top_k) int64), each row's experts in descending order of score."""
+        logits = self.router(x).float()  # (tokens, num_experts), routed in float32
+        if self.routing == "softmax_topk":
+            top, chosen = torch.topk(logits, self.top_k, dim=-1)
+            return torch.softmax(top, dim=-1).to(x.dtype), chosen
+        scores = torch.softmax(logits, dim=-1) if self.routing == "softmax" else torch.sigmoid(logits)
+        top, chosen = torch.topk(scores, self.top_k, dim=-1)
+        if self.normalize:
+            top = top / top.sum(dim=-1, keepdim=True)
+        return top.to(x.dtype), chosen
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (batch, len, d_model) -> (batch, len, d_model)."""
+        flat = x.reshape(-1, x.shape[-1])  # (tokens, d_model)
+        weights, chosen = self.route(flat)  # (tokens, top_k) each
+        pairs = chosen.flatten()  # (tokens * top_k,): pair i is token i // top_k
+        order = torch.argsort(pairs, stable=True)  # the pairs grouped by expert
+        counts = torch.bincount(pairs, minlength=self.num_experts).tolist()  # pairs per expert
+        tokens = order // self.top_k  # (tokens * top_k,): each sorted pair's token
+        grouped = flat[tokens].split(counts)  # per expert: (its pairs, d_model)
+        outputs = [self.experts[e](part) for e, part in enumerate(grouped) if counts[e]]
+        weighted = torch.cat(outputs) * weights.flatten()[order, None]  # (tokens * top_k, d_model)
+        out = torch.zeros_like(flat).index_add_(0, tokens, weighted)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        return out.reshape(x.shape)
