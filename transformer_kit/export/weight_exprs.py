@@ -1,9 +1,10 @@
 """What the weight writer folds: expressions over a graph's weights, and the output head.
 
 An expression is a tuple: ``("weight", name)`` for a weight by state-dict name,
-``("transpose", expr, perm)`` and ``("concat", (expr, ...), axis)`` for the ONNX operations on
-weights alone in a built graph (a linear layer reads its matrix
-transposed; the packed q/k/v and gate/up matrices are concatenations). The writer evaluates
+``("transpose", expr, perm)``, ``("concat", (expr, ...), axis)`` and ``("reshape", expr, shape)``
+for the ONNX operations on weights alone in a built graph (a linear layer reads its matrix
+transposed; the packed q/k/v and gate/up matrices are concatenations; a mixture of experts'
+stacked experts are concatenations reshaped). The writer evaluates
 them on one weight at a time and writes the result's bytes instead of the operation.
 """
 
@@ -12,9 +13,11 @@ from __future__ import annotations
 import onnx_ir as ir
 
 #: ("weight", name) | ("transpose", expr, perm) | ("concat", (expr, ...), axis)
+#: | ("reshape", expr, shape)
 Expr = tuple
-#: Operations on weights alone that the writer does to the bytes instead of the runtime.
-FOLDED_OPS = ("Transpose", "Concat", "Identity")
+#: Operations on weights alone that the writer does to the bytes instead of the runtime
+#: (``Reshape``'s second input is a constant shape, not a weight).
+FOLDED_OPS = ("Transpose", "Concat", "Identity", "Reshape")
 
 
 def simplify(expr: Expr) -> Expr:
@@ -25,6 +28,11 @@ def simplify(expr: Expr) -> Expr:
 
 
 def fold(node: ir.Node, inputs: list[Expr], rank: int | None) -> Expr:
+    """The expression ``node``'s output stands for, its weight inputs' being ``inputs`` (a
+    ``Reshape``'s shape is read from its constant second input)."""
+    if node.op_type == "Reshape":
+        shape = node.inputs[1].const_value.numpy()
+        return ("reshape", inputs[0], tuple(int(d) for d in shape))
     if node.op_type == "Identity":
         return inputs[0]
     if node.op_type == "Transpose":
@@ -47,6 +55,8 @@ def name_of(expr: Expr) -> str:
         return expr[1]
     if expr[0] == "transpose":
         return f"{name_of(expr[1])}.transposed"
+    if expr[0] == "reshape":
+        return f"{name_of(expr[1])}.reshaped"
     parts = [name_of(e).split(".") for e in expr[1]]  # a.b.q.weight, a.b.k.weight -> a.b.{q,k}.weight
     common = _shared_length(parts)
     tail = _shared_length([p[common:][::-1] for p in parts])

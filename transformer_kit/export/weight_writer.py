@@ -4,15 +4,15 @@ The built graphs (``model_graphs.py``) name their weights but hold none. :class:
 each graph, reads every weight from its source when it is written (a model's parameter, or a
 checkpoint tensor read and converted on demand) and appends it to the export's one
 ``weights.data``, so at most one weight (and its quantized form) is in memory at a time, and no
-graph ever holds its weights inside. What a graph computes from weights alone is done
-here, on each weight: ``Transpose`` and ``Concat`` of weights (a linear layer's transposed
-matrix, the packed q/k/v and gate/up matrices) are folded into the bytes written; with int4,
-``MatMul`` becomes ``MatMulNBits`` and the token embedding's ``Gather`` becomes
-``GatherBlockQuantized`` over the same 4-bit bytes when the head is tied; a tied float head
-reads the embedding table once through ``FusedMatMul(transB=1)`` instead of a transposed copy;
-a GGUF model's own blocks where they map exactly (``gguf_blocks.py``). A quantized matrix's
-rows are written once, in 4-bit blocks (8-bit for the roles ``Int4.eight_bit`` names), whichever
-nodes read them. Each distinct tensor is stored once (by content), whichever graphs read it.
+graph ever holds its weights inside. What a graph computes from weights alone is done here, on each
+weight: ``Transpose``, ``Concat`` and ``Reshape`` of weights (a linear layer's transposed matrix,
+the packed q/k/v and gate/up matrices, a mixture of experts' stacked experts) are folded into the
+bytes written; with int4, ``MatMul`` becomes ``MatMulNBits`` and the token embedding's ``Gather``
+becomes ``GatherBlockQuantized`` over the same 4-bit bytes when the head is tied; a tied float head
+reads the embedding table once through ``FusedMatMul(transB=1)`` instead of a transposed copy; a
+GGUF model's own blocks where they map exactly (``gguf_blocks.py``). A quantized matrix's rows are
+written once, in 4-bit blocks (8-bit for the roles ``Int4.eight_bit`` names), whichever nodes read
+them. Each distinct tensor is stored once (by content), whichever graphs read it.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def _weight_names(expr: Expr) -> list[str]:
     """The state-dict names of the weights ``expr`` reads."""
     if expr[0] == "weight":
         return [expr[1]]
-    if expr[0] == "transpose":
+    if expr[0] in ("transpose", "reshape"):
         return _weight_names(expr[1])
     return [name for part in expr[1] for name in _weight_names(part)]
 
@@ -112,7 +112,7 @@ def rows_importance(importance: dict[str, np.ndarray], names: list[str], k: int)
 def _weight_expressions(graph: ir.Graph, prefix: str) -> tuple[dict[ir.Value, Expr], set[ir.Node]]:
     """The weight expression of each value of ``graph`` computed from weights alone: its
     initializers without values (state-dict names, ``prefix`` cut off) and the outputs of the
-    ``Transpose`` and ``Concat`` nodes of them (folded, returned as the second item)."""
+    ``Transpose``, ``Concat`` and ``Reshape`` nodes of them (folded, returned as the second item)."""
     exprs: dict[ir.Value, Expr] = {}
     for value in graph.initializers.values():
         if value.const_value is None:
@@ -120,20 +120,25 @@ def _weight_expressions(graph: ir.Graph, prefix: str) -> tuple[dict[ir.Value, Ex
             exprs[value] = ("weight", name)
     folded: set[ir.Node] = set()
     for node in graph:
+        weights = node.inputs[:1] if node.op_type == "Reshape" else node.inputs
         if (node.domain in ("", "ai.onnx") and node.op_type in FOLDED_OPS and node.inputs
-                and all(v in exprs for v in node.inputs)):
+                and all(v in exprs for v in weights)
+                and (node.op_type != "Reshape" or (len(node.inputs) == 2 and node.inputs[1] is not None
+                                                   and node.inputs[1].const_value is not None))):
             rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else None
-            exprs[node.outputs[0]] = fold(node, [exprs[v] for v in node.inputs], rank)
+            exprs[node.outputs[0]] = fold(node, [exprs[v] for v in weights], rank)
             folded.add(node)
     return exprs, folded
 
 
 def _remove_unused(graph: ir.Graph, folded: set[ir.Node], exprs: dict[ir.Value, Expr]) -> None:
-    """The folded nodes and weight initializers of ``graph`` that nothing reads any more, removed."""
+    """The folded nodes and weight initializers of ``graph`` that nothing reads any more (and
+    the constant shapes of folded ``Reshape`` nodes), removed."""
+    shapes = [n.inputs[1] for n in folded if n.op_type == "Reshape"]
     for node in reversed([n for n in graph if n in folded]):
         if not any(v.uses() or v in graph.outputs for v in node.outputs):
             graph.remove(node, safe=True)
-    for value in list(exprs):
+    for value in list(exprs) + shapes:
         if value.name in graph.initializers and not value.uses():
             graph.initializers.pop(value.name)
 
@@ -170,6 +175,8 @@ class WeightWriter:
             return _numpy(self.source.load(expr[1]))
         if expr[0] == "transpose":
             return np.transpose(self.evaluate(expr[1]), expr[2])
+        if expr[0] == "reshape":
+            return np.reshape(self.evaluate(expr[1]), expr[2])
         return np.concatenate([self.evaluate(e) for e in expr[1]], axis=expr[2])
 
     def _place(self, expr: Expr, dtype: ir.DataType) -> tuple[int, int, tuple[int, ...]] | np.ndarray:
