@@ -26,7 +26,7 @@ from transformer_kit.errors import InputError
 from transformer_kit.inputs import check_token_ids, tracing
 from transformer_kit.interfaces import AttentionInputs, AttentionMask, LayerCache
 from transformer_kit.masks import real_tokens
-from transformer_kit.registry_entries import RegisteredComponent
+from transformer_kit.registry_entries import RegisteredComponent, component_of
 from transformer_kit.serialization import save_model
 from transformer_kit.stacks import Embedder, Stack, self_attention_inputs
 
@@ -65,19 +65,37 @@ class TransformerModel(nn.Module):
         """Components that declared ``supports_cache=False``, named with their plugin."""
         return self._lacking("supports_cache")
 
+    def _refusing_instances(self) -> dict[str, list[str]]:
+        """The modules whose configuration export refuses (a non-empty ``export_refusal``
+        attribute: a component that exports only some of its configurations), by their
+        component named with its plugin: their reasons."""
+        found: dict[str, list[str]] = {}
+        for module in self.modules():
+            reason = getattr(module, "export_refusal", "")
+            if not isinstance(reason, str) or not reason:
+                continue
+            entry = component_of(module)
+            name = (f"{entry.component.kind} {entry.component.name!r} (plugin {entry.plugin!r})"
+                    if entry is not None else type(module).__name__)
+            found.setdefault(name, []).append(reason)
+        return found
+
     @property
     def unexportable(self) -> list[str]:
-        """Components that declared ``exportable=False``, named with their plugin."""
-        return self._lacking("exportable")
+        """Components that declared ``exportable=False``, or whose configuration here refuses
+        export (a module's ``export_refusal``), named with their plugin."""
+        return list(dict.fromkeys([*self._lacking("exportable"), *self._refusing_instances()]))
 
     @property
     def unexportable_reasons(self) -> list[str]:
         """What the components that declared ``exportable=False`` say of it
-        (``Component.unexportable_reason``), each once."""
+        (``Component.unexportable_reason``), and the refusing modules' ``export_refusal``, each once."""
         entries = [*self.components.values(),
                    *(e for kinds in self.layer_components.values() for e in kinds.values())]
-        return list(dict.fromkeys(e.component.unexportable_reason for e in entries
-                                  if not e.component.exportable and e.component.unexportable_reason))
+        reasons = [e.component.unexportable_reason for e in entries
+                   if not e.component.exportable and e.component.unexportable_reason]
+        reasons += [r for found in self._refusing_instances().values() for r in found]
+        return list(dict.fromkeys(reasons))
 
     @property
     def max_positions(self) -> int | None:

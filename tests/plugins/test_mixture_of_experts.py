@@ -1,14 +1,20 @@
 """The ``moe`` feed-forward against a dense reference (every expert on every token, its output
 weighted by the router's weight where the token chose it and zero elsewhere); its routers'
-formulas; the experts that run; its options' refusals."""
+formulas; the experts that run; its options' refusals; its export (onnxruntime's fused MoE op, one
+node per layer) and the configurations that op cannot express."""
 
 from __future__ import annotations
 
+from collections import Counter
+
+import numpy as np
+import onnx
 import pytest
 import torch
 
 import transformer_kit as tk
-from transformer_kit.export import export_onnx
+from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export.verify import relative_error
 from transformer_kit.plugins import MixtureOfExperts
 
 D_MODEL = 12
@@ -149,11 +155,87 @@ def test_bad_options_are_refused_with_a_sentence_naming_the_slot(params, message
     assert caught.match(message)
 
 
-def test_export_is_refused_naming_the_component_and_the_fused_form_to_come(tmp_path):
+def _moe_model(num_experts: int = 4, **params) -> tk.TransformerModel:
+    torch.manual_seed(5)
     model = tk.build_model({"architecture": "decoder", "vocab_size": 40, "d_model": 16,
-                            "num_heads": 2, "num_layers": 1, "d_ff": 24,
-                            "feedforward": {"name": "moe", "num_experts": 4, "top_k": 2}})
+                            "num_heads": 2, "num_layers": 2, "d_ff": 24, "dropout": 0.0,
+                            "feedforward": {"name": "moe", "num_experts": num_experts,
+                                            "top_k": 2, **params}}).eval()
+    for layer in model.decoder.layers:
+        _randomised(layer.feedforward)
+    return model
+
+
+def _op_types(folder) -> Counter:
+    return Counter(n.op_type for n in onnx.load(folder / "model.onnx", load_external_data=False).graph.node)
+
+
+@pytest.mark.parametrize("params", [
+    {"top_k": 1},
+    {"top_k": 2, "normalize": True},
+    {"top_k": 3, "router": "softmax_topk", "router_bias": True},
+    {"top_k": 2, "shared_expert_d_ff": 7, "expert_d_ff": 6},
+    {"top_k": 4, "normalize": True, "shared_expert_d_ff": 4, "router_bias": True},
+], ids=str)
+def test_export_is_one_moe_node_per_layer_and_equals_pytorch(params, tmp_path):
+    model = _moe_model(**params)
+    report = export_onnx(model, tmp_path / "onnx")  # verified against PyTorch
+    assert report.max_error <= 1e-4
+    ops = _op_types(tmp_path / "onnx")
+    assert ops["MoE"] == 2
+    ids = torch.randint(3, 40, (2, 9))
+    ids[1, 6:] = 0
+    mask = (ids != 0).long()
+    om = OnnxModel(tmp_path / "onnx", providers="cpu")
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask).numpy()
+    ours = om(ids.numpy(), attention_mask=mask.numpy())
+    real = mask.numpy().astype(bool)
+    assert relative_error(ours[real], expected[real]) <= 1e-4
+    tokens = model.generate(ids, max_new_tokens=6, attention_mask=mask).numpy()
+    np.testing.assert_array_equal(om.generate(ids.numpy(), max_new_tokens=6, attention_mask=mask.numpy()),
+                                  tokens)
+
+
+def test_the_graph_does_not_grow_with_the_experts(tmp_path):
+    """The experts are the MoE node's stacked weights: twice the experts, the same nodes."""
+    export_onnx(_moe_model(num_experts=4), tmp_path / "four")
+    export_onnx(_moe_model(num_experts=8), tmp_path / "eight")
+    assert _op_types(tmp_path / "four") == _op_types(tmp_path / "eight")
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_quantized_exports_keep_the_experts_float_and_verify(quantize, tmp_path):
+    model = _moe_model(shared_expert_d_ff=8, normalize=True)
+    report = export_onnx(model, tmp_path / "onnx", quantize=quantize)  # within int8's / int4's tolerance
+    ops = _op_types(tmp_path / "onnx")
+    assert ops["MoE"] == 2 and "QMoE" not in ops
+    graph = onnx.load(tmp_path / "onnx" / "model.onnx", load_external_data=False).graph
+    stacked = {t.name: t.data_type for t in graph.initializer if ".experts." in t.name}
+    assert len(stacked) == 4 and set(stacked.values()) == {onnx.TensorProto.FLOAT}
+    assert report.max_error > 0
+
+
+def test_softmax_topk_exports_as_normalized_softmax(tmp_path):
+    export_onnx(_moe_model(top_k=3, router="softmax_topk"), tmp_path / "onnx")
+    graph = onnx.load(tmp_path / "onnx" / "model.onnx", load_external_data=False).graph
+    for node in (n for n in graph.node if n.op_type == "MoE"):
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attributes["normalize_routing_weights"] == 1 and attributes["k"] == 3
+
+
+@pytest.mark.parametrize(("params", "reason"), [
+    ({"router": "sigmoid"}, r"router 'sigmoid' is not exported to ONNX: the MoE op applies a softmax "
+                            r"over all experts"),
+    ({"router": "sigmoid", "normalize": True}, r"router 'sigmoid'"),
+    ({"expert": "geglu"}, r"experts are GeGLU is not exported to ONNX: the MoE op's gated activation "
+                          r"is SwiGLU only"),
+], ids=str)
+def test_configurations_the_moe_op_cannot_express_refuse_export_with_the_reason(params, reason, tmp_path):
+    model = _moe_model(**params)
     with pytest.raises(tk.ExportError, match=r"feedforward 'moe' \(plugin 'builtin'\) declares itself "
-                                             r"not exportable. .*onnxruntime's fused com.microsoft MoE op"):
+                                             r"not exportable. ") as caught:
         export_onnx(model, tmp_path / "onnx")
+    assert caught.match(reason) and caught.match("use this model in PyTorch")
     assert not (tmp_path / "onnx").exists()
+    assert model.unexportable == ["feedforward 'moe' (plugin 'builtin')"]

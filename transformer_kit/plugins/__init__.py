@@ -51,7 +51,7 @@ from transformer_kit.plugins.masks import (
     no_mask_onnx,
     sliding_window_onnx,
 )
-from transformer_kit.plugins.mixture_of_experts import MOE_EXPORT_REFUSAL, MixtureOfExperts
+from transformer_kit.plugins.mixture_of_experts import MixtureOfExperts, moe_onnx
 from transformer_kit.plugins.norms import (
     QKNorm,
     layer_norm,
@@ -188,10 +188,10 @@ def transformer_kit_components() -> list[Component]:
         Component("feedforward", "geglu", GeGLU, lowerings={"gate_up"},
                   description="GELU-gated linear unit (T5 v1.1, Flan-T5 gated-gelu; approximate: "
                   "tanh | none)"),
-        Component("feedforward", "moe", MixtureOfExperts, exportable=False,
-                  unexportable_reason=MOE_EXPORT_REFUSAL,
+        Component("feedforward", "moe", MixtureOfExperts,
                   description="mixture of experts: top-k routed gated experts (Mixtral, Qwen-MoE, "
-                  "OLMoE), an optional shared expert; PyTorch only for now"),
+                  "OLMoE), an optional shared expert; ONNX: onnxruntime's fused MoE op (softmax "
+                  "routers, swiglu experts)"),
         Component("norm", "layernorm", layer_norm, description="LayerNorm (the paper)"),
         Component("norm", "rmsnorm", rms_norm, description="RMSNorm (Llama)"),
         Component("qk_norm", "per_head_rmsnorm", per_head_rms_norm,
@@ -259,6 +259,7 @@ def transformer_kit_lowerings() -> list[Lowering]:
         Lowering("block", "sandwich", forward=sandwich_onnx),
         *[Lowering("feedforward", name, forward=feedforward_onnx) for name in ("relu", "gelu", "silu")],
         *[Lowering("feedforward", name, forward=gated_onnx) for name in ("swiglu", "geglu")],
+        Lowering("feedforward", "moe", forward=moe_onnx),
         Lowering("norm", "layernorm", forward=layer_norm_onnx),
         Lowering("norm", "rmsnorm", forward=rms_norm_onnx),
         *[Lowering("qk_norm", name, forward=qk_norm_onnx) for name in ("per_head_rmsnorm", "rmsnorm")],

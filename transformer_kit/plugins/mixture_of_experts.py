@@ -25,14 +25,14 @@ import torch
 from torch import Tensor, nn
 
 from transformer_kit import get_registry
+from transformer_kit.errors import ExportError
+from transformer_kit.plugins.feedforward import SwiGLU
 
 #: The routers the component computes (see the module's docstring).
 ROUTERS = ("softmax", "softmax_topk", "sigmoid")
-#: Why ``export_onnx`` refuses the component for now (its ``unexportable_reason``).
-MOE_EXPORT_REFUSAL = (
-    "A mixture of experts is not exported to ONNX yet: its ONNX form will be onnxruntime's fused "
-    "com.microsoft MoE op (the experts in one op per layer, never a graph unrolled over them), "
-    "which is coming. Until then, use the model in PyTorch: generate and chat work there.")
+#: What follows each reason an instance refuses export for.
+_IN_PYTORCH = ("Its ONNX form is onnxruntime's fused com.microsoft MoE op (never a graph "
+               "unrolled over the experts); use this model in PyTorch, where generate and chat work.")
 
 
 def _whole(value: Any, name: str, minimum: int, what: str) -> int:
@@ -111,6 +111,21 @@ class MixtureOfExperts(nn.Module):
         self.shared_expert = make_expert(expert, d_model, shared, dropout) if shared else None
         self.shared_expert_gate = nn.Linear(d_model, 1, bias=False) if shared else None
 
+    @property
+    def export_refusal(self) -> str:
+        """Why this configuration cannot be exported to onnxruntime's ``MoE`` op; "" when it
+        can (a softmax or softmax_topk router, SwiGLU experts)."""
+        if self.routing == "sigmoid":
+            return ("A mixture of experts with router 'sigmoid' is not exported to ONNX: the MoE op "
+                    "applies a softmax over all experts to the router's logits, and has no sigmoid "
+                    "router. " + _IN_PYTORCH)
+        if type(self.experts[0]) is not SwiGLU or self.experts[0].gate.bias is not None:
+            return (f"A mixture of experts whose experts are {type(self.experts[0]).__name__} is not "
+                    "exported to ONNX: the MoE op's gated activation is SwiGLU only "
+                    "(silu(gate) * up, swiglu_fusion=1; bias-free experts here); it has no "
+                    "GeGLU. " + _IN_PYTORCH)
+        return ""
+
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x (tokens, d_model) -> (weights (tokens, top_k) in x's dtype, experts (tokens,
         top_k) int64), each row's experts in descending order of score."""
@@ -139,3 +154,52 @@ class MixtureOfExperts(nn.Module):
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
         return out.reshape(x.shape)
+
+
+def _stacked(g: Any, parts: list[Any], shape: list[int]) -> Any:
+    """The weights ``parts`` concatenated along their first axis and reshaped to ``shape``: the
+    weight writer folds both into the bytes it streams (nothing of it runs in onnxruntime)."""
+    joined = parts[0] if len(parts) == 1 else g.op.Concat(*parts, axis=0)
+    return g.shaped(g.op.Reshape(joined, shape), shape, g.float_type)
+
+
+def _interleaved(g: Any, moe: MixtureOfExperts) -> Any:
+    """Every expert's gate and up weights ((expert_d_ff, d_model) each) as the MoE op's fc1
+    (num_experts, 2 * expert_d_ff, d_model), row 2i the gate's row i and row 2i + 1 the up's:
+    each expert's gate and up side by side (Concat on axis 1: (expert_d_ff, 2 * d_model)),
+    then read row by row."""
+    first = moe.experts[0]
+    parts = [g.op.Concat(g.weight(e.gate, "weight"), g.weight(e.up, "weight"), axis=1)
+             for e in moe.experts]
+    return _stacked(g, parts, [moe.num_experts, 2 * first.gate.out_features, first.gate.in_features])
+
+
+def moe_onnx(g: Any, moe: MixtureOfExperts, x: Any) -> Any:
+    """x (batch, len, d_model) -> (batch, len, d_model): the router's logits (tokens,
+    num_experts) by its linear, onnxruntime's ``com.microsoft`` ``MoE`` op on the tokens
+    (tokens, d_model) with every expert stacked (fc1 (E, 2 * expert_d_ff, d_model), gate/up rows
+    interleaved; fc2 (E, d_model, expert_d_ff)), plus the shared expert gated by a sigmoid."""
+    if moe.export_refusal:
+        raise ExportError(moe.export_refusal)
+    d_model = moe.router.in_features
+    first = moe.experts[0]
+    flat = g.shaped(g.op.Reshape(x, [-1, d_model]), ["tokens", d_model], g.float_type)
+    logits = g.linear(moe.router, flat)  # (tokens, num_experts)
+    fc1 = _interleaved(g, moe)
+    fc2 = _stacked(g, [g.weight(e.down, "weight") for e in moe.experts],
+                   [moe.num_experts, d_model, first.down.in_features])
+    # softmax_topk's weights are softmax's renormalised ones (the module's docstring)
+    normalize = int(moe.normalize or moe.routing == "softmax_topk")
+    out = g.op.MoE(x, logits, fc1, None, fc2, _domain="com.microsoft", k=moe.top_k,
+                   activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=normalize)
+    # onnxruntime 1.31.1's CPU MoE declares MayInplace(0, 0) yet zeroes its output before it reads
+    # its input: where nothing reads x after the node, the planner hands the output x's buffer and
+    # the experts see zeros (Qwen3-MoE top-1: relative error 3e-3). Where(true, out, x) reads x
+    # after the node (and needs its output first), so x keeps its buffer; one elementwise op.
+    out = g.op.Where(g.constant(True), out, x)
+    out = g.shaped(out, x.shape, g.float_type)
+    if moe.shared_expert is not None:
+        shared = g.call(moe.shared_expert, x)
+        gate = g.op.Sigmoid(g.linear(moe.shared_expert_gate, x))  # (batch, len, 1)
+        out = g.shaped(g.op.Add(out, g.op.Mul(gate, shared)), x.shape, g.float_type)
+    return out

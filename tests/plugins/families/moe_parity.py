@@ -1,6 +1,7 @@
 """Shared by the mixture-of-experts family tests: a random checkpoint written by transformers,
 loaded with ``tk.from_hf``, gives transformers' logits in PyTorch on a padded batch and its
-greedy tokens; its export is refused until the fused onnxruntime form exists."""
+greedy tokens; its export (onnxruntime's fused MoE op, one node per sparse layer) verifies and
+gives transformers' logits and tokens in onnxruntime."""
 
 from __future__ import annotations
 
@@ -8,13 +9,12 @@ from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
-import pytest
+import onnx
 import torch
 import transformers as hf
 
-import transformer_kit as tk
 from tests.plugins.families import parity
-from transformer_kit.export import export_onnx
+from transformer_kit.plugins import MixtureOfExperts
 
 
 def check_greedy_tokens(reference, model) -> None:
@@ -52,7 +52,26 @@ class MoeFamilyParity:
         reference, model, folder = checkpoint
         parity.check_save_and_load(reference, model, folder, tmp_path / "saved")
 
-    def test_export_is_refused_naming_the_component(self, checkpoint, tmp_path):
-        _, model, _ = checkpoint
-        with pytest.raises(tk.ExportError, match="feedforward 'moe'"):
-            export_onnx(model, tmp_path / "onnx")
+    def test_export_equals_transformers_in_onnxruntime_with_one_moe_node_per_sparse_layer(
+            self, checkpoint, tmp_path):
+        reference, model, _ = checkpoint
+        parity.check_onnxruntime(reference, model, tmp_path / "onnx")
+        check_moe_nodes(model, tmp_path / "onnx")
+
+
+def check_moe_nodes(model, folder) -> None:
+    """Each graph of the export in ``folder`` holds one ``com.microsoft`` ``MoE`` node per sparse
+    layer of ``model`` and no node of a single expert (no per-expert MatMul: the experts'
+    weights reach the graph only stacked, as the MoE node's inputs)."""
+    sparse = sum(isinstance(m, MixtureOfExperts) for m in model.modules())
+    assert sparse >= 1
+    for path in sorted(folder.glob("*.onnx")):
+        graph = onnx.load(path, load_external_data=False).graph
+        moe = [n for n in graph.node if n.op_type == "MoE"]
+        assert len(moe) == sparse and all(n.domain == "com.microsoft" for n in moe), path.name
+        assert not [n.name for n in graph.node if ".experts." in n.name], path.name
+        stacked = {n.input[2] for n in moe} | {n.input[4] for n in moe}
+        assert all(".experts." in name for name in stacked), stacked
+        for node in graph.node:
+            if node.op_type in ("MatMul", "MatMulNBits", "MatMulInteger"):
+                assert not any(".experts." in name for name in node.input), (path.name, node.name)
