@@ -92,8 +92,21 @@ def _mask(draw, architecture: str) -> str | dict:
     return {"name": name, "window": draw(st.integers(1, 4))} if name == "sliding_window" else name
 
 
+def _moe(draw) -> dict:
+    """A mixture of experts of the configurations that export (softmax routers, swiglu experts;
+    its tests refuse the others)."""
+    experts = draw(st.integers(1, 4))
+    return {"name": "moe", "num_experts": experts, "top_k": draw(st.integers(1, experts)),
+            **_some(draw, {"router": st.sampled_from(["softmax", "softmax_topk"]),
+                           "normalize": st.booleans(), "expert_d_ff": st.integers(2, 9),
+                           "shared_expert_d_ff": st.sampled_from([0, 5]),
+                           "router_bias": st.booleans()})}
+
+
 def _feedforward(draw) -> str | dict:
-    name = draw(st.sampled_from(FEEDFORWARD))
+    name = draw(st.sampled_from([*FEEDFORWARD, "moe"]))
+    if name == "moe":
+        return _moe(draw)
     options = {"bias": st.booleans()}
     if name in ("gelu", "geglu"):
         options["approximate"] = st.sampled_from(["none", "tanh"])

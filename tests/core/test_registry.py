@@ -345,7 +345,7 @@ def test_every_builtin_component_of_a_model_has_a_lowering(fresh_registry):
     missing = [f"{e.component.kind}/{e.component.name}" for e in fresh_registry.entries()
                if e.component.kind != "logits_processor"
                and fresh_registry.lowering(e.component.kind, e.component.name) is None]
-    assert missing == ["feedforward/moe"]  # refused by export until its fused onnxruntime form
+    assert missing == []
 
 
 def test_what_a_factory_makes_knows_its_component(fresh_registry):
