@@ -43,7 +43,9 @@ class Component:
         description: one line shown in listings.
         exportable: False when the component cannot be exported to ONNX.
         unexportable_reason: with ``exportable`` False, the sentences ``export_onnx`` adds to
-            its refusal: why, and what to do instead.
+            its refusal: why, and what to do instead. (A component that exports only some of
+            its configurations stays exportable and gives the module it makes a non-empty
+            ``export_refusal`` string where it cannot: ``moe`` with a sigmoid router.)
         supports_cache: False when cached decoding would not give the uncached result.
         provides: capabilities this component offers to others (e.g. ``"score_bias"`` for an
             attention kernel that accepts an additive bias, ``"causal"`` for a causal mask).
