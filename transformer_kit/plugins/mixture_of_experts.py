@@ -175,10 +175,10 @@ def _interleaved(g: Any, moe: MixtureOfExperts) -> Any:
 
 
 def moe_onnx(g: Any, moe: MixtureOfExperts, x: Any) -> Any:
-    """x (batch, len, d_model) -> (batch, len, d_model): the router's logits (tokens,
-    num_experts) by its linear, onnxruntime's ``com.microsoft`` ``MoE`` op on the tokens
-    (tokens, d_model) with every expert stacked (fc1 (E, 2 * expert_d_ff, d_model), gate/up rows
-    interleaved; fc2 (E, d_model, expert_d_ff)), plus the shared expert gated by a sigmoid."""
+    """x (batch, len, d_model) -> (batch, len, d_model): the router's logits (batch * len,
+    num_experts) by its linear, onnxruntime's ``com.microsoft`` ``MoE`` op on x with every
+    expert stacked (fc1 (E, 2 * expert_d_ff, d_model), gate/up rows interleaved; fc2 (E,
+    d_model, expert_d_ff)), plus the shared expert gated by a sigmoid."""
     if moe.export_refusal:
         raise ExportError(moe.export_refusal)
     d_model = moe.router.in_features

@@ -1,7 +1,7 @@
 """Shared by the mixture-of-experts family tests: a random checkpoint written by transformers,
 loaded with ``tk.from_hf``, gives transformers' logits in PyTorch on a padded batch and its
 greedy tokens; its export (onnxruntime's fused MoE op, one node per sparse layer) verifies and
-gives transformers' logits and tokens in onnxruntime."""
+gives transformers' logits and tokens in onnxruntime; streamed, int8 and int4 exports verify."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import onnx
 import torch
 import transformers as hf
 
+import transformer_kit as tk
 from tests.plugins.families import parity
+from transformer_kit.export import export_onnx
 from transformer_kit.plugins import MixtureOfExperts
 
 
@@ -57,6 +59,17 @@ class MoeFamilyParity:
         reference, model, _ = checkpoint
         parity.check_onnxruntime(reference, model, tmp_path / "onnx")
         check_moe_nodes(model, tmp_path / "onnx")
+
+    def test_streamed_int8_and_int4_exports_verify(self, checkpoint, tmp_path):
+        """From the checkpoint streamed (each layer's experts read and stacked as written), and
+        quantized (the experts kept float32): each export's own verification passes."""
+        _, model, folder = checkpoint
+        streamed = tk.from_hf(folder, stream=True, pad_id=model.config.pad_id)
+        export_onnx(streamed, tmp_path / "streamed")
+        check_moe_nodes(model, tmp_path / "streamed")
+        for quantize in ("int8", "int4"):
+            export_onnx(model, tmp_path / quantize, quantize=quantize)
+            check_moe_nodes(model, tmp_path / quantize)
 
 
 def check_moe_nodes(model, folder) -> None:
