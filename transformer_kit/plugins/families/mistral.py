@@ -9,10 +9,12 @@ from transformer_kit.checkpoints import require
 from transformer_kit.plugins.families.llama import llama_config, llama_weights
 
 
-def mistral_config(hf: dict) -> dict:
-    config = llama_config({**hf, "attention_bias": False, "mlp_bias": False}, "mistral")
+def mistral_config(hf: dict, family: str = "mistral") -> dict:
+    """Llama's config with Mistral's sliding window; ``family`` names the refusals (Mixtral's
+    attention is Mistral's)."""
+    config = llama_config({**hf, "attention_bias": False, "mlp_bias": False}, family)
     window = hf.get("sliding_window")
-    require(window is None or (isinstance(window, int) and window > 0), "mistral",
+    require(window is None or (isinstance(window, int) and window > 0), family,
             f"sliding_window {window!r} (a positive integer or null)")
     if window is not None:
         config["mask"] = {"name": "sliding_window", "window": window}

@@ -6,18 +6,14 @@ weights always renormalised to sum 1. ``router_jitter_noise`` acts in training o
 from __future__ import annotations
 
 from transformer_kit import CheckpointFamily, ModelConfig
-from transformer_kit.checkpoints import StateDict, Weights, require
+from transformer_kit.checkpoints import StateDict, Weights
 from transformer_kit.plugins.families._experts import MIXTRAL_NAMES, copy_moe, expert_count
-from transformer_kit.plugins.families.llama import llama_config, llama_weights
+from transformer_kit.plugins.families.llama import llama_weights
+from transformer_kit.plugins.families.mistral import mistral_config
 
 
 def mixtral_config(hf: dict) -> dict:
-    config = llama_config({**hf, "attention_bias": False, "mlp_bias": False}, "mixtral")
-    window = hf.get("sliding_window")
-    require(window is None or (isinstance(window, int) and window > 0), "mixtral",
-            f"sliding_window {window!r} (a positive integer or null)")
-    if window is not None:
-        config["mask"] = {"name": "sliding_window", "window": window}
+    config = mistral_config(hf, "mixtral")
     config["feedforward"] = {"name": "moe", "num_experts": expert_count(hf, "mixtral"),
                              "top_k": hf["num_experts_per_tok"], "router": "softmax",
                              "normalize": True}
