@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import transformer_kit as tk
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import Int4, OnnxModel, export_onnx
 from transformer_kit.export.verify import relative_error
 from transformer_kit.plugins import MixtureOfExperts
 
@@ -204,16 +204,31 @@ def test_the_graph_does_not_grow_with_the_experts(tmp_path):
     assert _op_types(tmp_path / "four") == _op_types(tmp_path / "eight")
 
 
-@pytest.mark.parametrize("quantize", ["int8", "int4"])
-def test_quantized_exports_keep_the_experts_float_and_verify(quantize, tmp_path):
-    model = _moe_model(shared_expert_d_ff=8, normalize=True)
+@pytest.mark.parametrize(("quantize", "expert_d_ff", "op", "bits"), [
+    ("int8", 32, "QMoE", (8, 8)),
+    (Int4(block_size=16), 32, "QMoE", (8, 4)),  # eight_bit's "early": the first layer in 8 bits
+    (Int4(block_size=16, eight_bit=()), 32, "QMoE", (4, 4)),
+    ("int8", 24, "QMoE", (8, 8)),  # a scale per row: no block of 16 divides 24
+    (Int4(eight_bit=()), 24, "MoE", None),  # 4 bits need blocks: the experts stay float
+])
+def test_quantized_exports_quantize_the_experts_as_qmoe_and_verify(quantize, expert_d_ff, op, bits, tmp_path):
+    """int8 and int4 exports write each layer's experts as one QMoE node (shared expert beside
+    it, quantized as any product); 4-bit experts whose widths no block divides stay float."""
+    model = _moe_model(shared_expert_d_ff=8, normalize=True, expert_d_ff=expert_d_ff)
     report = export_onnx(model, tmp_path / "onnx", quantize=quantize)  # within int8's / int4's tolerance
     ops = _op_types(tmp_path / "onnx")
-    assert ops["MoE"] == 2 and "QMoE" not in ops
+    assert ops[op] == 2 and ops["MoE" if op == "QMoE" else "QMoE"] == 0
     graph = onnx.load(tmp_path / "onnx" / "model.onnx", load_external_data=False).graph
     stacked = {t.name: t.data_type for t in graph.initializer if ".experts." in t.name}
-    assert len(stacked) == 4 and set(stacked.values()) == {onnx.TensorProto.FLOAT}
-    assert report.max_error > 0
+    if bits is None:
+        assert len(stacked) == 4 and set(stacked.values()) == {onnx.TensorProto.FLOAT}
+    else:
+        nodes = [n for n in graph.node if n.op_type == "QMoE"]
+        for node, layer_bits in zip(nodes, bits, strict=True):
+            attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            assert attributes["expert_weight_bits"] == layer_bits
+            assert {stacked[node.input[2]], stacked[node.input[5]]} == {onnx.TensorProto.UINT8}
+    assert 0 < report.max_error < 0.5 and report.top1_agreement > 0.5
 
 
 def test_softmax_topk_exports_as_normalized_softmax(tmp_path):

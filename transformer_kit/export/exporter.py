@@ -23,6 +23,7 @@ from transformer_kit.export.kept_weights import reference_source
 from transformer_kit.export.manifest import MANIFEST_FILE, GraphInfo, Manifest
 from transformer_kit.export.memory_estimate import refuse_if_too_large
 from transformer_kit.export.quantize import Int4, method, quantization, quantize_graph
+from transformer_kit.export.quantized_experts import expert_bits
 from transformer_kit.export.report import ExportReport, versions
 from transformer_kit.export.traced_components import ComponentTracer
 from transformer_kit.export.translations import collect_translations
@@ -213,7 +214,7 @@ def _write_graphs(model: TransformerModel, staging: Path, dtype: str, opset: int
     if int4 is not None:
         calibration = functools.partial(calibrate, model, int4, report_progress)
         importance = calibration if file_blocks else calibration()
-    writer = WeightWriter(staging, source, int4, file_blocks, importance)
+    writer = WeightWriter(staging, source, int4, file_blocks, importance, expert_bits(quantize))
     graphs = _build_and_write(model, dtype, writer, staging, opset, tracer, report_progress)
     writer.close()
     if quantize == "int8":  # onnxruntime's dynamic quantizer reads each whole graph

@@ -37,6 +37,17 @@ from transformer_kit.export.int4_nodes import (
     quantize_rows,
 )
 from transformer_kit.export.quantize import Int4
+from transformer_kit.export.quantized_experts import (
+    MOE_FC1,
+    MOE_FC1_BIAS,
+    MOE_FC2,
+    MOE_FC2_BIAS,
+    ExpertBits,
+    StackedBlocks,
+    expert_parts,
+    qmoe_attributes,
+    quantize_experts,
+)
 from transformer_kit.export.weight_exprs import FOLDED_OPS, Expr, fold, head_matmuls, name_of, simplify
 from transformer_kit.export.weights import INLINE_BYTES, WEIGHTS_FILE, WeightsFile
 
@@ -149,10 +160,11 @@ class WeightWriter:
     def __init__(self, folder: Path, source: WeightSource, int4: Int4 | None = None,
                  file_blocks: FileBlocks | None = None,
                  importance: dict[str, np.ndarray] | Callable[[], dict[str, np.ndarray]] | None = None,
-                 ) -> None:
+                 experts: ExpertBits | None = None) -> None:
         self.folder = folder
         self.source = source
         self.int4 = int4
+        self.experts = experts  # a quantized export's experts: MoE nodes become QMoE
         self.file_blocks = file_blocks  # a GGUF model's own blocks, written instead of quantizing
         self._importance = {} if importance is None else importance  # or what computes it
         self.file = WeightsFile(folder / (WEIGHTS_FILE + ".new"))
@@ -384,6 +396,68 @@ class WeightWriter:
                 found.add(expr)
         return found
 
+    # -- quantized experts ----------------------------------------------------------------------
+    def _part_importance(self, part: Expr, k: int) -> np.ndarray | None:
+        """An expert's rows' column importance (its routed inputs' mean squares), when the
+        rounding searches."""
+        if self.experts is None or self.experts.rounding != "search":
+            return None
+        return rows_importance(self.importance(), _weight_names(part), k)
+
+    def _placed_stack(self, blocks: StackedBlocks, floats: ir.DataType) -> dict:
+        parts = {"packed": blocks.packed, "scales": blocks.scales.astype(floats.numpy(), copy=False),
+                 "zero_points": blocks.zero_points}
+        return {part: (*self.file.place(array), array.shape) for part, array in parts.items()
+                if array is not None}
+
+    def _qmoe(self, graph: ir.Graph, node: ir.Node, exprs: dict[ir.Value, Expr],
+              early: set[tuple[str, int]]) -> bool:
+        """The ``MoE`` ``node`` replaced by ``QMoE`` over its experts quantized as
+        :attr:`experts` says (``quantized_experts.py``); False (the node left as it is) where
+        its weights are not stacked experts or no block divides their widths."""
+        fc1, fc2 = exprs.get(node.inputs[MOE_FC1]), exprs.get(node.inputs[MOE_FC2])
+        parts1, parts2 = (expert_parts(fc1) if fc1 else None), (expert_parts(fc2) if fc2 else None)
+        if not parts1 or not parts2:
+            return False
+        hidden, inner = fc1[2][2], fc2[2][2]
+        layer = _LAYER.match(_weight_names(fc1)[0])
+        bits = 8 if layer and (layer[1], int(layer[2])) in early else self.experts.bits
+        block = self.experts.block_for((hidden, inner), bits)
+        if block is None:
+            return False
+        floats = node.inputs[0].dtype or ir.DataType.FLOAT  # the activations' type
+        key = ("qmoe", fc1, fc2, bits, block, floats)
+        if key not in self.quantized:
+            self.quantized[key] = [
+                self._placed_stack(quantize_experts(parts, self.evaluate, k, bits, block, self.experts,
+                                                    self._part_importance), floats)
+                for parts, k in ((parts1, hidden), (parts2, inner))]
+        stem = _weight_names(fc1)[0].split(".experts.")[0] + ".experts"
+        placed = {}
+        for fc, entry in zip(("fc1", "fc2"), self.quantized[key], strict=True):
+            names = {"packed": f"{stem}.{fc}.int{bits}", "scales": f"{stem}.{fc}.scales",
+                     "zero_points": f"{stem}.{fc}.zero_points"}
+            placed[fc] = {part: self._initializer(graph, names[part], floats if part == "scales"
+                                                  else ir.DataType.UINT8, *where)
+                          for part, where in entry.items()}
+        biases = [node.inputs[i] if len(node.inputs) > i else None for i in (MOE_FC1_BIAS, MOE_FC2_BIAS)]
+        biases = [self._materialize(graph, exprs[b], b) if b in exprs else b for b in biases]
+        attributes = qmoe_attributes({a.name: a.value for a in node.attributes.values()},
+                                     bits, block, self.experts)
+        new = []
+        router_weights = None
+        if not attributes.get("normalize_routing_weights", 0):  # QMoE would renormalise the top-k
+            new.append(ir.node("Softmax", [node.inputs[1]], {"axis": -1}, name=f"{node.name}_weights"))
+            router_weights = new[-1].outputs[0]
+        inputs = [node.inputs[0], node.inputs[1], placed["fc1"]["packed"], placed["fc1"]["scales"], biases[0],
+                  placed["fc2"]["packed"], placed["fc2"]["scales"], biases[1], None, None, None,
+                  placed["fc1"].get("zero_points"), placed["fc2"].get("zero_points"), None, router_weights]
+        while inputs[-1] is None:
+            inputs.pop()
+        new.append(ir.node("QMoE", inputs, attributes, domain=MICROSOFT, name=f"{node.name}_int{bits}"))
+        self._replace(graph, node, new)
+        return True
+
     # -- writing --------------------------------------------------------------------------------
     def write(self, model: ir.Model, prefix: str, path: Path,
               progress: Callable[[int, int], None] | None = None) -> None:
@@ -402,6 +476,11 @@ class WeightWriter:
         if self.int4 is not None and self.int4.eight_bit:
             self.eight_bit |= self._eight_bit_rows(graph, uses, exprs, heads)
         replaced: set[ir.Node] = set()
+        if self.experts is not None:
+            early = (early_layers([name for _, _, value in uses for name in _weight_names(exprs[value])])
+                     if self.experts.early_in_8_bits else set())
+            replaced |= {node for node in list(graph) if node.op_type == "MoE" and node.domain == MICROSOFT
+                         and self._qmoe(graph, node, exprs, early)}
         for done, (node, index, value) in enumerate(uses, start=1):
             if progress is not None:
                 progress(done, len(uses))

@@ -62,7 +62,8 @@ class MoeFamilyParity:
 
     def test_streamed_int8_and_int4_exports_verify(self, checkpoint, tmp_path):
         """From the checkpoint streamed (each layer's experts read and stacked as written), and
-        quantized (the experts kept float32): each export's own verification passes."""
+        quantized (int8: the experts as QMoE in 8 bits; int4: QMoE in 4 bits where a block
+        divides the experts' widths, else MoE in float32): each export's own verification passes."""
         _, model, folder = checkpoint
         streamed = tk.from_hf(folder, stream=True, pad_id=model.config.pad_id)
         export_onnx(streamed, tmp_path / "streamed")
@@ -73,17 +74,17 @@ class MoeFamilyParity:
 
 
 def check_moe_nodes(model, folder) -> None:
-    """Each graph of the export in ``folder`` holds one ``com.microsoft`` ``MoE`` node per sparse
-    layer of ``model`` and no node of a single expert (no per-expert MatMul: the experts'
-    weights reach the graph only stacked, as the MoE node's inputs)."""
+    """Each graph of the export in ``folder`` holds one ``com.microsoft`` ``MoE`` (or, quantized,
+    ``QMoE``) node per sparse layer of ``model`` and no node of a single expert (no per-expert
+    MatMul: the experts' weights reach the graph only stacked, as the node's inputs)."""
     sparse = sum(isinstance(m, MixtureOfExperts) for m in model.modules())
     assert sparse >= 1
     for path in sorted(folder.glob("*.onnx")):
         graph = onnx.load(path, load_external_data=False).graph
-        moe = [n for n in graph.node if n.op_type == "MoE"]
+        moe = [n for n in graph.node if n.op_type in ("MoE", "QMoE")]
         assert len(moe) == sparse and all(n.domain == "com.microsoft" for n in moe), path.name
         assert not [n.name for n in graph.node if ".experts." in n.name], path.name
-        stacked = {n.input[2] for n in moe} | {n.input[4] for n in moe}
+        stacked = {n.input[2] for n in moe} | {n.input[4 if n.op_type == "MoE" else 5] for n in moe}
         assert all(".experts." in name for name in stacked), stacked
         for node in graph.node:
             if node.op_type in ("MatMul", "MatMulNBits", "MatMulInteger"):
