@@ -143,3 +143,19 @@ def test_int4_experts_stay_float_where_no_block_divides_their_widths():
     assert spec.block_for((32, 48), 4) == 16 and spec.block_for((64, 768), 4) == 32
     assert spec.block_for((24, 28), 4) is None and spec.block_for((24, 28), 8) == 0
     assert expert_bits("int8").block_for((2048, 768), 8) == 32 and expert_bits(None) is None
+
+
+@pytest.mark.parametrize("quantize", ["int8", Int4(block_size=16)])
+def test_the_routers_stay_float(moe_model, quantize, tmp_path):
+    """The products giving QMoE its router logits stay float MatMuls (as llama.cpp keeps
+    ffn_gate_inp in its 4-bit files); every other product is quantized."""
+    export_onnx(moe_model, tmp_path, quantize=quantize, verify=False)
+    graph = onnx.load(sorted(tmp_path.glob("*.onnx"))[0], load_external_data=False).graph
+    producers = {out: n for n in graph.node for out in n.output}
+    routers = [producers[n.input[1]] for n in graph.node if n.op_type == "QMoE"]
+    assert len(routers) == 2 and all(r.op_type == "MatMul" for r in routers)
+    float_weights = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    assert all(r.input[1] in float_weights and ".router." in r.input[1] for r in routers)
+    others = [n for n in graph.node if n.op_type == "MatMul" and n not in routers
+              and n.input[1] in float_weights]
+    assert not others, [n.name for n in others]

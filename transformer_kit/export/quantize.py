@@ -20,6 +20,7 @@ from typing import Any
 
 from transformer_kit.errors import InputError
 from transformer_kit.export.int4_nodes import SEARCH_FACTORS
+from transformer_kit.export.weight_exprs import router_matmuls
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
@@ -204,10 +205,12 @@ def _quiet_root_logger():
 
 def quantize_graph(path: Path, external: bool) -> None:
     """Quantize the graph file ``path`` in place with dynamic int8 (int4 is done by the weight
-    writer, tensor by tensor)."""
+    writer, tensor by tensor); the routers of mixtures of experts stay float."""
+    import onnx_ir as ir
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantized = path.with_suffix(".int8.onnx")
+    routers = [node.name for node in router_matmuls(ir.load(path).graph)]  # kept float
     with _quiet_root_logger():
         # Weights of MatMul/Gemm only: the quantizer would misread ONNX's Attention op as
         # onnxruntime's contrib op of the same name. reduce_range keeps the int8 weights in
@@ -219,7 +222,7 @@ def quantize_graph(path: Path, external: bool) -> None:
         # GPT-2-shape benchmark model: 92 % against 91 % for full-range per-tensor weights).
         quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8, reduce_range=True,
                          per_channel=True, op_types_to_quantize=["MatMul", "Gemm"],
-                         use_external_data_format=external)
+                         nodes_to_exclude=routers, use_external_data_format=external)
     quantized.replace(path)
     data = path.with_name(path.name + ".data")
     if data.exists() and not external:

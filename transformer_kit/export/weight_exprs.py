@@ -1,4 +1,5 @@
-"""What the weight writer folds: expressions over a graph's weights, and the output head.
+"""What the weight writer folds: expressions over a graph's weights; and the products it keeps
+float: the output head (``Int4(head=False)``) and the routers of mixtures of experts.
 
 An expression is a tuple: ``("weight", name)`` for a weight by state-dict name,
 ``("transpose", expr, perm)``, ``("concat", (expr, ...), axis)`` and ``("reshape", expr, shape)``
@@ -77,4 +78,26 @@ def head_matmuls(graph: ir.Graph, output: str = "logits") -> set[ir.Node]:
             found.add(node)
         else:
             todo.extend(v for v in node.inputs if v is not None)
+    return found
+
+
+#: The fused mixture-of-experts ops, whose input 1 is the router's logits.
+EXPERT_OPS = ("MoE", "QMoE")
+
+
+def router_matmuls(graph: ir.Graph) -> set[ir.Node]:
+    """The MatMul nodes computing a mixture of experts' router logits (input 1 of a ``MoE`` or
+    ``QMoE`` node, through a bias ``Add``): kept float, as llama.cpp keeps ``ffn_gate_inp`` in
+    its 4-bit files, since a coarser router picks other experts."""
+    found = set()
+    for node in graph:
+        if node.op_type not in EXPERT_OPS or len(node.inputs) < 2 or node.inputs[1] is None:
+            continue
+        producer = node.inputs[1].producer()
+        if producer is not None and producer.op_type == "Add":
+            producer = next((v.producer() for v in producer.inputs
+                             if v is not None and v.producer() is not None
+                             and v.producer().op_type == "MatMul"), None)
+        if producer is not None and producer.op_type == "MatMul":
+            found.add(producer)
     return found

@@ -48,7 +48,15 @@ from transformer_kit.export.quantized_experts import (
     qmoe_attributes,
     quantize_experts,
 )
-from transformer_kit.export.weight_exprs import FOLDED_OPS, Expr, fold, head_matmuls, name_of, simplify
+from transformer_kit.export.weight_exprs import (
+    FOLDED_OPS,
+    Expr,
+    fold,
+    head_matmuls,
+    name_of,
+    router_matmuls,
+    simplify,
+)
 from transformer_kit.export.weights import INLINE_BYTES, WEIGHTS_FILE, WeightsFile
 
 MICROSOFT = "com.microsoft"
@@ -472,7 +480,8 @@ class WeightWriter:
         for node, _, value in uses:
             plain.setdefault(exprs[value], []).append(node)
         heads = head_matmuls(graph) if self.int4 is not None else set()
-        head = heads if self.int4 is not None and not self.int4.head else set()
+        kept_float = ((heads if not self.int4.head else set()) | router_matmuls(graph)
+                      if self.int4 is not None else set())
         if self.int4 is not None and self.int4.eight_bit:
             self.eight_bit |= self._eight_bit_rows(graph, uses, exprs, heads)
         replaced: set[ir.Node] = set()
@@ -485,7 +494,7 @@ class WeightWriter:
             if progress is not None:
                 progress(done, len(uses))
             if node not in replaced and self._write_use(graph, node, index, value, exprs[value],
-                                                        head, plain):
+                                                        kept_float, plain):
                 replaced.add(node)
         _remove_unused(graph, folded, exprs)
         if any(node.domain == MICROSOFT for node in graph):
@@ -494,14 +503,14 @@ class WeightWriter:
         ir.save(model, path)
 
     def _write_use(self, graph: ir.Graph, node: ir.Node, index: int, value: ir.Value, expr: Expr,
-                   head: set[ir.Node], plain: dict[Expr, list[ir.Node]]) -> bool:
+                   kept_float: set[ir.Node], plain: dict[Expr, list[ir.Node]]) -> bool:
         """Write the weight ``expr`` that ``node`` reads as its input ``index``: as quantized
         rows (int4's products and token embedding, the node replaced), as the matrix a
         transposed product reads when other nodes read it untransposed (``FusedMatMul``, the
         node replaced), else as its values; returns whether ``node`` was replaced."""
         matrix = value.shape is not None and len(value.shape) == 2
         if (self.int4 is not None and node.op_type == "MatMul" and node.domain == "" and index == 1
-                and matrix and node not in head):
+                and matrix and node not in kept_float):
             self._matmul_nbits(graph, node, expr)
         elif self._quantizable_gather(graph, node, value) and index == 0:
             self._gather_quantized(graph, node, expr)
