@@ -15,10 +15,13 @@ import onnxruntime as ort
 import pytest
 import torch
 import transformers as hf
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
 from onnx import helper, numpy_helper
 
 import transformer_kit as tk
 from tests.plugins.families import parity
+from transformer_kit.checkpoints.gguf.blocks import GgufBlocks
 from transformer_kit.export import Int4, export_onnx
 from transformer_kit.export.quantized_experts import ExpertBits, expert_bits
 from transformer_kit.plugins import MixtureOfExperts
@@ -50,7 +53,8 @@ def moe_model(request, tmp_path_factory):
     return tk.from_hf(folder, pad_id=0)
 
 
-def _nodes_alone(folder, op_type: str) -> list[tuple[onnx.ModelProto, onnx.NodeProto]]:
+def _nodes_alone(folder, op_type: str, hidden: int = HIDDEN,
+                 experts: int = EXPERTS) -> list[tuple[onnx.ModelProto, onnx.NodeProto]]:
     """Each ``op_type`` node of the export's first graph as a model of its own (with the
     Softmax that gives it router_weights), its initializers' values loaded."""
     path = sorted(folder.glob("*.onnx"))[0]
@@ -65,10 +69,11 @@ def _nodes_alone(folder, op_type: str) -> list[tuple[onnx.ModelProto, onnx.NodeP
         x, logits = node.input[0], node.input[1]
         model = helper.make_model(helper.make_graph(
             nodes, "alone",
-            [helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, ["tokens", HIDDEN]),
-             helper.make_tensor_value_info(logits, onnx.TensorProto.FLOAT, ["tokens", EXPERTS])],
+            [helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, ["tokens", hidden]),
+             helper.make_tensor_value_info(logits, onnx.TensorProto.FLOAT, ["tokens", experts])],
             [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None)], inits),
-            opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)], ir_version=10)
+            opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+            ir_version=10)
         alone.append((model, node))
     return alone
 
@@ -100,29 +105,38 @@ def test_each_qmoe_node_equals_the_moe_of_its_dequantized_experts(moe_model, cas
     layers = [m for m in moe_model.modules() if isinstance(m, MixtureOfExperts)]
     alone = _nodes_alone(tmp_path, "QMoE")
     assert len(alone) == len(layers) == 2
-    x = torch.randn(11, HIDDEN, generator=torch.Generator().manual_seed(1))
     for (model, node), layer in zip(alone, layers, strict=True):
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         assert (attrs["expert_weight_bits"], attrs.get("block_size")) == (bits, block)
-        arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-        fc1, fc2 = _dequantized(arrays, node, 0), _dequantized(arrays, node, 1)
-        dequantized = copy.deepcopy(layer)
-        for e, expert in enumerate(dequantized.experts):
-            original = torch.stack([expert.gate.weight, expert.up.weight], dim=1).reshape(2 * INNER, HIDDEN)
-            step = (original.abs().amax() / (4 if bits == 4 else 64)).item()  # a misplaced row: ~amax
-            assert (fc1[e] - original).abs().max().item() <= step, "fc1 rows: gate, up interleaved"
-            assert (fc2[e] - expert.down.weight).abs().max().item() <= step
-            with torch.no_grad():
-                expert.gate.weight.copy_(fc1[e, 0::2])
-                expert.up.weight.copy_(fc1[e, 1::2])
-                expert.down.weight.copy_(fc2[e])
+        check_node_alone(model, node, layer, tolerance)
+
+
+def check_node_alone(model: onnx.ModelProto, node: onnx.NodeProto, layer: MixtureOfExperts,
+                     tolerance: float) -> None:
+    """The QMoE ``node`` (alone in ``model``) equals ``layer`` with the experts its blocks stand
+    for, within ``tolerance`` relative; those stand for the layer's own within a step."""
+    arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    bits = {a.name: helper.get_attribute_value(a) for a in node.attribute}["expert_weight_bits"]
+    fc1, fc2 = _dequantized(arrays, node, 0), _dequantized(arrays, node, 1)
+    dequantized = copy.deepcopy(layer)
+    inner, hidden = dequantized.experts[0].gate.weight.shape
+    for e, expert in enumerate(dequantized.experts):
+        original = torch.stack([expert.gate.weight, expert.up.weight], dim=1).reshape(2 * inner, hidden)
+        step = (original.abs().amax() / (4 if bits == 4 else 64)).item()  # a misplaced row: ~amax
+        assert (fc1[e] - original).abs().max().item() <= step, "fc1 rows: gate, up interleaved"
+        assert (fc2[e] - expert.down.weight).abs().max().item() <= step
         with torch.no_grad():
-            expected = dequantized(x[None])[0].numpy()
-            logits = layer.router(x).numpy()
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        got = session.run(None, {node.input[0]: x.numpy(), node.input[1]: logits})[0]
-        error = np.abs(got - expected).max() / np.abs(expected).max()
-        assert error < tolerance, (case, error)
+            expert.gate.weight.copy_(fc1[e, 0::2])
+            expert.up.weight.copy_(fc1[e, 1::2])
+            expert.down.weight.copy_(fc2[e])
+    x = torch.randn(11, hidden, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = dequantized(x[None])[0].numpy()
+        logits = layer.router(x).numpy()
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {node.input[0]: x.numpy(), node.input[1]: logits})[0]
+    error = np.abs(got - expected).max() / np.abs(expected).max()
+    assert error < tolerance, error
 
 
 def test_the_routers_without_renormalisation_mix_by_a_softmax_over_every_expert(moe_model, tmp_path):
@@ -159,3 +173,54 @@ def test_the_routers_stay_float(moe_model, quantize, tmp_path):
     others = [n for n in graph.node if n.op_type == "MatMul" and n not in routers
               and n.input[1] in float_weights]
     assert not others, [n.name for n in others]
+
+
+def _gguf_experts(kind: str) -> tk.TransformerModel:
+    """A decoder of mixtures of experts whose experts are GGUF blocks of ``kind`` (what
+    ``tk.from_gguf`` gives: ``model.gguf_blocks``, the weights their dequantized values)."""
+    torch.manual_seed(2)
+    model = tk.build_model({"architecture": "decoder", "vocab_size": 64, "d_model": 64, "num_heads": 2,
+                            "num_layers": 2, "d_ff": 64, "dropout": 0.0, "pad_id": 0,
+                            "feedforward": {"name": "moe", "num_experts": 4, "top_k": 2,
+                                            "normalize": True}}).eval()
+    model.gguf_blocks = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".experts." in name:
+                data = quantize(p.numpy(), GGMLQuantizationType[kind])
+                model.gguf_blocks[name] = GgufBlocks(kind, data, tuple(p.shape))
+                p.copy_(torch.from_numpy(dequantize(data, GGMLQuantizationType[kind]).reshape(p.shape)))
+    return model
+
+
+@pytest.mark.parametrize(("kind", "bits"), [("Q4_0", 4), ("Q8_0", 8)])
+def test_a_gguf_files_expert_blocks_are_written_as_they_are(kind, bits, tmp_path):
+    """Q4_0 / Q8_0 experts: QMoE over the file's blocks (no second quantization), equal at
+    accuracy level 1 to the file's values; the report says they came from the file."""
+    model = _gguf_experts(kind)
+    report = export_onnx(model, tmp_path, quantize=Int4(accuracy_level=1), verify=False)
+    experts = {n: o for n, o in report.weight_origins.items() if ".experts." in n}
+    assert len(experts) == 2 * 4 * 3 and set(experts.values()) == {f"GGUF {kind} blocks"}
+    layers = [m for m in model.modules() if isinstance(m, MixtureOfExperts)]
+    for (alone, node), layer in zip(_nodes_alone(tmp_path, "QMoE", 64, 4), layers, strict=True):
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        assert (attrs["expert_weight_bits"], attrs["block_size"]) == (bits, 32)
+        arrays = {t.name: numpy_helper.to_array(t) for t in alone.graph.initializer}
+        expert = layer.experts[1]  # the file's values, bit for bit
+        gate_up = torch.stack([expert.gate.weight, expert.up.weight], dim=1).reshape(-1, 64)
+        np.testing.assert_array_equal(_dequantized(arrays, node, 0)[1], gate_up.detach())
+        np.testing.assert_array_equal(_dequantized(arrays, node, 1)[1], expert.down.weight.detach())
+        check_node_alone(alone, node, layer, 1e-4 if bits == 4 else 3e-2)  # blocked 8 bits: int8 activations
+
+
+def test_gguf_experts_with_offsets_are_quantized_here_and_said_so(tmp_path):
+    """Q4_1 blocks carry a per-block offset that QMoE's integer zero points cannot hold: the
+    experts are quantized from their dequantized values, and the report says why."""
+    model = _gguf_experts("Q4_1")
+    report = export_onnx(model, tmp_path, quantize=Int4(accuracy_level=1, eight_bit=()), verify=False)
+    experts = {n: o for n, o in report.weight_origins.items() if ".experts." in n}
+    assert experts and all(o.startswith("quantized here (GGUF Q4_1: QMoE holds a file's experts as they are")
+                           for o in experts.values()), experts
+    layers = [m for m in model.modules() if isinstance(m, MixtureOfExperts)]
+    for (alone, node), layer in zip(_nodes_alone(tmp_path, "QMoE", 64, 4), layers, strict=True):
+        check_node_alone(alone, node, layer, 1e-4)

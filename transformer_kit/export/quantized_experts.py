@@ -24,6 +24,13 @@ softmax over those k: the renormalised weights of ``MoE``'s ``normalize_routing_
 router without renormalisation (Qwen2-MoE, OLMoE) gives ``QMoE`` the softmax over all experts
 as its ``router_weights`` (input 14), whose chosen values mix the outputs as they are.
 
+A GGUF model's experts (``model.gguf_blocks``, ``gguf_blocks.py``) are written from the file's
+own blocks where ``QMoE`` holds them exactly: every expert's gate, up and down in ``Q4_0`` (4-bit
+blocks of 32, ``d (q - 8)``) or every one in ``Q8_0`` (8-bit blocks of 32); fc1's gate and up rows
+interleave whole rows, so their blocks are unchanged. Types with a per-block offset (``Q4_1``,
+``Q4_K``: ``QMoE`` has integer zero points only) or a mix of widths are quantized here from their
+dequantized values, and the export's report says which and why.
+
 Layouts (onnxruntime's ``QMoE`` schema): packed weights uint8 (E, N, K * bits / 8), two 4-bit
 values per byte along K, the even one in the low nibble; scales (E, N, K / block_size) (or (E,
 N) without blocks); zero points (E, N, ceil(K / block_size * bits / 8)), packed along the blocks
@@ -106,23 +113,60 @@ class StackedBlocks:
     block_size: int  # 0: a scale per row
 
 
+def stack_experts(rows: list[QuantizedRows], per_row: bool = False) -> StackedBlocks:
+    """Every expert's rows in blocks (one layout) stacked as ``QMoE`` reads them; ``per_row``:
+    one block per row (no ``block_size`` attribute, scales (E, N))."""
+    first = rows[0]
+    packed = np.stack([q.packed.reshape(q.packed.shape[0], -1) for q in rows])  # (E, N, K * bits / 8)
+    scales = np.stack([q.scales[:, 0] if per_row else q.scales for q in rows])
+    zero_points = np.stack([q.zero_points for q in rows]) if first.zero_points is not None else None
+    return StackedBlocks(packed, scales, zero_points, first.bits, 0 if per_row else first.block_size)
+
+
 def quantize_experts(parts: list[Expr], evaluate: Callable[[Expr], np.ndarray], k: int, bits: int,
                      block_size: int, spec: ExpertBits,
                      importance: Callable[[Expr, int], np.ndarray | None]) -> StackedBlocks:
     """Each expert's rows (``evaluate(part)`` reshaped to (N, ``k``)) quantized in blocks of
     ``block_size`` (0: one block per row, K wide), one expert at a time, and stacked;
     ``importance(part, k)`` weighs its columns' errors (None: alike)."""
-    packed, scales, zero_points = [], [], []
+    quantized = []
     for part in parts:
         rows = np.asarray(evaluate(part), dtype=np.float32).reshape(-1, k)
-        q: QuantizedRows = quantize_rows(rows, block_size or k, spec.symmetric or bits == 8, bits=bits,
-                                         rounding=spec.rounding, importance=importance(part, k))
-        packed.append(q.packed.reshape(q.packed.shape[0], -1))  # (N, blocks, width) -> (N, K * bits / 8)
-        scales.append(q.scales if block_size else q.scales[:, 0])
-        if q.zero_points is not None:
-            zero_points.append(q.zero_points)
-    return StackedBlocks(np.stack(packed), np.stack(scales),
-                         np.stack(zero_points) if zero_points else None, bits, block_size)
+        quantized.append(quantize_rows(rows, block_size or k, spec.symmetric or bits == 8, bits=bits,
+                                       rounding=spec.rounding, importance=importance(part, k)))
+    return stack_experts(quantized, per_row=not block_size)
+
+
+def _interleaved(gate: QuantizedRows, up: QuantizedRows) -> QuantizedRows:
+    """fc1's rows of one expert from its gate's and up's: row 2i gate's row i, 2i + 1 up's."""
+    def pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.stack([a, b], axis=1).reshape(2 * a.shape[0], *a.shape[1:])
+    return QuantizedRows(pair(gate.packed, up.packed), pair(gate.scales, up.scales), None,
+                         gate.block_size, gate.k, bits=gate.bits)
+
+
+def _part_rows(part: Expr, file_rows: Callable[[Expr], QuantizedRows | None]) -> QuantizedRows | None:
+    """One expert's fc1 (its gate and up side by side: ``concat`` on axis 1, read row-interleaved)
+    or fc2 (a weight) from a GGUF file's blocks, or None."""
+    if part[0] == "weight":
+        return file_rows(part)
+    if part[0] == "concat" and part[2] == 1 and len(part[1]) == 2:
+        gate, up = (file_rows(p) for p in part[1])
+        if gate is not None and up is not None and (gate.bits, gate.block_size) == (up.bits, up.block_size):
+            return _interleaved(gate, up)
+    return None
+
+
+def file_experts(fc1: list[Expr], fc2: list[Expr], file_rows: Callable[[Expr], QuantizedRows | None],
+                 ) -> tuple[StackedBlocks, StackedBlocks] | None:
+    """fc1 and fc2 of every expert from a GGUF file's own blocks, when ``QMoE`` holds them
+    exactly (all in one width, one block, no offsets), else None."""
+    rows = [_part_rows(part, file_rows) for part in fc1 + fc2]
+    if any(q is None or q.offsets is not None for q in rows):
+        return None
+    if len({(q.bits, q.block_size) for q in rows}) != 1:
+        return None
+    return stack_experts(rows[:len(fc1)]), stack_experts(rows[len(fc1):])
 
 
 def qmoe_attributes(moe_attributes: dict, bits: int, block_size: int, spec: ExpertBits) -> dict:

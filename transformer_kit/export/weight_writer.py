@@ -45,6 +45,7 @@ from transformer_kit.export.quantized_experts import (
     ExpertBits,
     StackedBlocks,
     expert_parts,
+    file_experts,
     qmoe_attributes,
     quantize_experts,
 )
@@ -412,6 +413,41 @@ class WeightWriter:
             return None
         return rows_importance(self.importance(), _weight_names(part), k)
 
+    def _file_experts(self, fc1: list[Expr], fc2: list[Expr]) -> tuple[StackedBlocks, StackedBlocks] | None:
+        """A GGUF model's experts from the file's own blocks where QMoE holds them exactly
+        (``quantized_experts.file_experts``), else None, the reason in the report's origins."""
+        if not self.file_blocks:
+            return None
+        found = file_experts(fc1, fc2, lambda rows: self.file_blocks.rows(rows, lambda: self._floats(rows)))
+        if found is None:
+            for name in {n for part in fc1 + fc2 for n in _weight_names(part)}:
+                origin = self.file_blocks.origins.get(name, "")
+                if origin.startswith("GGUF "):
+                    kind = origin.removeprefix("GGUF ").removesuffix(" blocks")
+                    self.file_blocks.origins[name] = (
+                        f"quantized here (GGUF {kind}: QMoE holds a file's experts as they are only "
+                        "when all are Q4_0, or all Q8_0: integer blocks without offsets, one width)")
+        return found
+
+    def _expert_blocks(self, fc1: Expr, fc2: Expr, parts1: list[Expr], parts2: list[Expr],
+                       early: set[tuple[str, int]], floats: ir.DataType) -> tuple | None:
+        """(bits, block, [fc1's, fc2's parts written]) of the experts ``fc1``/``fc2`` stack: a
+        GGUF file's blocks where QMoE holds them, else quantized here; None where 4 bits have no
+        block dividing the widths (the experts stay float)."""
+        stacks = self._file_experts(parts1, parts2)
+        if stacks is None:
+            hidden, inner = fc1[2][2], fc2[2][2]
+            layer = _LAYER.match(_weight_names(fc1)[0])
+            bits = 8 if layer and (layer[1], int(layer[2])) in early else self.experts.bits
+            block = self.experts.block_for((hidden, inner), bits)
+            if block is None:
+                return None
+            stacks = [quantize_experts(parts, self.evaluate, k, bits, block, self.experts,
+                                       self._part_importance)
+                      for parts, k in ((parts1, hidden), (parts2, inner))]
+        return (stacks[0].bits, stacks[0].block_size,
+                [self._placed_stack(stack, floats) for stack in stacks])
+
     def _placed_stack(self, blocks: StackedBlocks, floats: ir.DataType) -> dict:
         parts = {"packed": blocks.packed, "scales": blocks.scales.astype(floats.numpy(), copy=False),
                  "zero_points": blocks.zero_points}
@@ -427,22 +463,16 @@ class WeightWriter:
         parts1, parts2 = (expert_parts(fc1) if fc1 else None), (expert_parts(fc2) if fc2 else None)
         if not parts1 or not parts2:
             return False
-        hidden, inner = fc1[2][2], fc2[2][2]
-        layer = _LAYER.match(_weight_names(fc1)[0])
-        bits = 8 if layer and (layer[1], int(layer[2])) in early else self.experts.bits
-        block = self.experts.block_for((hidden, inner), bits)
-        if block is None:
-            return False
         floats = node.inputs[0].dtype or ir.DataType.FLOAT  # the activations' type
-        key = ("qmoe", fc1, fc2, bits, block, floats)
-        if key not in self.quantized:
-            self.quantized[key] = [
-                self._placed_stack(quantize_experts(parts, self.evaluate, k, bits, block, self.experts,
-                                                    self._part_importance), floats)
-                for parts, k in ((parts1, hidden), (parts2, inner))]
+        key = ("qmoe", fc1, fc2, floats)
+        if key not in self.quantized:  # once, whichever graphs read these experts
+            self.quantized[key] = self._expert_blocks(fc1, fc2, parts1, parts2, early, floats)
+        if self.quantized[key] is None:
+            return False
+        bits, block, written = self.quantized[key]
         stem = _weight_names(fc1)[0].split(".experts.")[0] + ".experts"
         placed = {}
-        for fc, entry in zip(("fc1", "fc2"), self.quantized[key], strict=True):
+        for fc, entry in zip(("fc1", "fc2"), written, strict=True):
             names = {"packed": f"{stem}.{fc}.int{bits}", "scales": f"{stem}.{fc}.scales",
                      "zero_points": f"{stem}.{fc}.zero_points"}
             placed[fc] = {part: self._initializer(graph, names[part], floats if part == "scales"
