@@ -1,12 +1,15 @@
 """Writing a transformers model as llama.cpp's convert_hf_to_gguf.py writes it (a test helper):
 llama.cpp's tensor names (gguf's own TensorNameMap), dims in GGUF's order, Llama's q/k rows
 permuted for llama.cpp's rotary, Gemma's norms stored as 1 + weight, the head left out when it is
-the embedding, and a tiny byte-level BPE vocabulary (or, for a model with as many tokens as
+the embedding, a mixture of experts' experts stacked per layer (``ffn_gate_exps`` /
+``ffn_up_exps`` / ``ffn_down_exps``, the experts outermost) with its ``expert_*`` metadata, and
+a tiny byte-level BPE vocabulary (or, for a model with as many tokens as
 :func:`sentencepiece_vocabulary`, that Llama-style sentencepiece one)."""
 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import gguf
@@ -14,7 +17,7 @@ import numpy as np
 import torch
 
 #: The architectures whose converter permutes the q and k rows (LlamaModel.permute).
-PERMUTED = {"llama", "mistral", "granite", "smollm3"}
+PERMUTED = {"llama", "mistral", "granite", "granitemoe", "smollm3"}
 NORM_PLUS_ONE = {"gemma", "gemma2", "gemma3"}
 #: The vocabulary of the written files: three special tokens, single characters, then one merge.
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -120,31 +123,92 @@ def _metadata(writer: gguf.GGUFWriter, cfg, vocab: int) -> None:
     writer.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
 
 
+_MOE_TENSOR = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe|shared_mlp)\.(.+)$")
+#: What follows a layer's mlp (block_sparse_moe, shared_mlp) -> llama.cpp's names of the parts
+#: (a fused gate-and-up tensor is split in halves, the gate first, along its rows).
+_MOE_NAMES = {
+    "gate.weight": ("ffn_gate_inp",), "router.weight": ("ffn_gate_inp",),
+    "router.layer.weight": ("ffn_gate_inp",),
+    "experts.gate_up_proj": ("ffn_gate_exps", "ffn_up_exps"), "experts.down_proj": ("ffn_down_exps",),
+    "shared_expert_gate.weight": ("ffn_gate_inp_shexp",),
+    "shared_expert.gate_proj.weight": ("ffn_gate_shexp",),
+    "shared_expert.up_proj.weight": ("ffn_up_shexp",),
+    "shared_expert.down_proj.weight": ("ffn_down_shexp",),
+    "input_linear.weight": ("ffn_gate_shexp", "ffn_up_shexp"),  # Granite's shared_mlp
+    "output_linear.weight": ("ffn_down_shexp",),
+    # a dense layer among sparse ones (Qwen-MoE's mlp_only_layers): gguf's map for qwen3moe lacks it
+    "gate_proj.weight": ("ffn_gate",), "up_proj.weight": ("ffn_up",), "down_proj.weight": ("ffn_down",),
+}
+
+
+def moe_tensors(hf_name: str, data: np.ndarray) -> list[tuple[str, np.ndarray]] | None:
+    """A mixture of experts' tensor, or a dense SwiGLU's beside them, as llama.cpp's tensors
+    (transformers 5 holds the experts fused: ``gate_up_proj`` (experts, 2 x d_ff, d_model),
+    ``down_proj`` (experts, d_model, d_ff)); None for another tensor. Shapes are numpy's,
+    GGUF's reversed: ``ffn_gate_exps`` (experts, d_ff, d_model) is GGUF's {d_model, d_ff,
+    experts}."""
+    match = _MOE_TENSOR.match(hf_name)
+    if match is None or match[2] not in _MOE_NAMES:
+        return None
+    names = _MOE_NAMES[match[2]]
+    if names == ("ffn_gate_inp_shexp",):
+        data = data.reshape(-1)  # (1, d_model) -> llama.cpp's {d_model}
+    parts = np.split(data, len(names), axis=-2) if len(names) > 1 else [data]  # the gate's rows first
+    return [(f"blk.{match[1]}.{name}.weight", np.ascontiguousarray(part))
+            for name, part in zip(names, parts, strict=True)]
+
+
+def _expert_metadata(writer: gguf.GGUFWriter, cfg) -> None:
+    """``{arch}.expert_*`` as llama.cpp's converter writes them."""
+    count = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    if not count:
+        return
+    writer.add_expert_count(count)
+    writer.add_expert_used_count(cfg.num_experts_per_tok)
+    if getattr(cfg, "moe_intermediate_size", None):
+        writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    shared = getattr(cfg, "shared_expert_intermediate_size", 0) or getattr(cfg, "shared_intermediate_size", 0)
+    if shared:
+        writer.add_expert_shared_feed_forward_length(shared)
+
+
+def _add(writer: gguf.GGUFWriter, name: str, data: np.ndarray,
+         quantized: dict[str, gguf.GGMLQuantizationType]) -> None:
+    if name in quantized:
+        writer.add_tensor(name, gguf.quants.quantize(data, quantized[name]), raw_dtype=quantized[name])
+    else:
+        writer.add_tensor(name, data)
+
+
 def write_gguf(model: torch.nn.Module, path: Path, arch: str,
                quantized: dict[str, gguf.GGMLQuantizationType] | None = None) -> Path:
     """``model`` (a transformers CausalLM) as the GGUF file ``path``; ``quantized``: GGUF tensor
     name -> the type it is stored in (the others: F32)."""
     cfg = model.config
     quantized = quantized or {}
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg.num_hidden_layers)
+    model_arch = next(key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == arch)
+    names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
     writer = gguf.GGUFWriter(path, arch)
     _metadata(writer, cfg, cfg.vocab_size)
+    _expert_metadata(writer, cfg)
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
+        data = tensor.float().numpy().copy()
+        experts = moe_tensors(hf_name, data)
+        for name, part in experts or []:
+            _add(writer, name, part, quantized)
+        if experts is not None:
+            continue
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert name is not None, hf_name
-        data = tensor.float().numpy().copy()
         if arch in PERMUTED and ".q_proj." in hf_name:
             data = permute(data, cfg.num_attention_heads)
         if arch in PERMUTED and ".k_proj." in hf_name:
             data = permute(data, cfg.num_key_value_heads)
         if arch in NORM_PLUS_ONE and hf_name.endswith("norm.weight"):
             data = data + 1
-        if name in quantized:
-            writer.add_tensor(name, gguf.quants.quantize(data, quantized[name]), raw_dtype=quantized[name])
-        else:
-            writer.add_tensor(name, data)
+        _add(writer, name, data, quantized)
     rope = getattr(cfg, "rope_parameters", None) or {}
     if rope.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", rope_freqs(cfg))

@@ -12,12 +12,14 @@ import numpy as np
 
 from transformer_kit.errors import CheckpointError
 
-#: general.architecture -> config.json's model_type (llama.cpp writes SmolLM2 and most Mistral
-#: checkpoints as "llama").
+#: general.architecture -> config.json's model_type (llama.cpp writes SmolLM2, most Mistral
+#: checkpoints and Mixtral as "llama": a llama file with ``llama.expert_count`` > 0 is Mixtral's;
+#: a granitemoe file with a shared expert is GraniteMoeShared's).
 MODEL_TYPES = {
     "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
     "gemma2": "gemma2", "gemma3": "gemma3_text", "phi3": "phi3", "olmo2": "olmo2",
-    "granite": "granite", "smollm3": "smollm3",
+    "granite": "granite", "smollm3": "smollm3", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
+    "olmoe": "olmoe", "granitemoe": "granitemoe",
 }
 
 #: Metadata key (after ``{arch}.``) -> config.json key, for every architecture.
@@ -89,8 +91,85 @@ def _phi3(meta: dict, hf: dict, arch: str) -> None:
 
 _EXTRA: dict[str, Callable[[dict, dict, str], None]] = {
     "gemma": _gemma, "gemma2": _gemma2, "gemma3": _gemma2, "granite": _granite,
-    "smollm3": _smollm3, "phi3": _phi3,
+    "granitemoe": _granite, "smollm3": _smollm3, "phi3": _phi3,
 }
+
+#: The mixture-of-experts architectures: general.architecture -> (config.json's name of the
+#: expert count, of the shared expert's width, norm_topk_prob as llama.cpp computes it: the
+#: ``norm_w`` its graph passes to ``build_moe_ffn``, fixed per architecture whatever
+#: config.json said, or None where the family decides (Mixtral always renormalises; Granite's
+#: softmax over the top-k logits is renormalised by construction)).
+_MOE = {
+    "qwen3moe": ("num_experts", None, True),
+    "qwen2moe": ("num_experts", "shared_expert_intermediate_size", False),
+    "olmoe": ("num_experts", None, False),
+    "llama": ("num_local_experts", None, None),
+    "granitemoe": ("num_local_experts", "shared_intermediate_size", None),
+}
+#: (general.architecture, whether it has a shared expert) -> model_type, where it is not
+#: :data:`MODEL_TYPES`'s.
+_MOE_MODEL_TYPES = {("llama", False): "mixtral", ("llama", True): "mixtral",
+                    ("granitemoe", True): "granitemoeshared"}
+
+
+def _rows(tensors: dict[str, tuple[int, ...]], name: str) -> int | None:
+    """The output width of a layer's GGUF tensor ``name`` (the first layer that has it): the
+    rows of a matrix, the middle dim of stacked experts (experts, rows, cols)."""
+    for key in sorted(tensors):
+        if key.endswith(f".{name}.weight"):
+            return tensors[key][-2]
+    return None
+
+
+def _routing(meta: dict, arch: str) -> tuple[int, int]:
+    """(expert_count, expert_used_count), refused where llama.cpp's router is one the ``moe``
+    component does not compute: ``build_moe_ffn`` scales the chosen weights by
+    ``expert_weights_scale`` when it is neither 0 nor 1, and routes by ``expert_gating_func``
+    when written (1: softmax)."""
+    count, used = _key(meta, arch, "expert_count", 0), _key(meta, arch, "expert_used_count", 0)
+    if not (isinstance(count, int) and isinstance(used, int) and 1 <= used <= count):
+        raise CheckpointError(f"{arch} GGUF file with expert_count {count!r} and expert_used_count "
+                              f"{used!r} is not supported (1 <= expert_used_count <= expert_count).")
+    scale = _key(meta, arch, "expert_weights_scale", 0.0)
+    gating = _key(meta, arch, "expert_gating_func", 1)
+    if scale not in (0.0, 1.0) or gating != 1:
+        raise CheckpointError(f"{arch} GGUF file with expert_weights_scale {scale!r} and "
+                              f"expert_gating_func {gating!r} is not supported (the kit maps an "
+                              "unscaled softmax router: scale 0 or 1, gating 1).")
+    return count, used
+
+
+def _dense_layers(hf: dict, arch: str, tensors: dict[str, tuple[int, ...]]) -> None:
+    """Layers without a router (``blk.N.ffn_gate_inp``) as Qwen-MoE's ``mlp_only_layers``;
+    refused for the other architectures, whose families have no dense layers."""
+    dense = [i for i in range(hf["num_hidden_layers"]) if f"blk.{i}.ffn_gate_inp.weight" not in tensors]
+    if dense and arch not in ("qwen3moe", "qwen2moe"):
+        raise CheckpointError(f"{arch} GGUF file with layers without experts (no blk.N.ffn_gate_inp "
+                              f"in layers {dense}) is not supported.")
+    if dense:
+        hf["mlp_only_layers"] = dense
+
+
+def _experts(meta: dict, hf: dict, arch: str, tensors: dict[str, tuple[int, ...]]) -> None:
+    """The mixture of experts' config.json keys from ``{arch}.expert_*`` and the stacked expert
+    tensors (``blk.N.ffn_{gate,up,down}_exps``: (experts, rows, cols) in PyTorch's order); a
+    llama file without experts is left alone."""
+    if arch not in _MOE or (arch == "llama" and not _key(meta, arch, "expert_count", 0)):
+        return
+    count_key, shared_key, normalize = _MOE[arch]
+    hf[count_key], hf["num_experts_per_tok"] = _routing(meta, arch)
+    _dense_layers(hf, arch, tensors)
+    hf.setdefault("intermediate_size", _rows(tensors, "ffn_gate_exps"))  # each expert's, unwritten
+    if normalize is not None:
+        hf["norm_topk_prob"] = normalize
+    if arch in ("qwen3moe", "qwen2moe"):  # the routed experts' own width
+        hf["moe_intermediate_size"] = (_key(meta, arch, "expert_feed_forward_length")
+                                       or _rows(tensors, "ffn_gate_exps"))
+        hf["qkv_bias"] = hf["attention_bias"]  # Qwen2-MoE's name of it
+    shared = _key(meta, arch, "expert_shared_feed_forward_length") or _rows(tensors, "ffn_gate_shexp") or 0
+    if shared_key is not None:
+        hf[shared_key] = shared
+    hf["model_type"] = _MOE_MODEL_TYPES.get((arch, bool(shared)), hf["model_type"])
 
 
 #: Llama 3.1-3.3's rotary scaling, but the factor: the only one llama.cpp's converter is given.
@@ -184,4 +263,5 @@ def hf_config(meta: dict[str, Any], tensors: dict[str, tuple[int, ...]],
     _rope_scaling(meta, hf, arch, rope_freqs)
     if arch in _EXTRA:
         _EXTRA[arch](meta, hf, arch)
+    _experts(meta, hf, arch, tensors)
     return hf

@@ -62,8 +62,9 @@ def from_gguf(path: str | Path, *, gguf_file: str | None = None, revision: str |
     """Load a GGUF file (llama.cpp's format) as an assembled transformer_kit model.
 
     The file's metadata becomes the Hugging Face config.json of its architecture
-    (``general.architecture``: llama (SmolLM2, most Mistral files), qwen2, qwen3, gemma,
-    olmo2; gemma2, gemma3, phi3, granite, smollm3 once the kit has their families), which the
+    (``general.architecture``: llama (SmolLM2, most Mistral files; Mixtral when
+    ``llama.expert_count`` > 0), qwen2, qwen3, gemma, olmo2, gemma2, gemma3, phi3, granite,
+    smollm3, and the mixtures of experts qwen3moe, qwen2moe, olmoe, granitemoe), which the
     checkpoint family ``from_hf`` uses maps, with the file's tensors dequantized to float32 (one
     at a time) under their Hugging Face names. The model equals transformers' own loading of the
     file (``from_pretrained(folder, gguf_file=...)``).
@@ -71,7 +72,9 @@ def from_gguf(path: str | Path, *, gguf_file: str | None = None, revision: str |
     Besides ``model.tokenizer`` (rebuilt from ``tokenizer.ggml.*``, with the chat template), the
     model keeps ``model.gguf_blocks``: for every weight matrix stored quantized, its
     :class:`~transformer_kit.checkpoints.gguf.blocks.GgufBlocks` (the file's own blocks), by
-    parameter name.
+    parameter name; a mixture of experts' stacked experts (``ffn_gate_exps`` (experts, d_ff,
+    d_model), ...) are read one expert at a time and give one entry per expert
+    (``decoder.layers.N.feedforward.experts.E.gate.weight``).
 
     Args:
         path: the ``.gguf`` file; or a file of a Hub repository, ``"org/name:FILE.gguf"``

@@ -5,7 +5,13 @@ the model is filled, with what llama.cpp's converter did to them undone:
   (out, in), which is the order of the data (numpy's view of it already is);
 * Llama's query and key rows, interleaved per head for llama.cpp's rotary
   (``LlamaModel.permute`` in convert_hf_to_gguf.py), put back in halves;
-* Gemma's norm weights, stored as 1 + weight (its RMSNorm scales by 1 + weight).
+* Gemma's norm weights, stored as 1 + weight (its RMSNorm scales by 1 + weight);
+* a mixture of experts' stacked experts (``blk.N.ffn_gate_exps`` / ``ffn_up_exps``: GGUF dims
+  (in, rows, experts), PyTorch's (experts, rows, in); ``ffn_down_exps`` (experts, d_model,
+  d_ff)), split into one Hugging Face tensor per expert (``mlp.experts.{e}.gate_proj.weight``
+  (rows, in)), each read (and dequantized) alone from its slice of the file, so no layer's
+  experts are ever held whole; Qwen2-MoE's shared expert gate ``ffn_gate_inp_shexp`` (d_model,)
+  as transformers' (1, d_model).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from transformer_kit.checkpoints.gguf.blocks import GgufBlocks
 from transformer_kit.errors import CheckpointError
 
 #: The architectures whose converter permutes the q and k rows (LlamaModel and its subclasses).
-PERMUTED = frozenset({"llama", "mistral", "granite", "smollm3"})
+PERMUTED = frozenset({"llama", "mistral", "granite", "granitemoe", "smollm3"})
 #: The architectures whose norm weights are stored with 1 added.
 NORM_PLUS_ONE = frozenset({"gemma", "gemma2", "gemma3"})
 #: Stored as plain floats (no blocks to keep).
@@ -37,7 +43,14 @@ _LAYER = {
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm", "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
+    "ffn_down_exps": "mlp.experts.{e}.down_proj",
 }
+#: GGUF vectors transformers holds as a matrix of one row.
+_ROW = frozenset({"ffn_gate_inp_shexp"})
 #: Per-architecture exceptions to :data:`_LAYER`.
 _LAYER_BY_ARCH = {
     "gemma2": {"ffn_norm": "pre_feedforward_layernorm"},
@@ -51,7 +64,8 @@ _NAME = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_0-9]+)\.(weight|bias)$")
 
 def hf_name(name: str, arch: str) -> str | None:
     """The Hugging Face name of GGUF tensor ``name`` (``blk.3.attn_q.weight`` ->
-    ``model.layers.3.self_attn.q_proj.weight``); None for a tensor that is no weight."""
+    ``model.layers.3.self_attn.q_proj.weight``); None for a tensor that is no weight. A stacked
+    experts' tensor gives a name with ``{e}`` where each expert's index goes."""
     if _SKIPPED.match(name):
         return None
     match = _NAME.match(name)
@@ -81,10 +95,23 @@ class GgufTensors:
         self.by_name = {t.name: t for t in reader.tensors}
         self.heads = {"q_proj": hf["num_attention_heads"], "k_proj": hf["num_key_value_heads"]}
         self.names = {}  # Hugging Face name -> GGUF name
-        for name in self.by_name:
+        self.experts: dict[str, int] = {}  # Hugging Face name of one expert -> its index
+        for name, tensor in self.by_name.items():
             theirs = hf_name(name, arch)
-            if theirs is not None:
+            if theirs is None:
+                continue
+            if "{e}" not in theirs:
                 self.names[theirs] = name
+                continue
+            for e in range(int(tensor.shape[-1])):  # GGUF's outermost dim: the experts
+                self.names[theirs.format(e=e)] = name
+                self.experts[theirs.format(e=e)] = e
+
+    def _data(self, name: str) -> np.ndarray:
+        """Hugging Face tensor ``name``'s stored values (a view of the file's memory map): the
+        whole tensor, or one expert's slice of stacked experts."""
+        data = np.asarray(self.by_name[self.names[name]].data)
+        return data[self.experts[name]] if name in self.experts else data
 
     def _heads(self, name: str) -> int | None:
         """The head count to unpermute Hugging Face tensor ``name`` by, or None."""
@@ -101,7 +128,7 @@ class GgufTensors:
 
         tensor = self.by_name[self.names[name]]
         try:
-            values = dequantize(np.asarray(tensor.data), tensor.tensor_type)
+            values = dequantize(self._data(name), tensor.tensor_type)
         except (NotImplementedError, ValueError) as exc:
             raise CheckpointError(f"Cannot dequantize {tensor.name!r} ({tensor.tensor_type.name}) "
                                   f"in the GGUF file: {exc}") from None
@@ -118,8 +145,15 @@ class GgufTensors:
         return out
 
     def shape(self, name: str) -> tuple[int, ...]:
-        """Hugging Face tensor ``name``'s shape in PyTorch's order (GGUF's reversed)."""
-        return tuple(int(d) for d in reversed(self.by_name[self.names[name]].shape.tolist()))
+        """Hugging Face tensor ``name``'s shape in PyTorch's order (GGUF's reversed; one
+        expert's (rows, cols) of stacked experts; (1, d_model) for a row vector)."""
+        gguf_name = self.names[name]
+        shape = tuple(int(d) for d in reversed(self.by_name[gguf_name].shape.tolist()))
+        if name in self.experts:
+            return shape[1:]
+        if _NAME.match(gguf_name)[2] in _ROW:
+            return (1, int(np.prod(shape)))
+        return shape
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """GGUF tensor name -> shape in PyTorch's order."""
@@ -139,7 +173,7 @@ class GgufTensors:
         shape = self.shape(name)
         if type_name in FLOAT_TYPES or len(shape) != 2:
             return None
-        data = np.asarray(tensor.data).reshape(shape[0], -1)
+        data = self._data(name).reshape(shape[0], -1)
         heads = self._heads(name)
         if heads is not None:
             data = unpermute_rows(data, heads)

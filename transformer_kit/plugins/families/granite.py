@@ -15,12 +15,14 @@ from transformer_kit.plugins.families.llama import llama_config, llama_weights
 _MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")
 
 
-def granite_config(hf: dict) -> dict:
+def granite_config(hf: dict, family: str = "granite") -> dict:
+    """Llama's mapping with Granite's four multipliers (``family`` names the family in a
+    refusal)."""
     values = {key: hf.get(key, 1.0) for key in _MULTIPLIERS}
     for key, value in values.items():
         require(isinstance(value, (int, float)) and not isinstance(value, bool)
-                and math.isfinite(value) and value > 0, "granite", f"{key} {value!r} (a positive number)")
-    config = llama_config(hf, "granite")
+                and math.isfinite(value) and value > 0, family, f"{key} {value!r} (a positive number)")
+    config = llama_config(hf, family)
     embedding, residual, attention, logits = (float(values[key]) for key in _MULTIPLIERS)
     config["attention"] = {"name": "sdpa", "scale": attention}
     if embedding != 1.0:
