@@ -21,6 +21,7 @@ from tests.plugins.families import moe_parity, parity
 from transformer_kit.checkpoints.gguf.config import hf_config
 from transformer_kit.checkpoints.gguf.file import open_gguf, read_metadata
 from transformer_kit.checkpoints.gguf.tensors import hf_name
+from transformer_kit.export import Int4, export_onnx
 
 # transformers builds a shared expert of width 0 (none) as empty linears, and says so
 pytestmark = pytest.mark.filterwarnings("ignore:Initializing zero-element tensors:UserWarning")
@@ -169,3 +170,16 @@ def test_old_per_expert_and_fused_gate_up_tensors_are_refused_naming_them(name):
     ``ffn_gate_up_exps`` of newer converters, are not read."""
     with pytest.raises(tk.CheckpointError, match=f"holds a tensor '{re.escape(name)}'"):
         hf_name(name, "llama")
+
+
+def test_q4_0_experts_reach_the_int4_export_as_the_files_own_blocks(tmp_path):
+    """Every expert in Q4_0: the int4 export writes each layer's QMoE from the file's blocks
+    (not quantized again), and verifies."""
+    quantized = {f"blk.{i}.ffn_{part}_exps.weight": Q.Q4_0
+                 for i in range(2) for part in ("gate", "up", "down")}
+    _, path = _written("qwen3moe", tmp_path, quantized)
+    model = tk.from_gguf(path)
+    report = export_onnx(model, tmp_path / "int4", quantize=Int4(accuracy_level=1))
+    experts = {name: origin for name, origin in report.weight_origins.items() if ".experts." in name}
+    assert len(experts) == 2 * 6 * 3 and set(experts.values()) == {"GGUF Q4_0 blocks"}
+    moe_parity.check_moe_nodes(model, tmp_path / "int4")
