@@ -183,3 +183,19 @@ def test_q4_0_experts_reach_the_int4_export_as_the_files_own_blocks(tmp_path):
     experts = {name: origin for name, origin in report.weight_origins.items() if ".experts." in name}
     assert len(experts) == 2 * 6 * 3 and set(experts.values()) == {"GGUF Q4_0 blocks"}
     moe_parity.check_moe_nodes(model, tmp_path / "int4")
+
+
+def test_a_streamed_gguf_model_exports_what_the_loaded_one_does(tmp_path):
+    """``from_gguf(stream=True)``: the weights stay in the file (parameters on the meta device)
+    and the int4 export, verified, writes the same bytes as the export of the loaded model."""
+    quantized = {f"blk.{i}.ffn_{part}_exps.weight": Q.Q4_0
+                 for i in range(2) for part in ("gate", "up", "down")}
+    _, path = _written("qwen3moe", tmp_path, quantized)
+    streamed = tk.from_gguf(path, stream=True)
+    assert {p.device.type for p in streamed.parameters()} == {"meta"}
+    reports = {name: export_onnx(model, tmp_path / name, quantize=Int4(accuracy_level=1))
+               for name, model in (("loaded", tk.from_gguf(path)), ("streamed", streamed))}
+    assert reports["streamed"].reference == "PyTorch float32, each layer's weights read as it runs"
+    assert reports["streamed"].weight_origins == reports["loaded"].weight_origins
+    for file in sorted(p.name for p in (tmp_path / "loaded").iterdir() if p.suffix in (".onnx", ".data")):
+        assert (tmp_path / "loaded" / file).read_bytes() == (tmp_path / "streamed" / file).read_bytes(), file

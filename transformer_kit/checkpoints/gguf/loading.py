@@ -58,7 +58,8 @@ def config_from_gguf(path: str | Path, *, gguf_file: str | None = None, revision
 
 
 def from_gguf(path: str | Path, *, gguf_file: str | None = None, revision: str | None = None,
-              dtype: str | torch.dtype = "float32", **overrides: Any) -> TransformerModel:
+              dtype: str | torch.dtype = "float32", stream: bool = False,
+              **overrides: Any) -> TransformerModel:
     """Load a GGUF file (llama.cpp's format) as an assembled transformer_kit model.
 
     The file's metadata becomes the Hugging Face config.json of its architecture
@@ -85,6 +86,10 @@ def from_gguf(path: str | Path, *, gguf_file: str | None = None, revision: str |
         revision: a Hub repository's branch, tag or commit (its default branch when None).
         dtype: the parameters' dtype: ``"float32"`` (the default), ``"bfloat16"`` or
             ``"float16"``.
+        stream: keep the weights in the file: the model's parameters are on the ``meta``
+            device and ``export_onnx`` reads (and dequantizes) each tensor as it writes it, or
+            writes its blocks, so a model whose float32 weights are larger than memory exports
+            (a 30B mixture of experts in 4-bit blocks). Such a model does not run in PyTorch.
         overrides: config keys to replace (``attention="matmul"``, ``eos_id=...``).
 
     Raises:
@@ -97,6 +102,6 @@ def from_gguf(path: str | Path, *, gguf_file: str | None = None, revision: str |
     dtype = _dtype(dtype, {"torch_dtype": "float32"})
     state = family_state(opened.hf, opened.family, opened.tensors.deferred(), opened.path, config)
     blocks = kit_blocks(state, opened.tensors)
-    model = assemble(config, state, opened.path, dtype, opened.tokenizer)
+    model = assemble(config, state, opened.path, dtype, opened.tokenizer, stream)
     model.gguf_blocks = blocks
     return model
