@@ -98,7 +98,8 @@ def load_model(source: Path, *, from_hf: bool = False, weights: Path | None = No
     """A model from a config file (random weights unless ``weights``), a folder saved with
     model.save, a GGUF file (llama.cpp), or (``from_hf``) a Hugging Face checkpoint folder, in
     eval mode; a Hub name (at ``revision``) of a checkpoint or a GGUF file as well.
-    ``stream``: a safetensors checkpoint's weights stay on disk until an export writes them."""
+    ``stream``: a safetensors checkpoint's (or a GGUF file's) weights stay on disk until an
+    export writes them."""
     import transformer_kit as tk
     from transformer_kit.config import config_from_dict
     from transformer_kit.serialization import load_saved_weights, read_saved_config
@@ -116,7 +117,7 @@ def load_model(source: Path, *, from_hf: bool = False, weights: Path | None = No
         if weights is not None:
             raise CheckpointError(f"{str(source)!r} is a GGUF file, which holds its weights; leave "
                                   "out --weights.")
-        return tk.from_gguf(source, **overrides)
+        return tk.from_gguf(source, stream=stream, **overrides)
     if kind == "checkpoint":
         _refuse(source, kind, "a config file or a folder saved with model.save", CheckpointError,
                 "Add --from-hf to load a Hugging Face checkpoint.")
