@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer_kit import get_registry
-from transformer_kit.errors import ExportError
+from transformer_kit.errors import ConfigError, ExportError
 from transformer_kit.plugins.feedforward import SwiGLU
 
 #: The routers the component computes (see the module's docstring).
@@ -65,8 +65,11 @@ def make_expert(expert: str | Mapping[str, Any], d_model: int, d_ff: int, dropou
         raise ValueError(f"expert must name a registered gated feed-forward (one declaring the "
                          f"'gate_up' contract), alone or as {{name: ..., its parameters}}; got "
                          f"{expert!r}. Gated feed-forwards: {', '.join(gated) or '(none)'}.")
-    return registry.create("feedforward", name, context={"d_model": d_model, "d_ff": d_ff,
-                                                          "dropout": dropout}, **params)
+    try:
+        return registry.create("feedforward", name, context={"d_model": d_model, "d_ff": d_ff,
+                                                              "dropout": dropout}, **params)
+    except ConfigError as exc:  # named as the moe's option: the moe's own refusal
+        raise ValueError(f"expert: {exc}") from exc
 
 
 class MixtureOfExperts(nn.Module):
