@@ -266,7 +266,8 @@ def test_a_model_with_sinks_exports_them_explicitly_and_caches_exactly(tmp_path)
     tokens = model.generate(ids, max_new_tokens=5, attention_mask=mask)
     assert torch.equal(tokens, model.generate(ids, max_new_tokens=5, attention_mask=mask, use_cache=False))
     export_onnx(model, tmp_path / "onnx")  # verified against PyTorch
-    ops = {n.op_type for n in onnx.load(tmp_path / "onnx" / "model.onnx", load_external_data=False).graph.node}
+    graph = onnx.load(tmp_path / "onnx" / "model.onnx", load_external_data=False).graph
+    ops = {n.op_type for n in graph.node}
     assert "Attention" not in ops and "Softmax" in ops
     om = OnnxModel(tmp_path / "onnx", providers="cpu")
     with torch.no_grad():

@@ -18,6 +18,8 @@ from transformer_kit.export.verify import relative_error
 from transformer_kit.plugins import MixtureOfExperts
 
 D_MODEL = 12
+#: gpt-oss's experts (its limit 7 lowered so the clamp acts on these small random inputs).
+CLAMPED = {"name": "swiglu", "bias": True, "alpha": 1.702, "limit": 1.0, "up_offset": 1.0}
 
 
 def _moe(**params) -> MixtureOfExperts:
@@ -71,7 +73,7 @@ def _dense(moe: MixtureOfExperts, x: torch.Tensor) -> torch.Tensor:
     {"top_k": 2, "shared_expert_d_ff": 7},
     {"top_k": 5, "normalize": True, "shared_expert_d_ff": 4, "expert_d_ff": 3},
     {"top_k": 2, "expert": "geglu", "expert_d_ff": 6},
-    {"top_k": 2, "router": "softmax_topk", "router_bias": True, "expert": {"name": "swiglu", "bias": True, "alpha": 1.702, "limit": 1.0, "up_offset": 1.0}},
+    {"top_k": 2, "router": "softmax_topk", "router_bias": True, "expert": CLAMPED},
 ], ids=str)
 def test_equals_the_dense_reference(params):
     torch.manual_seed(0)
@@ -179,7 +181,7 @@ def _op_types(folder) -> Counter:
     {"top_k": 3, "router": "softmax_topk", "router_bias": True},
     {"top_k": 2, "shared_expert_d_ff": 7, "expert_d_ff": 6},
     {"top_k": 4, "normalize": True, "shared_expert_d_ff": 4, "router_bias": True},
-    {"top_k": 2, "router": "softmax_topk", "router_bias": True, "expert": {"name": "swiglu", "bias": True, "alpha": 1.702, "limit": 1.0, "up_offset": 1.0}},
+    {"top_k": 2, "router": "softmax_topk", "router_bias": True, "expert": CLAMPED},
     {"top_k": 1, "expert": {"name": "swiglu", "bias": True}},
 ], ids=str)
 def test_export_is_one_moe_node_per_layer_and_equals_pytorch(params, tmp_path):
@@ -205,7 +207,7 @@ def test_export_is_one_moe_node_per_layer_and_equals_pytorch(params, tmp_path):
 def test_clamped_experts_with_biases_export_with_the_op_s_biases_and_attributes(tmp_path):
     """gpt-oss's experts: fc1 bias (E, 2 x d_ff) interleaved like fc1's rows, fc2 bias (E,
     d_model), activation_alpha / activation_beta / swiglu_limit; the clamp acts."""
-    model = _moe_model(top_k=2, router="softmax_topk", router_bias=True, expert={"name": "swiglu", "bias": True, "alpha": 1.702, "limit": 1.0, "up_offset": 1.0})
+    model = _moe_model(top_k=2, router="softmax_topk", router_bias=True, expert=CLAMPED)
     with torch.no_grad():
         for layer in model.decoder.layers:
             for expert in layer.feedforward.experts:

@@ -23,8 +23,9 @@ from transformer_kit.export.verify import relative_error
 
 def _gpt_oss(hidden, heads, kv_heads, layers, experts, top_k, window, **extra):
     model = hf.GptOssForCausalLM(hf.GptOssConfig(
-        vocab_size=parity.VOCAB, hidden_size=hidden, intermediate_size=extra.pop("intermediate_size", hidden + 8),
-        num_local_experts=experts, num_experts_per_tok=top_k, num_attention_heads=heads,
+        vocab_size=parity.VOCAB, hidden_size=hidden,
+        intermediate_size=extra.pop("intermediate_size", hidden + 8), num_local_experts=experts,
+        num_experts_per_tok=top_k, num_attention_heads=heads,
         num_key_value_heads=kv_heads, num_hidden_layers=layers, head_dim=8, sliding_window=window,
         max_position_embeddings=64, bos_token_id=1, eos_token_id=2, **extra))
     return _randomised(parity.random_norms(model))
