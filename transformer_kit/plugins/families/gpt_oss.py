@@ -18,7 +18,7 @@ import math
 
 from transformer_kit import CheckpointFamily, ModelConfig
 from transformer_kit.checkpoints import StateDict, Weights, copy_linear, require
-from transformer_kit.checkpoints.mxfp4 import dequantize_mxfp4
+from transformer_kit.checkpoints.mxfp4 import Mxfp4Experts
 from transformer_kit.plugins.families._experts import expert_count
 from transformer_kit.plugins.families.gemma2 import sliding_variants
 from transformer_kit.plugins.families.llama import llama_config, llama_weights
@@ -63,10 +63,13 @@ def _expert_weights(w: Weights, source: str, num_experts: int):
     d_ff)), each a function of the expert: from the MXFP4 blocks and scales, or transposed
     from the fused float tensors."""
     if w.has(f"{source}.gate_up_proj_blocks"):
-        def mxfp4(name: str):
-            blocks, scales = w.get(f"{source}.{name}_blocks"), w.get(f"{source}.{name}_scales")
-            return lambda e: dequantize_mxfp4(blocks[e], scales[e], f"{source}.{name}")
-        return mxfp4("gate_up_proj"), mxfp4("down_proj")
+        def mxfp4(name: str, reads: int) -> Mxfp4Experts:
+            blocks = w.get(f"{source}.{name}_blocks")
+            require(blocks.shape[0] == num_experts, FAMILY_NAME,
+                    f"{source}.{name}_blocks of {blocks.shape[0]} experts for num_local_experts "
+                    f"{num_experts}")
+            return Mxfp4Experts(blocks, w.get(f"{source}.{name}_scales"), f"{source}.{name}", reads)
+        return mxfp4("gate_up_proj", 2).expert, mxfp4("down_proj", 1).expert  # gate, up; down
     gate_up, down = w.get(f"{source}.gate_up_proj"), w.get(f"{source}.down_proj")
     require(gate_up.shape[0] == num_experts, FAMILY_NAME,
             f"{source}.gate_up_proj of {gate_up.shape[0]} experts for num_local_experts {num_experts}")
