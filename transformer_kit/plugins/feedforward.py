@@ -46,13 +46,11 @@ class SwiGLU(nn.Module):
     def __init__(self, d_model: int, d_ff: int, dropout: float, bias: bool = False,
                  alpha: float = 1.0, limit: float | None = None, up_offset: float = 0.0) -> None:
         super().__init__()
-        for name, value in (("alpha", alpha), ("up_offset", up_offset), ("limit", limit)):
-            if value is None and name == "limit":
-                continue
+        for name, value in (("alpha", alpha), ("up_offset", up_offset)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number{' or null' if name == 'limit' else ''}, "
-                                 f"got {value!r}")
-        if limit is not None and not limit > 0:
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                                  or not 0 < limit < math.inf):
             raise ValueError(f"limit must be positive (the clamp bound) or null, got {limit!r}")
         self.gate = nn.Linear(d_model, d_ff, bias=bias)
         self.up = nn.Linear(d_model, d_ff, bias=bias)
