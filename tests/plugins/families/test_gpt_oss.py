@@ -84,6 +84,21 @@ def test_config_maps_every_feature(tmp_path):
     assert scaling["type"] == "yarn" and scaling["truncate"] is False
 
 
+@pytest.mark.parametrize("truncate", [False, True])
+def test_yarn_at_gpt_oss_20b_s_settings_equals_transformers(truncate):
+    """head_dim 64, rope_theta 150000, factor 32 over 4096 positions, beta 32 / 1: the same
+    frequencies and attention factor as transformers' yarn, bit for bit."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": truncate,
+            "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](hf.GptOssConfig(rope_parameters=rope))
+    ours = tk.get_registry().create("positional", "rotary", context={"head_dim": 64}, base=150000.0,
+                                    scaling={"type": "yarn", **{k: v for k, v in rope.items()
+                                                                if k not in ("rope_type", "rope_theta")}})
+    assert torch.equal(ours.inv_freq, inv_freq) and ours.attention_factor == attention_factor
+
+
 # -- MXFP4 ------------------------------------------------------------------------------------
 _CODES = np.array(FP4_VALUES, dtype=np.float32)
 
