@@ -43,6 +43,8 @@ def expert_spec(hf: dict) -> dict:
 
 
 def gpt_oss_config(hf: dict) -> dict:
+    """The config of a gpt-oss checkpoint (transformers' defaults where config.json is silent:
+    4 experts per token, swiglu_alpha 1.702, swiglu_limit 7, rms_norm_eps 1e-5)."""
     quantization = hf.get("quantization_config") or {}
     method = quantization.get("quant_method")
     require(method in (None, "mxfp4"), FAMILY_NAME,
@@ -52,7 +54,7 @@ def gpt_oss_config(hf: dict) -> dict:
     config["norm"] = {"name": "rmsnorm", "eps": hf.get("rms_norm_eps", 1e-5)}
     config["attention"] = {"name": "sdpa", "sinks": True}
     config["feedforward"] = {"name": "moe", "num_experts": expert_count(hf, FAMILY_NAME),
-                             "top_k": hf["num_experts_per_tok"], "router": "softmax_topk",
+                             "top_k": hf.get("num_experts_per_tok", 4), "router": "softmax_topk",
                              "router_bias": True, "expert": expert_spec(hf)}
     config.update(sliding_variants(hf, FAMILY_NAME, default_every=2))
     return config
