@@ -223,6 +223,16 @@ def test_clamped_experts_with_biases_export_with_the_op_s_biases_and_attributes(
         assert shapes[node.input[3]] == [4, 48] and shapes[node.input[5]] == [4, 16]
 
 
+def test_an_encoder_decoder_with_experts_exports(tmp_path):
+    """The encoder's and the decoder's token counts differ: the router's input names neither
+    (one shared name made onnxruntime reuse one buffer for both: "Shape mismatch")."""
+    torch.manual_seed(7)
+    model = tk.build_model({"architecture": "encoder_decoder", "src_vocab_size": 20, "tgt_vocab_size": 20,
+                            "d_model": 8, "num_heads": 2, "num_layers": 1, "d_ff": 8, "dropout": 0.0,
+                            "feedforward": {"name": "moe", "num_experts": 2, "top_k": 1}}).eval()
+    assert export_onnx(model, tmp_path / "onnx").max_error <= 1e-4  # verified at two lengths
+
+
 def test_the_graph_does_not_grow_with_the_experts(tmp_path):
     """The experts are the MoE node's stacked weights: twice the experts, the same nodes."""
     export_onnx(_moe_model(num_experts=4), tmp_path / "four")

@@ -224,7 +224,8 @@ def moe_onnx(g: Any, moe: MixtureOfExperts, x: Any) -> Any:
         raise ExportError(moe.export_refusal)
     d_model = moe.router.in_features
     first = moe.experts[0]
-    flat = g.shaped(g.op.Reshape(x, [-1, d_model]), ["tokens", d_model], g.float_type)
+    # the token count left unnamed: one name would claim the encoder's and the decoder's equal
+    flat = g.shaped(g.op.Reshape(x, [-1, d_model]), [None, d_model], g.float_type)
     logits = g.linear(moe.router, flat)  # (tokens, num_experts)
     fc1 = _interleaved(g, moe)
     fc2 = _stacked(g, [g.weight(e.down, "weight") for e in moe.experts],
