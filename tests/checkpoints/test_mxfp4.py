@@ -1,5 +1,6 @@
 """MXFP4 blocks and scales read as float32: bit for bit transformers' dequantization, refusals
-of what is not MXFP4, and a layer's stacked experts read once for all its experts."""
+of what is not MXFP4, and a layer's stacked experts read once for all its experts (a
+``SharedRead``, as the gpt_oss family reads them)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import torch
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 import transformer_kit as tk
-from transformer_kit.checkpoints.deferred import DeferredTensor, materialize
-from transformer_kit.checkpoints.mxfp4 import Mxfp4Experts, dequantize_mxfp4
+from transformer_kit.checkpoints.deferred import DeferredTensor, SharedRead, materialize
+from transformer_kit.checkpoints.mxfp4 import dequantize_mxfp4
 
 
 def _random_mxfp4(experts: int = 3, rows: int = 4, groups: int = 2, seed: int = 0):
@@ -38,8 +39,8 @@ def _counted(tensor: torch.Tensor, reads: list[str], name: str) -> DeferredTenso
 def test_a_layer_s_experts_read_its_bytes_once():
     blocks, scales = _random_mxfp4(experts=4)
     reads: list[str] = []
-    layer = Mxfp4Experts(_counted(blocks, reads, "blocks"), _counted(scales, reads, "scales"), "w", reads=2)
-    experts = [layer.expert(e) for e in range(4)]
+    layer = SharedRead((_counted(blocks, reads, "blocks"), _counted(scales, reads, "scales")), reads=2 * 4)
+    experts = [layer.part(lambda b, s, e=e: dequantize_mxfp4(b[e], s[e]), (4, 64)) for e in range(4)]
     assert all(isinstance(x, DeferredTensor) and tuple(x.shape) == (4, 64) for x in experts)
     assert reads == []  # nothing read until materialized
     for e, expert in enumerate(experts):  # gate and up rows of each expert, as the family reads them

@@ -11,8 +11,7 @@ overflow as they do in transformers; so the kit's weights are bit for bit transf
 ``convert_moe_packed_tensors`` in float32.
 
 The dequantization is recorded on deferred tensors like any other torch call (it runs when
-the mapping's result is read, one tensor at a time); :class:`Mxfp4Experts` reads a layer's
-stacked experts one expert at a time while reading the layer's bytes once.
+the mapping's result is read, one tensor at a time).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from transformer_kit.checkpoints.deferred import DeferredTensor, materialize
+from transformer_kit.checkpoints.deferred import DeferredTensor
 from transformer_kit.errors import CheckpointError
 
 #: The 16 FP4 E2M1 codes' values: 0-7 positive, 8-15 their negatives (the sign bit is 8).
@@ -40,7 +39,9 @@ def _dequantize(blocks: Tensor, scales: Tensor) -> Tensor:
     return values.reshape(*blocks.shape[:-2], -1)
 
 
-def _check(blocks: Tensor, scales: Tensor, name: str) -> None:
+def check_mxfp4(blocks: Tensor, scales: Tensor, name: str) -> None:
+    """Refuses (CheckpointError naming ``name``) blocks and scales that are not MXFP4's uint8
+    (..., rows, groups, 16) and (..., rows, groups); reads nothing."""
     if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
         raise CheckpointError(f"{name}: MXFP4 blocks and scales must be uint8; got {blocks.dtype} "
                               f"and {scales.dtype}. The checkpoint is not an MXFP4 one as written.")
@@ -53,42 +54,9 @@ def dequantize_mxfp4(blocks: Tensor, scales: Tensor, name: str = "an MXFP4 tenso
     """The float32 values (..., rows, groups * 32) of MXFP4 ``blocks`` (..., rows, groups, 16)
     and ``scales`` (..., rows, groups), both uint8; deferred (read when materialized) when
     ``blocks`` is. ``name`` names the tensor in the refusal of mismatched shapes or dtypes."""
-    _check(blocks, scales, name)
+    check_mxfp4(blocks, scales, name)
     if not isinstance(blocks, DeferredTensor) and not isinstance(scales, DeferredTensor):
         return _dequantize(blocks, scales)
     meta = torch.empty((*blocks.shape[:-2], blocks.shape[-2] * BLOCK), dtype=torch.float32, device="meta")
     return DeferredTensor(meta, ("call", _dequantize, (blocks, scales), {}))
 
-
-class Mxfp4Experts:
-    """A layer's experts stored as one MXFP4 tensor: ``blocks`` (experts, rows, groups, 16) and
-    ``scales`` (experts, rows, groups). :meth:`expert` is expert e's float32 values (rows,
-    groups * 32), deferred when the tensors are. Its bytes are read once for all the layer's
-    experts and dropped after the ``reads`` expected of each expert (a read after that reads
-    them again): reading ``blocks[e]`` as its own deferred slice would read the whole stacked
-    tensor again for each expert, as the reader keeps only the last tensor it read."""
-
-    def __init__(self, blocks: Tensor, scales: Tensor, name: str, reads: int = 1) -> None:
-        _check(blocks, scales, name)
-        self.blocks, self.scales, self.name = blocks, scales, name
-        self.reads = reads * blocks.shape[0]  # expected reads of the whole layer
-        self._raw: tuple[Tensor, Tensor] | None = None
-        self._done = 0
-
-    def expert(self, e: int) -> Tensor:
-        """Expert ``e``: (rows, groups * 32) float32."""
-        if not isinstance(self.blocks, DeferredTensor) and not isinstance(self.scales, DeferredTensor):
-            return _dequantize(self.blocks[e], self.scales[e])
-        shape = (self.blocks.shape[1], self.blocks.shape[2] * BLOCK)
-        return DeferredTensor(torch.empty(shape, dtype=torch.float32, device="meta"),
-                              ("read", self._read, e))
-
-    def _read(self, e: int) -> Tensor:
-        if self._raw is None:
-            self._raw = (materialize(self.blocks), materialize(self.scales))
-        blocks, scales = self._raw
-        values = _dequantize(blocks[e], scales[e])
-        self._done += 1
-        if self._done >= self.reads:  # every expert read as often as expected: let the bytes go
-            self._raw, self._done = None, 0
-        return values

@@ -15,10 +15,12 @@ dequantized to float32 one expert at a time (:mod:`transformer_kit.checkpoints.m
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from transformer_kit import CheckpointFamily, ModelConfig
 from transformer_kit.checkpoints import StateDict, Weights, copy_linear, require
-from transformer_kit.checkpoints.mxfp4 import Mxfp4Experts
+from transformer_kit.checkpoints.deferred import SharedRead
+from transformer_kit.checkpoints.mxfp4 import BLOCK, check_mxfp4, dequantize_mxfp4
 from transformer_kit.plugins.families._experts import expert_count
 from transformer_kit.plugins.families.gemma2 import sliding_variants
 from transformer_kit.plugins.families.llama import llama_config, llama_weights
@@ -60,22 +62,29 @@ def gpt_oss_config(hf: dict) -> dict:
     return config
 
 
-def _expert_weights(w: Weights, source: str, num_experts: int):
-    """(gate_up (experts, 2 x d_ff, d_model) rows interleaved gate, up; down (experts, d_model,
-    d_ff)), each a function of the expert: from the MXFP4 blocks and scales, or transposed
-    from the fused float tensors."""
-    if w.has(f"{source}.gate_up_proj_blocks"):
-        def mxfp4(name: str, reads: int) -> Mxfp4Experts:
-            blocks = w.get(f"{source}.{name}_blocks")
-            require(blocks.shape[0] == num_experts, FAMILY_NAME,
-                    f"{source}.{name}_blocks of {blocks.shape[0]} experts for num_local_experts "
-                    f"{num_experts}")
-            return Mxfp4Experts(blocks, w.get(f"{source}.{name}_scales"), f"{source}.{name}", reads)
-        return mxfp4("gate_up_proj", 2).expert, mxfp4("down_proj", 1).expert  # gate, up; down
-    gate_up, down = w.get(f"{source}.gate_up_proj"), w.get(f"{source}.down_proj")
-    require(gate_up.shape[0] == num_experts, FAMILY_NAME,
-            f"{source}.gate_up_proj of {gate_up.shape[0]} experts for num_local_experts {num_experts}")
-    return (lambda e: gate_up[e].T), (lambda e: down[e].T)
+def _expert_weights(w: Weights, source: str, num_experts: int) -> tuple[Callable, Callable]:
+    """(gate_up (2 x d_ff, d_model) rows interleaved gate, up; down (d_model, d_ff)), each a
+    function of the expert: dequantized from the MXFP4 blocks and scales, or transposed from
+    the fused float tensors; either way the layer's stacked tensors are read once for all its
+    experts (each expert's gate_up is read twice: its gate rows, its up rows)."""
+    mxfp4 = w.has(f"{source}.gate_up_proj_blocks")
+    parts = []
+    for name, reads in (("gate_up_proj", 2), ("down_proj", 1)):
+        inputs = ((w.get(f"{source}.{name}_blocks"), w.get(f"{source}.{name}_scales")) if mxfp4
+                  else (w.get(f"{source}.{name}"),))
+        require(inputs[0].shape[0] == num_experts, FAMILY_NAME,
+                f"{source}.{name} of {inputs[0].shape[0]} experts for num_local_experts {num_experts}")
+        if mxfp4:
+            check_mxfp4(*inputs, f"{source}.{name}")
+        shared = SharedRead(inputs, reads * num_experts)
+        if mxfp4:  # (experts, out, in / 32, 16) blocks: expert e's (out, in)
+            shape = (inputs[0].shape[1], inputs[0].shape[2] * BLOCK)
+            parts.append(lambda e, shared=shared, shape=shape, name=name: shared.part(
+                lambda blocks, scales: dequantize_mxfp4(blocks[e], scales[e], f"{source}.{name}"), shape))
+        else:  # (experts, in, out): expert e's (out, in)
+            shape = (inputs[0].shape[2], inputs[0].shape[1])
+            parts.append(lambda e, shared=shared, shape=shape: shared.part(lambda t: t[e].T, shape))
+    return parts[0], parts[1]
 
 
 def copy_experts(out: StateDict, w: Weights, cfg: ModelConfig, ours: str, theirs: str, i: int) -> None:
