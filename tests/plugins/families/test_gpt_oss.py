@@ -84,6 +84,21 @@ def test_config_maps_every_feature(tmp_path):
     assert scaling["type"] == "yarn" and scaling["truncate"] is False
 
 
+def test_the_hub_s_config_layout_maps_alike(tmp_path):
+    """gpt-oss-20b's config.json as the Hub has it (written by transformers 4.55): rope_scaling
+    and a top-level rope_theta instead of rope_parameters, no swiglu_alpha, the MXFP4
+    quantization_config."""
+    _gpt_oss(16, 4, 2, 2, 4, 2, 3).save_pretrained(tmp_path)
+    expected = tk.config_from_hf(tmp_path, pad_id=0)
+    data = json.loads((tmp_path / "config.json").read_text())
+    rope = data.pop("rope_parameters")
+    data.update(rope_theta=rope.pop("rope_theta"), rope_scaling=rope, experts_per_token=2,
+                quantization_config={"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]})
+    del data["swiglu_alpha"]
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    assert tk.config_from_hf(tmp_path, pad_id=0) == expected
+
+
 @pytest.mark.parametrize("truncate", [False, True])
 def test_yarn_at_gpt_oss_20b_s_settings_equals_transformers(truncate):
     """head_dim 64, rope_theta 150000, factor 32 over 4096 positions, beta 32 / 1: the same
