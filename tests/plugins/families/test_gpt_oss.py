@@ -87,7 +87,7 @@ def test_config_maps_every_feature(tmp_path):
 def test_the_hub_s_config_layout_maps_alike(tmp_path):
     """gpt-oss-20b's config.json as the Hub has it (written by transformers 4.55): rope_scaling
     and a top-level rope_theta instead of rope_parameters, no swiglu_alpha, the MXFP4
-    quantization_config."""
+    quantization_config; hidden_act, which transformers' gpt-oss never reads, ignored."""
     _gpt_oss(16, 4, 2, 2, 4, 2, 3).save_pretrained(tmp_path)
     expected = tk.config_from_hf(tmp_path, pad_id=0)
     data = json.loads((tmp_path / "config.json").read_text())
@@ -95,6 +95,7 @@ def test_the_hub_s_config_layout_maps_alike(tmp_path):
     data.update(rope_theta=rope.pop("rope_theta"), rope_scaling=rope, experts_per_token=2,
                 quantization_config={"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]})
     del data["swiglu_alpha"]
+    data["hidden_act"] = "gelu"
     (tmp_path / "config.json").write_text(json.dumps(data))
     assert tk.config_from_hf(tmp_path, pad_id=0) == expected
 
@@ -187,7 +188,7 @@ def test_mxfp4_experts_read_as_transformers_dequantizes_them(tmp_path):
     ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
      r"rope_parameters of type 'dynamic'"),
     ({"swiglu_limit": -1.0}, r"swiglu_limit -1.0 \(a positive clamp bound\)"),
-    ({"hidden_act": "gelu"}, r"hidden_act 'gelu'"),
+    ({"sliding_window": None}, r"sliding layers and sliding_window None"),
 ], ids=str)
 def test_variants_the_kit_does_not_compute_are_refused_naming_the_field(change, message, tmp_path):
     _gpt_oss(16, 4, 2, 2, 4, 2, 3).save_pretrained(tmp_path)

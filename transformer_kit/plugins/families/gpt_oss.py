@@ -51,8 +51,9 @@ def gpt_oss_config(hf: dict) -> dict:
     method = quantization.get("quant_method")
     require(method in (None, "mxfp4"), FAMILY_NAME,
             f"quantization_config.quant_method {method!r} (the kit reads float and mxfp4 checkpoints)")
-    config = llama_config({**hf, "mlp_bias": False, "attention_bias": hf.get("attention_bias", True)},
-                          FAMILY_NAME)
+    # transformers' gpt-oss never reads hidden_act: its experts are always the clamped SwiGLU
+    config = llama_config({**hf, "mlp_bias": False, "attention_bias": hf.get("attention_bias", True),
+                           "hidden_act": "silu"}, FAMILY_NAME)
     config["norm"] = {"name": "rmsnorm", "eps": hf.get("rms_norm_eps", 1e-5)}
     config["attention"] = {"name": "sdpa", "sinks": True}
     config["feedforward"] = {"name": "moe", "num_experts": expert_count(hf, FAMILY_NAME),
