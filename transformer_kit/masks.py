@@ -97,24 +97,32 @@ def check_mask(mask: Tensor, scores_shape: tuple[int, ...] | None = None) -> Non
         )
 
 
-def masked_softmax(scores: Tensor, mask: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
-    """Softmax over the key axis with an optional additive bias and boolean mask.
+def masked_softmax(scores: Tensor, mask: Tensor | None = None, bias: Tensor | None = None,
+                   sinks: Tensor | None = None) -> Tensor:
+    """Softmax over the key axis with an optional additive bias, boolean mask and sinks.
 
     Args:
         scores: (batch, heads, q_len, k_len) scaled dot products, float32 or float64.
         mask: broadcastable to scores, bool, True = may attend.
         bias: broadcastable to scores, added before masking (e.g. ALiBi).
+        sinks: (heads,) logits of one more, value-less key per head that every query sees
+            (gpt-oss's attention sinks): they join each row's denominator, and their weight
+            is dropped.
     Returns:
         weights of the same shape; masked keys get exactly 0 and a row with no visible key
         is all zeros.
     """
     if bias is not None:
         scores = scores + bias.to(scores.dtype)
-    if mask is None:
-        return torch.softmax(scores, dim=-1)
-    check_mask(mask, tuple(scores.shape))
-    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    return torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)
+    if mask is not None:
+        check_mask(mask, tuple(scores.shape))
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    if sinks is None:
+        weights = torch.softmax(scores, dim=-1)
+    else:  # (batch, heads, q_len, 1): the sink's column, then dropped
+        column = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    return weights if mask is None else weights.masked_fill(~mask, 0.0)
 
 
 class NoMask(AttentionMask):

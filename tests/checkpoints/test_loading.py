@@ -128,7 +128,7 @@ def test_two_plugins_with_the_same_family_name_both_plugins(installed_package, f
     assert registry.family("gpt2").plugin == "builtin"
     np.testing.assert_equal(registry.model_types(),
                             ["bart", "bert", "gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "gpt_neox",
-                             "granite", "granitemoe", "granitemoeshared", "llama", "marian", "mistral",
-                             "mixtral", "olmo2", "olmoe", "phi3",
+                             "gpt_oss", "granite", "granitemoe", "granitemoeshared", "llama", "marian",
+                             "mistral", "mixtral", "olmo2", "olmoe", "phi3",
                              "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                              "roberta", "smollm3", "t5", "xlm-roberta"])

@@ -43,7 +43,8 @@ def _some(draw, options: dict) -> dict:
 
 def _attention(draw) -> str | dict:
     return _named(draw(st.sampled_from(ATTENTION)), _some(draw, {
-        "scale": st.sampled_from([0.2, 0.7, 1.5]), "softcap": st.sampled_from([1.5, 30.0])}))
+        "scale": st.sampled_from([0.2, 0.7, 1.5]), "softcap": st.sampled_from([1.5, 30.0]),
+        "sinks": st.booleans()}))
 
 
 def _rotary_scaling(draw, rotary_dim: int) -> dict:
@@ -92,15 +93,22 @@ def _mask(draw, architecture: str) -> str | dict:
     return {"name": name, "window": draw(st.integers(1, 4))} if name == "sliding_window" else name
 
 
+#: swiglu's clamped form (gpt-oss's experts) drawn option by option.
+_CLAMPED_SWIGLU = {"alpha": st.sampled_from([1.0, 1.702]), "limit": st.sampled_from([None, 0.5, 7.0]),
+                   "up_offset": st.sampled_from([0.0, 1.0])}
+
+
 def _moe(draw) -> dict:
-    """A mixture of experts of the configurations that export (softmax routers, swiglu experts;
-    its tests refuse the others)."""
+    """A mixture of experts of the configurations that export (softmax routers, swiglu experts,
+    plain or clamped, with or without biases; its tests refuse the others)."""
     experts = draw(st.integers(1, 4))
+    expert = st.builds(lambda params: {"name": "swiglu", **params},
+                       st.fixed_dictionaries({}, optional={"bias": st.booleans(), **_CLAMPED_SWIGLU}))
     return {"name": "moe", "num_experts": experts, "top_k": draw(st.integers(1, experts)),
             **_some(draw, {"router": st.sampled_from(["softmax", "softmax_topk"]),
                            "normalize": st.booleans(), "expert_d_ff": st.integers(2, 9),
                            "shared_expert_d_ff": st.sampled_from([0, 5]),
-                           "router_bias": st.booleans()})}
+                           "router_bias": st.booleans(), "expert": expert})}
 
 
 def _feedforward(draw) -> str | dict:
@@ -110,6 +118,8 @@ def _feedforward(draw) -> str | dict:
     options = {"bias": st.booleans()}
     if name in ("gelu", "geglu"):
         options["approximate"] = st.sampled_from(["none", "tanh"])
+    if name == "swiglu":
+        options.update(_CLAMPED_SWIGLU)
     return _named(name, _some(draw, options))
 
 

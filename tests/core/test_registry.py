@@ -269,8 +269,8 @@ def test_plugins_that_cannot_be_hashed_register_like_modules(fresh_registry):
 def test_checkpoint_families_come_from_plugins(fresh_registry):
     assert fresh_registry.model_types() == [
         "bart", "bert", "gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "gpt_neox",
-        "granite", "granitemoe", "granitemoeshared", "llama", "marian", "mistral", "mixtral",
-        "olmo2", "olmoe", "phi3", "qwen2",
+        "gpt_oss", "granite", "granitemoe", "granitemoeshared", "llama", "marian", "mistral",
+        "mixtral", "olmo2", "olmoe", "phi3", "qwen2",
         "qwen2_moe", "qwen3", "qwen3_moe",
         "roberta", "smollm3", "t5", "xlm-roberta"]
     assert all(f.plugin == "builtin" for f in fresh_registry.families())

@@ -205,3 +205,74 @@ def test_softcapped_scores_equal_the_formula(name, dtype):
 def test_softcap_parameter_is_validated(bad):
     with pytest.raises(tk.ConfigError, match=r"softcap must be a positive number or null"):
         tk.get_registry().create("attention", "sdpa", softcap=bad)
+
+
+def _sink_reference(q, k, v, mask, sinks):
+    """Attention with sinks in float64, written out: each row's exp(scores) over the visible
+    keys and exp(sink) of its head, the sink's share dropped."""
+    q, k, v = q.double(), k.double(), v.double()
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    top = torch.maximum(scores.masked_fill(~mask, -math.inf).amax(-1, keepdim=True),
+                        sinks.double()[None, :, None, None])
+    exp = torch.exp(scores - top).masked_fill(~mask, 0.0)
+    total = exp.sum(-1, keepdim=True) + torch.exp(sinks.double()[None, :, None, None] - top)
+    return (exp / total) @ v
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_sinks_join_the_denominator_and_a_row_without_keys_stays_zero(name):
+    q, k, v, mask = _random_case(5, torch.float32)
+    kernel = tk.get_registry().create("attention", name, context={"num_heads": 4}, sinks=True)
+    with torch.no_grad():
+        kernel.sinks.copy_(torch.tensor([-1.0, 0.0, 2.0, 5.0]))
+    out = kernel(q, k, v, mask=mask)
+    expected = _sink_reference(q, k, v, mask, kernel.sinks.detach())
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)
+    assert not out[1].any()  # no visible key: zeros (the sink alone takes the weight)
+    plain = _kernel(name)(q, k, v, mask=mask)
+    assert (out[0].norm(dim=-1) < plain[0].norm(dim=-1) + 1e-6).all()  # the sink only takes weight
+
+
+def test_sinks_need_the_model_s_heads():
+    with pytest.raises(tk.ConfigError, match=r"sinks need the model's num_heads"):
+        tk.get_registry().create("attention", "sdpa", sinks=True)
+    with pytest.raises(tk.ConfigError, match=r"sinks must be true or false"):
+        tk.get_registry().create("attention", "sdpa", context={"num_heads": 2}, sinks=1)
+
+
+def test_a_model_with_sinks_exports_them_explicitly_and_caches_exactly(tmp_path):
+    """Sinks in a decoder (sliding and full layers, padded rows): cached steps give the
+    uncached tokens, and the export (scores, a sink column, softmax, the column dropped; no
+    fused Attention op, which has no sinks) gives PyTorch's logits and tokens."""
+    import numpy as np
+    import onnx
+
+    from transformer_kit.export import OnnxModel, export_onnx
+    from transformer_kit.export.verify import relative_error
+
+    torch.manual_seed(6)
+    model = tk.build_model({
+        "architecture": "decoder", "vocab_size": 40, "d_model": 16, "num_heads": 4, "num_kv_heads": 2,
+        "num_layers": 2, "d_ff": 24, "dropout": 0.0, "attention": {"name": "sdpa", "sinks": True},
+        "positional": "rotary", "block": "pre_norm", "norm": "rmsnorm",
+        "layer_types": ["sliding", "full"],
+        "layer_variants": {"sliding": {"mask": {"name": "sliding_window", "window": 3}}, "full": {}}}).eval()
+    with torch.no_grad():
+        for layer in model.decoder.layers:
+            layer.self_attention.kernel.sinks.normal_(std=2.0)
+    ids = torch.randint(3, 40, (2, 8))
+    ids[1, 5:] = 0
+    mask = (ids != 0).long()
+    tokens = model.generate(ids, max_new_tokens=5, attention_mask=mask)
+    assert torch.equal(tokens, model.generate(ids, max_new_tokens=5, attention_mask=mask, use_cache=False))
+    export_onnx(model, tmp_path / "onnx")  # verified against PyTorch
+    graph = onnx.load(tmp_path / "onnx" / "model.onnx", load_external_data=False).graph
+    ops = {n.op_type for n in graph.node}
+    assert "Attention" not in ops and "Softmax" in ops
+    om = OnnxModel(tmp_path / "onnx", providers="cpu")
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask).numpy()
+    real = mask.numpy().astype(bool)
+    assert relative_error(om(ids.numpy(), attention_mask=mask.numpy())[real], expected[real]) <= 1e-4
+    np.testing.assert_array_equal(om.generate(ids.numpy(), max_new_tokens=5, attention_mask=mask.numpy()),
+                                  tokens.numpy())

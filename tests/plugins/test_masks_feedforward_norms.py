@@ -61,6 +61,31 @@ def test_swiglu_formula():
     assert ff.gate.bias is None
 
 
+def test_clamped_swiglu_formula():
+    """gpt-oss's experts: g = min(gate, limit), u = clamp(up, -limit, limit),
+    down(g * sigmoid(alpha * g) * (u + up_offset)), with biases, written out."""
+    torch.manual_seed(0)
+    ff = _create("feedforward", "swiglu", bias=True, alpha=1.702, limit=2.0, up_offset=1.0)
+    x = 3 * torch.randn(2, 5, 8)
+    gate, up = x @ ff.gate.weight.T + ff.gate.bias, x @ ff.up.weight.T + ff.up.bias
+    assert (gate > 2.0).any() and (up.abs() > 2.0).any()  # the clamp acts
+    g, u = torch.minimum(gate, torch.tensor(2.0)), torch.clamp(up, -2.0, 2.0)
+    expected = (g * torch.sigmoid(1.702 * g) * (u + 1.0)) @ ff.down.weight.T + ff.down.bias
+    torch.testing.assert_close(ff(x), expected)
+    plain = _create("feedforward", "swiglu", limit=None)
+    assert ff.clamped and not plain.clamped
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"limit": 0.0}, r"limit must be positive"),
+    ({"alpha": "1.7"}, r"alpha must be a finite number, got '1.7'"),
+    ({"up_offset": float("inf")}, r"up_offset must be a finite number"),
+], ids=str)
+def test_clamped_swiglu_options_are_validated(params, message):
+    with pytest.raises(tk.ConfigError, match=message):
+        _create("feedforward", "swiglu", **params)
+
+
 def test_layernorm_and_rmsnorm_formulas():
     x = torch.randn(2, 3, 8) * 3 + 1
     ln = _create("norm", "layernorm", eps=1e-5)

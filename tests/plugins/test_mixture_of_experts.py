@@ -18,6 +18,8 @@ from transformer_kit.export.verify import relative_error
 from transformer_kit.plugins import MixtureOfExperts
 
 D_MODEL = 12
+#: gpt-oss's experts (its limit 7 lowered so the clamp acts on these small random inputs).
+CLAMPED = {"name": "swiglu", "bias": True, "alpha": 1.702, "limit": 1.0, "up_offset": 1.0}
 
 
 def _moe(**params) -> MixtureOfExperts:
@@ -71,6 +73,7 @@ def _dense(moe: MixtureOfExperts, x: torch.Tensor) -> torch.Tensor:
     {"top_k": 2, "shared_expert_d_ff": 7},
     {"top_k": 5, "normalize": True, "shared_expert_d_ff": 4, "expert_d_ff": 3},
     {"top_k": 2, "expert": "geglu", "expert_d_ff": 6},
+    {"top_k": 2, "router": "softmax_topk", "router_bias": True, "expert": CLAMPED},
 ], ids=str)
 def test_equals_the_dense_reference(params):
     torch.manual_seed(0)
@@ -145,6 +148,8 @@ def test_in_a_model_padded_rows_and_cached_steps_give_the_uncached_logits():
     ({"shared_expert_d_ff": -1}, r"shared_expert_d_ff must be an integer >= 0 .*0: none"),
     ({"router_bias": 1}, r"router_bias must be true or false"),
     ({"topk": 4}, r"got unknown parameter 'topk'. Did you mean 'top_k'"),
+    ({"expert": {"bias": True}}, r"expert must name a registered gated feed-forward .*alone or as"),
+    ({"expert": {"name": "swiglu", "limit": -1}}, r"expert: feedforward 'swiglu' .*limit must be positive"),
 ], ids=str)
 def test_bad_options_are_refused_with_a_sentence_naming_the_slot(params, message):
     config = {"architecture": "decoder", "vocab_size": 40, "d_model": 16, "num_heads": 2,
@@ -176,6 +181,8 @@ def _op_types(folder) -> Counter:
     {"top_k": 3, "router": "softmax_topk", "router_bias": True},
     {"top_k": 2, "shared_expert_d_ff": 7, "expert_d_ff": 6},
     {"top_k": 4, "normalize": True, "shared_expert_d_ff": 4, "router_bias": True},
+    {"top_k": 2, "router": "softmax_topk", "router_bias": True, "expert": CLAMPED},
+    {"top_k": 1, "expert": {"name": "swiglu", "bias": True}},
 ], ids=str)
 def test_export_is_one_moe_node_per_layer_and_equals_pytorch(params, tmp_path):
     model = _moe_model(**params)
@@ -195,6 +202,35 @@ def test_export_is_one_moe_node_per_layer_and_equals_pytorch(params, tmp_path):
     tokens = model.generate(ids, max_new_tokens=6, attention_mask=mask).numpy()
     np.testing.assert_array_equal(om.generate(ids.numpy(), max_new_tokens=6, attention_mask=mask.numpy()),
                                   tokens)
+
+
+def test_clamped_experts_with_biases_export_with_the_op_s_biases_and_attributes(tmp_path):
+    """gpt-oss's experts: fc1 bias (E, 2 x d_ff) interleaved like fc1's rows, fc2 bias (E,
+    d_model), activation_alpha / activation_beta / swiglu_limit; the clamp acts."""
+    model = _moe_model(top_k=2, router="softmax_topk", router_bias=True, expert=CLAMPED)
+    with torch.no_grad():
+        for layer in model.decoder.layers:
+            for expert in layer.feedforward.experts:
+                for linear in (expert.gate, expert.up, expert.down):
+                    linear.bias.normal_()
+    export_onnx(model, tmp_path / "onnx")  # verified against PyTorch
+    graph = onnx.load(tmp_path / "onnx" / "model.onnx", load_external_data=False).graph
+    shapes = {t.name: list(t.dims) for t in graph.initializer}
+    for node in (n for n in graph.node if n.op_type == "MoE"):
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attributes["activation_alpha"] == pytest.approx(1.702)
+        assert attributes["activation_beta"] == 1.0 and attributes["swiglu_limit"] == 1.0
+        assert shapes[node.input[3]] == [4, 48] and shapes[node.input[5]] == [4, 16]
+
+
+def test_an_encoder_decoder_with_experts_exports(tmp_path):
+    """The encoder's and the decoder's token counts differ: the router's input names neither
+    (one shared name made onnxruntime reuse one buffer for both: "Shape mismatch")."""
+    torch.manual_seed(7)
+    model = tk.build_model({"architecture": "encoder_decoder", "src_vocab_size": 20, "tgt_vocab_size": 20,
+                            "d_model": 8, "num_heads": 2, "num_layers": 1, "d_ff": 8, "dropout": 0.0,
+                            "feedforward": {"name": "moe", "num_experts": 2, "top_k": 1}}).eval()
+    assert export_onnx(model, tmp_path / "onnx").max_error <= 1e-4  # verified at two lengths
 
 
 def test_the_graph_does_not_grow_with_the_experts(tmp_path):

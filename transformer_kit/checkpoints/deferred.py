@@ -75,6 +75,36 @@ def materialize(value: Any) -> Any:
     return result[recipe[4]] if recipe[0] == "item" else result
 
 
+class SharedRead:
+    """Parts computed from the same checkpoint tensors (``inputs``), read once for all the parts:
+    a layer's stacked experts read expert by expert. A part's deferred recipe would otherwise
+    read the whole inputs again for each part, as the reader keeps only the last tensor it read
+    and the parts' reads alternate with others. The inputs are dropped after ``reads`` parts were
+    read (a read after that reads them again: slower, never wrong)."""
+
+    def __init__(self, inputs: tuple[Tensor, ...], reads: int) -> None:
+        self.inputs, self.reads = inputs, reads
+        self._raw: tuple[Tensor, ...] | None = None
+        self._done = 0
+
+    def part(self, compute: Callable[..., Tensor], shape: tuple[int, ...],
+             dtype: torch.dtype = torch.float32) -> Tensor:
+        """``compute(*inputs)`` (of ``shape`` and ``dtype``): deferred when an input is."""
+        if not any(isinstance(t, DeferredTensor) for t in self.inputs):
+            return compute(*self.inputs)
+        return DeferredTensor(torch.empty(shape, dtype=dtype, device="meta"), ("read", self._read, compute))
+
+    def _read(self, compute: Callable[..., Tensor]) -> Tensor:
+        if self._raw is None:
+            self._raw = tuple(materialize(t) for t in self.inputs)
+        # contiguous: never a view that would keep the whole inputs alive
+        result = compute(*self._raw).contiguous()
+        self._done += 1
+        if self._done >= self.reads:
+            self._raw, self._done = None, 0
+        return result
+
+
 class _Shards:
     """Reads tensors from safetensors shards with plain reads at their offsets, floats as
     float32. Not through a memory map: a map's pages would count in the process's resident

@@ -65,10 +65,12 @@ def declares(obj: object, lowering: str) -> bool:
 
 def packs_attention(g: GraphBuilder, attention: MultiHeadAttention, inputs: AttentionInputs) -> bool:
     """Whether self-attention is one ONNX ``Attention`` op: the kernel declares the
-    ``attention`` lowering, no score bias, and q and k turn (if at all) by a positional encoding
-    that declares ``rotary`` (one ``RotaryEmbedding`` op each)."""
+    ``attention`` lowering and has no sinks (which the op lacks), no score bias, and q and k
+    turn (if at all) by a positional encoding that declares ``rotary`` (one ``RotaryEmbedding``
+    op each)."""
     return (not attention.is_cross and g.opset >= PACKED_ATTENTION_OPSET and inputs.bias is None
             and declares(attention.kernel, "attention")
+            and getattr(attention.kernel, "sinks", None) is None
             and (not _rotates(inputs.positional) or declares(inputs.positional, "rotary")))
 
 

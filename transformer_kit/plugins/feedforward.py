@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -26,18 +27,42 @@ class FeedForward(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x)) (Shazeer 2020), as in Llama.
+    """down(silu(gate(x)) * up(x)) (Shazeer 2020), as in Llama; with ``alpha``, ``limit`` and
+    ``up_offset`` the clamped form of gpt-oss's experts:
+    ``g = min(gate(x), limit)``, ``u = clamp(up(x), -limit, limit)``,
+    ``down(g * sigmoid(alpha * g) * (u + up_offset))`` (alpha 1.702, limit 7, up_offset 1).
 
     ``forward(x) == gated(gate(x), up(x))``: the contract of the ``"gate_up"`` lowering, under
     which the export computes gate and up as one product over their concatenated weights.
+
+    Args:
+        d_model, d_ff, dropout: sizes (gate, up (d_ff, d_model); down (d_model, d_ff)).
+        bias: whether gate, up and down have biases.
+        alpha: the sigmoid's gain (1: silu).
+        limit: the clamp of gate (above) and up (both sides); None: none.
+        up_offset: added to the (clamped) up before the product (0: none).
     """
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float, bias: bool = False) -> None:
+    def __init__(self, d_model: int, d_ff: int, dropout: float, bias: bool = False,
+                 alpha: float = 1.0, limit: float | None = None, up_offset: float = 0.0) -> None:
         super().__init__()
+        for name, value in (("alpha", alpha), ("up_offset", up_offset)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                                  or not 0 < limit < math.inf):
+            raise ValueError(f"limit must be positive (the clamp bound) or null, got {limit!r}")
         self.gate = nn.Linear(d_model, d_ff, bias=bias)
         self.up = nn.Linear(d_model, d_ff, bias=bias)
         self.down = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
+        self.alpha, self.up_offset = float(alpha), float(up_offset)
+        self.limit = None if limit is None else float(limit)
+
+    @property
+    def clamped(self) -> bool:
+        """Whether this is the clamped form (any of alpha, limit, up_offset not the default)."""
+        return self.alpha != 1.0 or self.limit is not None or self.up_offset != 0.0
 
     def forward(self, x: Tensor) -> Tensor:
         """x (batch, len, d_model) -> (batch, len, d_model)."""
@@ -45,7 +70,12 @@ class SwiGLU(nn.Module):
 
     def gated(self, gate: Tensor, up: Tensor) -> Tensor:
         """gate, up (batch, len, d_ff) -> (batch, len, d_model)."""
-        return self.down(self.dropout(F.silu(gate) * up))
+        if not self.clamped:
+            return self.down(self.dropout(F.silu(gate) * up))
+        if self.limit is not None:
+            gate = gate.clamp(max=self.limit)
+            up = up.clamp(min=-self.limit, max=self.limit)
+        return self.down(self.dropout(gate * torch.sigmoid(gate * self.alpha) * (up + self.up_offset)))
 
 
 class GeGLU(SwiGLU):
@@ -123,8 +153,21 @@ def feedforward_onnx(g, ff: FeedForward, x):
     return g.linear(ff.linear2, g.call(ff.activation, g.linear(ff.linear1, x)))
 
 
+def clamped_swiglu_onnx(g, ff: SwiGLU, gate, up):
+    """The clamped SwiGLU's product before ``down``: min(gate, limit) * sigmoid(alpha * it)
+    * (clamp(up, -limit, limit) + up_offset)."""
+    if ff.limit is not None:
+        gate = g.op.Min(gate, g.constant(ff.limit))
+        up = g.op.Clip(up, g.constant(-ff.limit), g.constant(ff.limit))
+    activated = g.op.Mul(gate, g.op.Sigmoid(g.op.Mul(gate, g.constant(ff.alpha))))
+    return g.op.Mul(activated, g.op.Add(up, g.constant(ff.up_offset)) if ff.up_offset else up)
+
+
 def gated_onnx(g, ff: SwiGLU, x):
     """down(activation(gate(x)) * up(x)), gate and up one product in a generating model."""
     gate, up = g.linears([ff.gate, ff.up], x)
-    activated = (gelu_onnx(g, gate, ff.approximate) if isinstance(ff, GeGLU) else silu_onnx(g, gate))
-    return g.linear(ff.down, g.op.Mul(activated, up))
+    if isinstance(ff, GeGLU):
+        return g.linear(ff.down, g.op.Mul(gelu_onnx(g, gate, ff.approximate), up))
+    if ff.clamped:
+        return g.linear(ff.down, clamped_swiglu_onnx(g, ff, gate, up))
+    return g.linear(ff.down, g.op.Mul(silu_onnx(g, gate), up))

@@ -19,13 +19,14 @@ tokens by the router's weights. No expert runs on a token that did not choose it
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from transformer_kit import get_registry
-from transformer_kit.errors import ExportError
+from transformer_kit.errors import ConfigError, ExportError
 from transformer_kit.plugins.feedforward import SwiGLU
 
 #: The routers the component computes (see the module's docstring).
@@ -50,18 +51,25 @@ def _flag(value: Any, name: str, what: str) -> bool:
     return value
 
 
-def make_expert(expert: str, d_model: int, d_ff: int, dropout: float) -> nn.Module:
+def make_expert(expert: str | Mapping[str, Any], d_model: int, d_ff: int, dropout: float) -> nn.Module:
     """One expert: the registered feed-forward ``expert`` of inner width ``d_ff``, which must
     declare the ``gate_up`` contract (``nn.Linear`` ``gate`` and ``up`` over the input,
-    ``forward(x) == gated(gate(x), up(x))``: swiglu, geglu)."""
+    ``forward(x) == gated(gate(x), up(x))``: swiglu, geglu); ``expert`` is its name, or a
+    mapping of its name and parameters (``{"name": "swiglu", "bias": true, "alpha": 1.702,
+    "limit": 7.0, "up_offset": 1.0}``: gpt-oss's experts)."""
     registry = get_registry()
     gated = [e.component.name for e in registry.entries("feedforward") if "gate_up" in e.component.lowerings]
-    if not isinstance(expert, str) or expert not in gated:
+    params = dict(expert) if isinstance(expert, Mapping) else {}
+    name = params.pop("name", None) if isinstance(expert, Mapping) else expert
+    if not isinstance(name, str) or name not in gated:
         raise ValueError(f"expert must name a registered gated feed-forward (one declaring the "
-                         f"'gate_up' contract); got {expert!r}. Gated feed-forwards: "
-                         f"{', '.join(gated) or '(none)'}.")
-    return registry.create("feedforward", expert, context={"d_model": d_model, "d_ff": d_ff,
-                                                            "dropout": dropout})
+                         f"'gate_up' contract), alone or as {{name: ..., its parameters}}; got "
+                         f"{expert!r}. Gated feed-forwards: {', '.join(gated) or '(none)'}.")
+    try:
+        return registry.create("feedforward", name, context={"d_model": d_model, "d_ff": d_ff,
+                                                              "dropout": dropout}, **params)
+    except ConfigError as exc:  # named as the moe's option: the moe's own refusal
+        raise ValueError(f"expert: {exc}") from exc
 
 
 class MixtureOfExperts(nn.Module):
@@ -76,7 +84,9 @@ class MixtureOfExperts(nn.Module):
         d_model, d_ff, dropout: the model's sizes (d_ff is each expert's width by default).
         num_experts: routed experts (>= 1).
         top_k: experts each token runs (1..num_experts).
-        expert: the registered gated feed-forward each expert is (``swiglu``, ``geglu``).
+        expert: the registered gated feed-forward each expert is (``swiglu``, ``geglu``), or
+            a mapping of its name and parameters (gpt-oss: swiglu with bias, alpha, limit,
+            up_offset).
         expert_d_ff: each routed expert's inner width; None: d_ff.
         router: ``softmax``, ``softmax_topk`` or ``sigmoid`` (the module's docstring).
         normalize: divide the k chosen weights by their sum.
@@ -85,7 +95,8 @@ class MixtureOfExperts(nn.Module):
     """
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, num_experts: int, top_k: int,
-                 expert: str = "swiglu", expert_d_ff: int | None = None, router: str = "softmax",
+                 expert: str | Mapping[str, Any] = "swiglu", expert_d_ff: int | None = None,
+                 router: str = "softmax",
                  normalize: bool = False, shared_expert_d_ff: int = 0,
                  router_bias: bool = False) -> None:
         super().__init__()
@@ -114,15 +125,17 @@ class MixtureOfExperts(nn.Module):
     @property
     def export_refusal(self) -> str:
         """Why this configuration cannot be exported to onnxruntime's ``MoE`` op; "" when it
-        can (a softmax or softmax_topk router, SwiGLU experts)."""
+        can (a softmax or softmax_topk router, SwiGLU experts, with or without biases, plain or
+        clamped: the op's fc1/fc2 biases and its activation_alpha, activation_beta and
+        swiglu_limit compute them)."""
         if self.routing == "sigmoid":
             return ("A mixture of experts with router 'sigmoid' is not exported to ONNX: the MoE op "
                     "applies a softmax over all experts to the router's logits, and has no sigmoid "
                     "router. " + _IN_PYTORCH)
-        if type(self.experts[0]) is not SwiGLU or self.experts[0].gate.bias is not None:
+        if type(self.experts[0]) is not SwiGLU:
             return (f"A mixture of experts whose experts are {type(self.experts[0]).__name__} is not "
                     "exported to ONNX: the MoE op's gated activation is SwiGLU only "
-                    "(silu(gate) * up, swiglu_fusion=1; bias-free experts here); it has no "
+                    "(silu(gate) * up, or gpt-oss's clamped form; swiglu_fusion=1); it has no "
                     "GeGLU. " + _IN_PYTORCH)
         return ""
 
@@ -174,24 +187,54 @@ def _interleaved(g: Any, moe: MixtureOfExperts) -> Any:
     return _stacked(g, parts, [moe.num_experts, 2 * first.gate.out_features, first.gate.in_features])
 
 
+def _expert_biases(g: Any, moe: MixtureOfExperts) -> tuple[Any, Any]:
+    """The MoE op's fc1 bias (num_experts, 2 * expert_d_ff), each expert's gate and up biases
+    interleaved like fc1's rows, and fc2 bias (num_experts, d_model); (None, None) for
+    bias-free experts."""
+    first = moe.experts[0]
+    if first.gate.bias is None:
+        return None, None
+    width, d_model = first.gate.out_features, first.down.out_features
+    # (expert_d_ff, 2) per expert read row by row: gate_0, up_0, gate_1, up_1, ...
+    parts = [g.op.Concat(g.op.Reshape(g.weight(e.gate, "bias"), [width, 1]),
+                         g.op.Reshape(g.weight(e.up, "bias"), [width, 1]), axis=1) for e in moe.experts]
+    fc1 = _stacked(g, parts, [moe.num_experts, 2 * width])
+    return fc1, _stacked(g, [g.weight(e.down, "bias") for e in moe.experts], [moe.num_experts, d_model])
+
+
+def _activation(moe: MixtureOfExperts) -> dict[str, Any]:
+    """The MoE op's SwiGLU attributes: swiglu_fusion=1, and a clamped expert's alpha, up offset
+    (activation_beta) and limit (the op's defaults: 1, 0, none = plain silu(gate) * up)."""
+    expert = moe.experts[0]
+    attributes: dict[str, Any] = {"activation_type": "swiglu", "swiglu_fusion": 1}
+    if expert.clamped:
+        attributes.update(activation_alpha=expert.alpha, activation_beta=expert.up_offset)
+        if expert.limit is not None:
+            attributes["swiglu_limit"] = expert.limit
+    return attributes
+
+
 def moe_onnx(g: Any, moe: MixtureOfExperts, x: Any) -> Any:
     """x (batch, len, d_model) -> (batch, len, d_model): the router's logits (batch * len,
     num_experts) by its linear, onnxruntime's ``com.microsoft`` ``MoE`` op on x with every
     expert stacked (fc1 (E, 2 * expert_d_ff, d_model), gate/up rows interleaved; fc2 (E,
-    d_model, expert_d_ff)), plus the shared expert gated by a sigmoid."""
+    d_model, expert_d_ff); their biases (E, 2 * expert_d_ff) and (E, d_model) when the experts
+    have them), plus the shared expert gated by a sigmoid."""
     if moe.export_refusal:
         raise ExportError(moe.export_refusal)
     d_model = moe.router.in_features
     first = moe.experts[0]
-    flat = g.shaped(g.op.Reshape(x, [-1, d_model]), ["tokens", d_model], g.float_type)
+    # the token count left unnamed: one name would claim the encoder's and the decoder's equal
+    flat = g.shaped(g.op.Reshape(x, [-1, d_model]), [None, d_model], g.float_type)
     logits = g.linear(moe.router, flat)  # (tokens, num_experts)
     fc1 = _interleaved(g, moe)
     fc2 = _stacked(g, [g.weight(e.down, "weight") for e in moe.experts],
                    [moe.num_experts, d_model, first.down.in_features])
+    fc1_bias, fc2_bias = _expert_biases(g, moe)
     # softmax_topk's weights are softmax's renormalised ones (the module's docstring)
     normalize = int(moe.normalize or moe.routing == "softmax_topk")
-    out = g.op.MoE(x, logits, fc1, None, fc2, _domain="com.microsoft", k=moe.top_k,
-                   activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=normalize)
+    out = g.op.MoE(x, logits, fc1, fc1_bias, fc2, fc2_bias, _domain="com.microsoft", k=moe.top_k,
+                   normalize_routing_weights=normalize, **_activation(moe))
     # onnxruntime 1.31.1's CPU MoE declares MayInplace(0, 0) yet zeroes its output before it reads
     # its input: where nothing reads x after the node, the planner hands the output x's buffer and
     # the experts see zeros (Qwen3-MoE top-1: relative error 3e-3). Where(true, out, x) reads x
