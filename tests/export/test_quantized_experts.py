@@ -224,3 +224,27 @@ def test_gguf_experts_with_offsets_are_quantized_here_and_said_so(tmp_path):
     layers = [m for m in model.modules() if isinstance(m, MixtureOfExperts)]
     for (alone, node), layer in zip(_nodes_alone(tmp_path, "QMoE", 64, 4), layers, strict=True):
         check_node_alone(alone, node, layer, 1e-4)
+
+
+def test_clamped_experts_with_biases_quantize_exactly(tmp_path):
+    """gpt-oss's experts (clamped SwiGLU, biases on every projection, a router with a bias and
+    the top-k softmax): QMoE keeps the float biases and the activation's attributes, and equals
+    the dequantized experts at accuracy level 1."""
+    torch.manual_seed(3)
+    expert = {"name": "swiglu", "bias": True, "alpha": 1.702, "limit": 7.0, "up_offset": 1.0}
+    model = tk.build_model({"architecture": "decoder", "vocab_size": 64, "d_model": 32, "num_heads": 2,
+                            "num_layers": 2, "d_ff": 48, "dropout": 0.0, "pad_id": 0,
+                            "feedforward": {"name": "moe", "num_experts": 4, "top_k": 2,
+                                            "router": "softmax_topk", "router_bias": True,
+                                            "expert": expert}}).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".experts." in name:
+                p.mul_(8.0)  # gate/up beyond +-7: the clamp acts
+    export_onnx(model, tmp_path, quantize=Int4(block_size=16, accuracy_level=1, eight_bit=()), verify=False)
+    layers = [m for m in model.modules() if isinstance(m, MixtureOfExperts)]
+    for (alone, node), layer in zip(_nodes_alone(tmp_path, "QMoE", 32, 4), layers, strict=True):
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["activation_alpha"] == pytest.approx(1.702) and attrs["swiglu_limit"] == 7.0
+        assert attrs["activation_beta"] == 1.0 and node.input[4] and node.input[7]  # fc1 and fc2 biases
+        check_node_alone(alone, node, layer, 1e-4)
