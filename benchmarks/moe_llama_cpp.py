@@ -45,9 +45,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helpers the benchmarks share
 
-from benchmarks.gguf_llama_cpp import PROMPT, THREADS, worker  # noqa: E402
-from testbed.moe_gguf import SHAPES, write_moe_gguf  # noqa: E402
-from testbed.peers import ProcessPeer, shared_prefix  # noqa: E402
+from benchmarks.gguf_llama_cpp import PROMPT, THREADS, worker
+from testbed.moe_gguf import SHAPES, write_moe_gguf
+from testbed.peers import ProcessPeer, shared_prefix
 
 LLAMA_F32, LLAMA_Q4, LLAMA_Q4_PASSIVE = "llama.cpp F32", "llama.cpp Q4_0", "llama.cpp Q4_0, OMP passive"
 KIT_F32, KIT_INT4, KIT_INT4_L1 = "kit float32", "kit int4", "kit int4 level 1"
@@ -170,7 +170,8 @@ def main() -> None:
     q4_ratios: dict[str, list[float]] = {name: [] for name in names}  # against llama.cpp Q4_0
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=Console(stderr=True)) as progress:
-        task = progress.add_task(f"{len(peers)} runners, {args.rounds} rounds", total=args.rounds * len(peers))
+        task = progress.add_task(f"{len(peers)} runners, {args.rounds} rounds",
+                                 total=args.rounds * len(peers))
         for index in range(args.rounds):
             shift = index % len(peers)
             times = {}

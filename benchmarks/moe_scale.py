@@ -38,7 +38,6 @@ import os
 import platform
 import resource
 import shutil
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -46,9 +45,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helpers the benchmarks share
 
-from benchmarks.export_scale import measured  # noqa: E402
-from benchmarks.gguf_llama_cpp import PROMPT, THREADS  # noqa: E402
-from testbed.moe_gguf import SHAPES, vocabulary, write_moe_gguf  # noqa: E402
+from benchmarks.export_scale import measured
+from benchmarks.gguf_llama_cpp import PROMPT, THREADS
+from testbed.moe_gguf import SHAPES, vocabulary, write_moe_gguf
 
 STEPS = ("kit export", "kit generate", "llama.cpp", "llama.cpp, OMP passive", "genai int4")
 WARM_UP_TOKENS = 4
@@ -161,9 +160,9 @@ def config_folder(workdir: Path, shape_name: str) -> Path:
               "eos_token_id": ids["<|im_end|>"], "torch_dtype": "bfloat16"}
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     tokens, _, merges, _ = vocabulary(shape.vocab_size)
-    tokenizer = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [
-        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": True} for i, t in enumerate(tokens) if t.startswith("<|")],
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i, t in enumerate(tokens) if t.startswith("<|")]
+    tokenizer = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
         "normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False,
                                               "trim_offsets": True, "use_regex": True},
         "post_processor": None, "decoder": {"type": "ByteLevel", "add_prefix_space": True,
@@ -174,7 +173,8 @@ def config_folder(workdir: Path, shape_name: str) -> Path:
                   "merges": [m.split(" ", 1) for m in merges]}}
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
     (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>"}))
     return folder
 
 
@@ -237,8 +237,11 @@ def main() -> None:
     started, load = datetime.now(UTC), os.getloadavg()
     results: dict[str, dict] = {}
 
+    def figures_path(name: str) -> Path:
+        return args.workdir / f"{name.replace(' ', '-').replace(',', '')}.json"
+
     def run(name: str, command: list[str], folder: Path) -> None:
-        figures_file = args.workdir / f"{name.replace(' ', '-').replace(',', '')}.json"
+        figures_file = figures_path(name)
         figures_file.unlink(missing_ok=True)
         print(f"{name} ...", file=sys.stderr, flush=True)
         try:
@@ -246,23 +249,23 @@ def main() -> None:
         except RuntimeError as exc:
             results[name] = {"failed": str(exc)[-2000:]}
         else:
-            results[name] = {**figures, **(json.loads(figures_file.read_text()) if figures_file.exists() else {})}
-        print(f"{name}: {json.dumps({k: v for k, v in results[name].items() if k not in ('tokens', 'report')})}",
-              file=sys.stderr, flush=True)
+            own = json.loads(figures_file.read_text()) if figures_file.exists() else {}
+            results[name] = {**figures, **own}
+        shown = {k: v for k, v in results[name].items() if k not in ("tokens", "report")}
+        print(f"{name}: {json.dumps(shown)}", file=sys.stderr, flush=True)
 
     empty = args.workdir / "empty"  # measured() sizes a folder: none for these steps
     if "kit export" not in args.skip:
         shutil.rmtree(out, ignore_errors=True)
         run("kit export", child("export", "--args", str(args.gguf), str(out), str(int(args.verify)),
-                                str(int(args.force)), str(args.workdir / "kit-export.json")), out)
+                                str(int(args.force)), str(figures_path("kit export"))), out)
     if "kit generate" not in args.skip and (out / "manifest.json").exists():
         run("kit generate", child("generate", "--args", "kit", str(out), str(prompt_file),
-                                  str(args.new_tokens), str(args.workdir / "kit-generate.json")), empty)
+                                  str(args.new_tokens), str(figures_path("kit generate"))), empty)
     for name, env in (("llama.cpp", []), ("llama.cpp, OMP passive", ["env", "OMP_WAIT_POLICY=PASSIVE"])):
         if name not in args.skip:
             run(name, [*env, *child("generate", "--args", "llama.cpp", str(args.gguf), str(prompt_file),
-                                    str(args.new_tokens), str(args.workdir / f"{name.replace(' ', '-').replace(',', '')}.json"))],
-                empty)
+                                    str(args.new_tokens), str(figures_path(name)))], empty)
     if "genai int4" not in args.skip:
         if Path(args.builder_python).exists():
             print("genai int4 ...", file=sys.stderr, flush=True)
@@ -290,11 +293,11 @@ def main() -> None:
     print("| step | wall s | peak RSS GB | folder GB | load s | tokens/s | note |")
     print("|---|---:|---:|---:|---:|---:|---|")
     for name, r in results.items():
-        def num(key: str, scale: float = 1, digits: int = 1) -> str:
+        def num(key: str, scale: float = 1, digits: int = 1, r: dict = r) -> str:
             return f"{r[key] / scale:.{digits}f}" if isinstance(r.get(key), (int, float)) else ""
         note = r.get("not_run") or r.get("refusal") or (r.get("failed", "").splitlines() or [""])[-1]
         if "int4_matrices" in r:
-            note = f"{r['int4_from_file_blocks']} of {r['int4_matrices']} int4 matrices from the file's blocks"
+            note = f"{r['int4_from_file_blocks']} of {r['int4_matrices']} from the file's blocks"
         print(f"| {name} | {num('seconds')} | {num('rss', 1e9, 2)} | "
               f"{num('folder', 1e9, 2) if name in ('kit export', 'genai int4') else ''} | "
               f"{num('load_seconds')} | {num('tokens_per_s', 1, 2)} | {note} |")

@@ -61,15 +61,19 @@ class MoeShape:
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 40960
 
+    def _attention(self) -> int:
+        """q, k, v and o of one layer."""
+        return self.hidden_size * self.head_dim * 2 * (self.num_attention_heads + self.num_key_value_heads)
+
     def parameters(self) -> int:
-        attention = self.hidden_size * self.head_dim * 2 * (self.num_attention_heads + self.num_key_value_heads)
+        attention = self._attention()
         experts = 3 * self.num_experts * self.moe_intermediate_size * self.hidden_size
         layer = attention + experts + self.num_experts * self.hidden_size
         return self.num_hidden_layers * layer + 2 * self.vocab_size * self.hidden_size
 
     def active_parameters(self) -> int:
         """Parameters a token reads: attention, router, its top-k experts, the head."""
-        attention = self.hidden_size * self.head_dim * 2 * (self.num_attention_heads + self.num_key_value_heads)
+        attention = self._attention()
         experts = 3 * self.num_experts_per_tok * self.moe_intermediate_size * self.hidden_size
         return (self.num_hidden_layers * (attention + experts + self.num_experts * self.hidden_size)
                 + self.vocab_size * self.hidden_size)
@@ -220,15 +224,18 @@ def random_tensor(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     blocks = int(np.prod(spec.shape)) // block
     data = np.frombuffer(bytearray(rng.bytes(blocks * size)), np.uint8).reshape(blocks, size)
     if spec.qtype == Q.Q4_0:  # d (fp16), 16 bytes of two 4-bit quants: value d * (q - 8)
-        data[:, :2] = _signed_scales(rng, blocks, WEIGHT_STD / np.sqrt(21.25)).view(np.uint8).reshape(blocks, 2)
+        scale = WEIGHT_STD / np.sqrt(21.25)  # (q - 8)'s standard deviation: sqrt((16**2 - 1) / 12)
+        data[:, :2] = _signed_scales(rng, blocks, scale).view(np.uint8).reshape(blocks, 2)
     elif spec.qtype == Q.Q8_0:  # d (fp16), 32 int8 quants: value d * q (-128 kept out)
         quants = data[:, 2:].view(np.int8)
         quants[quants == -128] = -127
-        data[:, :2] = _signed_scales(rng, blocks, WEIGHT_STD / 73.3).view(np.uint8).reshape(blocks, 2)
+        scale = WEIGHT_STD / 73.3  # q's standard deviation
+        data[:, :2] = _signed_scales(rng, blocks, scale).view(np.uint8).reshape(blocks, 2)
     elif spec.qtype == Q.Q6_K:  # ql[128] qh[64] scales int8[16] d (fp16): d * scale * (q - 32)
         scales = rng.integers(24, 64, (blocks, 16)) * rng.choice(np.array([-1, 1]), (blocks, 16))
         data[:, 192:208] = scales.astype(np.int8).view(np.uint8)
-        data[:, 208:210] = _signed_scales(rng, blocks, WEIGHT_STD / (18.5 * 44)).view(np.uint8).reshape(blocks, 2)
+        scale = WEIGHT_STD / (18.5 * 44)  # (q - 32)'s standard deviation x a typical |scale|
+        data[:, 208:210] = _signed_scales(rng, blocks, scale).view(np.uint8).reshape(blocks, 2)
     else:
         raise ValueError(f"no random blocks for {spec.qtype.name}")
     return data.reshape(spec.byte_shape())
