@@ -12,9 +12,10 @@ would make the head the largest read of every token at this width).
 
 Runners, each in its own process (:class:`testbed.peers.ProcessPeer`), each with 2 threads:
 
-- llama.cpp (llama-cpp-python) on the F32 file and on the Q4_0 file (and on the Q4_0 file with
-  ``OMP_WAIT_POLICY=PASSIVE``: its OpenMP threads spin while they wait, which helps on an idle
-  machine and hurts on a loaded one): prompt, then one ``eval`` per token, argmax of its logits;
+- llama.cpp (llama-cpp-python) on the F32 file and on the Q4_0 file, each also with
+  ``OMP_WAIT_POLICY=PASSIVE`` (its OpenMP threads spin while they wait, which helps on an idle
+  machine and hurts badly on a loaded one): prompt, then one ``eval`` per token, argmax of its
+  logits;
 - transformer-kit's onnxruntime on ``export_onnx(tk.from_gguf(F32 file))`` (float32: its greedy
   tokens should be llama.cpp's on the F32 file; the table says how many leading tokens agree);
 - transformer-kit's onnxruntime on ``export_onnx(tk.from_gguf(Q4_0 file), quantize=Int4())`` and
@@ -23,8 +24,8 @@ Runners, each in its own process (:class:`testbed.peers.ProcessPeer`), each with
 Each export runs in a process of its own (bounded memory), once per workdir. Each round asks
 every runner in turn (the order rotating) for the prompt and exactly ``--new-tokens`` greedy
 tokens; tokens/s are medians over rounds, ratios are taken within a round (against llama.cpp on
-the same file's type, and against llama.cpp's Q4_0). Acceptance target: kit int4 >= 1.2x
-llama.cpp Q4_0. Results are written to ``WORKDIR/moe_llama_cpp.json``.
+the same file's type and against llama.cpp's Q4_0, each spinning and passive). Acceptance
+target: kit int4 >= 1.2x llama.cpp Q4_0. Results are written to ``WORKDIR/moe_llama_cpp.json``.
 
     python benchmarks/moe_llama_cpp.py [--rounds 5] [--new-tokens 32] [--workdir /work/bench/moe/small]
 """
@@ -49,12 +50,15 @@ from benchmarks.gguf_llama_cpp import PROMPT, THREADS, worker
 from testbed.moe_gguf import SHAPES, write_moe_gguf
 from testbed.peers import ProcessPeer, shared_prefix
 
-LLAMA_F32, LLAMA_Q4, LLAMA_Q4_PASSIVE = "llama.cpp F32", "llama.cpp Q4_0", "llama.cpp Q4_0, OMP passive"
+LLAMA_F32, LLAMA_Q4 = "llama.cpp F32", "llama.cpp Q4_0"
+PASSIVE = ", OMP passive"  # the same runner with OMP_WAIT_POLICY=PASSIVE
+LLAMA_F32_PASSIVE, LLAMA_Q4_PASSIVE = LLAMA_F32 + PASSIVE, LLAMA_Q4 + PASSIVE
 KIT_F32, KIT_INT4, KIT_INT4_L1 = "kit float32", "kit int4", "kit int4 level 1"
 #: runner -> (the GGUF file's type, the export's folder or None for llama.cpp, the llama.cpp runner
 #: on the same file)
 RUNNERS = {
     LLAMA_F32: ("F32", None, LLAMA_F32),
+    LLAMA_F32_PASSIVE: ("F32", None, LLAMA_F32),
     LLAMA_Q4: ("Q4_0", None, LLAMA_Q4),
     LLAMA_Q4_PASSIVE: ("Q4_0", None, LLAMA_Q4),
     KIT_F32: ("F32", "kit-float32", LLAMA_F32),
@@ -122,7 +126,7 @@ def start_peer(name: str, files: dict[str, Path], folders: dict[str, Path], prom
     """Runner ``name`` in a process of its own: ``benchmarks/gguf_llama_cpp.py``'s worker."""
     qtype, kind, _ = RUNNERS[name]
     target = files[qtype] if kind is None else folders[name]
-    env = {"OMP_WAIT_POLICY": "PASSIVE"} if name == LLAMA_Q4_PASSIVE else None
+    env = {"OMP_WAIT_POLICY": "PASSIVE"} if name.endswith(PASSIVE) else None
     return ProcessPeer(name, [sys.executable, __file__, "--worker", "llama.cpp" if kind is None else "kit",
                               "--folder", str(target), "--new-tokens", str(new_tokens)], prompt, env)
 
@@ -166,8 +170,12 @@ def main() -> None:
     started = datetime.now(UTC)
     peers = [start_peer(name, files, folders, prompt, args.new_tokens) for name in names]
     by_name = {p.name: p for p in peers}
-    ratios: dict[str, list[float]] = {name: [] for name in names}  # against llama.cpp, same type
-    q4_ratios: dict[str, list[float]] = {name: [] for name in names}  # against llama.cpp Q4_0
+    # each runner's speed against each baseline (a function of the runner: the llama.cpp runner it is
+    # compared with), a ratio per round
+    baselines = {"same file": lambda name: RUNNERS[name][2],
+                 "same file" + PASSIVE: lambda name: RUNNERS[name][2] + PASSIVE,
+                 "Q4_0": lambda name: LLAMA_Q4, "Q4_0" + PASSIVE: lambda name: LLAMA_Q4_PASSIVE}
+    ratios = {b: {name: [] for name in names} for b in baselines}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=Console(stderr=True)) as progress:
         task = progress.add_task(f"{len(peers)} runners, {args.rounds} rounds",
@@ -179,12 +187,10 @@ def main() -> None:
                 times[peer.name] = peer.run()["seconds"]
                 peer.seconds.append(times[peer.name])
                 progress.advance(task)
-            for name in names:
-                same = RUNNERS[name][2]
-                if same in times:
-                    ratios[name].append(times[same] / times[name])
-                if LLAMA_Q4 in times:
-                    q4_ratios[name].append(times[LLAMA_Q4] / times[name])
+            for baseline, against in baselines.items():
+                for name in names:
+                    if against(name) in times:
+                        ratios[baseline][name].append(times[against(name)] / times[name])
     for peer in peers:
         peer.close()
 
@@ -206,7 +212,7 @@ def main() -> None:
         results["runners"][name] = {
             "gguf_type": RUNNERS[name][0], "seconds": peer.seconds,
             "tokens_per_s": args.new_tokens / statistics.median(peer.seconds),
-            "vs_llama_cpp_same_file": median(ratios[name]), "vs_llama_cpp_q4_0": median(q4_ratios[name]),
+            "vs_llama_cpp": {baseline: median(ratios[baseline][name]) for baseline in baselines},
             "tokens": peer.tokens,
             "greedy_shared_with_llama_cpp_same_file": (shared_prefix(peer.tokens, by_name[same].tokens)
                                                        if same in by_name else None),
@@ -220,16 +226,16 @@ def main() -> None:
           f"\n    {results['command']}\n{args.shape}: {shape.parameters() / 1e9:.2f}B parameters, "
           f"{shape.active_parameters() / 1e9:.2f}B read per token; "
           + ", ".join(f"{q} file {p.stat().st_size / 1e9:.2f} GB" for q, p in files.items()) + "\n")
-    print("| runner | file | tokens/s | vs llama.cpp, same file | vs llama.cpp Q4_0 | "
-          "greedy tokens shared with llama.cpp, same file |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| runner | file | tokens/s | " + " | ".join(f"vs llama.cpp {b}" for b in baselines)
+          + " | greedy tokens shared with llama.cpp, same file |")
+    print("|---|---|---:|" + "---:|" * len(baselines) + "---:|")
     for name, row in results["runners"].items():
         def ratio(value: float | None) -> str:
             return "" if value is None else f"{value:.2f}x"
         shared = row["greedy_shared_with_llama_cpp_same_file"]
         print(f"| {name} | {row['gguf_type']} | {row['tokens_per_s']:.1f} | "
-              f"{ratio(row['vs_llama_cpp_same_file'])} | {ratio(row['vs_llama_cpp_q4_0'])} | "
-              f"{'' if shared is None else f'{shared}/{args.new_tokens}'} |")
+              + " | ".join(ratio(row["vs_llama_cpp"][b]) for b in baselines)
+              + f" | {'' if shared is None else f'{shared}/{args.new_tokens}'} |")
     for name in (KIT_INT4, KIT_INT4_L1):
         if name in results["runners"]:
             print(f"\n{name}: int4 matrices {results['runners'][name]['int4_origins']}")
