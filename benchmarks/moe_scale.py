@@ -8,11 +8,9 @@ tensor by tensor if missing (``--write``). Each step runs in a process of its ow
 ``/usr/bin/time`` (peak resident memory, wall seconds: ``benchmarks/export_scale.py``'s
 :func:`measured`), and writes its own figures to a JSON file:
 
-- ``kit export``: ``tk.from_gguf(file)`` then ``export_onnx(model, out, quantize=Int4(),
-  verify=...)``: time, peak RSS, the folder's bytes, the report's weight origins. The model is
-  loaded streamed (``from_gguf(..., stream=True)``) where ``from_gguf`` takes ``stream``;
-  otherwise ``from_gguf`` fills the model in float32 (4 bytes a parameter), and the step is not
-  run when that is more than the memory available (``--force`` runs it anyway);
+- ``kit export``: ``tk.from_gguf(file, stream=True)`` (the weights stay in the file) then
+  ``export_onnx(model, out, quantize=Int4(), verify=...)``: time, peak RSS, the folder's bytes,
+  the report's weight origins;
 - ``kit generate``: ``OnnxModel(out)`` (load seconds), then 4 greedy tokens untimed (the
   warm-up) and ``--new-tokens`` greedy tokens after the prompt, 2 threads: tokens/s;
 - ``llama.cpp`` and ``llama.cpp, OMP passive`` (llama-cpp-python, 2 threads, ``n_ctx`` 512,
@@ -32,7 +30,6 @@ Results: ``WORKDIR/moe_scale.json`` and a table.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import platform
@@ -58,33 +55,14 @@ def _rss_now() -> int:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _available() -> int:
-    """MemAvailable, bytes."""
-    line = next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemAvailable"))
-    return int(line.split()[1]) * 1024
-
-
 # -- the steps, each in a child process writing its figures to ``result`` ----------------------
-def step_export(gguf: str, out: str, verify: bool, force: bool, result: str) -> None:
+def step_export(gguf: str, out: str, verify: bool, result: str) -> None:
     import transformer_kit as tk
     from transformer_kit.export import Int4, export_onnx
 
     figures: dict = {"verify": verify}
-    streams = "stream" in inspect.signature(tk.from_gguf).parameters
-    figures["from_gguf_streams"] = streams
-    if not streams:
-        from transformer_kit.checkpoints.gguf.file import open_gguf
-
-        count = sum(int(t.n_elements) for t in open_gguf(gguf).tensors)
-        figures["float32_model_bytes"] = 4 * count
-        if 4 * count > _available() and not force:
-            figures["not_run"] = (f"from_gguf fills the model in float32: {4 * count / 1e9:.0f} GB, more "
-                                  f"than the {_available() / 1e9:.0f} GB available (from_gguf has no "
-                                  "stream=True); --force runs it anyway")
-            Path(result).write_text(json.dumps(figures))
-            return
     start = time.perf_counter()
-    model = tk.from_gguf(gguf, stream=True) if streams else tk.from_gguf(gguf)
+    model = tk.from_gguf(gguf, stream=True)  # the weights stay in the file until written
     figures["from_gguf_seconds"] = time.perf_counter() - start
     figures["rss_after_from_gguf"] = _rss_now()
     start = time.perf_counter()
@@ -207,16 +185,14 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=False,
                         help="verify the export against PyTorch (export_onnx's verify)")
-    parser.add_argument("--force", action="store_true", help="run the kit's export even when from_gguf "
-                        "cannot stream and the float32 model is larger than the memory available")
     parser.add_argument("--skip", nargs="*", default=[], choices=STEPS)
     parser.add_argument("--builder-python", default="/work/bench/genai-builder-venv/bin/python")
     parser.add_argument("--step", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--args", nargs="*", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.step == "export":
-        gguf, out, verify, force, result = args.args
-        return step_export(gguf, out, verify == "1", force == "1", result)
+        gguf, out, verify, result = args.args
+        return step_export(gguf, out, verify == "1", result)
     if args.step == "generate":
         kind, target, prompt, new_tokens, result = args.args
         return step_generate(kind, target, json.loads(Path(prompt).read_text()), int(new_tokens), result)
@@ -258,7 +234,7 @@ def main() -> None:
     if "kit export" not in args.skip:
         shutil.rmtree(out, ignore_errors=True)
         run("kit export", child("export", "--args", str(args.gguf), str(out), str(int(args.verify)),
-                                str(int(args.force)), str(figures_path("kit export"))), out)
+                                str(figures_path("kit export"))), out)
     if "kit generate" not in args.skip and (out / "manifest.json").exists():
         run("kit generate", child("generate", "--args", "kit", str(out), str(prompt_file),
                                   str(args.new_tokens), str(figures_path("kit generate"))), empty)
