@@ -61,13 +61,14 @@ def gpt_oss_config(layers: int = 24, hidden: int = 2880, heads: int = 64, kv_hea
                    vocab: int = 201088, sliding_window: int = 128) -> dict[str, Any]:
     """gpt-oss-20b's config.json with its sizes replaced (the defaults are 20b's own)."""
     if hidden % 32 or intermediate % 32:
-        raise ValueError(f"hidden {hidden} and intermediate {intermediate} must be multiples of 32 (MXFP4 blocks)")
+        raise ValueError(f"hidden {hidden} and intermediate {intermediate} must be multiples of 32 "
+                         "(MXFP4 blocks)")
     first = first_special(vocab)
     return {**GPT_OSS_20B, "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
             "num_key_value_heads": kv_heads, "head_dim": head_dim, "num_local_experts": experts,
             "experts_per_token": top_k, "num_experts_per_tok": top_k, "intermediate_size": intermediate,
             "vocab_size": vocab, "sliding_window": sliding_window,
-            "layer_types": ["sliding_attention", "full_attention"] * (layers // 2) + ["sliding_attention"] * (layers % 2),
+            "layer_types": (["sliding_attention", "full_attention"] * layers)[:layers],
             "pad_token_id": first + SPECIALS["<|endoftext|>"], "eos_token_id": first + SPECIALS["<|return|>"]}
 
 
@@ -75,7 +76,8 @@ def first_special(vocab: int) -> int:
     """The first special token's id: 199998 at 20b's vocabulary, else 16 before the end."""
     first = FIRST_SPECIAL if vocab == GPT_OSS_20B["vocab_size"] else vocab - 16
     if first < 256:
-        raise ValueError(f"vocab {vocab}: a byte-level tokenizer needs at least 272 tokens (256 bytes, 16 specials)")
+        raise ValueError(f"vocab {vocab}: a byte-level tokenizer needs at least 272 tokens "
+                         "(256 bytes, 16 specials)")
     return first
 
 
@@ -160,7 +162,8 @@ def write_random_gpt_oss(folder: str | Path, config: dict[str, Any] | None = Non
     flush()
     last = count - 1  # the Hub counts from 0: model-00000-of-00002 is the first of three
     for number in range(count):
-        (folder / f"shard-{number:05d}.safetensors").rename(folder / f"model-{number:05d}-of-{last:05d}.safetensors")
+        (folder / f"shard-{number:05d}.safetensors").rename(
+            folder / f"model-{number:05d}-of-{last:05d}.safetensors")
     index = {"metadata": {"total_size": total}, "weight_map": {
         name: f"model-{number:05d}-of-{last:05d}.safetensors" for name, number in sorted(weight_map.items())}}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
