@@ -12,8 +12,8 @@ seconds, peak resident memory):
    QMoE): seconds, peak RSS, the folder's bytes;
 2. kit run: ``OnnxModel(out)`` on the CPU with ``--threads`` intra-op threads: load seconds,
    resident memory after loading, then greedy ``--new-tokens`` tokens after a ``--prompt``-id
-   prompt (exactly that many: eos may not end them; a 2-token warm-up first), tokens per second
-   over the whole call (the prompt's prefill included), peak RSS;
+   prompt (exactly that many: eos may not end them; a 2-token warm-up first, then 3 timed
+   calls), tokens per second over the median call (the prompt's prefill included), peak RSS;
 3. genai build: onnxruntime-genai's builder ``-p int4 -e cpu`` on the same folder (in its own
    venv, ``--builder-python``): seconds, peak RSS, bytes, or its refusal (the end of its stderr);
 4. genai run: if it built a model, ``og.Model`` load and the same greedy tokens with
@@ -48,6 +48,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # testbed/: helpers the benchmarks share
 
+#: Timed generations per run (after a warm-up); tokens/s is the median's.
+REPEATS = 3
 DEFAULT_BUILDER_PYTHON = "/work/bench/genai-builder-venv/bin/python"
 SHAPES: dict[str, dict[str, int]] = {
     "20b": {},
@@ -100,11 +102,14 @@ def child_kit_run(out: str, new_tokens: int, prompt: str, threads: int) -> dict[
     rss = _rss()
     ids = np.array([[int(i) for i in prompt.split(",")]], dtype=np.int64)
     model.generate(ids, 2, min_new_tokens=2, do_sample=False)  # warm-up
-    start = time.perf_counter()
-    tokens = model.generate(ids, new_tokens, min_new_tokens=new_tokens, do_sample=False)
-    seconds = time.perf_counter() - start
+    seconds = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        tokens = model.generate(ids, new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        seconds.append(time.perf_counter() - start)
+    median = sorted(seconds)[len(seconds) // 2]
     return {"load_seconds": load, "rss_after_load": rss, "new_tokens": int(tokens.shape[1]),
-            "generate_seconds": seconds, "tokens_per_second": tokens.shape[1] / seconds,
+            "generate_seconds": seconds, "tokens_per_second": tokens.shape[1] / median,
             "tokens": tokens[0].tolist()}
 
 
@@ -115,6 +120,7 @@ import json, sys, time
 import numpy as np
 import onnxruntime_genai as og
 folder, new, ids = sys.argv[1], int(sys.argv[2]), [int(i) for i in sys.argv[3].split(",")]
+REPEATS = int(sys.argv[4])
 def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
@@ -134,11 +140,14 @@ def generate(n):
         generator.generate_next_token()
     return list(generator.get_sequence(0))[len(ids):]
 generate(2)
-start = time.perf_counter()
-tokens = generate(new)
-seconds = time.perf_counter() - start
+seconds = []
+for _ in range(REPEATS):
+    start = time.perf_counter()
+    tokens = generate(new)
+    seconds.append(time.perf_counter() - start)
+median = sorted(seconds)[len(seconds) // 2]
 print(json.dumps({"load_seconds": load, "rss_after_load": after, "new_tokens": len(tokens),
-                  "generate_seconds": seconds, "tokens_per_second": len(tokens) / seconds,
+                  "generate_seconds": seconds, "tokens_per_second": len(tokens) / median,
                   "tokens": [int(t) for t in tokens]}))
 """
 
@@ -284,7 +293,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             data["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = args.threads
             genai_config.write_text(json.dumps(data, indent=4))
             step("genai run", [builder, "-c", GENAI_RUN, str(genai_out), str(args.new_tokens),
-                               prompt])
+                               prompt, str(REPEATS)])
     kit, genai = steps.get("kit run", {}), steps.get("genai run", {})
     if kit.get("ok") and genai.get("ok"):
         report["same_tokens"] = kit["tokens"] == genai["tokens"]
@@ -310,7 +319,7 @@ def markdown(report: dict[str, Any]) -> str:
              f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_bytes'] / 2**30:.0f} GiB ({m['host']}).  ",
              f"Checkpoint: {c['folder']} ({c['shape']}; {_gb(c['weights_bytes'])} of safetensors).  ",
              f"Generation: {s['new_tokens']} greedy tokens after {s['prompt_tokens']} prompt ids, "
-             f"{s['threads']} threads; tokens/s over the whole call (prefill included).  ",
+             f"{s['threads']} threads; tokens/s over the median of {REPEATS} calls (prefill included).  ",
              "Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v), "",
              "| step | status | wall | peak RSS | folder | load | RSS after load | tokens/s |",
              "|---|---|---|---|---|---|---|---|"]
