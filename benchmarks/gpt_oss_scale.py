@@ -175,12 +175,42 @@ def _folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
-def measured(command: list[str], log: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of process ``pid`` and its descendants now (0 once it is gone)."""
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            total += int(Path(f"/proc/{current}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            pending += [int(c) for c in Path(f"/proc/{current}/task/{current}/children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def measured(command: list[str], log: Path, env: dict[str, str] | None = None,
+             max_rss: float | None = None) -> dict[str, Any]:
     """Run ``command`` under ``/usr/bin/time -v``: its wall seconds, peak RSS bytes, exit
     status, the JSON its last stdout line printed (a child's figures) or the end of its stderr
-    (a refusal). Both streams are kept in ``log``."""
-    result = subprocess.run(["/usr/bin/time", "-v", *command], capture_output=True, text=True,
-                            env={**os.environ, **(env or {})})
+    (a refusal). Both streams are kept in ``log``. With ``max_rss`` (bytes), the process group
+    is killed once its resident memory passes that (on a machine shared with other jobs, a
+    step that would not fit is stopped before the kernel's OOM killer picks a victim)."""
+    stdout, stderr = log.with_suffix(".out"), log.with_suffix(".err")
+    with stdout.open("w") as out, stderr.open("w") as err:
+        process = subprocess.Popen(["/usr/bin/time", "-v", *command], stdout=out, stderr=err,
+                                   env={**os.environ, **(env or {})}, start_new_session=True)
+        killed = None
+        while process.poll() is None:
+            if max_rss is not None and (rss := _tree_rss(process.pid)) > max_rss:
+                killed = (f"stopped by the benchmark: resident memory {rss / 1e9:.1f} GB passed "
+                          f"{max_rss / 1e9:.1f} GB")
+                os.killpg(process.pid, 9)
+                process.wait()
+                break
+            time.sleep(0.5)
+    result = subprocess.CompletedProcess(command, process.returncode, stdout.read_text(), stderr.read_text())
+    stdout.unlink()
+    stderr.unlink()
     log.write_text(f"$ {' '.join(command)}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}")
     peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", result.stderr)
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", result.stderr)
@@ -188,15 +218,16 @@ def measured(command: list[str], log: Path, env: dict[str, str] | None = None) -
     if wall:
         parts = [float(p) for p in wall.group(1).split(":")]
         seconds = sum(p * 60 ** (len(parts) - 1 - k) for k, p in enumerate(parts))
-    figures: dict[str, Any] = {"ok": result.returncode == 0, "returncode": result.returncode,
+    figures: dict[str, Any] = {"ok": result.returncode == 0 and killed is None,
+                               "returncode": result.returncode,
                                "wall_seconds": seconds,
                                "peak_rss": int(peak.group(1)) * 1024 if peak else None}
-    if result.returncode == 0:
+    if figures["ok"]:
         lines = [line for line in result.stdout.strip().splitlines() if line.startswith("{")]
         figures.update(json.loads(lines[-1]) if lines else {})
     else:
         errors = [line for line in result.stderr.splitlines() if not line.startswith(("\t", "Command "))]
-        figures["error"] = "\n".join(errors[-15:])
+        figures["error"] = "\n".join([*errors[-15:], *([killed] if killed else [])])
     return figures
 
 
@@ -253,7 +284,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": _machine(), "versions": _versions(None if "genai" in args.skip else builder),
         "checkpoint": {"folder": str(folder), "shape": _shape(config),
                        "weights_bytes": sum(p.stat().st_size for p in folder.glob("*.safetensors"))},
-        "settings": {"threads": args.threads, "new_tokens": args.new_tokens, "prompt_tokens": args.prompt},
+        "settings": {"max_rss_gb": args.max_rss, "threads": args.threads, "new_tokens": args.new_tokens,
+                     "prompt_tokens": args.prompt},
         "steps": {},
     }
     steps = report["steps"]
@@ -262,7 +294,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def step(name: str, command: list[str], out: Path | None = None, **kw: Any) -> dict[str, Any]:
         print(f"{name} ...", flush=True)
-        steps[name] = measured(command, logs / f"{name.replace(' ', '-')}.log", **kw)
+        steps[name] = measured(command, logs / f"{name.replace(' ', '-')}.log",
+                               max_rss=args.max_rss * 1e9 if args.max_rss else None, **kw)
         if out is not None:
             steps[name]["folder_bytes"] = _folder_bytes(out)
         print(f"  {json.dumps({k: v for k, v in steps[name].items() if k != 'tokens'})}", flush=True)
@@ -363,6 +396,8 @@ def main() -> None:
     parser.add_argument("--genai-without-quantization-config", action="store_true",
                         help="give the builder links to the same shards with config.json's "
                         "quantization_config dropped (its transformers refuses MXFP4 without accelerate)")
+    parser.add_argument("--max-rss", type=float, help="GB: stop a step whose processes' resident "
+                        "memory passes this (recorded as its failure)")
     parser.add_argument("--builder-python", default=DEFAULT_BUILDER_PYTHON,
                         help="an interpreter with onnxruntime-genai's builder and onnxruntime_genai")
     run(parser.parse_args())
