@@ -24,9 +24,15 @@ A failed step is recorded (its exit status and the end of its stderr), never fat
 ``gpt_oss_scale.json`` and ``gpt_oss_scale.md`` (a table, the date, the machine, the versions) to
 ``--workdir`` and prints the table.
 
-    python benchmarks/gpt_oss_scale.py --write small --workdir /work/bench/gptoss/small
+onnxruntime-genai's builder loads the model with transformers first, whose MXFP4 quantizer
+needs accelerate; where its venv lacks it, ``--genai-without-quantization-config`` hands it links
+to the same shards with the quantization_config dropped (it reads the MXFP4 experts itself).
+``--max-rss`` stops a step that outgrows a shared machine.
+
+    python benchmarks/gpt_oss_scale.py --write small --workdir /work/bench/gptoss/small \\
+        --genai-without-quantization-config
     python benchmarks/gpt_oss_scale.py --folder /work/bench/gptoss/gpt-oss-20b-shape \\
-        --workdir /work/bench/gptoss/run-20b
+        --workdir /work/bench/gptoss/run-20b --genai-without-quantization-config --max-rss 20
 """
 
 from __future__ import annotations
