@@ -449,9 +449,16 @@ class WeightWriter:
                 [self._placed_stack(stack, floats) for stack in stacks])
 
     def _placed_stack(self, blocks: StackedBlocks, floats: ir.DataType) -> dict:
-        parts = {"packed": blocks.packed, "scales": blocks.scales.astype(floats.numpy(), copy=False),
-                 "zero_points": blocks.zero_points}
-        return {part: (*self.file.place(array), array.shape) for part, array in parts.items()
+        """``blocks`` written: part -> (offset, length, shape, type). The scales in ``floats``,
+        or in float16 where it holds them exactly (a GGUF file's: half their bytes; QMoE reads
+        float16 scales beside float32 activations)."""
+        scales = blocks.scales.astype(floats.numpy(), copy=False)
+        half = scales.astype(np.float16)
+        if floats != ir.DataType.FLOAT16 and np.array_equal(half.astype(scales.dtype), scales):
+            scales, floats = half, ir.DataType.FLOAT16
+        parts = {"packed": (blocks.packed, ir.DataType.UINT8), "scales": (scales, floats),
+                 "zero_points": (blocks.zero_points, ir.DataType.UINT8)}
+        return {part: (*self.file.place(array), array.shape, dtype) for part, (array, dtype) in parts.items()
                 if array is not None}
 
     def _qmoe(self, graph: ir.Graph, node: ir.Node, exprs: dict[ir.Value, Expr],
@@ -475,9 +482,8 @@ class WeightWriter:
         for fc, entry in zip(("fc1", "fc2"), written, strict=True):
             names = {"packed": f"{stem}.{fc}.int{bits}", "scales": f"{stem}.{fc}.scales",
                      "zero_points": f"{stem}.{fc}.zero_points"}
-            placed[fc] = {part: self._initializer(graph, names[part], floats if part == "scales"
-                                                  else ir.DataType.UINT8, *where)
-                          for part, where in entry.items()}
+            placed[fc] = {part: self._initializer(graph, names[part], dtype, offset, length, shape)
+                          for part, (offset, length, shape, dtype) in entry.items()}
         biases = [node.inputs[i] if len(node.inputs) > i else None for i in (MOE_FC1_BIAS, MOE_FC2_BIAS)]
         biases = [self._materialize(graph, exprs[b], b) if b in exprs else b for b in biases]
         attributes = qmoe_attributes({a.name: a.value for a in node.attributes.values()},
