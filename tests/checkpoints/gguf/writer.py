@@ -4,7 +4,12 @@ permuted for llama.cpp's rotary, Gemma's norms stored as 1 + weight, the head le
 the embedding, a mixture of experts' experts stacked per layer (``ffn_gate_exps`` /
 ``ffn_up_exps`` / ``ffn_down_exps``, the experts outermost) with its ``expert_*`` metadata, and
 a tiny byte-level BPE vocabulary (or, for a model with as many tokens as
-:func:`sentencepiece_vocabulary`, that Llama-style sentencepiece one)."""
+:func:`sentencepiece_vocabulary`, that Llama-style sentencepiece one). gpt-oss as
+``GptOssModel`` writes it: the fused ``gate_up_proj`` (experts, d_model, 2 x d_ff), whose gate
+and up columns interleave, de-interleaved into ``ffn_gate_exps`` and ``ffn_up_exps`` (and their
+biases ``.bias``), the sinks as ``attn_sinks.weight``, YaRN's parameters as ``rope.scaling.*``,
+and MXFP4 experts (the Hub's ``_blocks`` / ``_scales``) repacked into GGML's MXFP4 blocks
+(:func:`mxfp4_to_ggml`), bytes moved, never requantized."""
 
 from __future__ import annotations
 
@@ -158,6 +163,58 @@ def moe_tensors(hf_name: str, data: np.ndarray) -> list[tuple[str, np.ndarray]] 
             for name, part in zip(names, parts, strict=True)]
 
 
+_GPT_OSS_EXPERTS = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_bias)?$")
+
+
+def mxfp4_to_ggml(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """The Hub's MXFP4 (blocks (..., rows, groups, 16) uint8: byte i holds value 2i in its low
+    nibble and 2i + 1 in its high one; scales (..., rows, groups) E8M0) as GGML's MXFP4 rows
+    (..., rows, groups * 17): per block the E8M0 byte, then 16 bytes whose byte j holds value j
+    in its low nibble and value j + 16 in its high one (the same codes and exponent)."""
+    codes = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], 32)
+    qs = codes[..., :16] | (codes[..., 16:] << 4)
+    return np.concatenate([scales[..., None], qs], axis=-1).reshape(*scales.shape[:-1], -1)
+
+
+def gpt_oss_tensors(hf_name: str, data: np.ndarray, mxfp4: dict | None = None
+                    ) -> list[tuple[str, np.ndarray, gguf.GGMLQuantizationType | None]] | None:
+    """gpt-oss's fused experts as llama.cpp's ``ffn_{gate,up,down}_exps`` (``.weight`` (experts,
+    rows, in) numpy's order, ``.bias`` (experts, rows)), gate and up de-interleaved (the even
+    columns of ``gate_up_proj`` are the gate's); from ``mxfp4[hf_name]`` = (blocks, scales) in
+    the Hub's layout (rows already (experts, out, ...)) when given. None for another tensor."""
+    match = _GPT_OSS_EXPERTS.match(hf_name)
+    if match is None:
+        return None
+    prefix, bias = f"blk.{match[1]}", match[3] is not None
+    names = ["ffn_gate_exps", "ffn_up_exps"] if match[2] == "gate_up_proj" else ["ffn_down_exps"]
+    suffix = "bias" if bias else "weight"
+    if not bias and mxfp4 and hf_name in mxfp4:
+        blocks, scales = mxfp4[hf_name]
+        parts = [(blocks[:, i::len(names)], scales[:, i::len(names)]) for i in range(len(names))]
+        return [(f"{prefix}.{name}.{suffix}", np.ascontiguousarray(mxfp4_to_ggml(*part)),
+                 gguf.GGMLQuantizationType.MXFP4) for name, part in zip(names, parts, strict=True)]
+    if not bias:
+        data = data.swapaxes(-1, -2)  # (experts, in, out) -> (experts, out, in)
+    parts = [data[..., i::len(names), :] if not bias else data[..., i::len(names)]
+             for i in range(len(names))]
+    return [(f"{prefix}.{name}.{suffix}", np.ascontiguousarray(part), None)
+            for name, part in zip(names, parts, strict=True)]
+
+
+def _rope_metadata(writer: gguf.GGUFWriter, cfg) -> None:
+    """YaRN's ``rope.scaling.*`` as ``TextModel.set_gguf_parameters`` writes them."""
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if rope.get("rope_type") != "yarn":
+        return
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(rope["factor"])
+    writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if rope.get("beta_fast") is not None:
+        writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+    if rope.get("beta_slow") is not None:
+        writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+
+
 def _expert_metadata(writer: gguf.GGUFWriter, cfg) -> None:
     """``{arch}.expert_*`` as llama.cpp's converter writes them."""
     count = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
@@ -167,23 +224,53 @@ def _expert_metadata(writer: gguf.GGUFWriter, cfg) -> None:
     writer.add_expert_used_count(cfg.num_experts_per_tok)
     if getattr(cfg, "moe_intermediate_size", None):
         writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if cfg.model_type == "gpt_oss":  # GptOssModel.set_gguf_parameters
+        writer.add_expert_feed_forward_length(cfg.intermediate_size)
     shared = getattr(cfg, "shared_expert_intermediate_size", 0) or getattr(cfg, "shared_intermediate_size", 0)
     if shared:
         writer.add_expert_shared_feed_forward_length(shared)
 
 
 def _add(writer: gguf.GGUFWriter, name: str, data: np.ndarray,
-         quantized: dict[str, gguf.GGMLQuantizationType]) -> None:
-    if name in quantized:
+         quantized: dict[str, gguf.GGMLQuantizationType],
+         raw: gguf.GGMLQuantizationType | None = None) -> None:
+    if raw is not None:  # bytes already in that type's blocks
+        writer.add_tensor(name, data, raw_dtype=raw)
+    elif name in quantized:
         writer.add_tensor(name, gguf.quants.quantize(data, quantized[name]), raw_dtype=quantized[name])
     else:
         writer.add_tensor(name, data)
 
 
+def _converted(data: np.ndarray, hf_name: str, cfg, arch: str, names: gguf.TensorNameMap,
+               mxfp4: dict | None) -> list[tuple[str, np.ndarray, gguf.GGMLQuantizationType | None]]:
+    """Hugging Face tensor ``hf_name`` as the converter writes it: (GGUF name, data, its raw
+    type or None for floats), one or more."""
+    if arch == "gpt-oss" and (parts := gpt_oss_tensors(hf_name, data, mxfp4)) is not None:
+        return parts
+    if hf_name.endswith(".self_attn.sinks"):  # GptOssModel.filter_tensors adds the suffix
+        hf_name += ".weight"
+    experts = moe_tensors(hf_name, data)
+    if experts is not None:
+        return [(name, part, None) for name, part in experts]
+    name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+    assert name is not None, hf_name
+    if arch in PERMUTED and ".q_proj." in hf_name:
+        data = permute(data, cfg.num_attention_heads)
+    if arch in PERMUTED and ".k_proj." in hf_name:
+        data = permute(data, cfg.num_key_value_heads)
+    if arch in NORM_PLUS_ONE and hf_name.endswith("norm.weight"):
+        data = data + 1
+    return [(name, data, None)]
+
+
 def write_gguf(model: torch.nn.Module, path: Path, arch: str,
-               quantized: dict[str, gguf.GGMLQuantizationType] | None = None) -> Path:
+               quantized: dict[str, gguf.GGMLQuantizationType] | None = None,
+               mxfp4: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> Path:
     """``model`` (a transformers CausalLM) as the GGUF file ``path``; ``quantized``: GGUF tensor
-    name -> the type it is stored in (the others: F32)."""
+    name -> the type it is stored in (the others: F32); ``mxfp4`` (gpt-oss): a fused expert
+    tensor's Hugging Face name -> its MXFP4 (blocks, scales) in the Hub's layout, written
+    repacked instead of its float values."""
     cfg = model.config
     quantized = quantized or {}
     model_arch = next(key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == arch)
@@ -191,24 +278,12 @@ def write_gguf(model: torch.nn.Module, path: Path, arch: str,
     writer = gguf.GGUFWriter(path, arch)
     _metadata(writer, cfg, cfg.vocab_size)
     _expert_metadata(writer, cfg)
+    _rope_metadata(writer, cfg)
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
-        data = tensor.float().numpy().copy()
-        experts = moe_tensors(hf_name, data)
-        for name, part in experts or []:
-            _add(writer, name, part, quantized)
-        if experts is not None:
-            continue
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        assert name is not None, hf_name
-        if arch in PERMUTED and ".q_proj." in hf_name:
-            data = permute(data, cfg.num_attention_heads)
-        if arch in PERMUTED and ".k_proj." in hf_name:
-            data = permute(data, cfg.num_key_value_heads)
-        if arch in NORM_PLUS_ONE and hf_name.endswith("norm.weight"):
-            data = data + 1
-        _add(writer, name, data, quantized)
+        for name, part, raw in _converted(tensor.float().numpy().copy(), hf_name, cfg, arch, names, mxfp4):
+            _add(writer, name, part, quantized, raw)
     rope = getattr(cfg, "rope_parameters", None) or {}
     if rope.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", rope_freqs(cfg))

@@ -19,7 +19,7 @@ MODEL_TYPES = {
     "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
     "gemma2": "gemma2", "gemma3": "gemma3_text", "phi3": "phi3", "olmo2": "olmo2",
     "granite": "granite", "smollm3": "smollm3", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
-    "olmoe": "olmoe", "granitemoe": "granitemoe",
+    "olmoe": "olmoe", "granitemoe": "granitemoe", "gpt-oss": "gpt_oss",
 }
 
 #: Metadata key (after ``{arch}.``) -> config.json key, for every architecture.
@@ -67,6 +67,36 @@ def _gemma(meta: dict, hf: dict, arch: str) -> None:
     hf["hidden_activation"] = "gelu_pytorch_tanh"
 
 
+#: Every even layer of a gpt-oss file slides (llama.cpp's ``set_swa_pattern(2)`` for
+#: LLM_ARCH_OPENAI_MOE; transformers' default ``layer_types`` of GptOssConfig too).
+_GPT_OSS_SWA_PATTERN = 2
+#: YaRN metadata llama.cpp's converter may write that has no place in transformers' gpt-oss
+#: config, with the value that means "as transformers computes it" (None: any value is refused).
+_GPT_OSS_YARN_UNMAPPED = {"rope.scaling.yarn_attn_factor": None, "rope.scaling.yarn_ext_factor": 1.0,
+                          "rope.scaling.yarn_log_multiplier": 0.0}
+
+
+def _gpt_oss(meta: dict, hf: dict, arch: str) -> None:
+    """gpt-oss (llama.cpp's LLM_ARCH_OPENAI_MOE): the sliding window and which layers it applies
+    to, and transformers' YaRN without the truncation of its correction range (``truncate``:
+    false, as GptOssConfig writes it). The clamped SwiGLU's alpha (1.702) and limit (7.0) are
+    constants of llama.cpp's graph, unwritten: the family's defaults are the same."""
+    window = _key(meta, arch, "attention.sliding_window")
+    if not (isinstance(window, int) and window > 0):
+        raise CheckpointError(f"{arch} GGUF file with attention.sliding_window {window!r} is not "
+                              "supported (a positive number of tokens; llama.cpp requires it).")
+    hf["sliding_window"] = window
+    hf["layer_types"] = ["sliding_attention" if i % _GPT_OSS_SWA_PATTERN < _GPT_OSS_SWA_PATTERN - 1
+                         else "full_attention" for i in range(hf["num_hidden_layers"])]
+    for name, neutral in _GPT_OSS_YARN_UNMAPPED.items():
+        value = _key(meta, arch, name)
+        if value is not None and value != neutral:
+            raise CheckpointError(f"{arch} GGUF file with {name} {value!r} is not supported "
+                                  "(transformers' gpt-oss YaRN has no such parameter).")
+    if (hf.get("rope_scaling") or {}).get("rope_type") == "yarn":
+        hf["rope_scaling"]["truncate"] = False
+
+
 def _granite(meta: dict, hf: dict, arch: str) -> None:
     for gguf_name, hf_name in (("attention.scale", "attention_multiplier"),
                                ("embedding_scale", "embedding_multiplier"),
@@ -91,7 +121,7 @@ def _phi3(meta: dict, hf: dict, arch: str) -> None:
 
 _EXTRA: dict[str, Callable[[dict, dict, str], None]] = {
     "gemma": _gemma, "gemma2": _gemma2, "gemma3": _gemma2, "granite": _granite,
-    "granitemoe": _granite, "smollm3": _smollm3, "phi3": _phi3,
+    "granitemoe": _granite, "smollm3": _smollm3, "phi3": _phi3, "gpt-oss": _gpt_oss,
 }
 
 #: The mixture-of-experts architectures: general.architecture -> (config.json's name of the
@@ -105,11 +135,16 @@ _MOE = {
     "olmoe": ("num_experts", None, False),
     "llama": ("num_local_experts", None, None),
     "granitemoe": ("num_local_experts", "shared_intermediate_size", None),
+    "gpt-oss": ("num_local_experts", None, None),  # softmax over the top-k logits: normalised
 }
 #: (general.architecture, whether it has a shared expert) -> model_type, where it is not
 #: :data:`MODEL_TYPES`'s.
 _MOE_MODEL_TYPES = {("llama", False): "mixtral", ("llama", True): "mixtral",
                     ("granitemoe", True): "granitemoeshared"}
+
+
+#: Architectures whose llama.cpp graph fixes the router, whatever the metadata says.
+_FIXED_ROUTERS = frozenset({"gpt-oss"})
 
 
 def _rows(tensors: dict[str, tuple[int, ...]], name: str) -> int | None:
@@ -125,11 +160,14 @@ def _routing(meta: dict, arch: str) -> tuple[int, int]:
     """(expert_count, expert_used_count), refused where llama.cpp's router is one the ``moe``
     component does not compute: ``build_moe_ffn`` scales the chosen weights by
     ``expert_weights_scale`` when it is neither 0 nor 1, and routes by ``expert_gating_func``
-    when written (1: softmax)."""
+    when written (1: softmax). A gpt-oss graph reads neither: it always takes the softmax of
+    the top-k logits (LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT), unscaled."""
     count, used = _key(meta, arch, "expert_count", 0), _key(meta, arch, "expert_used_count", 0)
     if not (isinstance(count, int) and isinstance(used, int) and 1 <= used <= count):
         raise CheckpointError(f"{arch} GGUF file with expert_count {count!r} and expert_used_count "
                               f"{used!r} is not supported (1 <= expert_used_count <= expert_count).")
+    if arch in _FIXED_ROUTERS:
+        return count, used
     scale = _key(meta, arch, "expert_weights_scale", 0.0)
     gating = _key(meta, arch, "expert_gating_func", 1)
     if scale not in (0.0, 1.0) or gating != 1:
@@ -159,6 +197,9 @@ def _experts(meta: dict, hf: dict, arch: str, tensors: dict[str, tuple[int, ...]
     count_key, shared_key, normalize = _MOE[arch]
     hf[count_key], hf["num_experts_per_tok"] = _routing(meta, arch)
     _dense_layers(hf, arch, tensors)
+    if arch == "gpt-oss":  # the converter writes each expert's width as both
+        hf["intermediate_size"] = (_key(meta, arch, "expert_feed_forward_length")
+                                   or _rows(tensors, "ffn_gate_exps"))
     hf.setdefault("intermediate_size", _rows(tensors, "ffn_gate_exps"))  # each expert's, unwritten
     if normalize is not None:
         hf["norm_topk_prob"] = normalize
@@ -213,9 +254,10 @@ def _rope_scaling(meta: dict, hf: dict, arch: str, rope_freqs: np.ndarray | None
                               f"(the kit maps {', '.join(_ROPE_TYPES)}).")
     scaling: dict[str, Any] = {"rope_type": _ROPE_TYPES[kind],
                                "factor": _key(meta, arch, "rope.scaling.factor", 1.0)}
-    original = _key(meta, arch, "rope.scaling.original_context_length")
-    if original is not None:
-        scaling["original_max_position_embeddings"] = original
+    for gguf_name, hf_name in (("original_context_length", "original_max_position_embeddings"),
+                               ("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+        if _key(meta, arch, f"rope.scaling.{gguf_name}") is not None:
+            scaling[hf_name] = _key(meta, arch, f"rope.scaling.{gguf_name}")
     hf["rope_scaling"] = scaling
 
 

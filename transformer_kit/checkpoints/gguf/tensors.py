@@ -10,8 +10,10 @@ the model is filled, with what llama.cpp's converter did to them undone:
   (in, rows, experts), PyTorch's (experts, rows, in); ``ffn_down_exps`` (experts, d_model,
   d_ff)), split into one Hugging Face tensor per expert (``mlp.experts.{e}.gate_proj.weight``
   (rows, in)), each read (and dequantized) alone from its slice of the file, so no layer's
-  experts are ever held whole; Qwen2-MoE's shared expert gate ``ffn_gate_inp_shexp`` (d_model,)
-  as transformers' (1, d_model).
+  experts are ever held whole (gpt-oss's expert biases ``ffn_gate_exps.bias`` (experts, d_ff)
+  are split the same way; its MXFP4 experts are dequantized by ``gguf.quants``, whose values
+  equal transformers' ``convert_moe_packed_tensors``); Qwen2-MoE's shared expert gate
+  ``ffn_gate_inp_shexp`` (d_model,) as transformers' (1, d_model).
 """
 
 from __future__ import annotations
@@ -56,7 +58,12 @@ _LAYER_BY_ARCH = {
     "gemma2": {"ffn_norm": "pre_feedforward_layernorm"},
     "gemma3": {"ffn_norm": "pre_feedforward_layernorm"},
     "phi3": {"ffn_up": "mlp.gate_up_proj"},
+    # the router (with its bias) and each head's attention sink (``attn_sinks.weight``, which
+    # transformers names without a suffix: ``self_attn.sinks``)
+    "gpt-oss": {"ffn_gate_inp": "mlp.router", "attn_sinks": "self_attn.sinks"},
 }
+#: GGUF tensors (``{name}.weight``) whose Hugging Face name has no ``.weight``.
+_NO_SUFFIX = frozenset({"attn_sinks"})
 #: Tensors that hold no weight of the model (rotary factors the config describes).
 _SKIPPED = re.compile(r"^(rope_freqs|rope_factors_long|rope_factors_short)\.weight$")
 _NAME = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_0-9]+)\.(weight|bias)$")
@@ -76,6 +83,8 @@ def hf_name(name: str, arch: str) -> str | None:
                               "(a variant of the architecture it does not know).")
     if match[1] is None:
         return f"{_GLOBAL[match[2]]}.{match[3]}"
+    if match[2] in _NO_SUFFIX and match[3] == "weight":
+        return f"model.layers.{match[1]}.{layer_names[match[2]]}"
     return f"model.layers.{match[1]}.{layer_names[match[2]]}.{match[3]}"
 
 

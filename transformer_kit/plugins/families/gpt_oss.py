@@ -9,7 +9,10 @@ The experts are read from the fused tensors transformers writes (``experts.gate_
 (experts, d_model, 2 x d_ff), gate and up columns interleaved; ``down_proj`` (experts, d_ff,
 d_model); their biases) or from the Hub's MXFP4 form (``gate_up_proj_blocks`` and
 ``_scales``, ``down_proj_blocks`` and ``_scales``: (experts, out, in) in 4-bit blocks),
-dequantized to float32 one expert at a time (:mod:`transformer_kit.checkpoints.mxfp4`).
+dequantized to float32 one expert at a time (:mod:`transformer_kit.checkpoints.mxfp4`), or
+one tensor per expert and projection (``experts.{e}.gate_proj.weight`` (d_ff, d_model) and
+``.bias``, ``up_proj``, ``down_proj``), as ``from_gguf`` names the experts of a llama.cpp
+file, which are taken unchanged (so a quantized file's blocks stay known).
 """
 
 from __future__ import annotations
@@ -88,12 +91,29 @@ def _expert_weights(w: Weights, source: str, num_experts: int) -> tuple[Callable
     return parts[0], parts[1]
 
 
+#: The kit's expert projection -> its name among one expert's tensors (``from_gguf``'s).
+_SPLIT_NAMES = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+
+
+def _copy_split_experts(out: StateDict, w: Weights, ff: str, source: str, num_experts: int) -> None:
+    """Each expert's own tensors (``experts.{e}.gate_proj.weight`` (d_ff, d_model), its bias,
+    ``up_proj``, ``down_proj``), taken unchanged."""
+    extra = f"{source}.experts.{num_experts}.gate_proj.weight"
+    require(not w.has(extra), FAMILY_NAME, f"{extra} beyond num_local_experts {num_experts}")
+    for e in range(num_experts):
+        for kit_name, name in _SPLIT_NAMES.items():
+            copy_linear(out, f"{ff}.experts.{e}.{kit_name}", w, f"{source}.experts.{e}.{name}", bias=True)
+
+
 def copy_experts(out: StateDict, w: Weights, cfg: ModelConfig, ours: str, theirs: str, i: int) -> None:
     """Layer ``i``'s ``mlp.router`` and ``mlp.experts`` -> ``feedforward.router`` and
     ``feedforward.experts.{e}.gate``/``up``/``down`` (weights and biases)."""
     ff, source = f"{ours}.feedforward", f"{theirs}.mlp"
     copy_linear(out, f"{ff}.router", w, f"{source}.router", bias=True)
     num_experts = cfg.feedforward.params["num_experts"]
+    if w.has(f"{source}.experts.0.gate_proj.weight"):
+        _copy_split_experts(out, w, ff, source, num_experts)
+        return
     gate_up, down = _expert_weights(w, f"{source}.experts", num_experts)
     gate_up_bias = w.get(f"{source}.experts.gate_up_proj_bias")  # (experts, 2 x d_ff) interleaved
     down_bias = w.get(f"{source}.experts.down_proj_bias")  # (experts, d_model)
