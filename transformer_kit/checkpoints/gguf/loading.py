@@ -65,7 +65,7 @@ def from_gguf(path: str | Path, *, gguf_file: str | None = None, revision: str |
     The file's metadata becomes the Hugging Face config.json of its architecture
     (``general.architecture``: llama (SmolLM2, most Mistral files; Mixtral when
     ``llama.expert_count`` > 0), qwen2, qwen3, gemma, olmo2, gemma2, gemma3, phi3, granite,
-    smollm3, and the mixtures of experts qwen3moe, qwen2moe, olmoe, granitemoe), which the
+    smollm3, and the mixtures of experts qwen3moe, qwen2moe, olmoe, granitemoe, gpt-oss), which the
     checkpoint family ``from_hf`` uses maps, with the file's tensors dequantized to float32 (one
     at a time) under their Hugging Face names. The model equals transformers' own loading of the
     file (``from_pretrained(folder, gguf_file=...)``).
