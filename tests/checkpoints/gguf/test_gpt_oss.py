@@ -24,6 +24,7 @@ from tests.plugins.families import moe_parity, parity
 from transformer_kit.checkpoints.gguf.config import hf_config
 from transformer_kit.checkpoints.gguf.file import open_gguf, read_metadata
 from transformer_kit.checkpoints.gguf.tensors import hf_name
+from transformer_kit.checkpoints.gguf.tokenizer import PRE_TOKENIZER_SPLITS
 from transformer_kit.export import Int4, export_onnx
 
 #: Every expert width a whole number of MXFP4 blocks (32 values).
@@ -111,6 +112,17 @@ def test_the_file_equals_the_source_in_pytorch_and_its_export_verifies(tmp_path)
     parity.check_pytorch(source, model)
     parity.check_onnxruntime(source, model, tmp_path / "onnx")  # the export verifies as it writes
     moe_parity.check_moe_nodes(model, tmp_path / "onnx")
+
+
+def test_the_gpt_4o_pre_tokenizer_splits_as_o200k(tmp_path):
+    """``tokenizer.ggml.pre`` gpt-4o (the converter's name of gpt-oss's o200k split): camel-case
+    words apart, digits in threes, as transformers' GGUF tokenizer splits them."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
+
+    assert PRE_TOKENIZER_SPLITS["gpt-4o"] == GGUF_PRE_TOKENIZER_SPLITS["gpt-4o"]
+    model = tk.from_gguf(write_gguf(_source(), tmp_path / "model.gguf", "gpt-oss"))
+    pieces = model.tokenizer.backend.pre_tokenizer.pre_tokenize_str("HelloWorld it's 12345")
+    assert [piece for piece, _ in pieces] == ["Hello", "World", "Ġit's", "Ġ", "123", "45"]
 
 
 def test_the_metadata_gives_the_gpt_oss_config(tmp_path):

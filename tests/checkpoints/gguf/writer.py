@@ -116,7 +116,8 @@ def _metadata(writer: gguf.GGUFWriter, cfg, vocab: int) -> None:
             getattr(writer, f"add_{ours}")(getattr(cfg, theirs))
     tokens = vocabulary(vocab)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    # gpt-oss's o200k vocabulary: the pre-tokenizer convert_hf_to_gguf.py recognises it by
+    writer.add_tokenizer_pre("gpt-4o" if cfg.model_type == "gpt_oss" else "default")
     writer.add_token_list(tokens)
     writer.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
     writer.add_token_merges(['! "'])
