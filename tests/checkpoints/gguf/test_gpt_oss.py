@@ -181,16 +181,24 @@ def test_the_hub_layout_repacks_into_ggml_mxfp4():
     assert torch.equal(torch.from_numpy(ours), theirs.transpose(1, 2))
 
 
-def test_mxfp4_experts_export_to_int4_quantized_here(tmp_path):
+def test_mxfp4_experts_export_to_int4_quantized_here_loaded_or_streamed(tmp_path):
     """QMoE has no layout for MXFP4 (an E2M1 code times a power of two): the int4 export quantizes
-    the dequantized experts itself, says so for each, and verifies with one QMoE per layer."""
+    the dequantized experts itself, says so for each, and verifies with one QMoE per layer; from
+    the file streamed (``stream=True``: each expert dequantized as it is written) it writes the
+    same bytes."""
     source, hub, _ = _mxfp4_source()
-    model = tk.from_gguf(write_gguf(source, tmp_path / "model.gguf", "gpt-oss", mxfp4=hub))
-    report = export_onnx(model, tmp_path / "int4", quantize=Int4(accuracy_level=1))
-    experts = {name: origin for name, origin in report.weight_origins.items() if ".experts." in name}
+    path = write_gguf(source, tmp_path / "model.gguf", "gpt-oss", mxfp4=hub)
+    model = tk.from_gguf(path)
+    reports = {name: export_onnx(loaded, tmp_path / name, quantize=Int4(accuracy_level=1))
+               for name, loaded in (("loaded", model), ("streamed", tk.from_gguf(path, stream=True)))}
+    experts = {name: origin for name, origin in reports["loaded"].weight_origins.items()
+               if ".experts." in name}
     assert len(experts) == 3 * _EXPERTS * 3
     assert set(experts.values()) == {"quantized here (GGUF MXFP4 has no exact MatMulNBits layout)"}
-    moe_parity.check_moe_nodes(model, tmp_path / "int4")
+    moe_parity.check_moe_nodes(model, tmp_path / "loaded")
+    assert reports["streamed"].weight_origins == reports["loaded"].weight_origins
+    for file in sorted(p.name for p in (tmp_path / "loaded").iterdir() if p.suffix in (".onnx", ".data")):
+        assert (tmp_path / "loaded" / file).read_bytes() == (tmp_path / "streamed" / file).read_bytes(), file
 
 
 @pytest.mark.parametrize(("key", "value"), [("attention.sliding_window", None),
