@@ -195,9 +195,8 @@ def _gguf_experts(kind: str) -> tk.TransformerModel:
 
 @pytest.mark.parametrize(("kind", "bits"), [("Q4_0", 4), ("Q8_0", 8)])
 def test_a_gguf_files_expert_blocks_are_written_as_they_are(kind, bits, tmp_path):
-    """Q4_0 / Q8_0 experts: QMoE over the file's blocks (no second quantization; their float16
-    scales kept in float16), equal at accuracy level 1 to the file's values; the report says
-    they came from the file."""
+    """Q4_0 / Q8_0 experts: QMoE over the file's blocks (no second quantization), equal at
+    accuracy level 1 to the file's values; the report says they came from the file."""
     model = _gguf_experts(kind)
     report = export_onnx(model, tmp_path, quantize=Int4(accuracy_level=1), verify=False)
     experts = {n: o for n, o in report.weight_origins.items() if ".experts." in n}
@@ -207,7 +206,6 @@ def test_a_gguf_files_expert_blocks_are_written_as_they_are(kind, bits, tmp_path
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         assert (attrs["expert_weight_bits"], attrs["block_size"]) == (bits, 32)
         arrays = {t.name: numpy_helper.to_array(t) for t in alone.graph.initializer}
-        assert arrays[node.input[3]].dtype == arrays[node.input[6]].dtype == np.float16  # the file's scales
         expert = layer.experts[1]  # the file's values, bit for bit
         gate_up = torch.stack([expert.gate.weight, expert.up.weight], dim=1).reshape(-1, 64)
         np.testing.assert_array_equal(_dequantized(arrays, node, 0)[1], gate_up.detach())

@@ -450,12 +450,10 @@ class WeightWriter:
 
     def _placed_stack(self, blocks: StackedBlocks, floats: ir.DataType) -> dict:
         """``blocks`` written: part -> (offset, length, shape, type). The scales in ``floats``,
-        or in float16 where it holds them exactly (a GGUF file's: half their bytes; QMoE reads
-        float16 scales beside float32 activations)."""
+        the activations' type: float16 scales beside float32 activations (a GGUF file's hold in
+        float16) cost onnxruntime 1.31's CPU QMoE more memory than they save on disk (it keeps a
+        float32 copy: the 30B-A3B shape's session passed 23 GB and was killed)."""
         scales = blocks.scales.astype(floats.numpy(), copy=False)
-        half = scales.astype(np.float16)
-        if floats != ir.DataType.FLOAT16 and np.array_equal(half.astype(scales.dtype), scales):
-            scales, floats = half, ir.DataType.FLOAT16
         parts = {"packed": (blocks.packed, ir.DataType.UINT8), "scales": (scales, floats),
                  "zero_points": (blocks.zero_points, ir.DataType.UINT8)}
         return {part: (*self.file.place(array), array.shape, dtype) for part, (array, dtype) in parts.items()
