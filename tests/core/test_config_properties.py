@@ -99,16 +99,20 @@ _CLAMPED_SWIGLU = {"alpha": st.sampled_from([1.0, 1.702]), "limit": st.sampled_f
 
 
 def _moe(draw) -> dict:
-    """A mixture of experts of the configurations that export (softmax routers, swiglu experts,
-    plain or clamped, with or without biases; its tests refuse the others)."""
+    """A mixture of experts of the configurations that export (softmax routers, sigmoid
+    renormalised, swiglu experts, plain or clamped, with or without biases; its tests refuse the
+    others)."""
     experts = draw(st.integers(1, 4))
     expert = st.builds(lambda params: {"name": "swiglu", **params},
                        st.fixed_dictionaries({}, optional={"bias": st.booleans(), **_CLAMPED_SWIGLU}))
-    return {"name": "moe", "num_experts": experts, "top_k": draw(st.integers(1, experts)),
-            **_some(draw, {"router": st.sampled_from(["softmax", "softmax_topk"]),
+    spec = {"name": "moe", "num_experts": experts, "top_k": draw(st.integers(1, experts)),
+            **_some(draw, {"router": st.sampled_from(["softmax", "softmax_topk", "sigmoid"]),
                            "normalize": st.booleans(), "expert_d_ff": st.integers(2, 9),
                            "shared_expert_d_ff": st.sampled_from([0, 5]),
                            "router_bias": st.booleans(), "expert": expert})}
+    if spec.get("router") == "sigmoid":  # exported as log(sigmoid) only renormalised
+        spec["normalize"] = True
+    return spec
 
 
 def _feedforward(draw) -> str | dict:

@@ -132,7 +132,10 @@ def check_node_alone(model: onnx.ModelProto, node: onnx.NodeProto, layer: Mixtur
     x = torch.randn(11, hidden, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = dequantized(x[None])[0].numpy()
-        logits = layer.router(x).numpy()
+        logits = layer.router(x)
+        if layer.routing == "sigmoid":  # the node reads log(sigmoid(logits))
+            logits = torch.nn.functional.logsigmoid(logits)
+        logits = logits.numpy()
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     got = session.run(None, {node.input[0]: x.numpy(), node.input[1]: logits})[0]
     error = np.abs(got - expected).max() / np.abs(expected).max()
@@ -247,4 +250,23 @@ def test_clamped_experts_with_biases_quantize_exactly(tmp_path):
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         assert attrs["activation_alpha"] == pytest.approx(1.702) and attrs["swiglu_limit"] == 7.0
         assert attrs["activation_beta"] == 1.0 and node.input[4] and node.input[7]  # fc1 and fc2 biases
+        check_node_alone(alone, node, layer, 1e-4)
+
+
+def test_a_normalised_sigmoid_router_reaches_qmoe_as_its_log(tmp_path):
+    """router 'sigmoid' with normalize: QMoE's top-k of log(sigmoid(l)), softmaxed over the k,
+    is sigmoid's top-k over their sum; the router's product stays float behind -softplus(-l)."""
+    torch.manual_seed(4)
+    model = tk.build_model({"architecture": "decoder", "vocab_size": 64, "d_model": 32, "num_heads": 2,
+                            "num_layers": 2, "d_ff": 32, "dropout": 0.0, "pad_id": 0,
+                            "feedforward": {"name": "moe", "num_experts": 6, "top_k": 3,
+                                            "router": "sigmoid", "normalize": True,
+                                            "router_bias": True}}).eval()
+    export_onnx(model, tmp_path, quantize=Int4(block_size=16, accuracy_level=1, eight_bit=()), verify=False)
+    graph = onnx.load(sorted(tmp_path.glob("*.onnx"))[0], load_external_data=False).graph
+    floats = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    assert sum(n.op_type == "MatMul" and ".router." in n.input[1] and n.input[1] in floats
+               for n in graph.node) == 2
+    layers = [m for m in model.modules() if isinstance(m, MixtureOfExperts)]
+    for (alone, node), layer in zip(_nodes_alone(tmp_path, "QMoE", 32, 6), layers, strict=True):
         check_node_alone(alone, node, layer, 1e-4)

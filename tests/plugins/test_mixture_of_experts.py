@@ -183,6 +183,7 @@ def _op_types(folder) -> Counter:
     {"top_k": 4, "normalize": True, "shared_expert_d_ff": 4, "router_bias": True},
     {"top_k": 2, "router": "softmax_topk", "router_bias": True, "expert": CLAMPED},
     {"top_k": 1, "expert": {"name": "swiglu", "bias": True}},
+    {"top_k": 2, "router": "sigmoid", "normalize": True, "router_bias": True},  # as log(sigmoid)
 ], ids=str)
 def test_export_is_one_moe_node_per_layer_and_equals_pytorch(params, tmp_path):
     model = _moe_model(**params)
@@ -276,9 +277,8 @@ def test_softmax_topk_exports_as_normalized_softmax(tmp_path):
 
 
 @pytest.mark.parametrize(("params", "reason"), [
-    ({"router": "sigmoid"}, r"router 'sigmoid' is not exported to ONNX: the MoE op applies a softmax "
-                            r"over all experts"),
-    ({"router": "sigmoid", "normalize": True}, r"router 'sigmoid'"),
+    ({"router": "sigmoid"}, r"router 'sigmoid' and normalize false is not exported to ONNX: the MoE "
+                            r"op mixes the experts by a softmax of its router input"),
     ({"expert": "geglu"}, r"experts are GeGLU is not exported to ONNX: the MoE op's gated activation "
                           r"is SwiGLU only"),
 ], ids=str)

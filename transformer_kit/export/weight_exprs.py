@@ -83,21 +83,23 @@ def head_matmuls(graph: ir.Graph, output: str = "logits") -> set[ir.Node]:
 
 #: The fused mixture-of-experts ops, whose input 1 is the router's logits.
 EXPERT_OPS = ("MoE", "QMoE")
+#: What lies between a router's product and the op: its bias, a sigmoid router's log-sigmoid.
+_ROUTER_STEPS = ("Add", "Neg", "Softplus")
 
 
 def router_matmuls(graph: ir.Graph) -> set[ir.Node]:
     """The MatMul nodes computing a mixture of experts' router logits (input 1 of a ``MoE`` or
-    ``QMoE`` node, through a bias ``Add``): kept float, as llama.cpp keeps ``ffn_gate_inp`` in
-    its 4-bit files, since a coarser router picks other experts."""
+    ``QMoE`` node, through a bias ``Add`` and a sigmoid router's ``-softplus(-l)``): kept
+    float, as llama.cpp keeps ``ffn_gate_inp`` in its 4-bit files, since a coarser router picks
+    other experts."""
     found = set()
     for node in graph:
         if node.op_type not in EXPERT_OPS or len(node.inputs) < 2 or node.inputs[1] is None:
             continue
         producer = node.inputs[1].producer()
-        if producer is not None and producer.op_type == "Add":
+        while producer is not None and producer.op_type in _ROUTER_STEPS:  # back to the product
             producer = next((v.producer() for v in producer.inputs
-                             if v is not None and v.producer() is not None
-                             and v.producer().op_type == "MatMul"), None)
+                             if v is not None and v.producer() is not None), None)
         if producer is not None and producer.op_type == "MatMul":
             found.add(producer)
     return found

@@ -125,13 +125,16 @@ class MixtureOfExperts(nn.Module):
     @property
     def export_refusal(self) -> str:
         """Why this configuration cannot be exported to onnxruntime's ``MoE`` op; "" when it
-        can (a softmax or softmax_topk router, SwiGLU experts, with or without biases, plain or
-        clamped: the op's fc1/fc2 biases and its activation_alpha, activation_beta and
-        swiglu_limit compute them)."""
-        if self.routing == "sigmoid":
-            return ("A mixture of experts with router 'sigmoid' is not exported to ONNX: the MoE op "
-                    "applies a softmax over all experts to the router's logits, and has no sigmoid "
-                    "router. " + _IN_PYTORCH)
+        can (a softmax or softmax_topk router, or sigmoid with normalize; SwiGLU experts, with
+        or without biases, plain or clamped: the op's fc1/fc2 biases and its activation_alpha,
+        activation_beta and swiglu_limit compute them)."""
+        if self.routing == "sigmoid" and not self.normalize:
+            return ("A mixture of experts with router 'sigmoid' and normalize false is not exported "
+                    "to ONNX: the MoE op mixes the experts by a softmax of its router input, whose "
+                    "top-k weights it can renormalise but never leave as sigmoid scores (router "
+                    "'sigmoid' with normalize true exports: the softmax of log(sigmoid(l)), "
+                    "renormalised over the top-k, is sigmoid's top-k divided by their sum). "
+                    + _IN_PYTORCH)
         if type(self.experts[0]) is not SwiGLU:
             return (f"A mixture of experts whose experts are {type(self.experts[0]).__name__} is not "
                     "exported to ONNX: the MoE op's gated activation is SwiGLU only "
@@ -227,12 +230,16 @@ def moe_onnx(g: Any, moe: MixtureOfExperts, x: Any) -> Any:
     # the token count left unnamed: one name would claim the encoder's and the decoder's equal
     flat = g.shaped(g.op.Reshape(x, [-1, d_model]), [None, d_model], g.float_type)
     logits = g.linear(moe.router, flat)  # (tokens, num_experts)
+    if moe.routing == "sigmoid":  # with normalize (export_refusal): log(sigmoid(l)) = -softplus(-l),
+        # whose softmax over all experts, renormalised over the top-k, is sigmoid(l_i) / sum of the k
+        logits = g.shaped(g.op.Neg(g.op.Softplus(g.op.Neg(logits))), [None, moe.num_experts],
+                          g.float_type)
     fc1 = _interleaved(g, moe)
     fc2 = _stacked(g, [g.weight(e.down, "weight") for e in moe.experts],
                    [moe.num_experts, d_model, first.down.in_features])
     fc1_bias, fc2_bias = _expert_biases(g, moe)
     # softmax_topk's weights are softmax's renormalised ones (the module's docstring)
-    normalize = int(moe.normalize or moe.routing == "softmax_topk")
+    normalize = int(moe.normalize or moe.routing == "softmax_topk")  # sigmoid: normalize is true
     out = g.op.MoE(x, logits, fc1, fc1_bias, fc2, fc2_bias, _domain="com.microsoft", k=moe.top_k,
                    normalize_routing_weights=normalize, **_activation(moe))
     # onnxruntime 1.31.1's CPU MoE declares MayInplace(0, 0) yet zeroes its output before it reads
