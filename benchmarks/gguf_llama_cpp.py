@@ -32,6 +32,7 @@ import platform
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -73,40 +74,47 @@ def export_all(workdir: Path) -> dict[str, Path]:
 
 
 # -- workers: one process per runner, answering "run" with tokens and seconds ----------------
-def worker(kind: str, folder: str, new_tokens: int) -> None:
-    prompt = read_prompt()
+def greedy_generator(kind: str, target: str, prompt: list[int]) -> Callable[[int], list[int]]:
+    """Load ``kind``'s runtime on ``target`` (``"llama.cpp"``: a GGUF file; else a kit export)
+    with :data:`THREADS` threads; returns ``generate(count)``: ``prompt``'s next ``count``
+    greedy token ids."""
     if kind == "llama.cpp":
         from llama_cpp import Llama
 
-        llm = Llama(model_path=folder, n_threads=THREADS, n_threads_batch=THREADS, n_ctx=512,
+        llm = Llama(model_path=target, n_threads=THREADS, n_threads_batch=THREADS, n_ctx=512,
                     verbose=False)
 
         vocab = llm.n_vocab()
 
-        def generate() -> list[int]:
+        def generate(count: int) -> list[int]:
             llm.reset()
             llm.eval(prompt)
             out = []
-            for _ in range(new_tokens):  # the last position's logits (Llama.scores keeps none
+            for _ in range(count):  # the last position's logits (Llama.scores keeps none
                 # without logits_all, which would copy every position's)
                 logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(vocab,))
                 out.append(int(np.argmax(logits)))
-                if len(out) < new_tokens:
+                if len(out) < count:
                     llm.eval([out[-1]])
             return out
-    else:
-        import onnxruntime as ort
+        return generate
+    import onnxruntime as ort
 
-        from transformer_kit.export import OnnxModel
+    from transformer_kit.export import OnnxModel
 
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = options.inter_op_num_threads = THREADS
-        om = OnnxModel(folder, providers="cpu", session_options=options)
-        ids = np.array([prompt], dtype=np.int64)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = THREADS
+    om = OnnxModel(target, providers="cpu", session_options=options)
+    ids = np.array([prompt], dtype=np.int64)
 
-        def generate() -> list[int]:
-            return om.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens)[0].tolist()
-    serve_generation(generate)
+    def generate(count: int) -> list[int]:
+        return om.generate(ids, max_new_tokens=count, min_new_tokens=count)[0].tolist()
+    return generate
+
+
+def worker(kind: str, folder: str, new_tokens: int) -> None:
+    generate = greedy_generator(kind, folder, read_prompt())
+    serve_generation(lambda: generate(new_tokens))
 
 
 def start_peer(name: str, kind: str, folder: Path, prompt: list[int], new_tokens: int,

@@ -43,7 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helpers the benchmarks share
 
 from benchmarks.export_scale import measured
-from benchmarks.gguf_llama_cpp import PROMPT, THREADS
+from benchmarks.gguf_llama_cpp import PROMPT, THREADS, greedy_generator
 from testbed.moe_gguf import SHAPES, vocabulary, write_moe_gguf
 
 STEPS = ("kit export", "kit generate", "llama.cpp", "llama.cpp, OMP passive", "genai int4")
@@ -77,37 +77,9 @@ def step_export(gguf: str, out: str, verify: bool, result: str) -> None:
 
 
 def step_generate(kind: str, target: str, prompt: list[int], new_tokens: int, result: str) -> None:
-    import numpy as np
 
     start = time.perf_counter()
-    if kind == "llama.cpp":
-        from llama_cpp import Llama
-
-        llm = Llama(model_path=target, n_threads=THREADS, n_threads_batch=THREADS, n_ctx=512, verbose=False)
-        vocab = llm.n_vocab()
-
-        def generate(count: int) -> list[int]:
-            llm.reset()
-            llm.eval(prompt)
-            out = []
-            for _ in range(count):
-                logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(vocab,))
-                out.append(int(np.argmax(logits)))
-                if len(out) < count:
-                    llm.eval([out[-1]])
-            return out
-    else:
-        import onnxruntime as ort
-
-        from transformer_kit.export import OnnxModel
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = options.inter_op_num_threads = THREADS
-        om = OnnxModel(target, providers="cpu", session_options=options)
-        ids = np.array([prompt], dtype=np.int64)
-
-        def generate(count: int) -> list[int]:
-            return om.generate(ids, max_new_tokens=count, min_new_tokens=count)[0].tolist()
+    generate = greedy_generator(kind, target, prompt)
     figures = {"load_seconds": time.perf_counter() - start, "rss_after_load": _rss_now()}
     start = time.perf_counter()
     generate(WARM_UP_TOKENS)

@@ -45,18 +45,7 @@ def _source(seed: int = 0, **extra) -> torch.nn.Module:
                          "truncate": False, "original_max_position_embeddings": 16,
                          "rope_theta": 1000.0}, **extra)
     model = parity.random_norms(hf.GptOssForCausalLM(config).eval())
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("experts.gate_up_proj"):
-                param.normal_(std=1.0)
-            elif name.endswith("experts.down_proj"):
-                param.normal_(std=0.1)
-            elif name.endswith(("_bias", "router.bias", "router.weight", "sinks", "proj.bias",
-                                "embed_tokens.weight")):
-                param.normal_(std=1.0)
-            elif name == "lm_head.weight":
-                param.normal_(std=0.3)
-    return model
+    return moe_parity.spread_gpt_oss(model, also=("proj.bias", "embed_tokens.weight"), head_std=0.3)
 
 
 def _ggml_to_hub(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -89,3 +89,22 @@ def check_moe_nodes(model, folder) -> None:
         for node in graph.node:
             if node.op_type in ("MatMul", "MatMulNBits", "MatMulInteger"):
                 assert not any(".experts." in name for name in node.input), (path.name, node.name)
+
+
+def spread_gpt_oss(model: torch.nn.Module, also: tuple[str, ...] = (), head_std: float | None = None,
+                   ) -> torch.nn.Module:
+    """A transformers gpt-oss ``model`` with expert weights large enough that the clamp at
+    swiglu_limit acts (about one gate or up value in ten passes +-7), and its biases, sinks and
+    router spread (transformers starts the biases at zero and the rest small); parameters whose
+    names end with any of ``also`` spread alike, and the head by ``head_std`` when given."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("experts.gate_up_proj"):
+                param.normal_(std=1.0)
+            elif name.endswith("experts.down_proj"):
+                param.normal_(std=0.1)
+            elif name.endswith(("_bias", "router.bias", "router.weight", "sinks", *also)):
+                param.normal_(std=1.0)
+            elif name == "lm_head.weight" and head_std is not None:
+                param.normal_(std=head_std)
+    return model

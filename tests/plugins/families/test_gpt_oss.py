@@ -28,22 +28,7 @@ def _gpt_oss(hidden, heads, kv_heads, layers, experts, top_k, window, **extra):
         num_experts_per_tok=top_k, num_attention_heads=heads,
         num_key_value_heads=kv_heads, num_hidden_layers=layers, head_dim=8, sliding_window=window,
         max_position_embeddings=64, bos_token_id=1, eos_token_id=2, **extra))
-    return _randomised(parity.random_norms(model))
-
-
-def _randomised(model):
-    """Expert weights large enough that the clamp at swiglu_limit acts (about one gate or up
-    value in ten passes +-7), biases, sinks and router spread (transformers starts the biases
-    at zero and the rest small)."""
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("experts.gate_up_proj"):
-                param.normal_(std=1.0)
-            elif name.endswith("experts.down_proj"):
-                param.normal_(std=0.1)
-            elif name.endswith(("_bias", "router.bias", "router.weight", "sinks")):
-                param.normal_(std=1.0)
-    return model
+    return moe_parity.spread_gpt_oss(parity.random_norms(model))
 
 
 class TestGptOss(moe_parity.MoeFamilyParity):
