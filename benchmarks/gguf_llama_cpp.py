@@ -114,7 +114,7 @@ def greedy_generator(kind: str, target: str, prompt: list[int]) -> Callable[[int
 
 def worker(kind: str, folder: str, new_tokens: int) -> None:
     generate = greedy_generator(kind, folder, read_prompt())
-    serve_generation(lambda: generate(new_tokens))
+    serve_generation(lambda: generate(new_tokens), first=lambda: generate(1))
 
 
 def start_peer(name: str, kind: str, folder: Path, prompt: list[int], new_tokens: int,

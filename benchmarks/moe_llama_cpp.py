@@ -24,10 +24,12 @@ Runners, each in its own process (:class:`testbed.peers.ProcessPeer`), each with
 Each export runs in a process of its own (bounded memory), once per workdir. Each round asks
 every runner in turn (the order rotating) for the prompt and exactly ``--new-tokens`` greedy
 tokens; tokens/s are medians over rounds, ratios are taken within a round (against llama.cpp on
-the same file's type and against llama.cpp's Q4_0, each spinning and passive). Acceptance
+the same file's type and against llama.cpp's Q4_0, each spinning and passive). Each round also
+times the prompt and its first token alone, so the table splits each runner's time as
+llama-bench does: prompt tokens/s (prefill) and decode tokens/s (the other new tokens). Acceptance
 target: kit int4 >= 1.2x llama.cpp Q4_0. Results are written to ``WORKDIR/moe_llama_cpp.json``.
 
-    python benchmarks/moe_llama_cpp.py [--rounds 5] [--new-tokens 32] [--workdir /work/bench/moe/small]
+    python benchmarks/moe_llama_cpp.py [--rounds 5] [--new-tokens 32] [--prompt-tokens N] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -141,6 +143,8 @@ def main() -> None:
     parser.add_argument("--shape", default="qwen3-moe-small", choices=sorted(SHAPES))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--prompt-tokens", type=int, default=None,
+                        help="the prompt's length (the prompt text's tokens repeated); default: the text's")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--skip", nargs="*", default=[], choices=sorted(RUNNERS),
                         help="runners to leave out")
@@ -166,6 +170,8 @@ def main() -> None:
 
     prompt = Llama(model_path=str(files["Q4_0"]), vocab_only=True, verbose=False).tokenize(
         PROMPT.encode(), add_bos=False)
+    if args.prompt_tokens:
+        prompt = (prompt * (args.prompt_tokens // len(prompt) + 1))[:args.prompt_tokens]
     load = os.getloadavg()
     started = datetime.now(UTC)
     peers = [start_peer(name, files, folders, prompt, args.new_tokens) for name in names]
@@ -176,21 +182,32 @@ def main() -> None:
                  "same file" + PASSIVE: lambda name: RUNNERS[name][2] + PASSIVE,
                  "Q4_0": lambda name: LLAMA_Q4, "Q4_0" + PASSIVE: lambda name: LLAMA_Q4_PASSIVE}
     ratios = {b: {name: [] for name in names} for b in baselines}
+    # the same two ways apart: the prompt (prefill and first token) and the decoding of the rest,
+    # llama-bench's pp and tg, against llama.cpp on the same file and on Q4_0 (spinning)
+    phases = ("prompt", "decode")
+    split = {phase: {b: {name: [] for name in names} for b in ("same file", "Q4_0")} for phase in phases}
+    first: dict[str, list[float]] = {name: [] for name in names}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=Console(stderr=True)) as progress:
         task = progress.add_task(f"{len(peers)} runners, {args.rounds} rounds",
                                  total=args.rounds * len(peers))
         for index in range(args.rounds):
             shift = index % len(peers)
-            times = {}
+            times, prefill = {}, {}
             for peer in [*peers[shift:], *peers[:shift]]:
                 times[peer.name] = peer.run()["seconds"]
+                prefill[peer.name] = peer.run("first")["seconds"]
                 peer.seconds.append(times[peer.name])
+                first[peer.name].append(prefill[peer.name])
                 progress.advance(task)
+            decode = {name: times[name] - prefill[name] for name in times}
             for baseline, against in baselines.items():
                 for name in names:
                     if against(name) in times:
                         ratios[baseline][name].append(times[against(name)] / times[name])
+                        if baseline in ("same file", "Q4_0"):
+                            split["prompt"][baseline][name].append(prefill[against(name)] / prefill[name])
+                            split["decode"][baseline][name].append(decode[against(name)] / decode[name])
     for peer in peers:
         peer.close()
 
@@ -212,6 +229,12 @@ def main() -> None:
         results["runners"][name] = {
             "gguf_type": RUNNERS[name][0], "seconds": peer.seconds,
             "tokens_per_s": args.new_tokens / statistics.median(peer.seconds),
+            "first_token_seconds": first[name],
+            "prompt_tokens_per_s": len(prompt) / statistics.median(first[name]),
+            "decode_tokens_per_s": (args.new_tokens - 1) / statistics.median(
+                [whole - part for whole, part in zip(peer.seconds, first[name], strict=True)]),
+            "split_vs_llama_cpp": {phase: {b: median(split[phase][b][name]) for b in split[phase]}
+                                   for phase in phases},
             "vs_llama_cpp": {baseline: median(ratios[baseline][name]) for baseline in baselines},
             "tokens": peer.tokens,
             "greedy_shared_with_llama_cpp_same_file": (shared_prefix(peer.tokens, by_name[same].tokens)
@@ -236,6 +259,19 @@ def main() -> None:
         print(f"| {name} | {row['gguf_type']} | {row['tokens_per_s']:.1f} | "
               + " | ".join(ratio(row["vs_llama_cpp"][b]) for b in baselines)
               + f" | {'' if shared is None else f'{shared}/{args.new_tokens}'} |")
+    print(f"\nThe same apart (prompt: its {len(prompt)} tokens and the first new one; decode: the "
+          f"other {args.new_tokens - 1}):\n")
+    print("| runner | prompt tokens/s | vs llama.cpp same file | vs llama.cpp Q4_0 | decode tokens/s "
+          "| vs llama.cpp same file | vs llama.cpp Q4_0 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, row in results["runners"].items():
+        cells = [f"{row['prompt_tokens_per_s']:.0f}"]
+        cells += ["" if row["split_vs_llama_cpp"]["prompt"][b] is None
+                  else f"{row['split_vs_llama_cpp']['prompt'][b]:.2f}x" for b in ("same file", "Q4_0")]
+        cells += [f"{row['decode_tokens_per_s']:.1f}"]
+        cells += ["" if row["split_vs_llama_cpp"]["decode"][b] is None
+                  else f"{row['split_vs_llama_cpp']['decode'][b]:.2f}x" for b in ("same file", "Q4_0")]
+        print(f"| {name} | " + " | ".join(cells) + " |")
     for name in (KIT_INT4, KIT_INT4_L1):
         if name in results["runners"]:
             print(f"\n{name}: int4 matrices {results['runners'][name]['int4_origins']}")

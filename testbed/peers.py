@@ -116,9 +116,10 @@ class ProcessPeer:
         self.process.stdin.write(line + "\n")
         self.process.stdin.flush()
 
-    def run(self) -> dict:
-        """One generation: {"seconds": ..., "tokens": [...]}."""
-        self._send("run")
+    def run(self, what: str = "run") -> dict:
+        """One generation: {"seconds": ..., "tokens": [...]}; ``what="first"`` asks a worker
+        that serves one for the prompt and its first token only (the prefill)."""
+        self._send(what)
         answer = self.process.stdout.readline()
         if not answer:
             raise RuntimeError(f"the {self.name} worker ended (see its error above)")
@@ -134,15 +135,18 @@ def read_prompt() -> list[int]:
     return json.loads(sys.stdin.readline())
 
 
-def serve_generation(generate: Callable[[], list[int]]) -> None:
+def serve_generation(generate: Callable[[], list[int]],
+                     first: Callable[[], list[int]] | None = None) -> None:
     """The worker side of a :class:`ProcessPeer`: says it is ready, then answers each "run"
-    line with one timed ``generate()`` (seconds and tokens), until any other line."""
+    line with one timed ``generate()`` (seconds and tokens), and each "first" line with one
+    timed ``first()`` (the prompt and its first token: the prefill), until any other line."""
     print(json.dumps({"ready": True}), flush=True)
+    calls = {"run": generate, **({"first": first} if first else {})}
     for line in sys.stdin:
-        if line.strip() != "run":
+        if line.strip() not in calls:
             break
         start = time.perf_counter()
-        tokens = generate()
+        tokens = calls[line.strip()]()
         print(json.dumps({"seconds": time.perf_counter() - start, "tokens": tokens}), flush=True)
 
 
