@@ -118,6 +118,27 @@ def test_harmony_decoding_keeps_the_channels_and_tool_calls_are_read():
         tokenizer.chat_turn(QUESTION, tools=[WEATHER], tool_choice="required", options={})
 
 
+def test_a_thinking_model_s_tool_calls_are_read_after_its_thinking_and_its_thinking_is_rendered_back():
+    qwen3 = _tokenizer(QWEN3_TEMPLATE.read_text(encoding="utf-8"))
+    qwen3 = qwen3.chat_turn(QUESTION, tools=[WEATHER], options={})
+    message = qwen3.message('<think>\nI need the weather.\n</think>\n\n<tool_call>\n'
+                            '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    assert (message["reasoning_content"], message["content"]) == ("I need the weather.", None)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [
+        ("get_weather", '{"city": "Paris"}')]
+    harmony = _tokenizer(GPT_OSS_TEMPLATE.read_text(encoding="utf-8"), harmony=True)
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    history = [*QUESTION, {"role": "assistant", "content": None, "reasoning_content": "Need it.",
+                           "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    prompt = harmony.chat_turn(history, tools=[WEATHER], options={}).prompt
+    assert ("<|start|>assistant<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant "
+            'to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>'
+            '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"sunny"<|end|>'
+            "<|start|>assistant") in prompt
+
+
 @pytest.mark.parametrize(("template", "kwargs", "said"), [
     ("Qwen--Qwen2.5-7B-Instruct.jinja", {"enable_thinking": False}, "has no such switch"),
     ("deepseek-ai--DeepSeek-R1-Distill-Llama-8B.jinja", {"enable_thinking": False}, "has no such switch"),

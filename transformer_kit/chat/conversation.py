@@ -122,6 +122,10 @@ class ChatTurn:
         #: The template's reasoning markup ("think", "harmony") or None.
         self.reasoning = reasoning.reasoning_format(template)
         self.format = "harmony" if self.reasoning == "harmony" else tool_calls.call_format(template)
+        if self.reasoning == "harmony":  # gpt-oss's template reads an earlier thinking as `thinking`
+            messages = [{**m, "thinking": m["reasoning_content"]}
+                        if isinstance(m, dict) and m.get("reasoning_content") and "thinking" not in m
+                        else m for m in messages]
         objects = with_argument_objects(messages)
         try:
             self.prompt = tokenizer.apply_chat_template(objects, tools=self.tools, chat_template=template,
