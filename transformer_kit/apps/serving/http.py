@@ -160,13 +160,14 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
     app.get("/health")(server.health)
     app.get("/v1/models")(server.models)
     app.get("/metrics")(server.prometheus)
-    for path, handler in _endpoints(server, ResponseStore(stored_responses)).items():
+    store = ResponseStore(stored_responses)
+    for path, handler in _endpoints(server, store).items():
         app.post(path, response_model=None)(handler)
     what, serves = _KINDS[service.kind]
     for other, (_, paths) in _KINDS.items():
         for path in paths if other != service.kind else ():
             app.post(path, response_model=None)(_wrong_endpoint(model_name, what, serves))
-    app.state.server = server
+    app.state.server, app.state.responses = server, store
     return app
 
 
