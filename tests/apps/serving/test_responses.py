@@ -8,6 +8,7 @@ store's bound; bad requests get 400 with a sentence."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import jsonschema
@@ -15,6 +16,7 @@ import openai
 import pytest
 
 from tests.apps.serving.test_chat import CONVERSATIONS, WEATHER, _client, chat_export  # noqa: F401
+from tests.apps.serving.test_http import _slowed
 from tests.chat.schemas import SCHEMAS
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
@@ -162,6 +164,12 @@ def test_a_forced_function_call_goes_round_trip(server):
     reference = _chat(url, messages, 16, tools=[WEATHER])
     assert prompts[-1] == prompt  # the items render as chat's tool call and tool message
     assert second.output_text == (reference.content or "")
+    held = list(client.responses.create(model="chat", input=items, tools=[TOOL], max_output_tokens=16,
+                                        temperature=0, stream=True))  # tools: the text comes at the end
+    kinds = [e.type for e in held]
+    assert kinds == [*TEXT_EVENTS, *["response.output_text.delta"] * bool(second.output_text), *TEXT_END,
+                     f"response.{second.status}"]
+    assert "".join(e.delta for e in held if e.type == "response.output_text.delta") == second.output_text
     # the same turn, continuing the stored response instead of sending the call back
     continued = client.responses.create(model="chat", previous_response_id=first.id, tools=[TOOL],
                                         input=[items[2]], max_output_tokens=16, temperature=0)
@@ -221,6 +229,40 @@ def test_the_store_keeps_the_last_n_and_the_key_is_checked(chat_export):  # noqa
         with pytest.raises(openai.NotFoundError):
             again(ids[2], False)
         again(ids[1], False), again(newest, False)
+    engine.close()
+
+
+def test_the_limits_and_failures_are_the_other_endpoints(server, chat_export):  # noqa: F811
+    url, prompts = server
+    _client(url).responses.create(model="chat", input=CONVERSATIONS[1], max_output_tokens=1)
+    rendered = len(prompts[-1])
+    _, om = chat_export
+    engine = _slowed(Engine(om, max_batch=4), 0.05)  # 200 tokens: 10 s
+    app = create_app(engine, "chat", max_prompt_tokens=rendered - 1, max_request_seconds=1.0)
+    with running(app) as bounded:
+        client = _client(bounded)
+        with pytest.raises(openai.BadRequestError) as over:
+            client.responses.create(model="chat", input=CONVERSATIONS[1], max_output_tokens=2)
+        assert over.value.code == "context_length_exceeded"
+        slow = {"model": "chat", "input": "Hi", "max_output_tokens": 200, "temperature": 0}
+        with pytest.raises(openai.InternalServerError) as late:
+            client.responses.create(**slow)
+        assert late.value.status_code == 504 and late.value.code == "request_timeout"
+        with pytest.raises(openai.APIError, match="limit of 1 s") as cut:
+            for _ in client.responses.create(**slow, stream=True):
+                pass
+        assert cut.value.code == "request_timeout"
+        assert engine.stats.finished["timeout"] == 2 and engine.stats.batch_size == 0
+    engine.close()
+    engine = _slowed(Engine(om, max_batch=2), 0.02)  # 200 tokens: 4 s
+    with running(create_app(engine, "chat")) as url:
+        with httpx.stream("POST", f"{url}/v1/responses", json={**slow, "stream": True}) as response:
+            assert next(response.iter_lines()) == "event: response.created"  # then the client leaves
+        deadline = time.monotonic() + 10
+        while engine.stats.finished.get("cancelled", 0) == 0:
+            assert time.monotonic() < deadline, engine.stats
+            time.sleep(0.02)
+        assert engine.stats.batch_size == 0
     engine.close()
 
 
