@@ -289,6 +289,8 @@ def test_bad_requests_get_400_with_a_sentence_and_the_server_keeps_serving(serve
     _refused(url, {"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0]", "'web_search'",
              "function tools only")
     _refused(url, {"input": "Hi", "tool_choice": {"type": "file_search"}}, "tool_choice", "'required'")
+    _refused(url, {"input": "Hi", "tool_choice": "sometimes", "tools": [TOOL]}, "'sometimes'", "'name'")
+    _refused(url, {"input": ["Hi", "there"]}, "input[0] is a str", "list of items")
     _refused(url, {"input": "Hi", "tool_choice": "required"}, "needs tools")
     _refused(url, {"input": "Hi", "max_output_tokens": 4000}, "context length")
     _refused(url, {"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x",

@@ -61,7 +61,7 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str
-    input: str | list[dict[str, Any]]
+    input: str | list[Any]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -102,7 +102,7 @@ def _field(item: dict[str, Any], name: str, where: str) -> str:
     return item[name]
 
 
-def input_messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+def input_messages(given: str | list[Any]) -> list[dict[str, Any]]:
     """The chat messages of a request's ``input``: text is one user message; items are
     messages, ``function_call`` items (joined to the assistant message before them, as chat's
     ``tool_calls``) and ``function_call_output`` items (chat's ``tool`` messages). Raises
@@ -114,7 +114,11 @@ def input_messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                          "[{'role': 'user', 'content': 'Hello'}].")
     messages: list[dict[str, Any]] = []
     for i, item in enumerate(given):
-        where, kind = f"input[{i}]", item.get("type", "message")
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise InputError(f"{where} is a {type(item).__name__}; give input as text, or as a list "
+                             "of items, e.g. {'role': 'user', 'content': 'Hello'}.")
+        kind = item.get("type", "message")
         if kind not in _ITEMS:
             raise InputError(f"{where} is an item of type {kind!r}; this server takes "
                              f"{', '.join(_ITEMS)} items.")
@@ -158,9 +162,10 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
 
 def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
     """``tool_choice`` in chat's shape: "auto", "none", "required", or one function by name."""
-    if not isinstance(choice, dict):
+    if choice is None or choice in ("auto", "none", "required"):
         return choice
-    if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+    named = isinstance(choice, dict) and choice.get("type") == "function"
+    if not named or not isinstance(choice.get("name"), str):
         raise InputError(f"tool_choice {choice!r} is not one this server takes; give 'auto', "
                          "'none', 'required' or {'type': 'function', 'name': ...}.")
     return {"type": "function", "function": {"name": choice["name"]}}
