@@ -119,6 +119,21 @@ def test_the_prompt_and_time_bounds_reach_the_app(exported, monkeypatch):
     assert apps[-1].state.server.service.limits == Limits(64, 600.0, 64)
 
 
+def test_the_stored_responses_bound_reaches_the_app(exported, monkeypatch):
+    import uvicorn
+
+    _, folder = exported
+    apps = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    given = invoke("serve", str(folder / "onnx"), "--stored-responses", "3")
+    assert given.exit_code == 0, given.output
+    assert apps[-1].state.responses.capacity == 3
+    assert invoke("serve", str(folder / "onnx")).exit_code == 0
+    assert apps[-1].state.responses.capacity == 256
+    refused = invoke("serve", str(folder / "onnx"), "--stored-responses", "-1")
+    assert refused.exit_code != 0 and "--stored-responses" in refused.output
+
+
 def test_the_prefix_cache_bound_reaches_the_engine(exported, monkeypatch):
     import uvicorn
 
