@@ -27,12 +27,13 @@ CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
     pytest.skip("the browser test needs Debian's Chromium at /usr/bin/chromium (apt-get install "
                 "chromium; .ci/run installs it)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="the browser test needs Playwright "
-                               "(a dev dependency: pip install -e '.[dev]')")
+sync_api = pytest.importorskip("playwright.sync_api", exc_type=ImportError, reason="the browser test "
+                               "needs Playwright (a dev dependency: pip install -e '.[dev]')")
 expect = sync_api.expect
 #: Chromium headless, offline but for the test's server, in a fresh profile.
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--disable-dev-shm-usage"]  # containers give /dev/shm 64 MB
 KEY = "sk-page-0123456789"
 MAX_TOKENS = 24
 #: Shown literally wherever it appears: it would run script if parsed as HTML.
