@@ -127,6 +127,8 @@ def test_a_typed_conversation_streams_the_apis_greedy_replies(server, page):
     assert expected.message.content  # a reply to compare
     assert reply.locator(".text").text_content() == expected.message.content
     assert reply.get_attribute("data-finish") == expected.finish_reason
+    cut_note = ["cut at the maximum tokens"] if expected.finish_reason == "length" else []
+    assert reply.locator(".finish").all_text_contents() == cut_note
 
     messages += [{"role": "assistant", "content": expected.message.content},
                  {"role": "user", "content": "Tell me about café culture.\nBriefly."}]

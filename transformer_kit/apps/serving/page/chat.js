@@ -147,6 +147,12 @@
       scrollDown();
     }
     reply.root.dataset.finish = finish || "";
+    if (finish === "length") {
+      const note = document.createElement("div");
+      note.className = "finish";
+      note.textContent = "cut at the maximum tokens";
+      reply.root.append(note);
+    }
     reply.root.dataset.state = "done";
     return content;
   }
