@@ -255,6 +255,7 @@ def test_serve_exports_a_checkpoint_or_its_hub_name_once_and_names_the_model_so(
     first = invoke("serve", "org/chat")
     assert first.exit_code == 0, first.output
     assert "exporting org/chat into" in first.output and "serving 'org/chat' from" in first.output
+    assert "chat page: http://127.0.0.1:8000/" in first.output
     served = apps[-1].state.server.service.model
     messages = [{"role": "user", "content": "hello"}]
     (export,) = (tmp_path / "kit" / "exports").iterdir()

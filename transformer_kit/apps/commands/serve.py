@@ -119,6 +119,8 @@ def serve(
     console.print(f"serving {name!r} from {folder} on http://{host}:{port}/v1 "
                   f"(provider {engine.model.provider}, {_batching(engine, batch_tokens, max_prompt_tokens, max_request_seconds, prefix_cache_bytes, prompt_lookup_num_tokens)}, "
                   f"queue <= {max_queue})")
+    if engine.kind == "generate":
+        console.print(f"chat page: http://{host}:{port}/")
     try:
         app = create_app(engine, name, api_key=api_key, max_body_bytes=max_body_bytes,
                          max_prompt_tokens=max_prompt_tokens, max_request_seconds=max_request_seconds,

@@ -16,7 +16,8 @@ the status that fits: 400 for a bad request (``context_length_exceeded`` for a p
 server's bound or one that leaves no room for ``max_tokens``), 404 for an unknown model, 503 when
 the queue is full, 504 for a request that ran past the server's time bound (a stream ends with
 an error event instead); never a traceback. In front of all of it, :class:`.Guard` checks the
-API key and bounds the request body (401, 413, 408).
+API key and bounds the request body (401, 413, 408). A decoder's server also serves a chat page
+at ``/`` (:mod:`.page`).
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
+from transformer_kit.apps.serving import page
 from transformer_kit.apps.serving.chat import ChatCompletionRequest, ChatServer
 from transformer_kit.apps.serving.embeddings import EmbeddingRequest, EmbeddingServer
-from transformer_kit.apps.serving.guard import DEFAULT_BODY_SECONDS, DEFAULT_MAX_BODY_BYTES, Guard
+from transformer_kit.apps.serving.guard import DEFAULT_BODY_SECONDS, DEFAULT_MAX_BODY_BYTES, OPEN_PATHS, Guard
 from transformer_kit.apps.serving.openai_api import (
     ServerMetrics,
     error_response,
@@ -138,8 +140,8 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
     """The FastAPI application serving ``engine`` under the model name ``model_name``: a
     decoder's on the completions endpoints, an embedding model's on /v1/embeddings, a
     cross-encoder's on /v1/rerank (the engine's ``kind``). Behind a :class:`.Guard`: ``api_key``
-    (None: none) needed on every endpoint but /health, request bodies of at most
-    ``max_body_bytes`` arriving within ``body_seconds``. A prompt (a completion's, a chat's
+    (None: none) needed on every endpoint but /health and a decoder's chat page (at /), request
+    bodies of at most ``max_body_bytes`` arriving within ``body_seconds``. A prompt (a completion's, a chat's
     rendered conversation) may hold at most ``max_prompt_tokens`` tokens (None: the model's
     context length, else :data:`~transformer_kit.runtime.limits.DEFAULT_MAX_PROMPT_TOKENS`;
     more: 400), and any request may take at most ``max_request_seconds`` from arrival to its
@@ -151,7 +153,7 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
     service = Service(engine, limits)
     app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes,
-                       body_seconds=body_seconds)
+                       body_seconds=body_seconds, open_paths=OPEN_PATHS | page.PATHS)
     install_error_handlers(app, {"/v1/completions": CompletionRequest,
                                  "/v1/chat/completions": ChatCompletionRequest,
                                  "/v1/responses": ResponsesRequest,
@@ -163,6 +165,8 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
     store = ResponseStore(stored_responses)
     for path, handler in _endpoints(server, store).items():
         app.post(path, response_model=None)(handler)
+    if service.kind == "generate":
+        page.add_page(app)  # the chat page at /, open without the key (it carries no secret)
     what, serves = _KINDS[service.kind]
     for other, (_, paths) in _KINDS.items():
         for path in paths if other != service.kind else ():
