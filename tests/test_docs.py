@@ -7,6 +7,7 @@ line before it; every other block must run, and a few numbers the pages claim ar
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -238,6 +239,9 @@ def check_serving(ns: dict) -> None:
     assert ns["final"].choices[0].message.role == "assistant"
     assert ns["sampled"].finish_reason in {"stop", "length"}
     assert ns["bounded"].finish_reason in {"stop", "length", "timeout"}
+    assert ns["resp"].output_text == expected  # the Responses API: the same reply
+    assert ns["fc"].name == "get_weather" and ns["told"].status in {"completed", "incomplete"}
+    json.loads(ns["as_json"].output_text)
 
 
 CHECKS: dict[str, Callable[[dict], None]] = {

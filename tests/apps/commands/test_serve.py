@@ -119,6 +119,21 @@ def test_the_prompt_and_time_bounds_reach_the_app(exported, monkeypatch):
     assert apps[-1].state.server.service.limits == Limits(64, 600.0, 64)
 
 
+def test_the_stored_responses_bound_reaches_the_app(exported, monkeypatch):
+    import uvicorn
+
+    _, folder = exported
+    apps = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    given = invoke("serve", str(folder / "onnx"), "--stored-responses", "3")
+    assert given.exit_code == 0, given.output
+    assert apps[-1].state.responses.capacity == 3
+    assert invoke("serve", str(folder / "onnx")).exit_code == 0
+    assert apps[-1].state.responses.capacity == 256
+    refused = invoke("serve", str(folder / "onnx"), "--stored-responses", "-1")
+    assert refused.exit_code != 0 and "--stored-responses" in refused.output
+
+
 def test_the_prefix_cache_bound_reaches_the_engine(exported, monkeypatch):
     import uvicorn
 
@@ -240,6 +255,7 @@ def test_serve_exports_a_checkpoint_or_its_hub_name_once_and_names_the_model_so(
     first = invoke("serve", "org/chat")
     assert first.exit_code == 0, first.output
     assert "exporting org/chat into" in first.output and "serving 'org/chat' from" in first.output
+    assert "chat page: http://127.0.0.1:8000/" in first.output
     served = apps[-1].state.server.service.model
     messages = [{"role": "user", "content": "hello"}]
     (export,) = (tmp_path / "kit" / "exports").iterdir()

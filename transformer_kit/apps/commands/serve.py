@@ -74,6 +74,10 @@ def serve(
         "every request that sets no prompt_lookup_num_tokens of its own: at most this many tokens "
         "drafted from the prompt and the reply so far, checked while a request decodes alone; "
         "the tokens are those of plain decoding. Default: off (requests ask).")] = None,
+    stored_responses: Annotated[int, _Opt(
+        min=0, help="POST /v1/responses: how many responses (store=true) are kept, in memory, so "
+        "that previous_response_id can continue them; least recently used out first, lost on "
+        "restart. 0: none. Default: 256.")] = 256,
 ) -> None:
     """Serve completions in the OpenAI convention (POST /v1/completions, GET /v1/models,
     /health, /metrics) until interrupted; an embedding model's export on POST /v1/embeddings,
@@ -115,9 +119,12 @@ def serve(
     console.print(f"serving {name!r} from {folder} on http://{host}:{port}/v1 "
                   f"(provider {engine.model.provider}, {_batching(engine, batch_tokens, max_prompt_tokens, max_request_seconds, prefix_cache_bytes, prompt_lookup_num_tokens)}, "
                   f"queue <= {max_queue})")
+    if engine.kind == "generate":
+        console.print(f"chat page: http://{host}:{port}/")
     try:
         app = create_app(engine, name, api_key=api_key, max_body_bytes=max_body_bytes,
-                         max_prompt_tokens=max_prompt_tokens, max_request_seconds=max_request_seconds)
+                         max_prompt_tokens=max_prompt_tokens, max_request_seconds=max_request_seconds,
+                         stored_responses=stored_responses)
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
         engine.close()

@@ -4,10 +4,11 @@ so existing clients (the ``openai`` package, curl) work unchanged.
 ``POST /v1/completions`` (prompt as text or token ids, ``max_tokens``, ``temperature`` (0 =
 greedy), ``top_p``, ``seed``, ``stop``, ``stream`` as server-sent events),
 ``POST /v1/chat/completions`` (messages rendered by the export's chat template, tools,
-``response_format``; in :mod:`.chat`), ``GET /v1/models``, ``GET /health`` and ``GET /metrics``
-(Prometheus text). An embedding model's export is served on ``POST /v1/embeddings``
-(:mod:`.embeddings`), a cross-encoder's on ``POST /v1/rerank`` (:mod:`.rerank`), batched across
-clients by the same engine; the other kind's endpoints answer 400
+``response_format``; in :mod:`.chat`), ``POST /v1/responses`` (OpenAI's Responses API over the
+same path, with ``previous_response_id``; in :mod:`.responses`), ``GET /v1/models``,
+``GET /health`` and ``GET /metrics`` (Prometheus text). An embedding model's export is served
+on ``POST /v1/embeddings`` (:mod:`.embeddings`), a cross-encoder's on ``POST /v1/rerank``
+(:mod:`.rerank`), batched across clients by the same engine; the other kind's endpoints answer 400
 with a sentence naming the one this model serves. Each completions choice also carries
 ``token_ids``, the ids behind its text (a streamed chunk: the ids of that chunk). Errors are
 OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``, :mod:`.openai_api`) with
@@ -15,7 +16,8 @@ the status that fits: 400 for a bad request (``context_length_exceeded`` for a p
 server's bound or one that leaves no room for ``max_tokens``), 404 for an unknown model, 503 when
 the queue is full, 504 for a request that ran past the server's time bound (a stream ends with
 an error event instead); never a traceback. In front of all of it, :class:`.Guard` checks the
-API key and bounds the request body (401, 413, 408).
+API key and bounds the request body (401, 413, 408). A decoder's server also serves a chat page
+at ``/`` (:mod:`.page`).
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
+from transformer_kit.apps.serving import page
 from transformer_kit.apps.serving.chat import ChatCompletionRequest, ChatServer
 from transformer_kit.apps.serving.embeddings import EmbeddingRequest, EmbeddingServer
-from transformer_kit.apps.serving.guard import DEFAULT_BODY_SECONDS, DEFAULT_MAX_BODY_BYTES, Guard
+from transformer_kit.apps.serving.guard import DEFAULT_BODY_SECONDS, DEFAULT_MAX_BODY_BYTES, OPEN_PATHS, Guard
 from transformer_kit.apps.serving.openai_api import (
     ServerMetrics,
     error_response,
@@ -47,6 +50,8 @@ from transformer_kit.apps.serving.openai_api import (
     usage,
 )
 from transformer_kit.apps.serving.rerank import RerankRequest, RerankServer
+from transformer_kit.apps.serving.response_store import DEFAULT_STORED_RESPONSES, ResponseStore
+from transformer_kit.apps.serving.responses import ResponsesRequest, ResponsesServer
 from transformer_kit.errors import InputError
 from transformer_kit.runtime import Engine, Limits, QueueFull, Service
 from transformer_kit.runtime.text_stream import TextStream
@@ -121,7 +126,8 @@ class CompletionServer:
 
 
 #: What each kind of model is, as the wrong endpoint's answer names it, and the paths it serves.
-_KINDS = {"generate": ("a text generator", ("/v1/completions", "/v1/chat/completions")),
+_KINDS = {"generate": ("a text generator", ("/v1/completions", "/v1/chat/completions",
+                                            "/v1/responses")),
           "embeddings": ("a sentence-embedding model", ("/v1/embeddings",)),
           "rerank": ("a cross-encoder", ("/v1/rerank", "/rerank"))}
 
@@ -129,46 +135,53 @@ _KINDS = {"generate": ("a text generator", ("/v1/completions", "/v1/chat/complet
 def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                body_seconds: float = DEFAULT_BODY_SECONDS, max_prompt_tokens: int | None = None,
-               max_request_seconds: float | None = None) -> FastAPI:
+               max_request_seconds: float | None = None,
+               stored_responses: int = DEFAULT_STORED_RESPONSES) -> FastAPI:
     """The FastAPI application serving ``engine`` under the model name ``model_name``: a
     decoder's on the completions endpoints, an embedding model's on /v1/embeddings, a
     cross-encoder's on /v1/rerank (the engine's ``kind``). Behind a :class:`.Guard`: ``api_key``
-    (None: none) needed on every endpoint but /health, request bodies of at most
-    ``max_body_bytes`` arriving within ``body_seconds``. A prompt (a completion's, a chat's
+    (None: none) needed on every endpoint but /health and a decoder's chat page (at /), request
+    bodies of at most ``max_body_bytes`` arriving within ``body_seconds``. A prompt (a completion's, a chat's
     rendered conversation) may hold at most ``max_prompt_tokens`` tokens (None: the model's
     context length, else :data:`~transformer_kit.runtime.limits.DEFAULT_MAX_PROMPT_TOKENS`;
     more: 400), and any request may take at most ``max_request_seconds`` from arrival to its
     end (None: no bound; past it the engine stops it and frees its row: 504, or an error event
     ending the stream). Embeddings and rerank keep their own bound on texts (the model's
-    positions). Raises InputError for a bound that is not positive."""
+    positions). ``/v1/responses`` keeps the last ``stored_responses`` responses (0: none) for
+    ``previous_response_id``, in memory. Raises InputError for a bound that is not positive."""
     limits = Limits.of(engine.model.context_length, max_prompt_tokens, max_request_seconds)
     service = Service(engine, limits)
     app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes,
-                       body_seconds=body_seconds)
+                       body_seconds=body_seconds, open_paths=OPEN_PATHS | page.PATHS)
     install_error_handlers(app, {"/v1/completions": CompletionRequest,
                                  "/v1/chat/completions": ChatCompletionRequest,
+                                 "/v1/responses": ResponsesRequest,
                                  "/v1/embeddings": EmbeddingRequest, "/rerank": RerankRequest})
     server = CompletionServer(service, model_name)
     app.get("/health")(server.health)
     app.get("/v1/models")(server.models)
     app.get("/metrics")(server.prometheus)
-    for path, handler in _endpoints(server).items():
+    store = ResponseStore(stored_responses)
+    for path, handler in _endpoints(server, store).items():
         app.post(path, response_model=None)(handler)
+    if service.kind == "generate":
+        page.add_page(app)  # the chat page at /, open without the key (it carries no secret)
     what, serves = _KINDS[service.kind]
     for other, (_, paths) in _KINDS.items():
         for path in paths if other != service.kind else ():
             app.post(path, response_model=None)(_wrong_endpoint(model_name, what, serves))
-    app.state.server = server
+    app.state.server, app.state.responses = server, store
     return app
 
 
-def _endpoints(server: CompletionServer) -> dict[str, Any]:
-    """The handlers of the service's kind, by path."""
+def _endpoints(server: CompletionServer, store: ResponseStore) -> dict[str, Any]:
+    """The handlers of the service's kind, by path (``store``: the Responses API's)."""
     service, name, metrics = server.service, server.model_name, server.metrics
     if service.kind == "generate":
         return {"/v1/completions": server.completions,
-                "/v1/chat/completions": ChatServer(service, name, metrics).chat_completions}
+                "/v1/chat/completions": ChatServer(service, name, metrics).chat_completions,
+                "/v1/responses": ResponsesServer(service, name, metrics, store).create}
     if service.kind == "embeddings":
         return {"/v1/embeddings": EmbeddingServer(service, name, metrics).embeddings}
     rerank = RerankServer(service, name, metrics).rerank
