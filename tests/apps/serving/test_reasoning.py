@@ -96,6 +96,12 @@ def test_the_split_is_the_parse_of_the_raw_text_and_streams_join_to_it(served):
     assert "".join(d.content or "" for d in deltas) == (message.content or "")
     pieces = list(om.stream_chat(QUESTION, max_new_tokens=new, tools=tools, reasoning=True))
     assert "".join(r for r, _ in pieces) == (expected.reasoning or "")
+    if name != "call":  # the Responses API: the answer alone, whole and streamed alike
+        whole = client.responses.create(model="m", input=QUESTION, max_output_tokens=new, temperature=0)
+        assert whole.output_text == (expected.content or "")
+        events = list(client.responses.create(model="m", input=QUESTION, max_output_tokens=new,
+                                              temperature=0, stream=True))
+        assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
 
 
 def test_thinking_switches_render_as_the_template_says_and_others_are_refused(served):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -181,6 +181,20 @@ def response_format(text: TextConfig | None) -> dict[str, Any] | None:
         fields = {key: value for key, value in given.items() if key != "type"}
         return {"type": "json_schema", "json_schema": {"name": "response", **fields}}
     return given
+
+
+def _answer_reader(stream: TextStream) -> Callable[..., str]:
+    """``answer(piece, last=False)``: the part of a streamed piece that is the answer. A
+    reasoning template's thinking is read apart and not sent (no reasoning items), so the
+    deltas join to the whole response's output_text."""
+    splitter = None if stream.held or stream.turn is None else stream.turn.splitter()
+
+    def answer(piece: str, last: bool = False) -> str:
+        if splitter is None:
+            return piece
+        said = splitter.add(piece)[1]
+        return said + splitter.finish()[1] if last else said
+    return answer
 
 
 def _usage(counts: Usage) -> dict[str, Any]:
@@ -347,19 +361,20 @@ class ResponsesServer:
             yield write.event("response.created", response=reply.response("in_progress", []))
             yield write.event("response.in_progress", response=reply.response("in_progress", []))
             message_id, texts = f"msg_{uuid.uuid4().hex}", []
+            answer = _answer_reader(stream)
             if not stream.held:
                 yield write.text_start(0, message_id)
             async for deltas in stream.arrivals():  # several tokens' text in one event
                 piece = "".join(d.text for d in deltas)
                 texts.append(piece)
-                if piece and not stream.held:
-                    yield write.delta(0, message_id, piece)
+                if piece and not stream.held and (said := answer(piece)):
+                    yield write.delta(0, message_id, said)
             if (failed := failure_event(stream.failure)) is not None:
                 yield failed
                 return
             rest = stream.rest()
-            if rest and not stream.held:
-                yield write.delta(0, message_id, rest)
+            if not stream.held and (said := answer(rest, last=True)):
+                yield write.delta(0, message_id, said)
             message = stream.message("".join(texts) + rest)
             done = self._done(stream, reply, conversation, message, message_id)
             for index, item in enumerate(done["output"]):
