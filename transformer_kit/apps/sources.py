@@ -94,12 +94,13 @@ def resolve_source(source: Path, revision: str | None = None, from_hf: bool = Fa
 
 def load_model(source: Path, *, from_hf: bool = False, weights: Path | None = None,
                overrides: dict[str, Any] | None = None, stream: bool = False,
-               revision: str | None = None):
+               revision: str | None = None, adapter: Path | None = None):
     """A model from a config file (random weights unless ``weights``), a folder saved with
     model.save, a GGUF file (llama.cpp), or (``from_hf``) a Hugging Face checkpoint folder, in
     eval mode; a Hub name (at ``revision``) of a checkpoint or a GGUF file as well.
     ``stream``: a safetensors checkpoint's (or a GGUF file's) weights stay on disk until an
-    export writes them."""
+    export writes them. ``adapter``: a PEFT LoRA adapter folder merged into a Hugging Face
+    checkpoint's weights (it implies ``from_hf``)."""
     import transformer_kit as tk
     from transformer_kit.config import config_from_dict
     from transformer_kit.serialization import load_saved_weights, read_saved_config
@@ -107,12 +108,14 @@ def load_model(source: Path, *, from_hf: bool = False, weights: Path | None = No
     overrides = overrides or {}
     source, from_hf = resolve_source(source, revision, from_hf)
     kind = kind_of(source)
-    if from_hf:
+    if from_hf or adapter is not None:
         if kind != "checkpoint":
-            _refuse(source, kind, "a Hugging Face checkpoint folder with --from-hf", CheckpointError)
+            _refuse(source, kind, "a Hugging Face checkpoint folder with --from-hf" if adapter is None
+                    else "a Hugging Face checkpoint folder with --adapter (a LoRA adapter is merged "
+                    "into a checkpoint's weights)", CheckpointError)
         safetensors = any((source / name).is_file() for name in
                           ("model.safetensors", "model.safetensors.index.json"))
-        return tk.from_hf(source, stream=stream and safetensors, **overrides)
+        return tk.from_hf(source, stream=stream and safetensors, adapter=adapter, **overrides)
     if kind == "gguf":
         if weights is not None:
             raise CheckpointError(f"{str(source)!r} is a GGUF file, which holds its weights; leave "

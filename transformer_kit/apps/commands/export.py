@@ -33,6 +33,7 @@ def export(
     weights: Annotated[Path | None, typer.Option(help="safetensors weights for a config file.")] = None,
     from_hf: Annotated[bool, typer.Option("--from-hf", help="SOURCE is a Hugging Face checkpoint folder.")] = False,
     revision: Annotated[str | None, typer.Option(help=REVISION_HELP)] = None,
+    adapter: Annotated[Path | None, typer.Option(help="A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) merged into the checkpoint SOURCE's weights.")] = None,
     dtype: Annotated[Dtype, typer.Option(help="Weights and activations.")] = Dtype.float32,
     quantize: Annotated[Quantization | None, typer.Option(help="int8: dynamic int8 quantization of the matrix products; int4: 4-bit MatMulNBits weights.")] = None,
     block_size: Annotated[int | None, typer.Option(help="int4: weights per scale, 16..256, a power of 2 (default 32).")] = None,
@@ -86,7 +87,7 @@ def export(
             raise typer.BadParameter(str(exc), param_hint=flag) from None
     try:
         model = load_model(source, from_hf=from_hf, weights=weights, overrides=overrides, stream=True,
-                           revision=revision)
+                           revision=revision, adapter=adapter)
         if kind_of(source) == "config file" and weights is None:
             warn(f"{source} is a config file and no --weights were given: the export holds "
                  "randomly initialised weights. Pass --weights FILE.safetensors, or export a folder "
