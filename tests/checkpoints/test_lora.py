@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import peft
 import pytest
 import torch
@@ -92,6 +93,13 @@ def test_gpt2s_fused_fan_in_fan_out_attention_is_merged_before_it_is_split(tmp_p
     model = tk.from_hf(tmp_path / "base", adapter=tmp_path / "adapter")
     with torch.no_grad():
         assert relative_error(model(_ids()), reference(input_ids=_ids()).logits) <= 1e-4
+    apart = tk.from_hf(tmp_path / "base", adapters={"tuned": tmp_path / "adapter"})
+    merged, weights = model.state_dict(), apart.state_dict()
+    factors = apart.adapters["tuned"]  # the fused c_attn as q, k, v factors: each its own rows
+    assert {n.rsplit(".", 2)[-2] for n in factors} == {"q_proj", "k_proj", "v_proj", "o_proj", "linear1",
+                                                      "linear2"}
+    for name, (a, b) in factors.items():
+        assert torch.allclose(weights[name] + b @ a, merged[name], atol=1e-6), name
 
 
 def _edit(folder: Path, **config) -> None:
@@ -158,3 +166,36 @@ def test_an_adapted_weight_the_model_does_not_read_is_refused(tmp_path):
     with pytest.raises(tk.CheckpointError, match=r"adapts \['lm_head'\], whose weights the kit's model "
                        r"of this checkpoint does not read \(a tied or unused weight\)"):
         tk.from_hf(tmp_path / "base", adapter=tmp_path / "adapter")
+
+
+def test_adapters_kept_apart_are_bound_per_call_and_equal_peft(tmp_path):
+    base = _llama(tmp_path / "base")
+    ids = _ids()
+    with torch.no_grad():
+        base_logits = base(input_ids=ids).logits
+    first = _adapter(base, tmp_path / "first")
+    with torch.no_grad():
+        first_logits = first(input_ids=ids).logits
+    first_tokens = first.generate(input_ids=ids, max_new_tokens=8, do_sample=False)[:, ids.shape[1]:]
+    base = first.unload()  # the base again, without the first adapter
+    second = _adapter(base, tmp_path / "second", seed=5, r=2, target_modules=["q_proj", "k_proj", "up_proj"])
+    with torch.no_grad():
+        second_logits = second(input_ids=ids).logits
+    second_tokens = second.generate(input_ids=ids, max_new_tokens=8, do_sample=False)[:, ids.shape[1]:]
+    base = second.unload()
+    base_tokens = base.generate(input_ids=ids, max_new_tokens=8, do_sample=False)[:, ids.shape[1]:]
+    model = tk.from_hf(tmp_path / "base",
+                       adapters={"first": tmp_path / "first", "second": tmp_path / "second"})
+    export_onnx(model, tmp_path / "onnx")
+    om = OnnxModel(tmp_path / "onnx")
+    assert om.adapters == ["first", "second"]
+    for adapter, logits, tokens in ((None, base_logits, base_tokens), ("first", first_logits, first_tokens),
+                                    ("second", second_logits, second_tokens)):
+        assert relative_error(om(ids.numpy(), adapter=adapter), logits.numpy()) <= 1e-4, adapter
+        np.testing.assert_array_equal(om.generate(ids.numpy(), 8, adapter=adapter), tokens.numpy())
+    assert not np.array_equal(first_tokens, second_tokens) and not np.array_equal(first_tokens, base_tokens)
+    with pytest.raises(tk.InputError, match=r"adapter='third' is not exported in .*; it has 'first', "
+                       r"'second'"):
+        om.generate(ids.numpy(), 8, adapter="third")
+    with pytest.raises(tk.ExportError, match=r"exports in float32 without quantize or optimize; merge"):
+        export_onnx(model, tmp_path / "int4", quantize="int4")

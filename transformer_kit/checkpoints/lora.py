@@ -257,3 +257,67 @@ def check_merged_used(merged: dict[str, Tensor], adapter: LoraAdapter, state: di
         raise CheckpointError(f"LoRA adapter {adapter.folder!r} adapts {unused[:3]}, whose weights "
                               "the kit's model of this checkpoint does not read (a tied or "
                               "unused weight); leave them out of target_modules.")
+
+
+#: One adapted kit parameter: ``a`` (r, in_features) and ``b`` (out_features, r), the scale in
+#: ``b``, so that the parameter's weight plus ``b @ a`` is the merged one.
+KitFactors = tuple[Tensor, Tensor]
+
+
+def _traced(weight: Tensor, axis: int) -> DeferredTensor:
+    """A tensor of ``weight``'s shape whose every entry is its index along ``axis`` (exact in
+    float32 below 2**24), to see where a family's mapping puts each row and column."""
+    index = torch.arange(weight.shape[axis], dtype=torch.float32)
+    values = (index[:, None] if axis == 0 else index[None, :]).expand(tuple(weight.shape)).contiguous()
+    return _deferred(values)
+
+
+def _one_axis(index: Tensor, size: int) -> tuple[int, Tensor] | None:
+    """(the axis ``index`` varies along, its values along it) when it varies along one only
+    and its values are indices below ``size`` (not scaled, not summed)."""
+    for axis in (0, 1):
+        line = index.select(1 - axis, 0)
+        whole = bool((line == line.round()).all() and (line >= 0).all() and (line < size).all())
+        if whole and torch.equal(index, line.unsqueeze(1 - axis).expand_as(index)):
+            return axis, line.long()
+    return None
+
+
+def kit_factors(adapter: LoraAdapter, tensors: dict[str, Tensor], mapping) -> dict[str, KitFactors]:
+    """The adapter as factors of the kit's parameters (by name): ``mapping(tensors)`` is the
+    family's state dict of checkpoint ``tensors``. Each adapted weight is replaced by tensors of
+    its row and column indices and mapped: a kit parameter whose rows come from the adapted
+    weight's rows (or columns) and whose columns from its columns (or rows), one each, takes
+    the matching rows of ``b`` and columns of ``a`` (transposed where the roles swap). Anything
+    else (a parameter mixing weights, scaled, or not a selection) is refused."""
+    rows, cols = dict(tensors), dict(tensors)
+    for layer in adapter.layers.values():
+        weight = tensors.get(layer.weight)
+        if weight is None or weight.dim() != 2:
+            raise CheckpointError(f"LoRA adapter {adapter.folder!r} adapts {layer.weight!r}, which "
+                                  "the base checkpoint has not as a matrix: an adapter for another model.")
+        rows[layer.weight], cols[layer.weight] = _traced(weight, 0), _traced(weight, 1)
+    row_state, col_state = mapping(rows), mapping(cols)
+    by_id = {id(rows[layer.weight]): module for module, layer in adapter.layers.items()}
+    factors: dict[str, KitFactors] = {}
+    for name, value in row_state.items():
+        sources = [by_id[i] for i in _sources([value], set()) if i in by_id]
+        if not sources:
+            continue
+        module = sources[0]
+        layer = adapter.layers[module]
+        row_index, col_index = materialize(value), materialize(col_state[name])
+        shape = tensors[layer.weight].shape
+        two = row_index.dim() == 2 and len(set(sources)) == 1
+        found = (_one_axis(row_index, shape[0]), _one_axis(col_index, shape[1])) if two else (None,)
+        if None in found or found[0][0] == found[1][0]:
+            raise CheckpointError(f"LoRA adapter {adapter.folder!r}: the kit's {name!r} is not a "
+                                  f"selection of rows and columns of {sources}, so the adapter "
+                                  "cannot stay apart from it; merge it instead (adapter=DIR).")
+        # the checkpoint's delta is u @ v: (b, a), or (a.T, b.T) for fan_in_fan_out weights
+        u, v = (layer.a.T, layer.b.T) if adapter.fan_in_fan_out else (layer.b, layer.a)
+        (row_axis, row_line), (_, col_line) = found
+        left, right = u[row_line], v[:, col_line]  # delta[row_line][:, col_line] = left @ right
+        b, a = (left, right) if row_axis == 0 else (right.T, left.T)
+        factors[name] = (a.contiguous(), (b * layer.scale).contiguous())
+    return factors

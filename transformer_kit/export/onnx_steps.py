@@ -123,7 +123,8 @@ class OnnxStepper:
 
     def __init__(self, session: ort.InferenceSession, graph: Any, fixed: dict[str, ort.OrtValue],
                  first_ids: np.ndarray, real: np.ndarray | None, empty_cache, vocab: int,
-                 logits_dtype: type, cache_ops: Any, device: str) -> None:
+                 logits_dtype: type, cache_ops: Any, device: str,
+                 adapter: dict[str, ort.OrtValue] | None = None) -> None:
         self.cache_ops = cache_ops
         self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
         self.present_names = [n for n in graph.outputs if n.startswith("present.")]
@@ -142,6 +143,10 @@ class OnnxStepper:
         self.logits: np.ndarray | None = None
         self.tokens: np.ndarray | None = None  # (rows, 1) int64, bound as input_ids by its OrtValue
         self.binding = Binding(session, device)
+        #: An adapter's inputs (export/adapters.py): bound once, the same for every row and step.
+        accepted = {i.name for i in session.get_overridable_initializers()}
+        self.adapter = {k: v for k, v in (adapter or {}).items() if k in accepted}
+        self.binding.input_values(list(self.adapter), list(self.adapter.values()))
         #: Whether the graph gives several positions' logits (exports before it do not).
         self.verifies = LOGIT_POSITIONS in graph.inputs
         if self.verifies:  # the last position's logits unless :meth:`verify` asks (a bind lasts)
