@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from torch import Tensor
 
 from transformer_kit.errors import ArtifactError, ExportError, InputError
+
+if TYPE_CHECKING:  # the runtime reads adapters without torch
+    from torch import Tensor
 
 ADAPTER_FOLDER = "adapters"
 #: The graphs whose products take the adapters' inputs (the forward and the decoding step).
@@ -61,7 +64,8 @@ def add_adapters(folder: Path, files: dict[str, str], adapters: dict[str, dict[s
         proto = onnx.load(str(path), load_external_data=False)
         graph, nodes = proto.graph, []
         for node in graph.node:
-            params = _packed_parameters(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+            product = node.op_type == "MatMul" and len(node.input) == 2
+            params = _packed_parameters(node.input[1]) if product else None
             if not params or not adapted.intersection(params):
                 nodes.append(node)
                 continue

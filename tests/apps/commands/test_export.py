@@ -235,6 +235,15 @@ def test_a_lora_adapter_is_merged_at_export(tmp_path):
     with torch.no_grad():
         expected = reference(input_ids=_ids()).logits.numpy()
     assert relative_error(OnnxModel(tmp_path / "onnx")(_ids().numpy()), expected) <= 1e-4
+    apart = invoke("export", str(tmp_path / "base"), "--adapter", f"tuned={tmp_path / 'adapter'}",
+                   "-o", str(tmp_path / "apart"))
+    assert apart.exit_code == 0, apart.output
+    om = OnnxModel(tmp_path / "apart")
+    assert om.adapters == ["tuned"]
+    assert relative_error(om(_ids().numpy(), adapter="tuned"), expected) <= 1e-4
+    twice = invoke("export", str(tmp_path / "base"), "--adapter", str(tmp_path / "adapter"), "--adapter",
+                   str(tmp_path / "adapter"), "-o", str(tmp_path / "x"))
+    assert twice.exit_code == 2 and "name the others (NAME=DIR)" in twice.output, twice.output
     (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps(
         {**json.loads((tmp_path / "adapter" / "adapter_config.json").read_text()), "use_dora": True}))
     refused = invoke("export", str(tmp_path / "base"), "--adapter", str(tmp_path / "adapter"),
