@@ -168,26 +168,36 @@ def test_an_adapted_weight_the_model_does_not_read_is_refused(tmp_path):
         tk.from_hf(tmp_path / "base", adapter=tmp_path / "adapter")
 
 
-def test_adapters_kept_apart_are_bound_per_call_and_equal_peft(tmp_path):
+@pytest.fixture(scope="module")
+def two_adapters(tmp_path_factory):
+    """An export of a random Llama with two PEFT adapters kept apart, and PEFT's logits and
+    greedy tokens (8) of ``_ids()`` for the base (None) and each adapter, by name."""
+    tmp_path = tmp_path_factory.mktemp("two_adapters")
     base = _llama(tmp_path / "base")
-    ids = _ids()
-    with torch.no_grad():
-        base_logits = base(input_ids=ids).logits
-    first = _adapter(base, tmp_path / "first")
-    with torch.no_grad():
-        first_logits = first(input_ids=ids).logits
-    first_tokens = first.generate(input_ids=ids, max_new_tokens=8, do_sample=False)[:, ids.shape[1]:]
+    expected = {}
+
+    def outputs(model):  # PEFT's (or the base's) logits and greedy tokens
+        with torch.no_grad():
+            logits = model(input_ids=_ids()).logits
+        return logits, model.generate(input_ids=_ids(), max_new_tokens=8, do_sample=False)[:, 7:]
+
+    expected[None] = outputs(base)
+    expected["first"] = outputs(first := _adapter(base, tmp_path / "first"))
     base = first.unload()  # the base again, without the first adapter
-    second = _adapter(base, tmp_path / "second", seed=5, r=2, target_modules=["q_proj", "k_proj", "up_proj"])
-    with torch.no_grad():
-        second_logits = second(input_ids=ids).logits
-    second_tokens = second.generate(input_ids=ids, max_new_tokens=8, do_sample=False)[:, ids.shape[1]:]
-    base = second.unload()
-    base_tokens = base.generate(input_ids=ids, max_new_tokens=8, do_sample=False)[:, ids.shape[1]:]
+    expected["second"] = outputs(_adapter(base, tmp_path / "second", seed=5, r=2,
+                                          target_modules=["q_proj", "k_proj", "up_proj"]))
     model = tk.from_hf(tmp_path / "base",
                        adapters={"first": tmp_path / "first", "second": tmp_path / "second"})
     export_onnx(model, tmp_path / "onnx")
-    om = OnnxModel(tmp_path / "onnx")
+    return model, tmp_path / "onnx", expected
+
+
+def test_adapters_kept_apart_are_bound_per_call_and_equal_peft(two_adapters, tmp_path):
+    model, folder, expected = two_adapters
+    ids = _ids()
+    om = OnnxModel(folder)
+    (base_logits, base_tokens), (first_logits, first_tokens), (second_logits, second_tokens) = (
+        expected[None], expected["first"], expected["second"])
     assert om.adapters == ["first", "second"]
     for adapter, logits, tokens in ((None, base_logits, base_tokens), ("first", first_logits, first_tokens),
                                     ("second", second_logits, second_tokens)):
@@ -199,3 +209,26 @@ def test_adapters_kept_apart_are_bound_per_call_and_equal_peft(tmp_path):
         om.generate(ids.numpy(), 8, adapter="third")
     with pytest.raises(tk.ExportError, match=r"exports in float32 without quantize or optimize; merge"):
         export_onnx(model, tmp_path / "int4", quantize="int4")
+
+
+def test_engines_per_adapter_batch_their_rows_and_equal_peft_concurrently(two_adapters):
+    from transformer_kit.runtime import Engine
+
+    _, folder, expected = two_adapters
+    om = OnnxModel(folder)
+    ids = _ids().numpy()
+    engines = {name: Engine(om, max_batch=4, adapter=name) for name in (None, "first", "second")}
+    try:
+        requests = [(name, i, engines[name].submit(ids[i], max_new_tokens=8))
+                    for i in range(len(ids)) for name in engines]  # all queued before any ends
+        for name, i, request in requests:
+            assert request.wait(60), (name, i)
+            tokens = expected[name][1][i].tolist()
+            ended = tokens[:tokens.index(2) + 1] if 2 in tokens else tokens  # eos 2, then padding
+            assert request.result() == ended, (name, i)
+        assert engines["first"].stats.steps < 8 * len(ids)  # its rows decoded in one batch
+    finally:
+        for engine in engines.values():
+            engine.close()
+    with pytest.raises(tk.InputError, match=r"adapter='third' is not exported"):
+        Engine(om, adapter="third")

@@ -112,6 +112,15 @@ def _native_device(device: str) -> Any:
     return ort.OrtDevice.make(device, 0)._get_c_device()
 
 
+def bind_adapter(binding: Binding, adapter: dict[str, Any] | None) -> dict[str, Any]:
+    """Bind a LoRA adapter's inputs (export/adapters.py: ``A``, ``B`` of each adapted product)
+    that the session's graph has, once for every later run; the values bound (keep them)."""
+    accepted = {i.name for i in binding.session.get_overridable_initializers()}
+    values = {k: v for k, v in (adapter or {}).items() if k in accepted}
+    binding.input_values(list(values), list(values.values()))
+    return values
+
+
 class OnnxStepper:
     """Feeds the decoder step graph: the prompt first (zero-length past), then one token per
     row, handing each step's ``present.*`` to the next as ``past_key_values.*`` without a copy.
@@ -144,9 +153,7 @@ class OnnxStepper:
         self.tokens: np.ndarray | None = None  # (rows, 1) int64, bound as input_ids by its OrtValue
         self.binding = Binding(session, device)
         #: An adapter's inputs (export/adapters.py): bound once, the same for every row and step.
-        accepted = {i.name for i in session.get_overridable_initializers()}
-        self.adapter = {k: v for k, v in (adapter or {}).items() if k in accepted}
-        self.binding.input_values(list(self.adapter), list(self.adapter.values()))
+        self.adapter = bind_adapter(self.binding, adapter)
         #: Whether the graph gives several positions' logits (exports before it do not).
         self.verifies = LOGIT_POSITIONS in graph.inputs
         if self.verifies:  # the last position's logits unless :meth:`verify` asks (a bind lasts)

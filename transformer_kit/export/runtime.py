@@ -346,16 +346,18 @@ class OnnxModel:
                              f"{self.manifest.tgt_vocab}; an assistant drafts with the same tokenizer.")
         return assistant._stepper({}, prompt_ids, real)
 
-    def batch_decoder(self) -> BatchDecoder:
+    def batch_decoder(self, adapter: str | None = None) -> BatchDecoder:
         """An empty running batch over this model's step graph, for continuous batching (a
         server's engine): rows join after their own prefill and leave when they finish. A
-        decoder's only; one caller at a time (the engine's loop)."""
+        decoder's only; one caller at a time (the engine's loop). ``adapter``: every row
+        decodes with that LoRA adapter (:attr:`adapters`)."""
         if self.manifest.architecture != "decoder":
             raise InputError("Continuous batching serves decoder models; this model's architecture "
                              f"is {self.manifest.architecture!r}. Export a decoder to serve it.")
         return BatchDecoder(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
                             self._empty_cache, self.manifest.tgt_vocab,
-                            _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device)
+                            _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device,
+                            self._adapter_values(adapter))
 
     def _stepper(self, fixed: dict[str, Any], first_ids: np.ndarray, real: np.ndarray | None,
                  adapter: dict[str, ort.OrtValue] | None = None) -> OnnxStepper:
