@@ -270,3 +270,9 @@ def test_serve_exports_a_checkpoint_with_named_adapters_and_serves_each(two_adap
         np.testing.assert_array_equal(tokens, expected[name][1].numpy())
     merged = invoke("serve", str(folder.parent / "base"), "--adapter", str(folder.parent / "first"))
     assert merged.exit_code == 2 and "serve adapters as NAME=DIR" in merged.output, merged.output
+    again = invoke("serve", str(export), "--adapter", f"first={folder.parent / 'first'}")
+    assert again.exit_code == 1 and "is an export folder, already made; --adapter" in again.output
+    ray = invoke("serve", str(export), "--ray")  # refused before Ray starts
+    assert ray.exit_code == 2 and "--ray serves the base model only" in ray.output, ray.output
+    own = invoke("serve", str(export), "--model-name", "llama")  # the export's adapters, no flag
+    assert own.exit_code == 0 and apps[-1].state.server.served == ["llama", "llama:first", "llama:second"]
