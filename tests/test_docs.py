@@ -127,7 +127,12 @@ def setup_checkpoints(tmp: Path, stack: contextlib.ExitStack) -> dict:
 
 
 def setup_export(tmp: Path, stack: contextlib.ExitStack) -> dict:
-    chat_checkpoint(tmp / "ckpt")
+    import peft
+    import transformers as hf
+
+    base = hf.AutoModelForCausalLM.from_pretrained(chat_checkpoint(tmp / "ckpt"))
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    peft.get_peft_model(base, lora).save_pretrained(tmp / "ckpt-lora")
     return {}
 
 

@@ -45,14 +45,17 @@ class ContinuousBatch:
             prompts are prefilled together up to it (a longer prompt runs alone).
         prefix_cache_bytes: most bytes of prompts' caches kept for reuse (0: none).
         prompt_lookup_num_tokens: drafts (1..64) for requests that set none.
+        adapter: the LoRA adapter (exported beside the base) every row decodes with; None: the
+            base. The prefix cache is this batch's own, so caches never mix adapters.
     """
 
     def __init__(self, model: OnnxModel, stats: EngineStats, *, max_batch: int, prefill_tokens: int,
-                 prefix_cache_bytes: int, prompt_lookup_num_tokens: int | None) -> None:
-        self.model, self.stats = model, stats
+                 prefix_cache_bytes: int, prompt_lookup_num_tokens: int | None,
+                 adapter: str | None = None) -> None:
+        self.model, self.stats, self.adapter = model, stats, adapter
         self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
         #: The running batch's step graph and cache (a ``BatchDecoder``; a new one after a failure).
-        self.decoder = model.batch_decoder()
+        self.decoder = model.batch_decoder(adapter)
         self.prefix_cache = (PrefixCache(prefix_cache_bytes, self.decoder.cache_ops)
                              if prefix_cache_bytes else None)
         self.prompt_lookup_num_tokens = default_lookup(prompt_lookup_num_tokens, self.decoder)
@@ -196,5 +199,5 @@ class ContinuousBatch:
     def reset(self) -> None:
         """After a failed step: no rows, a new batch."""
         self.rows, self.taken = [], []
-        self.decoder = self.model.batch_decoder()
+        self.decoder = self.model.batch_decoder(self.adapter)
         self.stats.batch_size = 0

@@ -20,6 +20,7 @@ import numpy as np
 import openai
 
 from tests.apps.conftest import invoke
+from tests.checkpoints.test_lora import two_adapters  # noqa: F401 (a fixture)
 from transformer_kit.export import OnnxModel
 
 
@@ -262,3 +263,32 @@ def test_serve_exports_a_checkpoint_or_its_hub_name_once_and_names_the_model_so(
     assert served.chat(messages, max_new_tokens=8) == OnnxModel(export).chat(messages, max_new_tokens=8)
     again = invoke("serve", "org/chat", "--model-name", "mine")
     assert again.exit_code == 0 and "exporting" not in again.output and "serving 'mine'" in again.output
+
+
+def test_serve_exports_a_checkpoint_with_named_adapters_and_serves_each(two_adapters, tmp_path,  # noqa: F811
+                                                                        monkeypatch):
+    import uvicorn
+
+    from tests.checkpoints.test_lora import _ids
+    _, folder, expected = two_adapters
+    monkeypatch.setenv("TRANSFORMER_KIT_CACHE", str(tmp_path / "kit"))
+    apps = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    given = invoke("serve", str(folder.parent / "base"), "--model-name", "llama", "--adapter",
+                   f"first={folder.parent / 'first'}", "--adapter", f"second={folder.parent / 'second'}")
+    assert given.exit_code == 0, given.output
+    assert "adapters: llama:first, llama:second" in given.output
+    assert apps[-1].state.server.served == ["llama", "llama:first", "llama:second"]
+    (export,) = (tmp_path / "kit" / "exports").iterdir()
+    om = OnnxModel(export)
+    for name in ("first", "second"):
+        tokens = om.generate(_ids().numpy(), 8, adapter=name)
+        np.testing.assert_array_equal(tokens, expected[name][1].numpy())
+    merged = invoke("serve", str(folder.parent / "base"), "--adapter", str(folder.parent / "first"))
+    assert merged.exit_code == 2 and "serve adapters as NAME=DIR" in merged.output, merged.output
+    again = invoke("serve", str(export), "--adapter", f"first={folder.parent / 'first'}")
+    assert again.exit_code == 1 and "is an export folder, already made; --adapter" in again.output
+    ray = invoke("serve", str(export), "--ray")  # refused before Ray starts
+    assert ray.exit_code == 2 and "--ray serves the base model only" in ray.output, ray.output
+    own = invoke("serve", str(export), "--model-name", "llama")  # the export's adapters, no flag
+    assert own.exit_code == 0 and apps[-1].state.server.served == ["llama", "llama:first", "llama:second"]

@@ -15,10 +15,11 @@ import typer
 from transformer_kit.apps.commands import _options as opts
 from transformer_kit.apps.exporting import served_folder
 from transformer_kit.apps.serving.guard import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
-from transformer_kit.apps.sources import Provider, open_export
+from transformer_kit.apps.sources import Provider, open_export, split_adapters
 from transformer_kit.apps.terminal import console, fail
 from transformer_kit.checkpoints.hub import is_hub_name
 from transformer_kit.errors import TransformerKitError
+from transformer_kit.export.adapters import adapter_names
 
 _Opt = typer.Option
 #: --max-request-seconds by default: the openai client's own default timeout, so a request that
@@ -40,6 +41,7 @@ def serve(
                                            "as given, else the folder's name).")] = None,
     revision: opts.RevisionOption = None,
     quantize: opts.ServedQuantize = None,
+    adapter: Annotated[list[str] | None, _Opt(help="NAME=DIR (repeatable): a PEFT LoRA adapter folder exported beside a checkpoint SOURCE and served as the model MODEL_NAME:NAME (an export's own adapters are served so without the flag).")] = None,
     max_batch: Annotated[int, _Opt(help="Most requests decoded together (a decoder's).")] = 16,
     max_queue: Annotated[int, _Opt(help="Most requests waiting; beyond it the server answers "
                                    "503.")] = 64,
@@ -89,7 +91,7 @@ def serve(
                       f"{API_KEY_ENV}).")
     max_body_bytes = int(max_body_mb * 2**20)
     try:
-        folder = served_folder(source, revision, quantize)
+        folder = served_folder(source, revision, quantize, _named_adapters(adapter or []))
     except TransformerKitError as exc:
         fail(exc)
     name = model_name or (str(source) if is_hub_name(source) else folder.resolve().name)
@@ -114,8 +116,14 @@ def serve(
         engine = Engine(open_export(folder, provider), max_batch=max_batch, max_queue=max_queue,
                         max_batch_tokens=batch_tokens, prefix_cache_bytes=prefix_cache_bytes,
                         prompt_lookup_num_tokens=prompt_lookup_num_tokens)
+        adapters = {each: Engine(engine.model, max_batch=max_batch, max_queue=max_queue,
+                                 prefix_cache_bytes=prefix_cache_bytes,
+                                 prompt_lookup_num_tokens=prompt_lookup_num_tokens, adapter=each)
+                    for each in adapter_names(folder)}
     except TransformerKitError as exc:
         fail(exc)
+    if adapters:
+        console.print(f"adapters: {', '.join(f'{name}:{each}' for each in adapters)}", highlight=False)
     console.print(f"serving {name!r} from {folder} on http://{host}:{port}/v1 "
                   f"(provider {engine.model.provider}, {_batching(engine, batch_tokens, max_prompt_tokens, max_request_seconds, prefix_cache_bytes, prompt_lookup_num_tokens)}, "
                   f"queue <= {max_queue})")
@@ -124,10 +132,21 @@ def serve(
     try:
         app = create_app(engine, name, api_key=api_key, max_body_bytes=max_body_bytes,
                          max_prompt_tokens=max_prompt_tokens, max_request_seconds=max_request_seconds,
-                         stored_responses=stored_responses)
+                         stored_responses=stored_responses, adapters=adapters)
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
-        engine.close()
+        for each in (engine, *adapters.values()):
+            each.close()
+
+
+def _named_adapters(values: list[str]) -> dict[str, Path]:
+    """--adapter NAME=DIR values (a plain DIR, which would be merged, refused)."""
+    merged, apart = split_adapters(values)
+    if merged is not None:
+        raise typer.BadParameter(f"{merged} names no adapter; serve adapters as NAME=DIR (or export "
+                                 "the merged model first: transformer-kit export SRC --adapter DIR).",
+                                 param_hint="--adapter")
+    return apart
 
 
 def _batching(engine: Any, batch_tokens: int, max_prompt_tokens: int | None,
@@ -183,6 +202,9 @@ def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, 
     ``host:port``, each with the key and the bounds the one-process server has: on the Ray
     cluster ``RAY_ADDRESS`` names, with a proxy on every node that has a replica (an address of
     one machine becomes every interface, :func:`.proxy_host`), else on a new local instance."""
+    if adapter_names(folder):
+        raise typer.BadParameter("--ray serves the base model only; serve its adapters without --ray.",
+                                 param_hint="--ray")
     try:
         import ray
         from ray import serve

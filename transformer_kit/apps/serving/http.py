@@ -87,13 +87,15 @@ class CompletionServer:
         self.engine = service.engine
         self.metrics = ServerMetrics(service.engine)
         self.created = int(time.time())
+        #: Every model name the app serves (the base's, then its adapters': ``create_app``).
+        self.served = [model_name]
 
     async def health(self) -> dict:
         return {"status": "ok"}
 
     async def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model",
-                                            "created": self.created, "owned_by": "transformer-kit"}]}
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": self.created,
+                                            "owned_by": "transformer-kit"} for name in self.served]}
 
     async def prometheus(self) -> PlainTextResponse:
         return PlainTextResponse(generate_latest(self.metrics.registry).decode(),
@@ -136,7 +138,8 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                body_seconds: float = DEFAULT_BODY_SECONDS, max_prompt_tokens: int | None = None,
                max_request_seconds: float | None = None,
-               stored_responses: int = DEFAULT_STORED_RESPONSES) -> FastAPI:
+               stored_responses: int = DEFAULT_STORED_RESPONSES,
+               adapters: dict[str, Engine] | None = None) -> FastAPI:
     """The FastAPI application serving ``engine`` under the model name ``model_name``: a
     decoder's on the completions endpoints, an embedding model's on /v1/embeddings, a
     cross-encoder's on /v1/rerank (the engine's ``kind``). Behind a :class:`.Guard`: ``api_key``
@@ -148,9 +151,16 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
     end (None: no bound; past it the engine stops it and frees its row: 504, or an error event
     ending the stream). Embeddings and rerank keep their own bound on texts (the model's
     positions). ``/v1/responses`` keeps the last ``stored_responses`` responses (0: none) for
-    ``previous_response_id``, in memory. Raises InputError for a bound that is not positive."""
+    ``previous_response_id``, in memory (one store for the base and its adapters). Raises
+    InputError for a bound that is not positive.
+
+    ``adapters``: a decoder's engines per LoRA adapter (``Engine(model, adapter=name)``), each
+    served as the model ``MODEL_NAME:NAME``: GET /v1/models lists them after the base, and a
+    request's ``model`` picks the engine, whose rows are batched together."""
     limits = Limits.of(engine.model.context_length, max_prompt_tokens, max_request_seconds)
     service = Service(engine, limits)
+    served = {f"{model_name}:{name}": CompletionServer(Service(other, limits), f"{model_name}:{name}")
+              for name, other in (adapters or {}).items()}
     app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes,
                        body_seconds=body_seconds, open_paths=OPEN_PATHS | page.PATHS)
@@ -159,12 +169,15 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
                                  "/v1/responses": ResponsesRequest,
                                  "/v1/embeddings": EmbeddingRequest, "/rerank": RerankRequest})
     server = CompletionServer(service, model_name)
+    served = {model_name: server, **served}
+    server.served = list(served)
     app.get("/health")(server.health)
     app.get("/v1/models")(server.models)
     app.get("/metrics")(server.prometheus)
     store = ResponseStore(stored_responses)
+    handlers = {name: _endpoints(each, store) for name, each in served.items()}
     for path, handler in _endpoints(server, store).items():
-        app.post(path, response_model=None)(handler)
+        app.post(path, response_model=None)(_by_model(handler, handlers, path) if adapters else handler)
     if service.kind == "generate":
         page.add_page(app)  # the chat page at /, open without the key (it carries no secret)
     what, serves = _KINDS[service.kind]
@@ -173,6 +186,20 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
             app.post(path, response_model=None)(_wrong_endpoint(model_name, what, serves))
     app.state.server, app.state.responses = server, store
     return app
+
+
+def _by_model(base: Any, handlers: dict[str, dict[str, Any]], path: str) -> Any:
+    """``base``'s endpoint at ``path`` handing each request to the handler of the model it names
+    (the base's answers an unknown name with 404, naming every served model)."""
+
+    async def routed(body: Any) -> Any:
+        chosen = handlers.get(body.model)
+        if chosen is None:
+            return unknown_model(body.model, ", ".join(handlers))
+        return await chosen[path](body)
+
+    routed.__annotations__ = {**base.__annotations__}  # FastAPI reads the request's type
+    return routed
 
 
 def _endpoints(server: CompletionServer, store: ResponseStore) -> dict[str, Any]:
