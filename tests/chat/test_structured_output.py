@@ -84,3 +84,35 @@ def test_beam_search_with_a_grammar_is_refused(chat_checkpoint):
     _, _, om, _, _ = chat_checkpoint
     with pytest.raises(InputError, match="beam search"):
         om.generate(["x"], num_beams=2, response_format={"type": "json_object"})
+
+
+#: Schemas people have that llguidance refuses unless read leniently (JSONSchemaBench's kinds):
+#: a format it does not know, and oneOf.
+LENIENT_SCHEMAS = {
+    "url_format": ({"type": "object", "properties": {"home": {"type": "string", "format": "url"},
+                                                     "age": {"type": "integer"}},
+                    "required": ["home", "age"], "additionalProperties": False}, "Unknown format"),
+    "one_of": ({"type": "object", "properties": {"code": {"oneOf": [
+        {"type": "string", "maxLength": 3}, {"type": "string", "minLength": 5}]}},
+                "required": ["code"], "additionalProperties": False}, "oneOf"),
+}
+
+
+@pytest.mark.parametrize("name", list(LENIENT_SCHEMAS))
+def test_schemas_llguidance_reads_only_leniently_compile_and_constrain(chat_checkpoint, name):
+    """By default the schema compiles and the reply validates (jsonschema ignores an unknown
+    format; the oneOf branches cannot both match, which llguidance cannot prove);
+    ``lenient: false`` refuses it, saying why."""
+    _, model, om, _, _ = chat_checkpoint
+    schema, says = LENIENT_SCHEMAS[name]
+    fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+    replies = [runtime.chat(ASK, response_format=fmt, max_new_tokens=40)["content"]
+               for runtime in (model, om)]
+    assert replies[0] == replies[1]
+    jsonschema.validate(json.loads(replies[0]), schema)
+    strict = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "lenient": False}}
+    with pytest.raises(InputError, match=f"{says}.*lenient=false"):
+        om.chat(ASK, response_format=strict)
+    with pytest.raises(InputError, match="lenient must be true or false"):
+        om.chat(ASK, response_format={"type": "json_schema",
+                                      "json_schema": {"name": name, "schema": schema, "lenient": "no"}})
