@@ -13,6 +13,7 @@ import pytest
 from tests.chat.schemas import SCHEMAS, json_schema_format
 from transformer_kit.errors import InputError
 
+STRING_SCHEMA = {"type": "string"}
 ASK = [{"role": "user", "content": "Answer in JSON."}]
 STRATEGIES = {"greedy": {}, "sampled": {"do_sample": True, "seed": 7, "temperature": 1.5}}
 
@@ -116,3 +117,28 @@ def test_schemas_llguidance_reads_only_leniently_compile_and_constrain(chat_chec
     with pytest.raises(InputError, match="lenient must be true or false"):
         om.chat(ASK, response_format={"type": "json_schema",
                                       "json_schema": {"name": name, "schema": schema, "lenient": "no"}})
+
+
+#: A dozen required keys: the shortest reply takes 80 tokens of this small tokenizer.
+DOZEN = ["name", "city", "zip", "age", "tel", "mail", "note", "tag", "day", "sum", "tax", "ref"]
+DOZEN_SCHEMA = {"type": "object", "properties": {k: STRING_SCHEMA for k in DOZEN}, "required": DOZEN,
+                "additionalProperties": False}
+
+
+@pytest.mark.parametrize("budget", [100, 150])
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_dozen_required_keys_close_when_the_budget_nears_the_shortest_reply(chat_checkpoint,
+                                                                           budget, strategy):
+    """A random model wanders inside its first string; the way out is traced from the first
+    token, so the reply closes in time even though it needs more than the last 64 tokens (the
+    closing rule once started only then, and these replies did not parse). The keys come in the
+    schema's order."""
+    _, _, om, _, _ = chat_checkpoint
+    fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": DOZEN_SCHEMA}}
+    reply = om.chat(ASK, response_format=fmt, max_new_tokens=budget, **STRATEGIES[strategy])
+    value = json.loads(reply["content"])
+    jsonschema.validate(value, DOZEN_SCHEMA)
+    assert list(value) == DOZEN
+    assert om.tokenizer.encode([reply["content"]], add_special_tokens=False)[0].shape[1] < budget
+    shortest = json.dumps(dict.fromkeys(DOZEN, ""), separators=(",", ":"))
+    assert om.tokenizer.encode([shortest], add_special_tokens=False)[0].shape[1] > 64

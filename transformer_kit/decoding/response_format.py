@@ -57,7 +57,7 @@ def grammar_of(response_format: dict | None) -> str | None:
     if response_format is None:
         return None
     try:
-        key = json.dumps(response_format, sort_keys=True)
+        key = json.dumps(response_format)  # in order: properties are written in the schema's order
     except (TypeError, ValueError):
         raise InputError(f"response_format must be JSON data (dicts, lists, strings, numbers), got "
                          f"{response_format!r:.80}.") from None
