@@ -136,9 +136,22 @@ def test_a_dozen_required_keys_close_when_the_budget_nears_the_shortest_reply(ch
     _, _, om, _, _ = chat_checkpoint
     fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": DOZEN_SCHEMA}}
     reply = om.chat(ASK, response_format=fmt, max_new_tokens=budget, **STRATEGIES[strategy])
+    assert reply["finish_reason"] == "stop"
     value = json.loads(reply["content"])
     jsonschema.validate(value, DOZEN_SCHEMA)
     assert list(value) == DOZEN
     assert om.tokenizer.encode([reply["content"]], add_special_tokens=False)[0].shape[1] < budget
     shortest = json.dumps(dict.fromkeys(DOZEN, ""), separators=(",", ":"))
     assert om.tokenizer.encode([shortest], add_special_tokens=False)[0].shape[1] > 64
+
+
+def test_a_budget_below_the_shortest_reply_says_length(chat_checkpoint):
+    """40 tokens cannot hold the dozen keys (80): the text is the start of the way out, and the
+    reply says it was cut."""
+    _, _, om, _, _ = chat_checkpoint
+    fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": DOZEN_SCHEMA}}
+    reply = om.chat(ASK, response_format=fmt, max_new_tokens=40)
+    assert reply["finish_reason"] == "length"
+    assert reply["content"].startswith('{"name":')
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(reply["content"])
