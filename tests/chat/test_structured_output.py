@@ -10,10 +10,9 @@ import re
 import jsonschema
 import pytest
 
-from tests.chat.schemas import SCHEMAS, json_schema_format
+from tests.chat.schemas import DOZEN, DOZEN_SCHEMA, LENIENT_SCHEMAS, SCHEMAS, json_schema_format
 from transformer_kit.errors import InputError
 
-STRING_SCHEMA = {"type": "string"}
 ASK = [{"role": "user", "content": "Answer in JSON."}]
 STRATEGIES = {"greedy": {}, "sampled": {"do_sample": True, "seed": 7, "temperature": 1.5}}
 
@@ -87,18 +86,6 @@ def test_beam_search_with_a_grammar_is_refused(chat_checkpoint):
         om.generate(["x"], num_beams=2, response_format={"type": "json_object"})
 
 
-#: Schemas people have that llguidance refuses unless read leniently (JSONSchemaBench's kinds):
-#: a format it does not know, and oneOf.
-LENIENT_SCHEMAS = {
-    "url_format": ({"type": "object", "properties": {"home": {"type": "string", "format": "url"},
-                                                     "age": {"type": "integer"}},
-                    "required": ["home", "age"], "additionalProperties": False}, "Unknown format"),
-    "one_of": ({"type": "object", "properties": {"code": {"oneOf": [
-        {"type": "string", "maxLength": 3}, {"type": "string", "minLength": 5}]}},
-                "required": ["code"], "additionalProperties": False}, "oneOf"),
-}
-
-
 @pytest.mark.parametrize("name", list(LENIENT_SCHEMAS))
 def test_schemas_llguidance_reads_only_leniently_compile_and_constrain(chat_checkpoint, name):
     """By default the schema compiles and the reply validates (jsonschema ignores an unknown
@@ -117,12 +104,6 @@ def test_schemas_llguidance_reads_only_leniently_compile_and_constrain(chat_chec
     with pytest.raises(InputError, match="lenient must be true or false"):
         om.chat(ASK, response_format={"type": "json_schema",
                                       "json_schema": {"name": name, "schema": schema, "lenient": "no"}})
-
-
-#: A dozen required keys: the shortest reply takes 80 tokens of this small tokenizer.
-DOZEN = ["name", "city", "zip", "age", "tel", "mail", "note", "tag", "day", "sum", "tax", "ref"]
-DOZEN_SCHEMA = {"type": "object", "properties": {k: STRING_SCHEMA for k in DOZEN}, "required": DOZEN,
-                "additionalProperties": False}
 
 
 @pytest.mark.parametrize("budget", [100, 150])
