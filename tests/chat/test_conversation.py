@@ -126,6 +126,21 @@ def test_a_forced_tool_call_parses_into_openai_tool_calls(chat_checkpoint):
     assert named["tool_calls"][0]["function"]["name"] == "get_weather"
 
 
+def test_a_forced_call_of_a_tool_with_an_unknown_format_is_read_leniently(chat_checkpoint):
+    """Parameters with ``format: url`` and ``oneOf`` (which llguidance refuses unless lenient):
+    the forced call is made and its arguments validate."""
+    import jsonschema
+
+    from tests.chat.schemas import LENIENT_SCHEMAS
+
+    _, _, om, _, _ = chat_checkpoint
+    for parameters, _ in LENIENT_SCHEMAS.values():
+        tool = {"type": "function", "function": {"name": "visit", "parameters": parameters}}
+        reply = om.chat(CONVERSATIONS[0], tools=[tool], tool_choice="required", max_new_tokens=48)
+        arguments = json.loads(reply["tool_calls"][0]["function"]["arguments"])
+        jsonschema.validate(arguments, parameters)
+
+
 def test_both_runtimes_give_the_same_constrained_reply(chat_checkpoint):
     _, model, om, _, _ = chat_checkpoint
     options = {"tools": [WEATHER], "tool_choice": "required", "max_new_tokens": 48}
