@@ -21,6 +21,8 @@ from transformer_kit.checkpoints.sentence_transformers import SentencePipeline, 
 from transformer_kit.checkpoints.streaming import StreamedWeights, guard_streamed
 from transformer_kit.component import CheckpointFamily
 from transformer_kit.config import ModelConfig, config_from_dict
+from transformer_kit.config_files import read_json_object
+from transformer_kit.decoding.defaults import read_defaults
 from transformer_kit.errors import CheckpointError, InputError
 from transformer_kit.model import TransformerModel
 from transformer_kit.registry import get_registry
@@ -193,7 +195,18 @@ def from_hf(folder: str | Path, *, revision: str | None = None, dtype: str | tor
         tensors = read_hf_weights(folder)
     state = family_state(hf, family, tensors, folder, config,
                          pipeline.state if pipeline is not None else None)
-    return assemble(config, state, folder, dtype, tokenizer, stream)
+    model = assemble(config, state, folder, dtype, tokenizer, stream)
+    model.generation_defaults = generation_defaults(folder)
+    return model
+
+
+def generation_defaults(folder: str | Path) -> dict[str, Any]:
+    """The sampling defaults of the checkpoint in ``folder``: its generation_config.json's
+    (:func:`~transformer_kit.decoding.defaults.read_defaults`), {} without one."""
+    path = Path(folder) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    return read_defaults(read_json_object(path, CheckpointError, "Fix or remove generation_config.json."))
 
 
 def family_state(hf: dict, family: CheckpointFamily, tensors: dict[str, Tensor], where: str | Path,

@@ -29,6 +29,9 @@ DEFAULT_MAX_REQUEST_SECONDS = 600.0
 #: 23 MB, of a GPT-2-small shape 37 MB, of an 8B Llama with 8 key/value heads in float16 66 MB, so
 #: a few system prompts or conversations stay, at a small part of the memory of the model itself.
 DEFAULT_PREFIX_CACHE_BYTES = 256 * 2**20
+#: --drain-seconds by default: how long a server told to stop (SIGTERM) finishes the requests it
+#: holds; Kubernetes' grace period before SIGKILL is 30 s.
+DEFAULT_DRAIN_SECONDS = 25.0
 
 
 def serve(
@@ -74,6 +77,10 @@ def serve(
         "every request that sets no prompt_lookup_num_tokens of its own: at most this many tokens "
         "drafted from the prompt and the reply so far, checked while a request decodes alone; "
         "the tokens are those of plain decoding. Default: off (requests ask).")] = None,
+    generation_config: opts.GenerationConfigMode = opts.GenerationMode.auto,
+    drain_seconds: Annotated[float, _Opt(help="On SIGTERM the server answers new requests 503 and "
+                                         "finishes those it holds, for at most this many seconds, "
+                                         "then exits 0.")] = DEFAULT_DRAIN_SECONDS,
 ) -> None:
     """Serve completions in the OpenAI convention (POST /v1/completions, GET /v1/models,
     /health, /metrics) until interrupted; an embedding model's export on POST /v1/embeddings,
@@ -115,12 +122,72 @@ def serve(
     console.print(f"serving {name!r} from {folder} on http://{host}:{port}/v1 "
                   f"(provider {engine.model.provider}, {_batching(engine, batch_tokens, max_prompt_tokens, max_request_seconds, prefix_cache_bytes, prompt_lookup_num_tokens)}, "
                   f"queue <= {max_queue})")
+    server = None
     try:
         app = create_app(engine, name, api_key=api_key, max_body_bytes=max_body_bytes,
-                         max_prompt_tokens=max_prompt_tokens, max_request_seconds=max_request_seconds)
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+                         max_prompt_tokens=max_prompt_tokens, max_request_seconds=max_request_seconds,
+                         generation_config=generation_config.value)
+        if engine.kind == "generate":
+            console.print(_sampling_defaults(app.state.server.service.generation_defaults,
+                                             generation_config.value), highlight=False)
+        server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                               timeout_graceful_shutdown=5),
+                                app.state.admission, drain_seconds)
+        server.run()
     finally:
         engine.close()
+    if server is not None and server.drained is False:
+        console.print(f"[yellow]warning:[/] requests were still running after {drain_seconds:g} s "
+                      "(--drain-seconds); they were stopped.")
+
+
+def _sampling_defaults(defaults: dict[str, Any], mode: str) -> str:
+    """What a request that sets no sampling fields gets, in a line."""
+    if mode == "ignore":
+        return "sampling: OpenAI's defaults (--generation-config ignore)"
+    if not defaults:
+        return "sampling: OpenAI's defaults (the checkpoint sets none)"
+    shown = ", ".join(f"{k} {v}" for k, v in defaults.items())
+    return f"sampling defaults from the checkpoint's generation_config.json: {shown}"
+
+
+class DrainingServer:
+    """uvicorn's server, stopping as a server in a fleet should on SIGTERM: new requests get 503
+    (``admission`` closed), those in flight finish (at most ``drain_seconds``), then it exits
+    normally (status 0; uvicorn alone would raise SIGTERM again once stopped). Ctrl-C stops it
+    as uvicorn does. ``drained``: None until a SIGTERM, then whether every request finished."""
+
+    def __init__(self, config: Any, admission: Any, drain_seconds: float) -> None:
+        import uvicorn
+
+        outer = self
+
+        class _Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                if sig == signal.SIGTERM:
+                    outer.drain()
+                else:
+                    super().handle_exit(sig, frame)
+
+        self.server = _Server(config)
+        self.admission, self.drain_seconds = admission, drain_seconds
+        self.drained: bool | None = None
+
+    def drain(self) -> None:
+        """Close the door, then stop the server once the requests in flight ended (a thread: a
+        signal handler must not wait)."""
+        if self.admission.closed:
+            return
+        self.admission.close()
+
+        def stop_when_drained() -> None:
+            self.drained = self.admission.drained(self.drain_seconds)
+            self.server.should_exit = True
+
+        threading.Thread(target=stop_when_drained, daemon=True).start()
+
+    def run(self) -> None:
+        self.server.run()
 
 
 def _batching(engine: Any, batch_tokens: int, max_prompt_tokens: int | None,

@@ -4,7 +4,8 @@ so existing clients (the ``openai`` package, curl) work unchanged.
 ``POST /v1/completions`` (prompt as text or token ids, ``max_tokens``, ``temperature`` (0 =
 greedy), ``top_p``, ``seed``, ``stop``, ``stream`` as server-sent events),
 ``POST /v1/chat/completions`` (messages rendered by the export's chat template, tools,
-``response_format``; in :mod:`.chat`), ``GET /v1/models``, ``GET /health`` and ``GET /metrics``
+``response_format``; in :mod:`.chat`), ``POST /tokenize`` and ``POST /detokenize`` (vLLM's,
+:mod:`.tokenization`), ``GET /v1/models``, ``GET /health`` and ``GET /metrics``
 (Prometheus text). An embedding model's export is served on ``POST /v1/embeddings``
 (:mod:`.embeddings`), a cross-encoder's on ``POST /v1/rerank`` (:mod:`.rerank`), batched across
 clients by the same engine; the other kind's endpoints answer 400
@@ -30,13 +31,19 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from transformer_kit.apps.serving.chat import ChatCompletionRequest, ChatServer
 from transformer_kit.apps.serving.embeddings import EmbeddingRequest, EmbeddingServer
 from transformer_kit.apps.serving.guard import DEFAULT_BODY_SECONDS, DEFAULT_MAX_BODY_BYTES, Guard
+from transformer_kit.apps.serving.lifecycle import (
+    CLIENT_LEFT,
+    Admission,
+    AdmissionGate,
+    unless_client_leaves,
+)
 from transformer_kit.apps.serving.openai_api import (
     ServerMetrics,
     error_response,
@@ -47,6 +54,12 @@ from transformer_kit.apps.serving.openai_api import (
     usage,
 )
 from transformer_kit.apps.serving.rerank import RerankRequest, RerankServer
+from transformer_kit.apps.serving.tokenization import (
+    DetokenizeRequest,
+    TokenizationServer,
+    TokenizeRequest,
+)
+from transformer_kit.decoding.defaults import GENERATION_CONFIG_MODES
 from transformer_kit.errors import InputError
 from transformer_kit.runtime import Engine, Limits, QueueFull, Service
 from transformer_kit.runtime.text_stream import TextStream
@@ -61,8 +74,9 @@ class CompletionRequest(BaseModel):
     model: str
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int = Field(16, ge=0)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    #: None: the checkpoint's default (its generation_config.json), else OpenAI's 1.
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
@@ -87,14 +101,17 @@ class CompletionServer:
         return {"status": "ok"}
 
     async def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model",
-                                            "created": self.created, "owned_by": "transformer-kit"}]}
+        """The served model; ``generation_defaults``: the checkpoint's sampling defaults that a
+        request's missing fields take ({}: none, or ``--generation-config ignore``)."""
+        return {"object": "list", "data": [{
+            "id": self.model_name, "object": "model", "created": self.created,
+            "owned_by": "transformer-kit", "generation_defaults": self.service.generation_defaults}]}
 
     async def prometheus(self) -> PlainTextResponse:
         return PlainTextResponse(generate_latest(self.metrics.registry).decode(),
                                  media_type="text/plain; version=0.0.4")
 
-    async def completions(self, body: CompletionRequest) -> Any:
+    async def completions(self, body: CompletionRequest, request: Request) -> Any:
         metrics = self.metrics
         if body.model != self.model_name:
             return unknown_model(body.model, self.model_name)
@@ -109,8 +126,11 @@ class CompletionServer:
         if body.stream:
             return StreamingResponse(_events(stream, ident, self.model_name, metrics),
                                      media_type="text/event-stream")
-        text = await stream.text()
+        answered, text = await unless_client_leaves(request.receive, stream.text())
+        stream.cancel()  # no-op when it ended; a client that left stops its decoding here
         metrics.finished(stream)
+        if not answered:
+            return Response(status_code=CLIENT_LEFT)
         if (failed := failure_response(stream.failure)) is not None:
             return failed
         return {"id": ident, "object": "text_completion", "created": int(time.time()),
@@ -129,7 +149,7 @@ _KINDS = {"generate": ("a text generator", ("/v1/completions", "/v1/chat/complet
 def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                body_seconds: float = DEFAULT_BODY_SECONDS, max_prompt_tokens: int | None = None,
-               max_request_seconds: float | None = None) -> FastAPI:
+               max_request_seconds: float | None = None, generation_config: str = "auto") -> FastAPI:
     """The FastAPI application serving ``engine`` under the model name ``model_name``: a
     decoder's on the completions endpoints, an embedding model's on /v1/embeddings, a
     cross-encoder's on /v1/rerank (the engine's ``kind``). Behind a :class:`.Guard`: ``api_key``
@@ -140,19 +160,32 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
     more: 400), and any request may take at most ``max_request_seconds`` from arrival to its
     end (None: no bound; past it the engine stops it and frees its row: 504, or an error event
     ending the stream). Embeddings and rerank keep their own bound on texts (the model's
-    positions). Raises InputError for a bound that is not positive."""
+    positions). ``generation_config``: "auto" (a request's missing sampling fields take the
+    checkpoint's generation_config.json values, as vLLM's ``--generation-config auto``; listed
+    in ``/v1/models``) or "ignore" (OpenAI's defaults). Raises InputError for a bound that is
+    not positive or another ``generation_config``."""
     limits = Limits.of(engine.model.context_length, max_prompt_tokens, max_request_seconds)
-    service = Service(engine, limits)
+    if generation_config not in GENERATION_CONFIG_MODES:
+        raise InputError(f"generation_config is {generation_config!r}; give one of "
+                         f"{', '.join(GENERATION_CONFIG_MODES)}.")
+    service = Service(engine, limits, generation_defaults=generation_config == "auto")
     app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes,
                        body_seconds=body_seconds)
+    #: Requests in flight; ``transformer-kit serve`` closes it on SIGTERM (503 from then on).
+    app.state.admission = Admission()
+    app.add_middleware(AdmissionGate, admission=app.state.admission)  # outermost: counts all
     install_error_handlers(app, {"/v1/completions": CompletionRequest,
                                  "/v1/chat/completions": ChatCompletionRequest,
-                                 "/v1/embeddings": EmbeddingRequest, "/rerank": RerankRequest})
+                                 "/v1/embeddings": EmbeddingRequest, "/rerank": RerankRequest,
+                                 "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest})
     server = CompletionServer(service, model_name)
     app.get("/health")(server.health)
     app.get("/v1/models")(server.models)
     app.get("/metrics")(server.prometheus)
+    tokenization = TokenizationServer(service, model_name, server.metrics)
+    app.post("/tokenize", response_model=None)(tokenization.tokenize)
+    app.post("/detokenize", response_model=None)(tokenization.detokenize)
     for path, handler in _endpoints(server).items():
         app.post(path, response_model=None)(handler)
     what, serves = _KINDS[service.kind]
