@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
-from prometheus_client import generate_latest
+from prometheus_client import Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from transformer_kit.apps.serving.chat import ChatCompletionRequest, ChatServer
@@ -180,6 +180,9 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
                                  "/v1/embeddings": EmbeddingRequest, "/rerank": RerankRequest,
                                  "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest})
     server = CompletionServer(service, model_name)
+    Gauge("transformer_kit_http_requests_in_flight", "HTTP requests being answered (a stream "
+          "until its last event)", registry=server.metrics.registry
+          ).set_function(lambda: app.state.admission.in_flight)
     app.get("/health")(server.health)
     app.get("/v1/models")(server.models)
     app.get("/metrics")(server.prometheus)
