@@ -20,6 +20,7 @@ import numpy as np
 import openai
 
 from tests.apps.conftest import invoke
+from transformer_kit.apps.commands.serve import DrainingServer
 from transformer_kit.export import OnnxModel
 
 
@@ -101,13 +102,11 @@ def test_serve_refuses_bad_guard_settings_and_warns_when_open_beyond_this_machin
 
 
 def test_the_prompt_and_time_bounds_reach_the_app(exported, monkeypatch):
-    import uvicorn
-
     from transformer_kit.runtime import Limits
 
     _, folder = exported
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
     given = invoke("serve", str(folder / "onnx"), "--max-prompt-tokens", "8",
                    "--max-request-seconds", "2.5")
     assert given.exit_code == 0, given.output
@@ -120,11 +119,9 @@ def test_the_prompt_and_time_bounds_reach_the_app(exported, monkeypatch):
 
 
 def test_the_prefix_cache_bound_reaches_the_engine(exported, monkeypatch):
-    import uvicorn
-
     _, folder = exported
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
     given = invoke("serve", str(folder / "onnx"), "--prefix-cache-bytes", "1048576")
     assert given.exit_code == 0, given.output
     assert "prefix cache 1 MiB" in given.output
@@ -138,11 +135,9 @@ def test_the_prefix_cache_bound_reaches_the_engine(exported, monkeypatch):
 
 
 def test_the_prompt_lookup_default_reaches_the_engine(exported, monkeypatch):
-    import uvicorn
-
     _, folder = exported
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
     given = invoke("serve", str(folder / "onnx"), "--prompt-lookup-num-tokens", "6")
     assert given.exit_code == 0, given.output
     assert "prompt lookup <= 6 tokens" in given.output
@@ -223,8 +218,6 @@ def test_serve_refuses_an_encoder_with_neither_pooling_nor_a_classifier(tmp_path
 def test_serve_exports_a_checkpoint_or_its_hub_name_once_and_names_the_model_so(tmp_path, monkeypatch):
     """A checkpoint given by its Hub name is exported into the kit's cache (once) and served as
     that export, under the name as given (as vLLM names it)."""
-    import uvicorn
-
     from tests.chat.checkpoint import write_chat_checkpoint
     from tests.checkpoints.hub_cache import place_snapshot
     from transformer_kit.export import OnnxModel
@@ -236,7 +229,7 @@ def test_serve_exports_a_checkpoint_or_its_hub_name_once_and_names_the_model_so(
     monkeypatch.setenv("TRANSFORMER_KIT_CACHE", str(tmp_path / "kit"))
     monkeypatch.chdir(tmp_path / "hub")
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
     first = invoke("serve", "org/chat")
     assert first.exit_code == 0, first.output
     assert "exporting org/chat into" in first.output and "serving 'org/chat' from" in first.output
@@ -246,3 +239,17 @@ def test_serve_exports_a_checkpoint_or_its_hub_name_once_and_names_the_model_so(
     assert served.chat(messages, max_new_tokens=8) == OnnxModel(export).chat(messages, max_new_tokens=8)
     again = invoke("serve", "org/chat", "--model-name", "mine")
     assert again.exit_code == 0 and "exporting" not in again.output and "serving 'mine'" in again.output
+
+
+def test_the_generation_config_mode_reaches_the_service_and_is_printed(exported, monkeypatch):
+    _, folder = exported
+    apps = []
+    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
+    auto = invoke("serve", str(folder / "onnx"))
+    assert "sampling: OpenAI's defaults (the checkpoint sets none)" in auto.output
+    ignored = invoke("serve", str(folder / "onnx"), "--generation-config", "ignore")
+    assert ignored.exit_code == 0, ignored.output
+    assert "sampling: OpenAI's defaults (--generation-config ignore)" in ignored.output
+    assert apps[-1].state.server.service.generation_defaults == {}
+    bad = invoke("serve", str(folder / "onnx"), "--generation-config", "vllm")
+    assert bad.exit_code != 0 and "--generation-config" in bad.output

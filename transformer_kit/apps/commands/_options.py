@@ -69,10 +69,14 @@ def given_options(*, do_sample: bool = False, **values: Any) -> dict[str, Any]:
 
 def report_sampling(model: Any, options: dict[str, Any]) -> None:
     """Print (to stderr, apart from the output) the sampling options a run of ``model`` with the
-    command line's ``options`` uses: its own, over the checkpoint's generation_config.json."""
+    command line's ``options`` uses when its checkpoint has sampling defaults (its
+    generation_config.json's): the options given over them. Without defaults, nothing: the
+    options are those given."""
     from transformer_kit.decoding.defaults import describe, with_defaults
 
+    if not model.generation_defaults:
+        return
     effective = with_defaults(model.generation_defaults, options)
     source = (" (the checkpoint's generation_config.json under the options given)"
-              if model.generation_defaults and options.get("use_generation_defaults", True) else "")
+              if options.get("use_generation_defaults", True) else " (--generation-config ignore)")
     typer.echo(f"sampling: {describe(effective)}{source}", err=True)
