@@ -2,7 +2,7 @@
 activations with its own scale (``row_activations.py``), so its products, like float32's and
 int4's ``MatMulNBits`` at accuracy level 4, are bit for bit those of the row alone; greedy
 decoding of prompts of different lengths gives the same tokens alone, in one batch and through
-the server under 16 concurrent clients (a random model: logit margins of a few hundredths)."""
+the server under 16 concurrent clients (a random model, whose logits lie close together)."""
 
 from __future__ import annotations
 
@@ -83,6 +83,8 @@ def test_int8_rows_are_quantized_alone_and_compute_their_exact_integer_product(t
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_rows_of_one_length_give_the_logits_they_give_alone_bit_for_bit(exports, kind):
+    """7 tokens a row: products of 7 rows alone and 42 together (several rows both ways; a
+    one-row product runs other kernels on AVX2 CPUs: docs/export.md, "Batch invariance")."""
     model = exports[kind]
     ids = np.random.default_rng(3).integers(1, VOCAB, size=(6, 7))
     batch = model(ids)
@@ -92,6 +94,9 @@ def test_rows_of_one_length_give_the_logits_they_give_alone_bit_for_bit(exports,
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_greedy_tokens_alone_equal_those_in_a_batch_and_through_the_server(exports, kind):
+    """Prompts of 1 to 30 tokens, left-padded together: the padded attention sums in another
+    order than a lone row's (about 1e-6): no greedy token of this model parts, but a closer tie
+    can in int8 and int4 at accuracy level 4, which round it into int8 steps (docs/export.md)."""
     model = exports[kind]
     prompts = _prompts()
     alone = [model.generate(np.array([p]), max_new_tokens=NEW, do_sample=False)[0].tolist()
