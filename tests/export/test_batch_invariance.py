@@ -44,7 +44,7 @@ def _prompts() -> list[list[int]]:
     return [rng.integers(1, VOCAB, size=n).tolist() for n in LENGTHS]
 
 
-def _matmul(tmp_path) -> ort.InferenceSession:
+def _matmul(tmp_path, opset: int) -> ort.InferenceSession:
     """One (rows, 64) x (64, 48) MatMul through the int8 export's quantizer."""
     w = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32) * 0.1
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
@@ -52,7 +52,7 @@ def _matmul(tmp_path) -> ort.InferenceSession:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", 48])],
                               [numpy_helper.from_array(w, "w")])
     path = tmp_path / "matmul.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), path)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10), path)
     quantize_graph(path, external=False)
     graph = onnx.load(path).graph
     assert "DynamicQuantizeLinear" not in {n.op_type for n in graph.node}
@@ -63,8 +63,9 @@ def _matmul(tmp_path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]), w, w_steps, w_scale
 
 
-def test_int8_rows_are_quantized_alone_and_compute_their_exact_integer_product(tmp_path):
-    session, w, w_steps, w_scale = _matmul(tmp_path)
+@pytest.mark.parametrize("opset", [17, 21], ids=["rounded", "blocked-quantize-linear"])
+def test_int8_rows_are_quantized_alone_and_compute_their_exact_integer_product(tmp_path, opset):
+    session, w, w_steps, w_scale = _matmul(tmp_path, opset)
     rng = np.random.default_rng(2)
     x = rng.standard_normal((5, 64)).astype(np.float32)
     x[3] *= 100.0  # a row with large activations: a tensor-wide scale would coarsen the others

@@ -28,39 +28,52 @@ ZERO_POINT = 128
 TINY = 1e-30
 
 
-def _constants(prefix: str) -> list[TensorProto]:
-    return [numpy_helper.from_array(np.array(LEVELS, np.float32), f"{prefix}levels"),
-            numpy_helper.from_array(np.array(TINY, np.float32), f"{prefix}tiny"),
-            numpy_helper.from_array(np.array(ZERO_POINT, np.float32), f"{prefix}zero_float"),
-            numpy_helper.from_array(np.array(0.0, np.float32), f"{prefix}low"),
-            numpy_helper.from_array(np.array(255.0, np.float32), f"{prefix}high"),
-            numpy_helper.from_array(np.array(ZERO_POINT, np.uint8), f"{prefix}zero_point"),
-            numpy_helper.from_array(np.array([-1], np.int64), f"{prefix}last_axis")]
+def _constants(prefix: str, rounded: bool) -> list[TensorProto]:
+    """The scalars the rows' nodes read; ``rounded``: those of the Div/Round/Clip form too."""
+    values = {"levels": np.float32(LEVELS), "tiny": np.float32(TINY),
+              "zero_point": np.uint8(ZERO_POINT), "last_axis": np.array([-1], np.int64)}
+    if rounded:
+        values |= {"zero_float": np.float32(ZERO_POINT), "low": np.float32(0.0),
+                   "high": np.float32(255.0)}
+    return [numpy_helper.from_array(np.array(v), prefix + k) for k, v in values.items()]
 
 
-def _row_nodes(dql: onnx.NodeProto, prefix: str, opset: int) -> list[onnx.NodeProto]:
+def _row_nodes(dql: onnx.NodeProto, prefix: str, opset: int, width: int | None) -> list[onnx.NodeProto]:
     """The nodes computing ``dql``'s three outputs row by row: uint8 (..., K), scale (..., 1),
-    zero point (a uint8 scalar, 128)."""
+    zero point (a uint8 scalar, 128). From opset 21 with the row's width ``width`` known, one
+    blocked ``QuantizeLinear`` (a block = the whole row) rounds and shifts; else Div, Round, Add,
+    Clip and Cast do (the same integers)."""
     x = dql.input[0]
     quantized, scale, zero_point = dql.output
-    name = dql.name or x
-    t = f"{name}/rows/"
+    t = f"{dql.name or x}/rows/"
     reduce = (helper.make_node("ReduceMax", [t + "abs", f"{prefix}last_axis"], [t + "max"],
                                keepdims=1, name=t + "ReduceMax") if opset >= 18 else
               helper.make_node("ReduceMax", [t + "abs"], [t + "max"], axes=[-1], keepdims=1,
                                name=t + "ReduceMax"))
-    return [
+    nodes = [
         helper.make_node("Abs", [x], [t + "abs"], name=t + "Abs"),
         reduce,
         helper.make_node("Max", [t + "max", f"{prefix}tiny"], [t + "floor"], name=t + "Max"),
         helper.make_node("Div", [t + "floor", f"{prefix}levels"], [scale], name=t + "Scale"),
+        helper.make_node("Identity", [f"{prefix}zero_point"], [zero_point], name=t + "ZeroPoint"),
+    ]
+    if opset >= 21 and width:
+        return [
+            *nodes,
+            helper.make_node("Shape", [scale], [t + "rows"], name=t + "Shape"),
+            helper.make_node("Expand", [f"{prefix}zero_point", t + "rows"], [t + "zero_points"],
+                             name=t + "Expand"),
+            helper.make_node("QuantizeLinear", [x, scale, t + "zero_points"], [quantized], axis=-1,
+                             block_size=width, name=t + "QuantizeLinear"),
+        ]
+    return [
+        *nodes,
         helper.make_node("Div", [x, scale], [t + "steps"], name=t + "Div"),
         helper.make_node("Round", [t + "steps"], [t + "round"], name=t + "Round"),
         helper.make_node("Add", [t + "round", f"{prefix}zero_float"], [t + "shifted"], name=t + "Add"),
         helper.make_node("Clip", [t + "shifted", f"{prefix}low", f"{prefix}high"], [t + "clipped"],
                          name=t + "Clip"),
         helper.make_node("Cast", [t + "clipped"], [quantized], to=TensorProto.UINT8, name=t + "Cast"),
-        helper.make_node("Identity", [f"{prefix}zero_point"], [zero_point], name=t + "ZeroPoint"),
     ]
 
 
@@ -94,10 +107,13 @@ def quantize_rows(model: onnx.ModelProto) -> int:
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     prefix = "row_quantization/"
+    dims = {t.name: t.dims for t in graph.initializer}
+    widths = {n.input[0]: dims[n.input[1]][0] for n in graph.node  # K of the weight it meets
+              if n.op_type == "MatMulInteger" and len(dims.get(n.input[1], ())) == 2}
     nodes, count = [], 0
     for node in graph.node:
         if node.op_type == "DynamicQuantizeLinear" and node.domain in ("", "ai.onnx"):
-            nodes.extend(_row_nodes(node, prefix, opset))
+            nodes.extend(_row_nodes(node, prefix, opset, widths.get(node.output[0])))
             count += 1
         else:
             nodes.append(node)
@@ -111,5 +127,5 @@ def quantize_rows(model: onnx.ModelProto) -> int:
         nodes = _scale_after(nodes, scales)
         del graph.node[:]
         graph.node.extend(nodes)
-        graph.initializer.extend(_constants(prefix))
+        graph.initializer.extend(_constants(prefix, any(n.op_type == "Round" for n in nodes)))
     return count
