@@ -83,6 +83,10 @@ def _scale_after(nodes: list[onnx.NodeProto], scales: set[str]) -> list[onnx.Nod
     takes the input's scale as one number (only the first row's would count). Here the cast
     product is multiplied by the weight's scales, then by the row's: no fused pattern."""
     products = {n.output[0]: n for n in nodes if n.op_type == "Mul" and set(n.input) & scales}
+    for node in nodes:  # a product read by anything but a Mul stays as it is
+        if node.op_type != "Mul":
+            for name in set(node.input) & set(products):
+                del products[name]
     out = []
     for node in nodes:
         if node.output[0] in products:
