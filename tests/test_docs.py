@@ -7,6 +7,7 @@ line before it; every other block must run, and a few numbers the pages claim ar
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -126,7 +127,12 @@ def setup_checkpoints(tmp: Path, stack: contextlib.ExitStack) -> dict:
 
 
 def setup_export(tmp: Path, stack: contextlib.ExitStack) -> dict:
-    chat_checkpoint(tmp / "ckpt")
+    import peft
+    import transformers as hf
+
+    base = hf.AutoModelForCausalLM.from_pretrained(chat_checkpoint(tmp / "ckpt"))
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    peft.get_peft_model(base, lora).save_pretrained(tmp / "ckpt-lora")
     return {}
 
 
@@ -238,6 +244,9 @@ def check_serving(ns: dict) -> None:
     assert ns["final"].choices[0].message.role == "assistant"
     assert ns["sampled"].finish_reason in {"stop", "length"}
     assert ns["bounded"].finish_reason in {"stop", "length", "timeout"}
+    assert ns["resp"].output_text == expected  # the Responses API: the same reply
+    assert ns["fc"].name == "get_weather" and ns["told"].status in {"completed", "incomplete"}
+    json.loads(ns["as_json"].output_text)
 
 
 CHECKS: dict[str, Callable[[dict], None]] = {

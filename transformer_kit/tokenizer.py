@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from transformer_kit.chat import reasoning
 from transformer_kit.chat import templates as chat_templates
 from transformer_kit.chat.conversation import ChatTurn
 from transformer_kit.errors import CheckpointError, InputError
@@ -49,6 +50,12 @@ class TextTokenizer:
                                   "chat_template.jinja again.") from None
         #: The named special tokens (bos_token, eos_token, ...) -> their text.
         self.special_tokens = chat_templates.read_special_tokens(self.files)
+        default = self.chat_templates.get("default", "")
+        kept = reasoning.HARMONY_MARKUP if reasoning.reasoning_format(default) == "harmony" else ()
+        #: The special ids decoding skips when some are kept (a harmony model's channel markup,
+        #: which its replies are read by), else None (all special tokens skipped).
+        self.skipped = {i for i, token in self.backend.get_added_tokens_decoder().items()
+                        if token.special and token.content not in kept} if kept else None
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> TextTokenizer | None:
@@ -139,8 +146,12 @@ class TextTokenizer:
         return ids, real
 
     def decode(self, tokens: Iterable[int]) -> str:
-        """Text of ``tokens`` with special tokens skipped."""
-        return self.backend.decode([int(t) for t in tokens], skip_special_tokens=True)
+        """Text of ``tokens`` with special tokens skipped (but for a harmony model's channel
+        markup, :data:`~transformer_kit.chat.reasoning.HARMONY_MARKUP`)."""
+        if self.skipped is None:
+            return self.backend.decode([int(t) for t in tokens], skip_special_tokens=True)
+        return self.backend.decode([int(t) for t in tokens if int(t) not in self.skipped],
+                                   skip_special_tokens=False)
 
     def stop_matcher(self, stops: list[str]) -> Callable[[np.ndarray], np.ndarray]:
         """new tokens (rows, n) -> (rows,) True where the text of the last few tokens holds a

@@ -13,8 +13,11 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+import transformer_kit as tk
+from tests.chat.reasoning_checkpoint import write_reasoning_checkpoint
 from transformer_kit.chat.conversation import DEFAULT_REPLY_TOKENS
 from transformer_kit.errors import InputError, TransformerKitError
+from transformer_kit.export import OnnxModel, export_onnx
 from transformer_kit.runtime import ChatSession
 
 SYSTEM = "Be brief."
@@ -105,3 +108,18 @@ def test_what_cannot_run_is_refused_at_once(chat_checkpoint, gpt2_text):
         ChatSession(om, chat_template="tool_use")
     with pytest.raises(TransformerKitError, match="no chat template"):
         ChatSession(gpt2_text[1])
+
+
+def test_a_reasoning_model_s_history_keeps_the_thinking_apart(tmp_path):
+    """gpt-oss's template refuses a message whose content holds channel markup: the history keeps
+    the reply as the assistant's message, its thinking as reasoning_content."""
+    chain = ["assistant", "<|channel|>", "analysis", "<|message|>", "The user asks", "<|end|>",
+             "<|start|>", "assistant"]
+    folder = write_reasoning_checkpoint(tmp_path / "harmony", "harmony", [chain])
+    export_onnx(tk.from_hf(folder), folder / "onnx")
+    session = ChatSession(OnnxModel(folder / "onnx", providers="cpu"), max_new_tokens=16)
+    first = "".join(session.reply("Hello"))
+    assert first.startswith("<|channel|>analysis<|message|>The user asks<|end|>")
+    assert session.messages[-1]["content"] == ""
+    assert session.messages[-1]["reasoning_content"].startswith("The user asks\nThe user asks")
+    assert "".join(session.reply("Again")) == first  # the history renders

@@ -74,15 +74,22 @@ def export_key(source: Path, options: dict[str, Any]) -> str:
 
 
 def export_folder(source: Path, *, revision: str | None = None, quantize: str | None = None,
-                  on_export: Callable[[Path], None] | None = None) -> Path:
+                  on_export: Callable[[Path], None] | None = None,
+                  adapters: dict[str, Path] | None = None) -> Path:
     """The export folder a serving command runs for SOURCE: SOURCE itself when it is an export;
     for a checkpoint folder, a GGUF file, a folder saved with ``model.save`` or a Hub name of
     either (at ``revision``), its export with ``quantize`` (None: float32; ``"int8"``, ``"int4"``:
     the kit's defaults), made once into :func:`cache_root` and reused while nothing it is made
-    from changes. ``on_export(folder)`` is called before an export is made (to say so)."""
+    from changes. ``on_export(folder)`` is called before an export is made (to say so).
+    ``adapters``: PEFT LoRA adapter folders by name, exported beside a checkpoint's weights
+    (their files are part of the key)."""
     local, from_hf = resolve_source(source, revision)
     kind = kind_of(local)
     if kind == "export":
+        if adapters:
+            raise ArtifactError(f"{str(source)!r} is an export folder, already made; --adapter "
+                                "applies to a checkpoint exported here (an export's own adapters "
+                                "are served without it).")
         if quantize is not None:
             raise ArtifactError(f"{str(source)!r} is an export folder, already made; --quantize "
                                 "applies to a checkpoint exported here. Leave it out, or export "
@@ -95,23 +102,27 @@ def export_folder(source: Path, *, revision: str | None = None, quantize: str | 
                             "give an export folder (transformer-kit export), a Hugging Face "
                             "checkpoint folder, a GGUF file, a folder saved with model.save, or a "
                             "Hub name (org/name, org/name:FILE.gguf).")
-    options = {"quantize": quantize}
+    options = {"quantize": quantize, "adapters": {name: [str(Path(folder).resolve()), _files(Path(folder))]
+                                                  for name, folder in (adapters or {}).items()}}
     name = re.sub(r"[^A-Za-z0-9._-]+", "--", str(source).strip("/")) or "model"
     folder = cache_root() / "exports" / f"{name}-{export_key(local, options)}"
     if (folder / MANIFEST_FILE).is_file():
         return folder
     if on_export is not None:
         on_export(folder)
-    model = load_model(local, from_hf=from_hf or kind == "checkpoint", stream=True)
+    model = load_model(local, from_hf=from_hf or kind == "checkpoint", stream=True,
+                       overrides={"adapters": adapters} if adapters else None)
     folder.parent.mkdir(parents=True, exist_ok=True)
     export_with_progress(model, folder, quantize=quantize)
     return folder
 
 
-def served_folder(source: Path, revision: str | None, quantize: Any) -> Path:
+def served_folder(source: Path, revision: str | None, quantize: Any,
+                  adapters: dict[str, Path] | None = None) -> Path:
     """:func:`export_folder` for a serving command (``quantize``: None or an option's enum),
     saying on the console when it exports."""
     return export_folder(source, revision=revision, quantize=getattr(quantize, "value", quantize),
+                         adapters=adapters,
                          on_export=lambda folder: console.print(
                              f"exporting {source} into {folder} (once: reused while it is unchanged)",
                              highlight=False, markup=False))

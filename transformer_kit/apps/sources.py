@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 import typer
 
-from transformer_kit.errors import ArtifactError, CheckpointError, ConfigError, ProviderError
+from transformer_kit.errors import ArtifactError, CheckpointError, ConfigError, InputError, ProviderError
 from transformer_kit.export.manifest import MANIFEST_FILE
 
 ACCEPTED = ("a config file (.yaml, .yml, .json), a folder saved with model.save, a Hugging Face "
@@ -79,6 +79,31 @@ def special_id_overrides(pad_id: str | None, bos_id: str | None, eos_id: str | N
     return {key: value for key, value in values.items() if value != ""}
 
 
+def split_adapters(values: list[str], flag: str = "--adapter") -> tuple[Path | None, dict[str, Path]]:
+    """--adapter values: a plain DIR (merged; one at most) and NAME=DIR ones (kept apart)."""
+    from transformer_kit.export.adapters import check_adapter_names
+
+    merged, apart = [], {}
+    for value in values:
+        name, equals, folder = value.partition("=")
+        if not equals:
+            merged.append(Path(value))
+            continue
+        try:
+            check_adapter_names([name])
+        except InputError as exc:
+            raise typer.BadParameter(str(exc), param_hint=flag) from None
+        if name in apart:
+            raise typer.BadParameter(f"adapter {name!r} is given twice; give each name once.",
+                                     param_hint=flag)
+        apart[name] = Path(folder)
+    if len(merged) > 1:
+        given = ", ".join(map(str, merged))
+        raise typer.BadParameter(f"{len(merged)} adapters to merge were given ({given}); merge one, "
+                                 "and name the others (NAME=DIR) to keep them apart.", param_hint=flag)
+    return (merged[0] if merged else None), apart
+
+
 def resolve_source(source: Path, revision: str | None = None, from_hf: bool = False,
                    weights: bool = True) -> tuple[Path, bool]:
     """SOURCE as a local path, a Hub name (org/name, org/name:FILE.gguf) as its cached snapshot
@@ -94,12 +119,14 @@ def resolve_source(source: Path, revision: str | None = None, from_hf: bool = Fa
 
 def load_model(source: Path, *, from_hf: bool = False, weights: Path | None = None,
                overrides: dict[str, Any] | None = None, stream: bool = False,
-               revision: str | None = None):
+               revision: str | None = None, adapter: Path | None = None):
     """A model from a config file (random weights unless ``weights``), a folder saved with
     model.save, a GGUF file (llama.cpp), or (``from_hf``) a Hugging Face checkpoint folder, in
     eval mode; a Hub name (at ``revision``) of a checkpoint or a GGUF file as well.
     ``stream``: a safetensors checkpoint's (or a GGUF file's) weights stay on disk until an
-    export writes them."""
+    export writes them. ``adapter``: a PEFT LoRA adapter folder merged into a Hugging Face
+    checkpoint's weights (it implies ``from_hf``, as ``adapters`` in ``overrides`` does: adapters
+    kept apart, by name)."""
     import transformer_kit as tk
     from transformer_kit.config import config_from_dict
     from transformer_kit.serialization import load_saved_weights, read_saved_config
@@ -107,12 +134,15 @@ def load_model(source: Path, *, from_hf: bool = False, weights: Path | None = No
     overrides = overrides or {}
     source, from_hf = resolve_source(source, revision, from_hf)
     kind = kind_of(source)
-    if from_hf:
+    adapted = adapter is not None or "adapters" in overrides
+    if from_hf or adapted:
         if kind != "checkpoint":
-            _refuse(source, kind, "a Hugging Face checkpoint folder with --from-hf", CheckpointError)
+            _refuse(source, kind, "a Hugging Face checkpoint folder with --from-hf" if not adapted
+                    else "a Hugging Face checkpoint folder with --adapter (a LoRA adapter is merged "
+                    "into a checkpoint's weights)", CheckpointError)
         safetensors = any((source / name).is_file() for name in
                           ("model.safetensors", "model.safetensors.index.json"))
-        return tk.from_hf(source, stream=stream and safetensors, **overrides)
+        return tk.from_hf(source, stream=stream and safetensors, adapter=adapter, **overrides)
     if kind == "gguf":
         if weights is not None:
             raise CheckpointError(f"{str(source)!r} is a GGUF file, which holds its weights; leave "

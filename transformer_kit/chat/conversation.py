@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from typing import Any
 
-from transformer_kit.chat import tool_calls
+from transformer_kit.chat import reasoning, tool_calls
 from transformer_kit.errors import ChatTemplateError, InputError
 
 _READS_TOOLS = re.compile(r"\btools\b")
@@ -71,6 +72,21 @@ def with_argument_objects(messages: list[dict]) -> list[dict]:
             if isinstance(m, dict) and isinstance(m.get("tool_calls"), list) else m for m in messages]
 
 
+def check_switches(template: str, template_kwargs: dict | None) -> None:
+    """Refuse a thinking switch (``enable_thinking``, ``reasoning_effort``) the template never
+    reads, or a value it does not take: the request would believe it took effect."""
+    for key, allowed in reasoning.SWITCHES.items():
+        if key not in (template_kwargs or {}):
+            continue
+        value = template_kwargs[key]
+        if not re.search(rf"\b{key}\b", template):
+            raise InputError(f"{key}={value!r} was given, but this model's chat template has no such "
+                             f"switch (it never reads '{key}'); leave {key} out for this model.")
+        if value not in allowed or type(value) is not type(allowed[0]):
+            raise InputError(f"{key}={value!r} is not allowed; give one of "
+                             f"{', '.join(repr(a) for a in allowed)}.")
+
+
 class ChatTurn:
     """One assistant turn being prepared: the prompt's text and the generation options.
 
@@ -102,7 +118,14 @@ class ChatTurn:
             raise InputError("This model's chat template does not render tools (it never reads "
                              "'tools'), so the model would not know them; leave tools out, or use "
                              "a checkpoint whose template supports tool calls.")
-        self.format = tool_calls.call_format(template)
+        check_switches(template, template_kwargs)
+        #: The template's reasoning markup ("think", "harmony") or None.
+        self.reasoning = reasoning.reasoning_format(template)
+        self.format = "harmony" if self.reasoning == "harmony" else tool_calls.call_format(template)
+        if self.reasoning == "harmony":  # gpt-oss's template reads an earlier thinking as `thinking`
+            messages = [{**m, "thinking": m["reasoning_content"]}
+                        if isinstance(m, dict) and m.get("reasoning_content") and "thinking" not in m
+                        else m for m in messages]
         objects = with_argument_objects(messages)
         try:
             self.prompt = tokenizer.apply_chat_template(objects, tools=self.tools, chat_template=template,
@@ -115,7 +138,13 @@ class ChatTurn:
         if options.get("num_return_sequences", 1) != 1 or options.get("num_beams", 1) != 1:
             raise InputError("A chat turn is one reply; num_return_sequences and num_beams must be 1 "
                              "(call generate on apply_chat_template's prompt for several).")
+        #: Whether the prompt leaves a <think> block open (the reply starts in the thinking).
+        self.thinking = self.reasoning == "think" and reasoning.opens_thinking(self.prompt)
         self.options = dict(options)
+        if self.choice not in ("auto", "none") and self.format == "harmony":
+            raise InputError(f"tool_choice={tool_choice!r} cannot be forced with this model's "
+                             "harmony chat template (its calls are written in the commentary "
+                             "channel); give tool_choice 'auto' or leave it out.")
         if self.choice not in ("auto", "none"):
             if self.options.get("response_format") is not None:
                 raise InputError("response_format and a forced tool call (tool_choice "
@@ -126,13 +155,38 @@ class ChatTurn:
                 None if None in markers else markers)
             self.options["response_format"] = {"type": "grammar", "grammar": grammar}
 
+    def splitter(self) -> reasoning.Splitter | None:
+        """A reader of the reply's pieces into reasoning and content (None: the template does
+        not reason)."""
+        return reasoning.Splitter(self.reasoning, self.thinking) if self.reasoning else None
+
     def message(self, text: str) -> dict[str, Any]:
         """The assistant's message for the generated ``text``: ``{"role": "assistant",
-        "content": ...}`` plus ``tool_calls`` when it called tools."""
+        "content": ...}`` plus ``tool_calls`` when it called tools, plus ``reasoning_content``
+        (the thinking, None when the reply did not think) when the template reasons."""
+        if self.reasoning is not None:
+            return self._reasoned(text)
         if not self.names:
             return {"role": "assistant", "content": text}
         content, calls = tool_calls.parse_tool_calls(text, self.format, self.names)
         message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        return message
+
+    def _reasoned(self, text: str) -> dict[str, Any]:
+        read = reasoning.split(text, self.reasoning, self.thinking)
+        content: str | None = read.content
+        calls: list[dict] = []
+        if self.names and self.format == "harmony":
+            calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                      "function": {"name": name, "arguments": arguments.strip()}}
+                     for name, arguments in read.calls]
+            content = (content.strip() or None) if calls else content
+        elif self.names:
+            content, calls = tool_calls.parse_tool_calls(content, self.format, self.names)
+        message: dict[str, Any] = {"role": "assistant", "content": content,
+                                   "reasoning_content": read.reasoning}
         if calls:
             message["tool_calls"] = calls
         return message

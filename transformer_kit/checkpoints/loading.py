@@ -16,6 +16,7 @@ from transformer_kit.assembly import build_model
 from transformer_kit.checkpoints.deferred import materialize, open_checkpoint_tensors
 from transformer_kit.checkpoints.end_ids import end_ids
 from transformer_kit.checkpoints.hub import checkpoint_folder
+from transformer_kit.checkpoints.lora import check_merged_used, kit_factors, merge_adapter, read_adapter
 from transformer_kit.checkpoints.reader import Weights, read_hf_config, read_hf_weights
 from transformer_kit.checkpoints.sentence_transformers import SentencePipeline, read_sentence_pipeline
 from transformer_kit.checkpoints.streaming import StreamedWeights, guard_streamed
@@ -151,7 +152,8 @@ def _fill(model: TransformerModel, state: dict[str, Tensor], dtype: torch.dtype)
 
 
 def from_hf(folder: str | Path, *, revision: str | None = None, dtype: str | torch.dtype = "float32",
-            stream: bool = False, **overrides: Any) -> TransformerModel:
+            stream: bool = False, adapter: str | Path | None = None,
+            adapters: dict[str, str | Path] | None = None, **overrides: Any) -> TransformerModel:
     """Load a Hugging Face checkpoint, a local folder or a Hub name, as an assembled
     transformer_kit model.
 
@@ -177,6 +179,13 @@ def from_hf(folder: str | Path, *, revision: str | None = None, dtype: str | tor
         stream: keep the weights in the checkpoint (safetensors only): the model's parameters
             are on the ``meta`` device and ``export_onnx`` reads each weight as it writes it, so
             a model larger than memory exports. Such a model does not run in PyTorch.
+        adapter: a PEFT LoRA adapter folder (``adapter_config.json`` and
+            ``adapter_model.safetensors``) merged into the weights as PEFT's
+            ``merge_and_unload`` does (see :mod:`transformer_kit.checkpoints.lora`).
+        adapters: PEFT LoRA adapter folders by name, kept apart from the weights: each becomes
+            factors of the kit's parameters in ``model.adapters[name]`` (``{parameter: (a,
+            b)}``, ``weight + b @ a`` the merged weight), which ``export_onnx`` writes beside
+            the base for ``OnnxModel.generate(..., adapter=name)`` to bind per call.
     """
     folder = checkpoint_folder(folder, revision=revision)
     pipeline = read_sentence_pipeline(folder)
@@ -193,10 +202,21 @@ def from_hf(folder: str | Path, *, revision: str | None = None, dtype: str | tor
                                   "PyTorch .bin weights. Load it without stream=True, or save it "
                                   "with safetensors.")
         tensors = read_hf_weights(folder)
+    lora = read_adapter(adapter) if adapter is not None else None
+    if lora is not None:
+        tensors = merge_adapter(tensors, lora)
     state = family_state(hf, family, tensors, folder, config,
                          pipeline.state if pipeline is not None else None)
+    if lora is not None:
+        check_merged_used(tensors, lora, state)
     model = assemble(config, state, folder, dtype, tokenizer, stream)
     model.generation_defaults = generation_defaults(folder)
+    if adapters:
+        def mapping(named: dict[str, Tensor]) -> dict[str, Tensor]:
+            return family_state(hf, family, named, folder, config)
+
+        model.adapters = {name: kit_factors(read_adapter(path), tensors, mapping)
+                          for name, path in adapters.items()}
     return model
 
 

@@ -25,6 +25,9 @@ class ChatTurnLike(Protocol):
     def message(self, text: str) -> dict[str, Any]:
         """The assistant's message for the generated ``text``."""
 
+    def splitter(self) -> Any:
+        """A reader of the reply's pieces into (reasoning, content), or None."""
+
 
 class Tokenizer(Protocol):
     """Text in, text out: what the core asks of a model's tokenizer."""
@@ -155,22 +158,55 @@ def _turn(runtime: Any, messages: list[dict], options: dict[str, Any], **how: An
     return runtime.tokenizer.chat_turn(messages, options=options, **how)
 
 
+def _switched(template_kwargs: dict | None, enable_thinking: bool | None,
+              reasoning_effort: str | None) -> dict | None:
+    """The template's keyword arguments with the thinking switches given as keywords."""
+    switches = {k: v for k, v in (("enable_thinking", enable_thinking),
+                                  ("reasoning_effort", reasoning_effort)) if v is not None}
+    return {**(template_kwargs or {}), **switches} if switches else template_kwargs
+
+
 def chat_reply(runtime: Any, messages: list[dict], *, tools: list[dict] | None = None,
                tool_choice: Any = None, chat_template: str | None = None,
-               template_kwargs: dict | None = None, **options: Any) -> dict[str, Any]:
+               template_kwargs: dict | None = None, enable_thinking: bool | None = None,
+               reasoning_effort: str | None = None, **options: Any) -> dict[str, Any]:
     """The assistant's reply to ``messages`` from ``runtime`` (a PyTorch model or an
     ``OnnxModel``, with ``tokenizer`` and ``generate``): the turn its tokenizer prepares,
-    generated and read back. See ``TransformerModel.chat``."""
+    generated and read back (with ``reasoning_content`` when the template reasons).
+    ``enable_thinking`` / ``reasoning_effort``: the template's thinking switches (refused where
+    the template has none). See ``TransformerModel.chat``."""
     turn = _turn(runtime, messages, options, tools=tools, tool_choice=tool_choice,
-                 chat_template=chat_template, template_kwargs=template_kwargs)
+                 chat_template=chat_template,
+                 template_kwargs=_switched(template_kwargs, enable_thinking, reasoning_effort))
     return turn.message(runtime.generate(turn.prompt, add_special_tokens=False, **turn.options))
+
+
+def _split(pieces: Iterable[str], splitter: Any, pairs: bool) -> Iterator[Any]:
+    for piece in pieces:
+        reasoning, content = splitter.add(piece) if splitter is not None else ("", piece)
+        if reasoning or content:
+            if pairs:
+                yield reasoning, content
+            elif content:
+                yield content
+    reasoning, content = splitter.finish() if splitter is not None else ("", "")
+    if pairs and (reasoning or content):
+        yield reasoning, content
+    elif content:
+        yield content
 
 
 def stream_chat_reply(runtime: Any, messages: list[dict], *, tools: list[dict] | None = None,
                       tool_choice: Any = None, chat_template: str | None = None,
-                      template_kwargs: dict | None = None, **options: Any) -> Iterator[str]:
-    """The assistant's reply as text pieces while it is generated (they join to
-    :func:`chat_reply`'s content, or to the raw text of its tool calls)."""
+                      template_kwargs: dict | None = None, enable_thinking: bool | None = None,
+                      reasoning_effort: str | None = None, reasoning: bool = False,
+                      **options: Any) -> Iterator[Any]:
+    """The assistant's reply as text pieces while it is generated: they join to
+    :func:`chat_reply`'s content (the thinking left out), or to the raw text of its tool calls.
+    ``reasoning=True``: (reasoning, content) pairs instead, which join to ``reasoning_content``
+    and the content."""
     turn = _turn(runtime, messages, options, tools=tools, tool_choice=tool_choice,
-                 chat_template=chat_template, template_kwargs=template_kwargs)
-    return runtime.stream(turn.prompt, add_special_tokens=False, **turn.options)
+                 chat_template=chat_template,
+                 template_kwargs=_switched(template_kwargs, enable_thinking, reasoning_effort))
+    pieces = runtime.stream(turn.prompt, add_special_tokens=False, **turn.options)
+    return _split(pieces, turn.splitter(), reasoning)

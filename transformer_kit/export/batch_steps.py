@@ -17,7 +17,7 @@ import onnxruntime as ort
 
 from transformer_kit.errors import InputError
 from transformer_kit.export.cache_ops import CacheOps
-from transformer_kit.export.onnx_steps import LAST_POSITION, LOGIT_POSITIONS, Binding
+from transformer_kit.export.onnx_steps import LAST_POSITION, LOGIT_POSITIONS, Binding, bind_adapter
 
 
 @dataclass
@@ -40,12 +40,15 @@ class BatchDecoder:
     """
 
     def __init__(self, session: ort.InferenceSession, graph: Any, empty_cache, vocab: int,
-                 logits_dtype: type, cache_ops: CacheOps, device: str) -> None:
+                 logits_dtype: type, cache_ops: CacheOps, device: str,
+                 adapter: dict[str, Any] | None = None) -> None:
         self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
         self.present_names = [n for n in graph.outputs if n.startswith("present.")]
         self.empty_cache, self.vocab, self.logits_dtype = empty_cache, vocab, logits_dtype
         self.cache_ops = cache_ops
         self.binding = Binding(session, device)
+        #: A LoRA adapter's inputs, bound once: every row of this batch decodes with it.
+        self.adapter = bind_adapter(self.binding, adapter)
         #: Whether the step gives several positions' logits (exports before it do not).
         self.verifies = LOGIT_POSITIONS in graph.inputs
         if self.verifies:  # the last position's logits (a bind lasts)

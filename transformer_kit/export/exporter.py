@@ -14,6 +14,7 @@ import torch
 
 from transformer_kit.errors import ExportError, InputError, TransformerKitError
 from transformer_kit.export import kit_lowerings, model_graphs
+from transformer_kit.export.adapters import add_adapters
 from transformer_kit.export.calibration import calibrate
 from transformer_kit.export.files import follow_umask
 from transformer_kit.export.gguf_blocks import FileBlocks
@@ -157,6 +158,15 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
     opset = DEFAULT_OPSET if opset is None else opset
     quantize = quantization(quantize)
     _check_arguments(model, opset, dtype, quantize)
+    adapters = getattr(model, "adapters", None) or {}
+    if adapters and model.architecture != "decoder":
+        raise ExportError(f"Adapters kept apart (from_hf(..., adapters=...)) export for decoders; this "
+                          f"model is an {model.architecture}. Merge the adapter instead "
+                          "(from_hf(..., adapter=DIR)).")
+    if adapters and (quantize is not None or dtype != "float32" or optimize):
+        raise ExportError("A model with adapters kept apart (from_hf(..., adapters=...)) exports in "
+                          "float32 without quantize or optimize; merge an adapter instead "
+                          "(from_hf(..., adapter=DIR)) to quantize it.")
     refuse_if_too_large(model, quantize, dtype, verify)
     out_dir = Path(out_dir)
     start = time.perf_counter()
@@ -185,6 +195,10 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
                     report_progress)
         if optimize:
             _optimize(model, staging, source, manifest, report, graphs)
+        if adapters:
+            sizes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+            add_adapters(staging, {name: info.file for name, info in manifest.graphs.items()},
+                         adapters, sizes)
         manifest.write(staging)
         _publish(staging, out_dir)
     except TransformerKitError:

@@ -112,6 +112,15 @@ def _native_device(device: str) -> Any:
     return ort.OrtDevice.make(device, 0)._get_c_device()
 
 
+def bind_adapter(binding: Binding, adapter: dict[str, Any] | None) -> dict[str, Any]:
+    """Bind a LoRA adapter's inputs (export/adapters.py: ``A``, ``B`` of each adapted product)
+    that the session's graph has, once for every later run; the values bound (keep them)."""
+    accepted = {i.name for i in binding.session.get_overridable_initializers()}
+    values = {k: v for k, v in (adapter or {}).items() if k in accepted}
+    binding.input_values(list(values), list(values.values()))
+    return values
+
+
 class OnnxStepper:
     """Feeds the decoder step graph: the prompt first (zero-length past), then one token per
     row, handing each step's ``present.*`` to the next as ``past_key_values.*`` without a copy.
@@ -123,7 +132,8 @@ class OnnxStepper:
 
     def __init__(self, session: ort.InferenceSession, graph: Any, fixed: dict[str, ort.OrtValue],
                  first_ids: np.ndarray, real: np.ndarray | None, empty_cache, vocab: int,
-                 logits_dtype: type, cache_ops: Any, device: str) -> None:
+                 logits_dtype: type, cache_ops: Any, device: str,
+                 adapter: dict[str, ort.OrtValue] | None = None) -> None:
         self.cache_ops = cache_ops
         self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
         self.present_names = [n for n in graph.outputs if n.startswith("present.")]
@@ -142,6 +152,8 @@ class OnnxStepper:
         self.logits: np.ndarray | None = None
         self.tokens: np.ndarray | None = None  # (rows, 1) int64, bound as input_ids by its OrtValue
         self.binding = Binding(session, device)
+        #: An adapter's inputs (export/adapters.py): bound once, the same for every row and step.
+        self.adapter = bind_adapter(self.binding, adapter)
         #: Whether the graph gives several positions' logits (exports before it do not).
         self.verifies = LOGIT_POSITIONS in graph.inputs
         if self.verifies:  # the last position's logits unless :meth:`verify` asks (a bind lasts)

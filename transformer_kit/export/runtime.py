@@ -33,6 +33,7 @@ from transformer_kit.decoding.text import chat_reply, stream_chat_reply
 from transformer_kit.embedding import RerankResult, SentenceTasks
 from transformer_kit.embedding.api import DEFAULT_BATCH_TOKENS
 from transformer_kit.errors import ArtifactError, ConfigError, InputError
+from transformer_kit.export.adapters import adapter_names, read_adapter_values
 from transformer_kit.export.batch_steps import BatchDecoder
 from transformer_kit.export.cache_ops import CacheOps
 from transformer_kit.export.manifest import Manifest
@@ -79,6 +80,11 @@ class OnnxModel:
         self.manifest = Manifest.read(self.path)
         self._providers = exact_float32(resolve_providers(providers), self.manifest.dtype)
         self._options = session_options
+        if session_options is None and adapter_names(self.path):
+            # onnxruntime warns once per adapter input that it is an initializer it may not fold
+            # (the point: its empty default is overridden per call); warnings are not shown
+            self._options = ort.SessionOptions()
+            self._options.log_severity_level = 3
         if disabled_optimizers == "auto":
             names = [p[0] if isinstance(p, (tuple, list)) else p for p in self._providers]
             disabled_optimizers = () if CUDA in names else CPU_DISABLED_OPTIMIZERS
@@ -103,6 +109,7 @@ class OnnxModel:
         self.generation_defaults: dict[str, Any] = dict(self.manifest.generation_defaults)
         #: ``embed``/``encode``, ``score`` and ``rerank``, run through this export's batches.
         self.sentences = SentenceTasks(self)
+        self._adapter_cache: dict[str, dict[str, np.ndarray]] = {}
 
     def _session(self, name: str) -> ort.InferenceSession:
         session = self._sessions.get(name)
@@ -126,9 +133,29 @@ class OnnxModel:
         return session
 
     # -- forward ---------------------------------------------------------------------------
-    def __call__(self, *ids: Any, attention_mask: Any = None) -> np.ndarray:
+    @property
+    def adapters(self) -> list[str]:
+        """The LoRA adapters exported beside the base (``adapter=`` of a call picks one)."""
+        return adapter_names(self.path)
+
+    def _adapter_arrays(self, name: str | None) -> dict[str, np.ndarray]:
+        """Adapter ``name``'s graph inputs (read once); None: none (the base)."""
+        if name is None:
+            return {}
+        with self._lock:
+            if name not in self._adapter_cache:
+                self._adapter_cache[name] = read_adapter_values(self.path, name)
+            return self._adapter_cache[name]
+
+    def _adapter_values(self, name: str | None) -> dict[str, ort.OrtValue]:
+        """Adapter ``name``'s graph inputs as values on this model's device, for a binding."""
+        return {key: ort.OrtValue.ortvalue_from_numpy(array, self._device, 0)
+                for key, array in self._adapter_arrays(name).items()}
+
+    def __call__(self, *ids: Any, attention_mask: Any = None, adapter: str | None = None) -> np.ndarray:
         """encoder_decoder: (src_ids, tgt_ids) -> logits; decoder: (input_ids) -> logits;
         encoder: (input_ids) -> hidden states (or logits). Arrays of (batch, len) ids.
+        ``adapter``: the name of a LoRA adapter exported beside the base (:attr:`adapters`).
 
         ``attention_mask`` (batch, len) of ``input_ids`` (or ``src_ids``): 1 = real token,
         0 = padding, as transformers takes it; without one, padding is where ``pad_id`` is."""
@@ -157,7 +184,10 @@ class OnnxModel:
         for name in ("pooling_mask", "token_type_ids"):  # every real token pooled; one segment
             if name in graph.inputs:
                 feeds[name] = real.astype(np.int64) if name == "pooling_mask" else np.zeros_like(first)
-        return self._session("model").run(None, feeds)[0]
+        session = self._session("model")
+        accepted = {i.name for i in session.get_overridable_initializers()}
+        feeds.update({k: v for k, v in self._adapter_arrays(adapter).items() if k in accepted})
+        return session.run(None, feeds)[0]
 
     # -- sentence tasks (SentenceTasks over this export's runs) -----------------------------
     def encode(self, inputs: Any, *, normalize: bool | None = None, prompt_name: str | None = None,
@@ -231,6 +261,7 @@ class OnnxModel:
     def generate(self, ids: Any, max_new_tokens: int | None = None, *, attention_mask: Any = None,
                  generation_config: GenerationConfig | dict | None = None, stop_matcher=None,
                  add_special_tokens: bool = True, assistant_model: OnnxModel | None = None,
+                 adapter: str | None = None,
                  **options: Any) -> np.ndarray:
         """New tokens for each prompt, token for token as ``model.generate`` with the same
         options (greedy, sampling with a seed, beam search): (batch, len) prompts (decoder;
@@ -239,7 +270,9 @@ class OnnxModel:
         a row that ended holds pad_id (or its eos id) after it. Text prompts (a string or a
         list of them) give text, encoded with the tokenizer's special tokens unless
         ``add_special_tokens`` is False (a rendered chat holds its own). ``assistant_model``: a
-        smaller export of the same vocabulary drafting tokens (docs/generation.md)."""
+        smaller export of the same vocabulary drafting tokens (docs/generation.md).
+        ``adapter``: the name of a LoRA adapter exported beside the base (:attr:`adapters`),
+        bound for this call; None: the base."""
         if max_new_tokens is not None:
             options["max_new_tokens"] = max_new_tokens
         opts = call_config(self.generation_defaults, generation_config, options)
@@ -248,7 +281,8 @@ class OnnxModel:
             tokenizer = text.require(self.tokenizer, str(self.path))
             ids, attention_mask = tokenizer.encode(prompts[0], add_special_tokens)
             stop_matcher = tokenizer.stop_matcher(opts.stop) if opts.stop else None
-        stepper, call, pipeline = self._plan(ids, attention_mask, opts, stop_matcher, assistant_model)
+        stepper, call, pipeline = self._plan(ids, attention_mask, opts, stop_matcher, assistant_model,
+                                             adapter)
         tokens = generate_tokens(stepper, call, opts, pipeline)
         if prompts is None:
             return tokens
@@ -258,6 +292,7 @@ class OnnxModel:
     def stream(self, ids: Any, max_new_tokens: int | None = None, *, attention_mask: Any = None,
                generation_config: GenerationConfig | dict | None = None, stop_matcher=None,
                add_special_tokens: bool = True, assistant_model: OnnxModel | None = None,
+               adapter: str | None = None,
                **options: Any) -> Iterator[np.ndarray]:
         """As :meth:`generate` (greedy search or sampling), yielding each step's tokens
         (batch x num_return_sequences,) int64 as they are chosen."""
@@ -272,7 +307,8 @@ class OnnxModel:
             tokenizer = text.require(self.tokenizer, str(self.path))
             ids, attention_mask = tokenizer.encode(prompts[0], add_special_tokens)
             stop_matcher = tokenizer.stop_matcher(opts.stop) if opts.stop else None
-        stepper, call, pipeline = self._plan(ids, attention_mask, opts, stop_matcher, assistant_model)
+        stepper, call, pipeline = self._plan(ids, attention_mask, opts, stop_matcher, assistant_model,
+                                             adapter)
         steps = stream_tokens(stepper, call, opts, pipeline)
         if prompts is None:
             return steps
@@ -281,7 +317,8 @@ class OnnxModel:
                                 opts.stop, prompts[1] and rows == 1)
 
     def _plan(self, ids: Any, attention_mask: Any, options: GenerationConfig, stop_matcher,
-              assistant: OnnxModel | None = None) -> tuple[OnnxStepper, DecodingCall, Any]:
+              assistant: OnnxModel | None = None, adapter: str | None = None
+              ) -> tuple[OnnxStepper, DecodingCall, Any]:
         m = self.manifest
         check_stop(options, stop_matcher)
         if "decoder_step" not in m.graphs:
@@ -299,7 +336,9 @@ class OnnxModel:
         fixed = {} if is_decoder else self._encode(ids, real)
         if assistant is not None:
             call.assistant = self._assistant_stepper(assistant, call.prompt_ids, real)
-        return self._stepper(fixed, call.prompt_ids, real if is_decoder else None), call, pipeline
+        stepper = self._stepper(fixed, call.prompt_ids, real if is_decoder else None,
+                                self._adapter_values(adapter))
+        return stepper, call, pipeline
 
     def _assistant_stepper(self, assistant: Any, prompt_ids: np.ndarray, real: np.ndarray) -> OnnxStepper:
         """``assistant``'s stepper over the same prompt, once it can draft for this model."""
@@ -311,22 +350,24 @@ class OnnxModel:
                              f"{self.manifest.tgt_vocab}; an assistant drafts with the same tokenizer.")
         return assistant._stepper({}, prompt_ids, real)
 
-    def batch_decoder(self) -> BatchDecoder:
+    def batch_decoder(self, adapter: str | None = None) -> BatchDecoder:
         """An empty running batch over this model's step graph, for continuous batching (a
         server's engine): rows join after their own prefill and leave when they finish. A
-        decoder's only; one caller at a time (the engine's loop)."""
+        decoder's only; one caller at a time (the engine's loop). ``adapter``: every row
+        decodes with that LoRA adapter (:attr:`adapters`)."""
         if self.manifest.architecture != "decoder":
             raise InputError("Continuous batching serves decoder models; this model's architecture "
                              f"is {self.manifest.architecture!r}. Export a decoder to serve it.")
         return BatchDecoder(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
                             self._empty_cache, self.manifest.tgt_vocab,
-                            _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device)
+                            _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device,
+                            self._adapter_values(adapter))
 
-    def _stepper(self, fixed: dict[str, Any], first_ids: np.ndarray, real: np.ndarray | None
-                 ) -> OnnxStepper:
+    def _stepper(self, fixed: dict[str, Any], first_ids: np.ndarray, real: np.ndarray | None,
+                 adapter: dict[str, ort.OrtValue] | None = None) -> OnnxStepper:
         return OnnxStepper(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
                            fixed, first_ids, real, self._empty_cache, self.manifest.tgt_vocab,
-                           _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device)
+                           _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device, adapter)
 
     def _encode(self, src_ids: np.ndarray, real: np.ndarray) -> dict[str, Any]:
         """Run the encoder once: encoder_attention_mask and every layer's cross keys/values."""

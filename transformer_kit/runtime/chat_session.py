@@ -78,7 +78,9 @@ class ChatSession:
                                        **{**turn.options, "max_new_tokens": self.budget(turn.prompt)}):
             pieces.append(piece)
             yield piece
-        self.messages = [*messages, {"role": "assistant", "content": "".join(pieces)}]
+        # the reply as the assistant's message: a reasoning template's thinking apart (gpt-oss's
+        # template refuses channel markup in a message's content)
+        self.messages = [*messages, turn.message("".join(pieces))]
 
     def budget(self, prompt: str) -> int:
         """The tokens a reply to the rendered ``prompt`` may take: ``max_new_tokens``, else the

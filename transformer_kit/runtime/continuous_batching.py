@@ -4,8 +4,9 @@ Waiting requests are prefilled together (left-padded) and join the running batch
 step boundary in one copy; each streams its tokens as they are chosen and leaves the batch when
 it ends (an eos id, a stop string, ``max_new_tokens``) or when its caller cancels it. The batch
 keeps the step graph's layout (left padding and an attention mask: ``BatchDecoder``), so a greedy
-request gets the tokens ``OnnxModel.generate`` gives it alone (float32; int4 batches run other
-kernels, which may round differently), and a sampled one with a seed the same draws.
+request gets the tokens ``OnnxModel.generate`` gives it alone (float32; the quantized products
+are row by row exact too, but the padded attention's ~1e-6 can round into a whole int8 step of
+a later product: docs/export.md, "Batch invariance"), and a sampled one with a seed the same draws.
 
 With a prefix cache (:mod:`.prefix_cache`), a prompt that starts with a cached one's tokens
 prefills only the rest; with prompt lookup (:mod:`.speculation`), a request decoding alone
@@ -45,14 +46,17 @@ class ContinuousBatch:
             prompts are prefilled together up to it (a longer prompt runs alone).
         prefix_cache_bytes: most bytes of prompts' caches kept for reuse (0: none).
         prompt_lookup_num_tokens: drafts (1..64) for requests that set none.
+        adapter: the LoRA adapter (exported beside the base) every row decodes with; None: the
+            base. The prefix cache is this batch's own, so caches never mix adapters.
     """
 
     def __init__(self, model: OnnxModel, stats: EngineStats, *, max_batch: int, prefill_tokens: int,
-                 prefix_cache_bytes: int, prompt_lookup_num_tokens: int | None) -> None:
-        self.model, self.stats = model, stats
+                 prefix_cache_bytes: int, prompt_lookup_num_tokens: int | None,
+                 adapter: str | None = None) -> None:
+        self.model, self.stats, self.adapter = model, stats, adapter
         self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
         #: The running batch's step graph and cache (a ``BatchDecoder``; a new one after a failure).
-        self.decoder = model.batch_decoder()
+        self.decoder = model.batch_decoder(adapter)
         self.prefix_cache = (PrefixCache(prefix_cache_bytes, self.decoder.cache_ops)
                              if prefix_cache_bytes else None)
         self.prompt_lookup_num_tokens = default_lookup(prompt_lookup_num_tokens, self.decoder)
@@ -196,5 +200,5 @@ class ContinuousBatch:
     def reset(self) -> None:
         """After a failed step: no rows, a new batch."""
         self.rows, self.taken = [], []
-        self.decoder = self.model.batch_decoder()
+        self.decoder = self.model.batch_decoder(self.adapter)
         self.stats.batch_size = 0

@@ -61,13 +61,16 @@ class Engine:
         batch_size: pooling: most inputs in one run.
         max_wait_s: pooling: how long a call's first request waits for others to join it.
         start: start the loop now (False: call :meth:`start`; tests fill the queue first).
+        adapter: generation: the LoRA adapter exported beside the base (``OnnxModel.adapters``)
+            every request of this engine decodes with; its rows are batched together. One
+            engine per adapter over the same ``OnnxModel`` serves several (its sessions shared).
     """
 
     def __init__(self, model: OnnxModel | str, *, max_batch: int = 16, max_queue: int = 64,
                  prefill_tokens: int = 4096, prefix_cache_bytes: int = 0,
                  prompt_lookup_num_tokens: int | None = None,
                  max_batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = 64,
-                 max_wait_s: float = 0.002, start: bool = True) -> None:
+                 max_wait_s: float = 0.002, start: bool = True, adapter: str | None = None) -> None:
         if min(max_batch, max_queue, prefill_tokens, max_batch_tokens, batch_size) < 1 or min(
                 prefix_cache_bytes, max_wait_s) < 0:
             raise InputError(f"max_batch, max_queue, prefill_tokens, max_batch_tokens and batch_size "
@@ -80,10 +83,15 @@ class Engine:
         self.stats = EngineStats()
         self.generation: ContinuousBatch | None = None
         self.pooling: PoolingCalls | None = None
+        self.adapter = adapter
+        if adapter is not None and self.kind != "generate":
+            raise InputError(f"adapter={adapter!r}: LoRA adapters serve generation; this model "
+                             f"serves {_SERVES[self.kind]}.")
         if self.kind == "generate":
             self.generation = ContinuousBatch(
                 self.model, self.stats, max_batch=max_batch, prefill_tokens=prefill_tokens,
-                prefix_cache_bytes=prefix_cache_bytes, prompt_lookup_num_tokens=prompt_lookup_num_tokens)
+                prefix_cache_bytes=prefix_cache_bytes, prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+                adapter=adapter)
         else:
             self.pooling = PoolingCalls(self.model, self.kind, self.stats,
                                         max_batch_tokens=max_batch_tokens, batch_size=batch_size,

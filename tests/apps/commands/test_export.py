@@ -222,3 +222,34 @@ def test_a_hub_name_exports_offline_from_the_cache(tmp_path, monkeypatch):
     assert "'org/unknown' (revision main) is not a local path and not in the Hub cache" in missing.output
     local = invoke("export", "chat", "--from-hf", "--revision", "v1", "-o", str(tmp_path / "x"))
     assert local.exit_code == 1 and "is a local path" in local.output
+
+
+def test_a_lora_adapter_is_merged_at_export(tmp_path):
+    from tests.checkpoints.test_lora import _adapter, _ids, _llama
+    from transformer_kit.export.verify import relative_error
+
+    reference = _adapter(_llama(tmp_path / "base"), tmp_path / "adapter")
+    result = invoke("export", str(tmp_path / "base"), "--adapter", str(tmp_path / "adapter"),
+                    "-o", str(tmp_path / "onnx"))
+    assert result.exit_code == 0, result.output
+    with torch.no_grad():
+        expected = reference(input_ids=_ids()).logits.numpy()
+    assert relative_error(OnnxModel(tmp_path / "onnx")(_ids().numpy()), expected) <= 1e-4
+    apart = invoke("export", str(tmp_path / "base"), "--adapter", f"tuned={tmp_path / 'adapter'}",
+                   "-o", str(tmp_path / "apart"))
+    assert apart.exit_code == 0, apart.output
+    om = OnnxModel(tmp_path / "apart")
+    assert om.adapters == ["tuned"]
+    assert relative_error(om(_ids().numpy(), adapter="tuned"), expected) <= 1e-4
+    twice = invoke("export", str(tmp_path / "base"), "--adapter", str(tmp_path / "adapter"), "--adapter",
+                   str(tmp_path / "adapter"), "-o", str(tmp_path / "x"))
+    assert twice.exit_code == 2 and "name the others (NAME=DIR)" in twice.output, twice.output
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps(
+        {**json.loads((tmp_path / "adapter" / "adapter_config.json").read_text()), "use_dora": True}))
+    refused = invoke("export", str(tmp_path / "base"), "--adapter", str(tmp_path / "adapter"),
+                     "-o", str(tmp_path / "dora"))
+    assert refused.exit_code == 1 and "use_dora=True is not supported" in refused.output, refused.output
+    gguf = invoke("export", str(tmp_path / "nope.gguf"), "--adapter", str(tmp_path / "adapter"),
+                  "-o", str(tmp_path / "x"))
+    assert gguf.exit_code == 1 and "does not exist; give a Hugging Face checkpoint folder with " \
+        "--adapter" in gguf.output, gguf.output

@@ -20,6 +20,7 @@ import numpy as np
 import openai
 
 from tests.apps.conftest import invoke
+from tests.checkpoints.test_lora import two_adapters  # noqa: F401 (a fixture)
 from transformer_kit.apps.commands.serve import DrainingServer
 from transformer_kit.export import OnnxModel
 
@@ -116,6 +117,19 @@ def test_the_prompt_and_time_bounds_reach_the_app(exported, monkeypatch):
     assert default.exit_code == 0, default.output
     assert "prompts <= 64 tokens, requests <= 600 s" in default.output
     assert apps[-1].state.server.service.limits == Limits(64, 600.0, 64)
+
+
+def test_the_stored_responses_bound_reaches_the_app(exported, monkeypatch):
+    _, folder = exported
+    apps = []
+    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
+    given = invoke("serve", str(folder / "onnx"), "--stored-responses", "3")
+    assert given.exit_code == 0, given.output
+    assert apps[-1].state.responses.capacity == 3
+    assert invoke("serve", str(folder / "onnx")).exit_code == 0
+    assert apps[-1].state.responses.capacity == 256
+    refused = invoke("serve", str(folder / "onnx"), "--stored-responses", "-1")
+    assert refused.exit_code != 0 and "--stored-responses" in refused.output
 
 
 def test_the_prefix_cache_bound_reaches_the_engine(exported, monkeypatch):
@@ -233,6 +247,7 @@ def test_serve_exports_a_checkpoint_or_its_hub_name_once_and_names_the_model_so(
     first = invoke("serve", "org/chat")
     assert first.exit_code == 0, first.output
     assert "exporting org/chat into" in first.output and "serving 'org/chat' from" in first.output
+    assert "chat page: http://127.0.0.1:8000/" in first.output
     served = apps[-1].state.server.service.model
     messages = [{"role": "user", "content": "hello"}]
     (export,) = (tmp_path / "kit" / "exports").iterdir()
@@ -253,3 +268,30 @@ def test_the_generation_config_mode_reaches_the_service_and_is_printed(exported,
     assert apps[-1].state.server.service.generation_defaults == {}
     bad = invoke("serve", str(folder / "onnx"), "--generation-config", "vllm")
     assert bad.exit_code != 0 and "--generation-config" in bad.output
+
+
+def test_serve_exports_a_checkpoint_with_named_adapters_and_serves_each(two_adapters, tmp_path,  # noqa: F811
+                                                                        monkeypatch):
+    from tests.checkpoints.test_lora import _ids
+    _, folder, expected = two_adapters
+    monkeypatch.setenv("TRANSFORMER_KIT_CACHE", str(tmp_path / "kit"))
+    apps = []
+    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
+    given = invoke("serve", str(folder.parent / "base"), "--model-name", "llama", "--adapter",
+                   f"first={folder.parent / 'first'}", "--adapter", f"second={folder.parent / 'second'}")
+    assert given.exit_code == 0, given.output
+    assert "adapters: llama:first, llama:second" in given.output
+    assert apps[-1].state.server.served == ["llama", "llama:first", "llama:second"]
+    (export,) = (tmp_path / "kit" / "exports").iterdir()
+    om = OnnxModel(export)
+    for name in ("first", "second"):
+        tokens = om.generate(_ids().numpy(), 8, adapter=name)
+        np.testing.assert_array_equal(tokens, expected[name][1].numpy())
+    merged = invoke("serve", str(folder.parent / "base"), "--adapter", str(folder.parent / "first"))
+    assert merged.exit_code == 2 and "serve adapters as NAME=DIR" in merged.output, merged.output
+    again = invoke("serve", str(export), "--adapter", f"first={folder.parent / 'first'}")
+    assert again.exit_code == 1 and "is an export folder, already made; --adapter" in again.output
+    ray = invoke("serve", str(export), "--ray")  # refused before Ray starts
+    assert ray.exit_code == 2 and "--ray serves the base model only" in ray.output, ray.output
+    own = invoke("serve", str(export), "--model-name", "llama")  # the export's adapters, no flag
+    assert own.exit_code == 0 and apps[-1].state.server.served == ["llama", "llama:first", "llama:second"]

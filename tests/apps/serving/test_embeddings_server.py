@@ -141,7 +141,8 @@ def test_other_models_and_endpoints_are_refused_with_the_one_it_serves(server):
     assert other.status_code == 404 and "'other' does not exist" in other.json()["error"]["message"]
     for path, body in [("/v1/rerank", {"model": "tiny-embed", "query": "q", "documents": ["d"]}),
                        ("/v1/completions", {"model": "tiny-embed", "prompt": "q"}),
-                       ("/v1/chat/completions", {"model": "tiny-embed", "messages": []})]:
+                       ("/v1/chat/completions", {"model": "tiny-embed", "messages": []}),
+                       ("/v1/responses", {"model": "tiny-embed", "input": "q"})]:
         response = httpx.post(f"{url}{path}", json=body)
         assert response.status_code == 400, response.text
         assert "a sentence-embedding model" in response.json()["error"]["message"]

@@ -11,7 +11,13 @@ import typer
 
 from transformer_kit.apps.commands._options import Quantization
 from transformer_kit.apps.exporting import export_with_progress
-from transformer_kit.apps.sources import REVISION_HELP, kind_of, load_model, special_id_overrides
+from transformer_kit.apps.sources import (
+    REVISION_HELP,
+    kind_of,
+    load_model,
+    special_id_overrides,
+    split_adapters,
+)
 from transformer_kit.apps.terminal import console, fail, settings, warn
 from transformer_kit.errors import InputError, TransformerKitError
 
@@ -33,6 +39,7 @@ def export(
     weights: Annotated[Path | None, typer.Option(help="safetensors weights for a config file.")] = None,
     from_hf: Annotated[bool, typer.Option("--from-hf", help="SOURCE is a Hugging Face checkpoint folder.")] = False,
     revision: Annotated[str | None, typer.Option(help=REVISION_HELP)] = None,
+    adapter: Annotated[list[str] | None, typer.Option(help="A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors): DIR is merged into the checkpoint SOURCE's weights; NAME=DIR (repeatable) is exported beside them, chosen per call (OnnxModel.generate(..., adapter=NAME)).")] = None,
     dtype: Annotated[Dtype, typer.Option(help="Weights and activations.")] = Dtype.float32,
     quantize: Annotated[Quantization | None, typer.Option(help="int8: dynamic int8 quantization of the matrix products; int4: 4-bit MatMulNBits weights.")] = None,
     block_size: Annotated[int | None, typer.Option(help="int4: weights per scale, 16..256, a power of 2 (default 32).")] = None,
@@ -54,6 +61,9 @@ def export(
     from transformer_kit.export.quantize import Int4
 
     overrides = special_id_overrides(pad_id, bos_id, eos_id)
+    merged, apart = split_adapters(adapter or [])
+    if apart:
+        overrides["adapters"] = apart
     if quantize is Quantization.int8 and dtype is not Dtype.float32:
         raise typer.BadParameter("--quantize int8 starts from float32 weights; leave out --dtype "
                                  "(int4 takes --dtype float16).", param_hint="--quantize")
@@ -86,7 +96,7 @@ def export(
             raise typer.BadParameter(str(exc), param_hint=flag) from None
     try:
         model = load_model(source, from_hf=from_hf, weights=weights, overrides=overrides, stream=True,
-                           revision=revision)
+                           revision=revision, adapter=merged)
         if kind_of(source) == "config file" and weights is None:
             warn(f"{source} is a config file and no --weights were given: the export holds "
                  "randomly initialised weights. Pass --weights FILE.safetensors, or export a folder "

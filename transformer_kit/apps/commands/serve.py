@@ -15,10 +15,11 @@ import typer
 from transformer_kit.apps.commands import _options as opts
 from transformer_kit.apps.exporting import served_folder
 from transformer_kit.apps.serving.guard import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
-from transformer_kit.apps.sources import Provider, open_export
+from transformer_kit.apps.sources import Provider, open_export, split_adapters
 from transformer_kit.apps.terminal import console, fail
 from transformer_kit.checkpoints.hub import is_hub_name
 from transformer_kit.errors import TransformerKitError
+from transformer_kit.export.adapters import adapter_names
 
 _Opt = typer.Option
 #: --max-request-seconds by default: the openai client's own default timeout, so a request that
@@ -43,6 +44,7 @@ def serve(
                                            "as given, else the folder's name).")] = None,
     revision: opts.RevisionOption = None,
     quantize: opts.ServedQuantize = None,
+    adapter: Annotated[list[str] | None, _Opt(help="NAME=DIR (repeatable): a PEFT LoRA adapter folder exported beside a checkpoint SOURCE and served as the model MODEL_NAME:NAME (an export's own adapters are served so without the flag).")] = None,
     max_batch: Annotated[int, _Opt(help="Most requests decoded together (a decoder's).")] = 16,
     max_queue: Annotated[int, _Opt(help="Most requests waiting; beyond it the server answers "
                                    "503.")] = 64,
@@ -77,6 +79,10 @@ def serve(
         "every request that sets no prompt_lookup_num_tokens of its own: at most this many tokens "
         "drafted from the prompt and the reply so far, checked while a request decodes alone; "
         "the tokens are those of plain decoding. Default: off (requests ask).")] = None,
+    stored_responses: Annotated[int, _Opt(
+        min=0, help="POST /v1/responses: how many responses (store=true) are kept, in memory, so "
+        "that previous_response_id can continue them; least recently used out first, lost on "
+        "restart. 0: none. Default: 256.")] = 256,
     generation_config: opts.GenerationConfigMode = opts.GenerationMode.auto,
     drain_seconds: Annotated[float, _Opt(help="On SIGTERM the server answers new requests 503 and "
                                          "finishes those it holds, for at most this many seconds, "
@@ -92,7 +98,7 @@ def serve(
                       f"{API_KEY_ENV}).")
     max_body_bytes = int(max_body_mb * 2**20)
     try:
-        folder = served_folder(source, revision, quantize)
+        folder = served_folder(source, revision, quantize, _named_adapters(adapter or []))
     except TransformerKitError as exc:
         fail(exc)
     name = model_name or (str(source) if is_hub_name(source) else folder.resolve().name)
@@ -104,7 +110,7 @@ def serve(
                       prompt_lookup_num_tokens=prompt_lookup_num_tokens)
         return
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 (the serve extra is installed)
 
         from transformer_kit.apps.serving.http import create_app
         from transformer_kit.runtime import Engine
@@ -117,26 +123,42 @@ def serve(
         engine = Engine(open_export(folder, provider), max_batch=max_batch, max_queue=max_queue,
                         max_batch_tokens=batch_tokens, prefix_cache_bytes=prefix_cache_bytes,
                         prompt_lookup_num_tokens=prompt_lookup_num_tokens)
+        adapters = {each: Engine(engine.model, max_batch=max_batch, max_queue=max_queue,
+                                 prefix_cache_bytes=prefix_cache_bytes,
+                                 prompt_lookup_num_tokens=prompt_lookup_num_tokens, adapter=each)
+                    for each in adapter_names(folder)}
     except TransformerKitError as exc:
         fail(exc)
+    if adapters:
+        console.print(f"adapters: {', '.join(f'{name}:{each}' for each in adapters)}", highlight=False)
     console.print(f"serving {name!r} from {folder} on http://{host}:{port}/v1 "
                   f"(provider {engine.model.provider}, {_batching(engine, batch_tokens, max_prompt_tokens, max_request_seconds, prefix_cache_bytes, prompt_lookup_num_tokens)}, "
                   f"queue <= {max_queue})")
-    server = None
+    if engine.kind == "generate":
+        console.print(f"chat page: http://{host}:{port}/")
     try:
         app = create_app(engine, name, api_key=api_key, max_body_bytes=max_body_bytes,
                          max_prompt_tokens=max_prompt_tokens, max_request_seconds=max_request_seconds,
+                         stored_responses=stored_responses, adapters=adapters,
                          generation_config=generation_config.value)
-        if engine.kind == "generate":
-            console.print(_sampling_defaults(app.state.server.service.generation_defaults,
-                                             generation_config.value), highlight=False)
-        server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                               timeout_graceful_shutdown=5),
-                                app.state.admission, drain_seconds)
-        server.run()
+        _run_until_stopped(app, host, port, drain_seconds, generation_config.value)
     finally:
-        engine.close()
-    if server is not None and server.drained is False:
+        for each in (engine, *adapters.values()):
+            each.close()
+
+
+def _run_until_stopped(app: Any, host: str, port: int, drain_seconds: float, mode: str) -> None:
+    """Say what sampling a request gets, then serve ``app`` until Ctrl-C or SIGTERM (drained)."""
+    import uvicorn
+
+    if app.state.server.service.kind == "generate":
+        console.print(_sampling_defaults(app.state.server.service.generation_defaults, mode),
+                      highlight=False)
+    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=5),
+                            app.state.admission, drain_seconds)
+    server.run()
+    if server.drained is False:
         console.print(f"[yellow]warning:[/] requests were still running after {drain_seconds:g} s "
                       "(--drain-seconds); they were stopped.")
 
@@ -188,6 +210,16 @@ class DrainingServer:
 
     def run(self) -> None:
         self.server.run()
+
+
+def _named_adapters(values: list[str]) -> dict[str, Path]:
+    """--adapter NAME=DIR values (a plain DIR, which would be merged, refused)."""
+    merged, apart = split_adapters(values)
+    if merged is not None:
+        raise typer.BadParameter(f"{merged} names no adapter; serve adapters as NAME=DIR (or export "
+                                 "the merged model first: transformer-kit export SRC --adapter DIR).",
+                                 param_hint="--adapter")
+    return apart
 
 
 def _batching(engine: Any, batch_tokens: int, max_prompt_tokens: int | None,
@@ -243,6 +275,9 @@ def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, 
     ``host:port``, each with the key and the bounds the one-process server has: on the Ray
     cluster ``RAY_ADDRESS`` names, with a proxy on every node that has a replica (an address of
     one machine becomes every interface, :func:`.proxy_host`), else on a new local instance."""
+    if adapter_names(folder):
+        raise typer.BadParameter("--ray serves the base model only; serve its adapters without --ray.",
+                                 param_hint="--ray")
     try:
         import ray
         from ray import serve

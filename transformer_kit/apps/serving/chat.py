@@ -7,6 +7,10 @@ Answers ``chat.completion`` objects, or ``chat.completion.chunk`` events with ``
 role, content deltas as the text arrives, the finish reason, the usage with
 ``stream_options.include_usage``, then ``[DONE]``. When the model may call tools the text is held
 back to the end and sent as ``tool_calls`` or content (a half-written call is neither).
+
+A template that reasons (``<think>``, gpt-oss's harmony channels) has its reply split: the
+thinking as ``reasoning_content`` (llama.cpp's and Ollama's name) and ``reasoning`` (vLLM's), in
+the message and in the stream's deltas, the answer as ``content``.
 """
 
 from __future__ import annotations
@@ -80,6 +84,9 @@ class ChatCompletionRequest(BaseModel):
     response_format: dict[str, Any] | None = None
     user: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    #: gpt-oss's thinking budget, the harmony template's ``reasoning_effort`` (refused, 400, for a
+    #: template without it).
+    reasoning_effort: str | None = None
     #: An extension (as vLLM's extra parameters; the openai client sends it in ``extra_body``):
     #: speculative decoding with prompt lookup while the request decodes alone.
     prompt_lookup_num_tokens: int | None = Field(None, ge=1, le=64)
@@ -98,6 +105,23 @@ def _checked(body: ChatCompletionRequest) -> ChatCompletionRequest:
         raise InputError(f"max_tokens ({body.max_tokens}) and max_completion_tokens "
                          f"({body.max_completion_tokens}) differ; give one of them.")
     return body
+
+
+def _template_kwargs(body: ChatCompletionRequest) -> dict[str, Any] | None:
+    """``chat_template_kwargs`` with the request's ``reasoning_effort`` among them."""
+    if body.reasoning_effort is None:
+        return body.chat_template_kwargs
+    given = (body.chat_template_kwargs or {}).get("reasoning_effort", body.reasoning_effort)
+    if given != body.reasoning_effort:
+        raise InputError(f"reasoning_effort ({body.reasoning_effort!r}) and chat_template_kwargs' "
+                         f"reasoning_effort ({given!r}) differ; give one of them.")
+    return {**(body.chat_template_kwargs or {}), "reasoning_effort": body.reasoning_effort}
+
+
+def _with_alias(message: dict[str, Any]) -> dict[str, Any]:
+    """A message with its ``reasoning_content`` also as ``reasoning`` (vLLM's name)."""
+    return {**message, "reasoning": message["reasoning_content"]} if "reasoning_content" in message \
+        else message
 
 
 class ChatServer:
@@ -119,7 +143,7 @@ class ChatServer:
                 max_tokens=body.max_tokens or body.max_completion_tokens,
                 temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop,
                 tools=body.tools, tool_choice=body.tool_choice, response_format=body.response_format,
-                template_kwargs=body.chat_template_kwargs,
+                template_kwargs=_template_kwargs(body),
                 prompt_lookup_num_tokens=body.prompt_lookup_num_tokens)
         except (QueueFull, InputError) as exc:
             return metrics.refused(exc)
@@ -135,7 +159,7 @@ class ChatServer:
             return Response(status_code=CLIENT_LEFT)
         if (failed := failure_response(stream.failure)) is not None:
             return failed
-        message = stream.message(text)
+        message = _with_alias(stream.message(text))
         return {**reply.head("chat.completion"),
                 "choices": [{"index": 0, "message": message, "logprobs": None,
                              "finish_reason": stream.finish_reason(message)}],
@@ -156,9 +180,28 @@ class _Reply:
 def _delta(message: dict[str, Any]) -> dict[str, Any]:
     """The one delta of a held-back reply: its content and its tool calls (each with its index)."""
     delta: dict[str, Any] = {} if message.get("content") is None else {"content": message["content"]}
+    if message.get("reasoning_content"):
+        delta["reasoning_content"] = delta["reasoning"] = message["reasoning_content"]
     if message.get("tool_calls"):
         delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
     return delta
+
+
+def _split(reasoning: str, content: str) -> list[dict[str, Any]]:
+    """The deltas of a piece split into reasoning (first) and content."""
+    deltas = [{"reasoning_content": reasoning, "reasoning": reasoning}] if reasoning else []
+    return deltas + ([{"content": content}] if content else [])
+
+
+def _last(stream: TextStream, held: str, splitter: Any) -> dict[str, Any]:
+    """The end of a streamed reply: the whole message when it was ``held``, else its rest."""
+    rest = stream.rest()
+    if stream.held:
+        return stream.message(held + rest)
+    if splitter is None:
+        return {"content": rest}
+    (thought, said), (thought_end, said_end) = splitter.add(rest), splitter.finish()
+    return {"content": said + said_end, "reasoning_content": thought + thought_end}
 
 
 async def _events(stream: TextStream, reply: _Reply, metrics: ServerMetrics,
@@ -179,19 +222,21 @@ async def _events(stream: TextStream, reply: _Reply, metrics: ServerMetrics,
     try:
         yield chunk({"role": "assistant", "content": ""})
         text = []
+        splitter = None if stream.held or stream.turn is None else stream.turn.splitter()
         async for deltas in stream.arrivals():  # several tokens' text in one event
             piece = "".join(d.text for d in deltas)
             if stream.held:  # the model may call tools: the text is read at the end
                 text.append(piece)
-            elif piece:
-                yield chunk({"content": piece})
+            else:
+                for delta in _split(*splitter.add(piece)) if splitter is not None else \
+                        [{"content": piece}] if piece else []:
+                    yield chunk(delta)
         if (failed := failure_event(stream.failure)) is not None:
             yield failed
         else:
-            rest = stream.rest()
-            message = stream.message("".join(text) + rest) if stream.held else {"content": rest}
+            message = _last(stream, "".join(text), splitter)
             delta = _delta(message)
-            if delta.get("content") or delta.get("tool_calls"):
+            if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning"):
                 yield chunk(delta)
             yield chunk({}, stream.finish_reason(message))
             if include_usage:

@@ -4,11 +4,12 @@ so existing clients (the ``openai`` package, curl) work unchanged.
 ``POST /v1/completions`` (prompt as text or token ids, ``max_tokens``, ``temperature`` (0 =
 greedy), ``top_p``, ``seed``, ``stop``, ``stream`` as server-sent events),
 ``POST /v1/chat/completions`` (messages rendered by the export's chat template, tools,
-``response_format``; in :mod:`.chat`), ``POST /tokenize`` and ``POST /detokenize`` (vLLM's,
-:mod:`.tokenization`), ``GET /v1/models``, ``GET /health`` and ``GET /metrics``
-(Prometheus text). An embedding model's export is served on ``POST /v1/embeddings``
-(:mod:`.embeddings`), a cross-encoder's on ``POST /v1/rerank`` (:mod:`.rerank`), batched across
-clients by the same engine; the other kind's endpoints answer 400
+``response_format``; in :mod:`.chat`), ``POST /v1/responses`` (OpenAI's Responses API over the
+same path, with ``previous_response_id``; in :mod:`.responses`), ``POST /tokenize`` and
+``POST /detokenize`` (vLLM's, :mod:`.tokenization`), ``GET /v1/models``,
+``GET /health`` and ``GET /metrics`` (Prometheus text). An embedding model's export is served
+on ``POST /v1/embeddings`` (:mod:`.embeddings`), a cross-encoder's on ``POST /v1/rerank``
+(:mod:`.rerank`), batched across clients by the same engine; the other kind's endpoints answer 400
 with a sentence naming the one this model serves. Each completions choice also carries
 ``token_ids``, the ids behind its text (a streamed chunk: the ids of that chunk). Errors are
 OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``, :mod:`.openai_api`) with
@@ -16,12 +17,14 @@ the status that fits: 400 for a bad request (``context_length_exceeded`` for a p
 server's bound or one that leaves no room for ``max_tokens``), 404 for an unknown model, 503 when
 the queue is full, 504 for a request that ran past the server's time bound (a stream ends with
 an error event instead); never a traceback. In front of all of it, :class:`.Guard` checks the
-API key and bounds the request body (401, 413, 408).
+API key and bounds the request body (401, 413, 408). A decoder's server also serves a chat page
+at ``/`` (:mod:`.page`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import socket
 import threading
@@ -35,9 +38,10 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from prometheus_client import Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
+from transformer_kit.apps.serving import page
 from transformer_kit.apps.serving.chat import ChatCompletionRequest, ChatServer
 from transformer_kit.apps.serving.embeddings import EmbeddingRequest, EmbeddingServer
-from transformer_kit.apps.serving.guard import DEFAULT_BODY_SECONDS, DEFAULT_MAX_BODY_BYTES, Guard
+from transformer_kit.apps.serving.guard import DEFAULT_BODY_SECONDS, DEFAULT_MAX_BODY_BYTES, OPEN_PATHS, Guard
 from transformer_kit.apps.serving.lifecycle import (
     CLIENT_LEFT,
     Admission,
@@ -54,6 +58,8 @@ from transformer_kit.apps.serving.openai_api import (
     usage,
 )
 from transformer_kit.apps.serving.rerank import RerankRequest, RerankServer
+from transformer_kit.apps.serving.response_store import DEFAULT_STORED_RESPONSES, ResponseStore
+from transformer_kit.apps.serving.responses import ResponsesRequest, ResponsesServer
 from transformer_kit.apps.serving.tokenization import (
     DetokenizeRequest,
     TokenizationServer,
@@ -96,16 +102,19 @@ class CompletionServer:
         self.engine = service.engine
         self.metrics = ServerMetrics(service.engine)
         self.created = int(time.time())
+        #: Every model name the app serves (the base's, then its adapters': ``create_app``).
+        self.served = [model_name]
 
     async def health(self) -> dict:
         return {"status": "ok"}
 
     async def models(self) -> dict:
-        """The served model; ``generation_defaults``: the checkpoint's sampling defaults that a
+        """The served models; ``generation_defaults``: the checkpoint's sampling defaults that a
         request's missing fields take ({}: none, or ``--generation-config ignore``)."""
-        return {"object": "list", "data": [{
-            "id": self.model_name, "object": "model", "created": self.created,
-            "owned_by": "transformer-kit", "generation_defaults": self.service.generation_defaults}]}
+        defaults = self.service.generation_defaults
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": self.created,
+                                            "owned_by": "transformer-kit",
+                                            "generation_defaults": defaults} for name in self.served]}
 
     async def prometheus(self) -> PlainTextResponse:
         return PlainTextResponse(generate_latest(self.metrics.registry).decode(),
@@ -141,7 +150,8 @@ class CompletionServer:
 
 
 #: What each kind of model is, as the wrong endpoint's answer names it, and the paths it serves.
-_KINDS = {"generate": ("a text generator", ("/v1/completions", "/v1/chat/completions")),
+_KINDS = {"generate": ("a text generator", ("/v1/completions", "/v1/chat/completions",
+                                            "/v1/responses")),
           "embeddings": ("a sentence-embedding model", ("/v1/embeddings",)),
           "rerank": ("a cross-encoder", ("/v1/rerank", "/rerank"))}
 
@@ -149,62 +159,99 @@ _KINDS = {"generate": ("a text generator", ("/v1/completions", "/v1/chat/complet
 def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                body_seconds: float = DEFAULT_BODY_SECONDS, max_prompt_tokens: int | None = None,
-               max_request_seconds: float | None = None, generation_config: str = "auto") -> FastAPI:
+               max_request_seconds: float | None = None,
+               stored_responses: int = DEFAULT_STORED_RESPONSES,
+               adapters: dict[str, Engine] | None = None, generation_config: str = "auto") -> FastAPI:
     """The FastAPI application serving ``engine`` under the model name ``model_name``: a
     decoder's on the completions endpoints, an embedding model's on /v1/embeddings, a
     cross-encoder's on /v1/rerank (the engine's ``kind``). Behind a :class:`.Guard`: ``api_key``
-    (None: none) needed on every endpoint but /health, request bodies of at most
-    ``max_body_bytes`` arriving within ``body_seconds``. A prompt (a completion's, a chat's
+    (None: none) needed on every endpoint but /health and a decoder's chat page (at /), request
+    bodies of at most ``max_body_bytes`` arriving within ``body_seconds``. A prompt (a completion's, a chat's
     rendered conversation) may hold at most ``max_prompt_tokens`` tokens (None: the model's
     context length, else :data:`~transformer_kit.runtime.limits.DEFAULT_MAX_PROMPT_TOKENS`;
     more: 400), and any request may take at most ``max_request_seconds`` from arrival to its
     end (None: no bound; past it the engine stops it and frees its row: 504, or an error event
     ending the stream). Embeddings and rerank keep their own bound on texts (the model's
-    positions). ``generation_config``: "auto" (a request's missing sampling fields take the
-    checkpoint's generation_config.json values, as vLLM's ``--generation-config auto``; listed
-    in ``/v1/models``) or "ignore" (OpenAI's defaults). Raises InputError for a bound that is
-    not positive or another ``generation_config``."""
+    positions). ``/v1/responses`` keeps the last ``stored_responses`` responses (0: none) for
+    ``previous_response_id``, in memory (one store for the base and its adapters).
+    ``generation_config``: "auto" (a request's missing sampling fields take the checkpoint's
+    generation_config.json values, as vLLM's ``--generation-config auto``; listed in
+    ``/v1/models``) or "ignore" (OpenAI's defaults). Raises InputError for a bound that is not
+    positive or another ``generation_config``.
+
+    ``adapters``: a decoder's engines per LoRA adapter (``Engine(model, adapter=name)``), each
+    served as the model ``MODEL_NAME:NAME``: GET /v1/models lists them after the base, and a
+    request's ``model`` picks the engine, whose rows are batched together."""
     limits = Limits.of(engine.model.context_length, max_prompt_tokens, max_request_seconds)
     if generation_config not in GENERATION_CONFIG_MODES:
         raise InputError(f"generation_config is {generation_config!r}; give one of "
                          f"{', '.join(GENERATION_CONFIG_MODES)}.")
-    service = Service(engine, limits, generation_defaults=generation_config == "auto")
+    auto = generation_config == "auto"
+    service = Service(engine, limits, generation_defaults=auto)
+    served = {f"{model_name}:{name}": CompletionServer(Service(other, limits, generation_defaults=auto),
+                                                       f"{model_name}:{name}")
+              for name, other in (adapters or {}).items()}
     app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes,
-                       body_seconds=body_seconds)
+                       body_seconds=body_seconds, open_paths=OPEN_PATHS | page.PATHS)
     #: Requests in flight; ``transformer-kit serve`` closes it on SIGTERM (503 from then on).
     app.state.admission = Admission()
     app.add_middleware(AdmissionGate, admission=app.state.admission)  # outermost: counts all
     install_error_handlers(app, {"/v1/completions": CompletionRequest,
                                  "/v1/chat/completions": ChatCompletionRequest,
+                                 "/v1/responses": ResponsesRequest,
                                  "/v1/embeddings": EmbeddingRequest, "/rerank": RerankRequest,
                                  "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest})
     server = CompletionServer(service, model_name)
     Gauge("transformer_kit_http_requests_in_flight", "HTTP requests being answered (a stream "
           "until its last event)", registry=server.metrics.registry
           ).set_function(lambda: app.state.admission.in_flight)
+    served = {model_name: server, **served}
+    server.served = list(served)
     app.get("/health")(server.health)
     app.get("/v1/models")(server.models)
     app.get("/metrics")(server.prometheus)
     tokenization = TokenizationServer(service, model_name, server.metrics)
     app.post("/tokenize", response_model=None)(tokenization.tokenize)
     app.post("/detokenize", response_model=None)(tokenization.detokenize)
-    for path, handler in _endpoints(server).items():
-        app.post(path, response_model=None)(handler)
+    store = ResponseStore(stored_responses)
+    handlers = {name: _endpoints(each, store) for name, each in served.items()}
+    for path, handler in _endpoints(server, store).items():
+        app.post(path, response_model=None)(_by_model(handler, handlers, path) if adapters else handler)
+    if service.kind == "generate":
+        page.add_page(app)  # the chat page at /, open without the key (it carries no secret)
     what, serves = _KINDS[service.kind]
     for other, (_, paths) in _KINDS.items():
         for path in paths if other != service.kind else ():
             app.post(path, response_model=None)(_wrong_endpoint(model_name, what, serves))
-    app.state.server = server
+    app.state.server, app.state.responses = server, store
     return app
 
 
-def _endpoints(server: CompletionServer) -> dict[str, Any]:
-    """The handlers of the service's kind, by path."""
+def _by_model(base: Any, handlers: dict[str, dict[str, Any]], path: str) -> Any:
+    """``base``'s endpoint at ``path`` handing each request to the handler of the model it names
+    (the base's answers an unknown name with 404, naming every served model)."""
+
+    async def routed(body: Any, request: Request) -> Any:
+        chosen = handlers.get(body.model)
+        if chosen is None:
+            return unknown_model(body.model, ", ".join(handlers))
+        handler = chosen[path]
+        if "request" in inspect.signature(handler).parameters:  # it watches its client
+            return await handler(body, request)
+        return await handler(body)
+
+    routed.__annotations__ = {**base.__annotations__, "request": Request}  # FastAPI reads the types
+    return routed
+
+
+def _endpoints(server: CompletionServer, store: ResponseStore) -> dict[str, Any]:
+    """The handlers of the service's kind, by path (``store``: the Responses API's)."""
     service, name, metrics = server.service, server.model_name, server.metrics
     if service.kind == "generate":
         return {"/v1/completions": server.completions,
-                "/v1/chat/completions": ChatServer(service, name, metrics).chat_completions}
+                "/v1/chat/completions": ChatServer(service, name, metrics).chat_completions,
+                "/v1/responses": ResponsesServer(service, name, metrics, store).create}
     if service.kind == "embeddings":
         return {"/v1/embeddings": EmbeddingServer(service, name, metrics).embeddings}
     rerank = RerankServer(service, name, metrics).rerank

@@ -1,0 +1,396 @@
+"""``POST /v1/responses``, OpenAI's Responses API, over the runtime's
+:meth:`~transformer_kit.runtime.Service.chat` (the path of ``/v1/chat/completions``): the
+request's ``input`` (text, or messages and function-call items) and ``instructions`` become
+chat messages, rendered by the export's chat template; the reply comes back as ``output``
+items, a ``message`` with ``output_text`` and ``function_call`` items.
+
+Function ``tools`` and ``tool_choice`` are given in the Responses shape (``{"type":
+"function", "name", "parameters"}``), ``text.format`` (``json_schema``, ``json_object``)
+constrains the reply through the same grammar as chat's ``response_format``. With ``stream``
+the reply is sent as the Responses events (``response.created``, ``response.in_progress``,
+``response.output_item.added``, ``response.content_part.added``,
+``response.output_text.delta``... ``response.completed``, or ``response.incomplete`` for a reply
+cut at ``max_output_tokens``); when the model may call tools the text is held back to the end,
+as chat does. ``previous_response_id`` continues a conversation this server stored
+(:class:`.ResponseStore`: the last N responses, in memory). Errors are the other endpoints'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from transformer_kit.apps.serving.lifecycle import CLIENT_LEFT, unless_client_leaves
+from transformer_kit.apps.serving.openai_api import (
+    ServerMetrics,
+    error_response,
+    failure_event,
+    failure_response,
+    unknown_model,
+)
+from transformer_kit.apps.serving.response_store import ResponseStore, UnknownResponse
+from transformer_kit.errors import InputError
+from transformer_kit.runtime import QueueFull, Service
+from transformer_kit.runtime.text_stream import TextStream, Usage
+
+#: The input items this server takes, by type (a message may leave its type out).
+_ITEMS = ("message", "function_call", "function_call_output")
+_ROLES = ("user", "system", "developer", "assistant")
+#: The text content parts a message may hold (a model's own turn comes back as output_text).
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+class TextConfig(BaseModel):
+    """``text``: the reply's ``format`` ({"type": "text"}, "json_object" or "json_schema")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: dict[str, Any] | None = None
+
+
+class ResponsesRequest(BaseModel):
+    """The body of ``POST /v1/responses``: OpenAI's fields this server honours; any other field
+    (``reasoning``, ``include``, ``truncation``...) is refused (400), so a client never believes
+    an option took effect when it did not."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    input: str | list[Any]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    text: TextConfig | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    stream: bool = False
+    store: bool | None = None
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+
+
+def _content(content: Any, where: str) -> Any:
+    """A message's content as chat's: a string, or its text parts as chat text parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InputError(f"{where}.content is {type(content).__name__}; give it as a string or a "
+                         "list of parts {'type': 'input_text', 'text': ...}.")
+    parts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise InputError(f"{where}.content[{i}] is a part of type {kind!r}; this server takes "
+                             "text only: give content as a string or as parts {'type': "
+                             "'input_text', 'text': ...}.")
+        parts.append({"type": "text", "text": part["text"]})
+    return parts
+
+
+def _field(item: dict[str, Any], name: str, where: str) -> str:
+    if not isinstance(item.get(name), str):
+        raise InputError(f"{where} ({item['type']}) has no {name!r} string; give it, as in the "
+                         "function_call item the model answered.")
+    return item[name]
+
+
+def input_messages(given: str | list[Any]) -> list[dict[str, Any]]:
+    """The chat messages of a request's ``input``: text is one user message; items are
+    messages, ``function_call`` items (joined to the assistant message before them, as chat's
+    ``tool_calls``) and ``function_call_output`` items (chat's ``tool`` messages). Raises
+    InputError for an empty input or an item this server does not take."""
+    if isinstance(given, str):
+        return [{"role": "user", "content": given}]
+    if not given:
+        raise InputError("input is empty; give text, or a list of at least one item, e.g. "
+                         "[{'role': 'user', 'content': 'Hello'}].")
+    messages: list[dict[str, Any]] = []
+    for i, item in enumerate(given):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise InputError(f"{where} is a {type(item).__name__}; give input as text, or as a list "
+                             "of items, e.g. {'role': 'user', 'content': 'Hello'}.")
+        kind = item.get("type", "message")
+        if kind not in _ITEMS:
+            raise InputError(f"{where} is an item of type {kind!r}; this server takes "
+                             f"{', '.join(_ITEMS)} items.")
+        if kind == "message":
+            if item.get("role") not in _ROLES:
+                raise InputError(f"{where}.role is {item.get('role')!r}; a message's role is one "
+                                 f"of {', '.join(_ROLES)}.")
+            messages.append({"role": item["role"], "content": _content(item.get("content"), where)})
+        elif kind == "function_call":
+            call = {"id": _field(item, "call_id", where), "type": "function",
+                    "function": {"name": _field(item, "name", where),
+                                 "arguments": _field(item, "arguments", where)}}
+            last = messages[-1] if messages else None
+            if last is None or last["role"] != "assistant":
+                last = {"role": "assistant", "content": None}
+                messages.append(last)
+            last.setdefault("tool_calls", []).append(call)
+        else:
+            output = item.get("output")
+            content = output if isinstance(output, str) else _content(output, where)
+            messages.append({"role": "tool", "tool_call_id": _field(item, "call_id", where),
+                             "content": content})
+    return messages
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Function tools in chat's shape (``{"type": "function", "function": {...}}``)."""
+    if tools is None:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+            raise InputError(f"tools[{i}] is a tool of type {tool.get('type')!r}"
+                             f"{'' if tool.get('type') != 'function' else ' without a name'}; this "
+                             "server calls function tools only: {'type': 'function', 'name': ..., "
+                             "'parameters': {...}}.")
+        out.append({"type": "function", "function": {
+            key: tool[key] for key in ("name", "description", "parameters") if key in tool}})
+    return out
+
+
+def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """``tool_choice`` in chat's shape: "auto", "none", "required", or one function by name."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice
+    named = isinstance(choice, dict) and choice.get("type") == "function"
+    if not named or not isinstance(choice.get("name"), str):
+        raise InputError(f"tool_choice {choice!r} is not one this server takes; give 'auto', "
+                         "'none', 'required' or {'type': 'function', 'name': ...}.")
+    return {"type": "function", "function": {"name": choice["name"]}}
+
+
+def response_format(text: TextConfig | None) -> dict[str, Any] | None:
+    """``text.format`` as chat's ``response_format`` (a JSON schema's fields under
+    ``json_schema``); None for plain text."""
+    given = None if text is None else text.format
+    if given is None or given.get("type") == "text":
+        return None
+    if given.get("type") == "json_schema":
+        fields = {key: value for key, value in given.items() if key != "type"}
+        return {"type": "json_schema", "json_schema": {"name": "response", **fields}}
+    return given
+
+
+def _answer_reader(stream: TextStream) -> Callable[..., str]:
+    """``answer(piece, last=False)``: the part of a streamed piece that is the answer. A
+    reasoning template's thinking is read apart and not sent (no reasoning items), so the
+    deltas join to the whole response's output_text."""
+    splitter = None if stream.held or stream.turn is None else stream.turn.splitter()
+
+    def answer(piece: str, last: bool = False) -> str:
+        if splitter is None:
+            return piece
+        said = splitter.add(piece)[1]
+        return said + splitter.finish()[1] if last else said
+    return answer
+
+
+def _usage(counts: Usage) -> dict[str, Any]:
+    return {"input_tokens": counts.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": counts.cached_tokens},
+            "output_tokens": counts.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": counts.prompt_tokens + counts.completion_tokens}
+
+
+def _text_item(ident: str, text: str | None, status: str) -> dict[str, Any]:
+    content = [] if text is None else [_text_part(text)]
+    return {"type": "message", "id": ident, "status": status, "role": "assistant",
+            "content": content}
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+class _Reply:
+    """One response being made: its id, its request and what its objects share."""
+
+    def __init__(self, body: ResponsesRequest, model_name: str) -> None:
+        self.body, self.model_name = body, model_name
+        self.ident = f"resp_{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def output(self, message: dict[str, Any], stream: TextStream, message_id: str | None = None,
+               ) -> list[dict[str, Any]]:
+        """The output items of the assistant's ``message``: its text, then its calls (only the
+        first with ``parallel_tool_calls`` false)."""
+        status = "incomplete" if stream.finish_reason(message) == "length" else "completed"
+        calls = message.get("tool_calls") or []
+        if self.body.parallel_tool_calls is False:
+            calls = calls[:1]
+        items = []
+        if message.get("content") is not None or not calls:
+            items.append(_text_item(message_id or f"msg_{uuid.uuid4().hex}",
+                                    message.get("content") or "", status))
+        items += [{"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call["id"],
+                   "name": call["function"]["name"], "arguments": call["function"]["arguments"],
+                   "status": "completed"} for call in calls]
+        return items
+
+    def response(self, status: str, output: list[dict[str, Any]],
+                 counts: Usage | None = None) -> dict[str, Any]:
+        """The ``response`` object in ``status`` ("in_progress", "completed", "incomplete")."""
+        body = self.body
+        return {
+            "id": self.ident, "object": "response", "created_at": self.created, "status": status,
+            "error": None, "model": self.model_name, "output": output,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
+            "previous_response_id": body.previous_response_id, "store": body.store is not False,
+            "temperature": 1.0 if body.temperature is None else body.temperature,
+            "top_p": 1.0 if body.top_p is None else body.top_p,
+            "text": {"format": (body.text and body.text.format) or {"type": "text"}},
+            "tool_choice": body.tool_choice or "auto", "tools": body.tools or [],
+            "truncation": "disabled", "metadata": body.metadata or {}, "user": body.user,
+            "usage": None if counts is None else _usage(counts)}
+
+
+class _EventWriter:
+    """The server-sent events of one streamed response, numbered in order."""
+
+    def __init__(self) -> None:
+        self.number = 0
+
+    def event(self, kind: str, **fields: Any) -> str:
+        data = {"type": kind, "sequence_number": self.number, **fields}
+        self.number += 1
+        return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
+
+    def text_start(self, index: int, ident: str) -> str:
+        """A message item opened, with its one (empty) text part."""
+        return (self.event("response.output_item.added", output_index=index,
+                           item=_text_item(ident, None, "in_progress"))
+                + self.event("response.content_part.added", item_id=ident, output_index=index,
+                             content_index=0, part=_text_part("")))
+
+    def delta(self, index: int, ident: str, text: str) -> str:
+        return self.event("response.output_text.delta", item_id=ident, output_index=index,
+                          content_index=0, delta=text, logprobs=[])
+
+    def item_done(self, index: int, item: dict[str, Any]) -> str:
+        """The end of a message item (its text part done), or a whole function call item."""
+        where = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "function_call":
+            start = {**item, "arguments": "", "status": "in_progress"}
+            return (self.event("response.output_item.added", output_index=index, item=start)
+                    + self.event("response.function_call_arguments.delta", **where,
+                                 delta=item["arguments"])
+                    + self.event("response.function_call_arguments.done", **where,
+                                 arguments=item["arguments"])
+                    + self.event("response.output_item.done", output_index=index, item=item))
+        text = item["content"][0]["text"]
+        return (self.event("response.output_text.done", **where, content_index=0, text=text,
+                           logprobs=[])
+                + self.event("response.content_part.done", **where, content_index=0,
+                             part=_text_part(text))
+                + self.event("response.output_item.done", output_index=index, item=item))
+
+
+class ResponsesServer:
+    """``/v1/responses`` over ``service`` serving the model ``model_name`` (the metrics shared
+    with the other endpoints), keeping responses in ``store``."""
+
+    def __init__(self, service: Service, model_name: str, metrics: ServerMetrics,
+                 store: ResponseStore) -> None:
+        self.service, self.model_name, self.metrics, self.store = service, model_name, metrics, store
+
+    async def create(self, body: ResponsesRequest, request: Request) -> Any:
+        if body.model != self.model_name:
+            return unknown_model(body.model, self.model_name)
+        try:
+            history = ([] if body.previous_response_id is None
+                       else self.store.conversation(body.previous_response_id))
+            conversation = history + input_messages(body.input)
+            system = [] if body.instructions is None else [{"role": "system",
+                                                            "content": body.instructions}]
+            # the template renders in a worker thread, off the event loop; a temperature or
+            # top_p left out takes the checkpoint's sampling defaults (Service.chat)
+            stream = await asyncio.to_thread(
+                self.service.chat, system + conversation, max_tokens=body.max_output_tokens,
+                temperature=body.temperature, top_p=body.top_p, tools=chat_tools(body.tools),
+                tool_choice=chat_tool_choice(body.tool_choice),
+                response_format=response_format(body.text))
+        except UnknownResponse as exc:
+            self.metrics.requests.labels("refused").inc()
+            return error_response(404, str(exc), param="previous_response_id")
+        except (QueueFull, InputError) as exc:
+            return self.metrics.refused(exc)
+        reply = _Reply(body, self.model_name)
+        if body.stream:
+            return StreamingResponse(self._events(stream, reply, conversation),
+                                     media_type="text/event-stream")
+        answered, text = await unless_client_leaves(request.receive, stream.text())
+        stream.cancel()  # no-op when it ended; a client that left stops its decoding here
+        self.metrics.finished(stream)
+        if not answered:
+            return Response(status_code=CLIENT_LEFT)
+        if (failed := failure_response(stream.failure)) is not None:
+            return failed
+        return self._done(stream, reply, conversation, stream.message(text))
+
+    def _done(self, stream: TextStream, reply: _Reply, conversation: list[dict[str, Any]],
+              message: dict[str, Any], message_id: str | None = None) -> dict[str, Any]:
+        """The finished response, stored (with ``store`` not false) to be continued."""
+        output = reply.output(message, stream, message_id)
+        if reply.body.store is not False:
+            said = {key: value for key, value in message.items() if value is not None}
+            calls = [item for item in output if item["type"] == "function_call"]
+            if calls:  # the calls as sent (parallel_tool_calls may have kept the first only)
+                said["tool_calls"] = said["tool_calls"][:len(calls)]
+            self.store.put(reply.ident, [*conversation, {**said, "role": "assistant"}])
+        status = "incomplete" if stream.finish_reason(message) == "length" else "completed"
+        return reply.response(status, output, stream.usage)
+
+    async def _events(self, stream: TextStream, reply: _Reply,
+                      conversation: list[dict[str, Any]]) -> AsyncIterator[str]:
+        """The Responses events of one reply; a request that failed ends with an error event
+        (the openai client raises ``APIError``). A client that goes away closes this generator:
+        its request is cancelled, its row leaves the batch."""
+        write = _EventWriter()
+        try:
+            yield write.event("response.created", response=reply.response("in_progress", []))
+            yield write.event("response.in_progress", response=reply.response("in_progress", []))
+            message_id, texts = f"msg_{uuid.uuid4().hex}", []
+            answer = _answer_reader(stream)
+            if not stream.held:
+                yield write.text_start(0, message_id)
+            async for deltas in stream.arrivals():  # several tokens' text in one event
+                piece = "".join(d.text for d in deltas)
+                texts.append(piece)
+                if piece and not stream.held and (said := answer(piece)):
+                    yield write.delta(0, message_id, said)
+            if (failed := failure_event(stream.failure)) is not None:
+                yield failed
+                return
+            rest = stream.rest()
+            if not stream.held and (said := answer(rest, last=True)):
+                yield write.delta(0, message_id, said)
+            message = stream.message("".join(texts) + rest)
+            done = self._done(stream, reply, conversation, message, message_id)
+            for index, item in enumerate(done["output"]):
+                if stream.held and item["type"] == "message":
+                    yield write.text_start(index, item["id"])
+                    if item["content"][0]["text"]:
+                        yield write.delta(index, item["id"], item["content"][0]["text"])
+                yield write.item_done(index, item)
+            yield write.event(f"response.{done['status']}", response=done)
+        finally:
+            stream.cancel()  # no-op when it ended; frees the row when the client left mid-stream
+            self.metrics.finished(stream)  # still running: counted as cancelled
