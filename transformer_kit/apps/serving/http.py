@@ -67,7 +67,7 @@ class CompletionRequest(BaseModel):
 
     model: str
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int = Field(16, ge=0)
+    max_tokens: int = Field(16, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = None
