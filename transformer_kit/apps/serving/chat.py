@@ -95,8 +95,10 @@ class ChatCompletionRequest(BaseModel):
 def _checked(body: ChatCompletionRequest) -> ChatCompletionRequest:
     """The request, once the fields only this endpoint has are consistent."""
     if body.n != 1:
-        raise InputError(f"This server returns one choice per request (n=1); got n={body.n}. Send "
-                         f"{body.n} requests instead (they are batched together on the server).")
+        instead = (f"Send {body.n} requests instead (they are batched together on the server)"
+                   if body.n > 1 else "Leave n out")
+        raise InputError(f"This server returns one choice per request (n=1); got n={body.n}. "
+                         f"{instead}.")
     if body.stream_options is not None and not body.stream:
         raise InputError("stream_options is only allowed with stream=true; set stream or leave "
                          "stream_options out.")

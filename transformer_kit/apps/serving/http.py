@@ -16,9 +16,10 @@ OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``, :mod:`.o
 the status that fits: 400 for a bad request (``context_length_exceeded`` for a prompt over the
 server's bound or one that leaves no room for ``max_tokens``), 404 for an unknown model, 503 when
 the queue is full, 504 for a request that ran past the server's time bound (a stream ends with
-an error event instead); never a traceback. In front of all of it, :class:`.Guard` checks the
-API key and bounds the request body (401, 413, 408). A decoder's server also serves a chat page
-at ``/`` (:mod:`.page`).
+an error event instead); never a traceback. ``GET /openapi.json`` is the schema of what it
+serves, each endpoint's error answers declared (``4XX``, ``5XX``: that JSON). In front of all of
+it, :class:`.Guard` checks the API key and bounds the request body (401, 413, 408). A decoder's
+server also serves a chat page at ``/`` (:mod:`.page`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from transformer_kit.apps.serving.lifecycle import (
     unless_client_leaves,
 )
 from transformer_kit.apps.serving.openai_api import (
+    ERROR_RESPONSES,
     ServerMetrics,
     error_response,
     failure_event,
@@ -79,7 +81,7 @@ class CompletionRequest(BaseModel):
 
     model: str
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int = Field(16, ge=0)
+    max_tokens: int = Field(16, ge=1)
     #: None: the checkpoint's default (its generation_config.json), else OpenAI's 1.
     temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
@@ -155,6 +157,9 @@ _KINDS = {"generate": ("a text generator", ("/v1/completions", "/v1/chat/complet
           "embeddings": ("a sentence-embedding model", ("/v1/embeddings",)),
           "rerank": ("a cross-encoder", ("/v1/rerank", "/rerank"))}
 
+#: A generating endpoint's answer in the OpenAPI schema: JSON, or server-sent events (``stream``).
+_STREAMS: dict[int | str, dict] = {200: {"content": {"text/event-stream": {}}}}
+
 
 def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -191,7 +196,7 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
     served = {f"{model_name}:{name}": CompletionServer(Service(other, limits, generation_defaults=auto),
                                                        f"{model_name}:{name}")
               for name, other in (adapters or {}).items()}
-    app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None)
+    app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None, responses=ERROR_RESPONSES)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes,
                        body_seconds=body_seconds, open_paths=OPEN_PATHS | page.PATHS)
     #: Requests in flight; ``transformer-kit serve`` closes it on SIGTERM (503 from then on).
@@ -210,20 +215,22 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
     server.served = list(served)
     app.get("/health")(server.health)
     app.get("/v1/models")(server.models)
-    app.get("/metrics")(server.prometheus)
+    app.get("/metrics", response_class=PlainTextResponse)(server.prometheus)
     tokenization = TokenizationServer(service, model_name, server.metrics)
     app.post("/tokenize", response_model=None)(tokenization.tokenize)
     app.post("/detokenize", response_model=None)(tokenization.detokenize)
     store = ResponseStore(stored_responses)
     handlers = {name: _endpoints(each, store) for name, each in served.items()}
     for path, handler in _endpoints(server, store).items():
-        app.post(path, response_model=None)(_by_model(handler, handlers, path) if adapters else handler)
+        app.post(path, response_model=None, responses=_STREAMS if path in _KINDS["generate"][1] else None)(
+            _by_model(handler, handlers, path) if adapters else handler)
     if service.kind == "generate":
         page.add_page(app)  # the chat page at /, open without the key (it carries no secret)
     what, serves = _KINDS[service.kind]
     for other, (_, paths) in _KINDS.items():
         for path in paths if other != service.kind else ():
-            app.post(path, response_model=None)(_wrong_endpoint(model_name, what, serves))
+            app.post(path, response_model=None, include_in_schema=False)(
+                _wrong_endpoint(model_name, what, serves))
     app.state.server, app.state.responses = server, store
     return app
 
