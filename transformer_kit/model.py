@@ -45,6 +45,11 @@ class TransformerModel(nn.Module):
         self.layer_components: dict[str, dict[str, RegisteredComponent]] = {}
         #: The checkpoint's tokenizer (text in, text out), kept by save and export; or None.
         self.tokenizer: Tokenizer | None = None
+        #: The checkpoint's sampling defaults (its generation_config.json's ``do_sample``,
+        #: ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``), used where
+        #: a call does not set them and kept by save and export; {} for none (set it to {} to
+        #: ignore them, or pass ``use_generation_defaults=False`` to one call).
+        self.generation_defaults: dict[str, Any] = {}
         #: ``from_hf(..., stream=True)``: the weights, read from the checkpoint when needed
         #: (the parameters are on the meta device); None for a model in memory.
         self.streamed_weights: Any = None

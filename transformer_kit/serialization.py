@@ -28,6 +28,8 @@ def save_model(model: Any, path: str | Path) -> Path:
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     config = {"format": FORMAT, "format_version": 1, "config": model.config.to_dict()}
+    if getattr(model, "generation_defaults", None):  # the checkpoint's sampling defaults
+        config["generation_defaults"] = dict(model.generation_defaults)
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save_weights(model, str(folder / WEIGHTS_FILE))  # handles tied weights
     if getattr(model, "tokenizer", None) is not None:

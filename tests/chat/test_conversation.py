@@ -162,6 +162,8 @@ def test_chat_refuses_what_it_cannot_do(chat_checkpoint):
     with pytest.raises(InputError, match="both constrain"):
         om.chat(CONVERSATIONS[0], tools=[WEATHER], tool_choice="required",
                 response_format={"type": "json_object"})
+    with pytest.raises(InputError, match="may not set 'messages', 'special_tokens'"):
+        om.chat(CONVERSATIONS[0], template_kwargs={"special_tokens": {}, "messages": []})
 
 
 def test_a_reply_says_when_the_budget_cut_it(chat_checkpoint):

@@ -55,6 +55,18 @@ def test_warpers_equal_transformers(vocab, spread, index):
     _same(ours()(cut.copy(), state), theirs()(None, torch.from_numpy(cut.copy())))
 
 
+@pytest.mark.parametrize("value", [1e-30, 1e-40, 1e-300, 5e-324])
+def test_a_tiny_temperature_keeps_the_best_tokens_not_nan(value):
+    scores = _scores(61, 10.0) - 50.0  # all negative: divided alone, a row would be all -inf
+    scores[1, :3] = scores[1].max() + 1.0  # a tie for the best
+    out = Temperature(value)(scores.copy(), _state(np.zeros((3, 1), np.int64), 1)).astype(np.float64)
+    best = scores == scores.max(axis=-1, keepdims=True)
+    assert not np.isnan(out).any()
+    probabilities = np.exp(out - out.max(axis=-1, keepdims=True))
+    probabilities /= probabilities.sum(axis=-1, keepdims=True)
+    np.testing.assert_array_equal(probabilities, np.where(best, 1.0 / best.sum(-1, keepdims=True), 0.0))
+
+
 def test_penalties_equal_transformers():
     scores = _scores(61, 2.0)
     ids = np.random.default_rng(1).integers(0, 61, (3, 12))

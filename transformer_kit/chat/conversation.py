@@ -87,6 +87,21 @@ def check_switches(template: str, template_kwargs: dict | None) -> None:
                              f"{', '.join(repr(a) for a in allowed)}.")
 
 
+#: The template variables a turn sets itself, from its own arguments (the conversation, the tools,
+#: the template, the special tokens): ``template_kwargs`` may not give them.
+OWN_VARIABLES = ("messages", "tools", "chat_template", "template", "special_tokens")
+
+
+def check_variables(template_kwargs: dict | None) -> None:
+    """Refuse template variables that would replace the turn's own (:data:`OWN_VARIABLES`)."""
+    taken = [key for key in OWN_VARIABLES if key in (template_kwargs or {})]
+    if taken:
+        raise InputError(f"The template variables (chat_template_kwargs) may not set "
+                         f"{', '.join(repr(k) for k in taken)}: the conversation, tools and template "
+                         "are given by the request's own fields (messages, tools); leave "
+                         f"{'them' if len(taken) > 1 else 'it'} out of the template variables.")
+
+
 class ChatTurn:
     """One assistant turn being prepared: the prompt's text and the generation options.
 
@@ -118,6 +133,7 @@ class ChatTurn:
             raise InputError("This model's chat template does not render tools (it never reads "
                              "'tools'), so the model would not know them; leave tools out, or use "
                              "a checkpoint whose template supports tool calls.")
+        check_variables(template_kwargs)
         check_switches(template, template_kwargs)
         #: The template's reasoning markup ("think", "harmony") or None.
         self.reasoning = reasoning.reasoning_format(template)

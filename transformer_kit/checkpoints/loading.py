@@ -22,6 +22,8 @@ from transformer_kit.checkpoints.sentence_transformers import SentencePipeline, 
 from transformer_kit.checkpoints.streaming import StreamedWeights, guard_streamed
 from transformer_kit.component import CheckpointFamily
 from transformer_kit.config import ModelConfig, config_from_dict
+from transformer_kit.config_files import read_json_object
+from transformer_kit.decoding.defaults import read_defaults
 from transformer_kit.errors import CheckpointError, InputError
 from transformer_kit.model import TransformerModel
 from transformer_kit.registry import get_registry
@@ -208,6 +210,7 @@ def from_hf(folder: str | Path, *, revision: str | None = None, dtype: str | tor
     if lora is not None:
         check_merged_used(tensors, lora, state)
     model = assemble(config, state, folder, dtype, tokenizer, stream)
+    model.generation_defaults = generation_defaults(folder)
     if adapters:
         def mapping(named: dict[str, Tensor]) -> dict[str, Tensor]:
             return family_state(hf, family, named, folder, config)
@@ -215,6 +218,15 @@ def from_hf(folder: str | Path, *, revision: str | None = None, dtype: str | tor
         model.adapters = {name: kit_factors(read_adapter(path), tensors, mapping)
                           for name, path in adapters.items()}
     return model
+
+
+def generation_defaults(folder: str | Path) -> dict[str, Any]:
+    """The sampling defaults of the checkpoint in ``folder``: its generation_config.json's
+    (:func:`~transformer_kit.decoding.defaults.read_defaults`), {} without one."""
+    path = Path(folder) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    return read_defaults(read_json_object(path, CheckpointError, "Fix or remove generation_config.json."))
 
 
 def family_state(hf: dict, family: CheckpointFamily, tensors: dict[str, Tensor], where: str | Path,

@@ -6,8 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from transformer_kit.assembly import build_model
+from transformer_kit.config_files import read_json_object
+from transformer_kit.decoding.defaults import read_defaults
+from transformer_kit.errors import CheckpointError
 from transformer_kit.model import TransformerModel
-from transformer_kit.serialization import load_saved_weights, read_saved_config
+from transformer_kit.serialization import CONFIG_FILE, load_saved_weights, read_saved_config
 from transformer_kit.tokenizer import TextTokenizer
 
 
@@ -17,4 +20,6 @@ def load_model(path: str | Path) -> TransformerModel:
     holds something else."""
     model = build_model(read_saved_config(path))
     model.tokenizer = TextTokenizer.from_folder(path)
+    saved = read_json_object(Path(path) / CONFIG_FILE, CheckpointError, "Save the model again.")
+    model.generation_defaults = read_defaults(saved.get("generation_defaults") or {})
     return load_saved_weights(model, path)

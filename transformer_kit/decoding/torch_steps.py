@@ -19,9 +19,7 @@ from transformer_kit.decoding import (
     stream_tokens,
     text,
 )
-from transformer_kit.decoding import (
-    generation_config as resolve_options,
-)
+from transformer_kit.decoding.defaults import call_config
 from transformer_kit.decoding.prompts import check_stop, prepare_call
 from transformer_kit.errors import ConfigError, InputError
 from transformer_kit.inputs import check_token_ids
@@ -165,13 +163,14 @@ def generate(model, ids: Tensor, *, attention_mask: Any = None,
     Text prompts are encoded with the tokenizer's special tokens unless ``add_special_tokens``
     is False (a rendered chat holds its own). ``assistant_model``: a smaller decoder with the
     same vocabulary that drafts tokens (speculative decoding; it is put in eval mode)."""
-    opts = resolve_options(config, **options)
+    opts = call_config(getattr(model, "generation_defaults", None), config, options)
     prompts = text.as_prompts(ids)
     if prompts is not None:
         tokenizer, (ids, attention_mask) = _encoded(model, prompts[0], add_special_tokens)
         tokens = generate(model, ids, attention_mask=attention_mask, config=opts, use_cache=use_cache,
                           stop_matcher=tokenizer.stop_matcher(opts.stop) if opts.stop else None,
-                          assistant_model=assistant_model)
+                          assistant_model=assistant_model,
+                          use_generation_defaults=False)  # opts holds them already
         out = text.row_texts(tokenizer, tokens.cpu().numpy(), opts.eos_ids(model.config.eos_id),
                              opts.stop)
         return out[0] if prompts[1] and len(out) == 1 else out
@@ -189,7 +188,7 @@ def stream(model, ids: Tensor, *, attention_mask: Any = None,
     """Each step's tokens (rows,) int64 as they are chosen (greedy search or sampling).
 
     The call is checked at once; each step runs in eval mode and restores the model's mode."""
-    opts = resolve_options(config, **options)
+    opts = call_config(getattr(model, "generation_defaults", None), config, options)
     if opts.num_beams > 1:
         raise InputError("stream yields tokens as they are chosen, but beam search chooses them "
                          f"only at the end (num_beams={opts.num_beams}); call generate instead.")

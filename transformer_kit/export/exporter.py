@@ -252,6 +252,7 @@ def _manifest(model: TransformerModel, staging: Path, dtype: str, opset: int,
         quantization_options=quantize.describe() if isinstance(quantize, Int4) else {},
         versions=versions(),
         tokenizer=model.tokenizer.save(staging) if model.tokenizer is not None else [],
+        generation_defaults=dict(getattr(model, "generation_defaults", None) or {}),
     )
 
 

@@ -59,6 +59,8 @@ class Manifest:
     #: The tokenizer files in the folder (tokenizer.json first), empty without a tokenizer.
     tokenizer: list[str] = field(default_factory=list)
     verification: dict[str, Any] = field(default_factory=dict)
+    #: The checkpoint's sampling defaults (``transformer_kit.decoding.defaults``), {} for none.
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
 
     def write(self, folder: Path) -> None:
         data = {"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(self)}

@@ -1,6 +1,7 @@
 """Weight quantization of exported graphs with onnxruntime's quantizers.
 
-- ``"int8"``: dynamic int8 (``MatMulInteger`` with activations quantized per call).
+- ``"int8"``: dynamic int8 (``MatMulInteger`` with activations quantized per call, each row
+  with its own scale: :mod:`~transformer_kit.export.row_activations`).
 - ``"int4"`` or :class:`Int4`: 4-bit weight-only blocks (onnxruntime's ``MatMulNBits`` and
   ``GatherBlockQuantized``, as onnxruntime-genai writes them), done tensor by tensor as the
   weights are written (``weight_writer.py``). Every ``MatMul`` with a constant weight is
@@ -206,8 +207,11 @@ def _quiet_root_logger():
 def quantize_graph(path: Path, external: bool) -> None:
     """Quantize the graph file ``path`` in place with dynamic int8 (int4 is done by the weight
     writer, tensor by tensor); the routers of mixtures of experts stay float."""
+    import onnx
     import onnx_ir as ir
     from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from transformer_kit.export.row_activations import quantize_rows
 
     quantized = path.with_suffix(".int8.onnx")
     routers = [node.name for node in router_matmuls(ir.load(path).graph)]  # kept float
@@ -223,6 +227,11 @@ def quantize_graph(path: Path, external: bool) -> None:
         quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8, reduce_range=True,
                          per_channel=True, op_types_to_quantize=["MatMul", "Gemm"],
                          nodes_to_exclude=routers, use_external_data_format=external)
+    # One activation scale per row instead of per tensor: a row's product no longer depends on
+    # the other rows of its batch (greedy decoding alone = in a batch).
+    graph = onnx.load(str(quantized), load_external_data=False)
+    quantize_rows(graph)
+    onnx.save(graph, str(quantized))
     quantized.replace(path)
     data = path.with_name(path.name + ".data")
     if data.exists() and not external:

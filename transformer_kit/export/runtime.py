@@ -21,7 +21,7 @@ from transformer_kit.decoding import (
     stream_tokens,
     text,
 )
-from transformer_kit.decoding import generation_config as resolve_options
+from transformer_kit.decoding.defaults import call_config
 from transformer_kit.decoding.prompts import (
     as_array,
     check_stop,
@@ -103,6 +103,10 @@ class OnnxModel:
         self._cache_ops = CacheOps(self._providers, self._device)
         #: The tokenizer exported with the model (text in, text out), or None.
         self.tokenizer = TextTokenizer.from_folder(self.path) if self.manifest.tokenizer else None
+        #: The checkpoint's sampling defaults (its generation_config.json's, kept by the export):
+        #: used where a call does not set them (``transformer_kit.decoding.defaults``); set it to
+        #: {} to ignore them, or pass ``use_generation_defaults=False`` to one call.
+        self.generation_defaults: dict[str, Any] = dict(self.manifest.generation_defaults)
         #: ``embed``/``encode``, ``score`` and ``rerank``, run through this export's batches.
         self.sentences = SentenceTasks(self)
         self._adapter_cache: dict[str, dict[str, np.ndarray]] = {}
@@ -271,7 +275,7 @@ class OnnxModel:
         bound for this call; None: the base."""
         if max_new_tokens is not None:
             options["max_new_tokens"] = max_new_tokens
-        opts = resolve_options(generation_config, **options)
+        opts = call_config(self.generation_defaults, generation_config, options)
         prompts = text.as_prompts(ids)
         if prompts is not None:
             tokenizer = text.require(self.tokenizer, str(self.path))
@@ -294,7 +298,7 @@ class OnnxModel:
         (batch x num_return_sequences,) int64 as they are chosen."""
         if max_new_tokens is not None:
             options["max_new_tokens"] = max_new_tokens
-        opts = resolve_options(generation_config, **options)
+        opts = call_config(self.generation_defaults, generation_config, options)
         if opts.num_beams > 1:
             raise InputError("stream yields tokens as they are chosen, but beam search chooses "
                              f"them only at the end (num_beams={opts.num_beams}); call generate.")

@@ -101,7 +101,12 @@ class ForcedFirstToken(LogitsProcessor):
 
 
 class Temperature(LogitsProcessor):
-    """Scores divided by ``value``: below 1 sharpens the distribution, above 1 flattens it."""
+    """Scores divided by ``value``: below 1 sharpens the distribution, above 1 flattens it.
+
+    A ``value`` so small that a score divided by it leaves the float range (under about 1e-37
+    for float32 scores) divides each row's scores less its best instead, in float64: the same
+    distribution, whose limit is greedy's (the best tokens only), never infinite scores whose
+    softmax is NaN."""
 
     reads_tokens = False
 
@@ -109,7 +114,12 @@ class Temperature(LogitsProcessor):
         self.value = _positive("value", value)
 
     def __call__(self, scores: np.ndarray, state: DecodingState) -> np.ndarray:
-        return (scores / self.value).astype(scores.dtype, copy=False)
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            scaled = (scores / self.value).astype(scores.dtype, copy=False)
+            if np.array_equal(np.isfinite(scaled), np.isfinite(scores)):
+                return scaled
+            wide = scores.astype(np.float64)
+            return ((wide - wide.max(axis=-1, keepdims=True)) / self.value).astype(scores.dtype)
 
 
 class TopK(LogitsProcessor):

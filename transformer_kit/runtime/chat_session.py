@@ -20,6 +20,7 @@ from typing import Any
 
 from transformer_kit.chat.conversation import DEFAULT_REPLY_TOKENS, ChatTurn, reply_budget
 from transformer_kit.decoding import generation_config
+from transformer_kit.decoding.defaults import with_defaults
 from transformer_kit.decoding.text import require
 from transformer_kit.errors import InputError
 from transformer_kit.export import OnnxModel
@@ -32,8 +33,8 @@ def check_reply_options(max_new_tokens: int | None, **options: Any) -> None:
     the default budget), without the warnings a turn gives about them."""
     with warnings.catch_warnings():  # a turn warns about its options; once is enough
         warnings.simplefilter("ignore")
-        generation_config(**options, max_new_tokens=DEFAULT_REPLY_TOKENS if max_new_tokens is None
-                          else max_new_tokens)
+        budget = DEFAULT_REPLY_TOKENS if max_new_tokens is None else max_new_tokens
+        generation_config(**with_defaults(None, options), max_new_tokens=budget)
 
 
 class ChatSession:

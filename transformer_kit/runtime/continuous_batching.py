@@ -4,8 +4,9 @@ Waiting requests are prefilled together (left-padded) and join the running batch
 step boundary in one copy; each streams its tokens as they are chosen and leaves the batch when
 it ends (an eos id, a stop string, ``max_new_tokens``) or when its caller cancels it. The batch
 keeps the step graph's layout (left padding and an attention mask: ``BatchDecoder``), so a greedy
-request gets the tokens ``OnnxModel.generate`` gives it alone (float32; int4 batches run other
-kernels, which may round differently), and a sampled one with a seed the same draws.
+request gets the tokens ``OnnxModel.generate`` gives it alone (float32; the quantized products
+are row by row exact too, but the padded attention's ~1e-6 can round into a whole int8 step of
+a later product: docs/export.md, "Batch invariance"), and a sampled one with a seed the same draws.
 
 With a prefix cache (:mod:`.prefix_cache`), a prompt that starts with a cached one's tokens
 prefills only the rest; with prompt lookup (:mod:`.speculation`), a request decoding alone

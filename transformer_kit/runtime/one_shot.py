@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer_kit.decoding import generation_config
+from transformer_kit.decoding.defaults import call_config
 from transformer_kit.decoding.text import TextPieces, require, row_texts
 from transformer_kit.errors import InputError
 from transformer_kit.export import OnnxModel
@@ -89,7 +89,7 @@ class OneShotGeneration:
 
     def __init__(self, model: OnnxModel, prompts: list[str] | np.ndarray, *,
                  attention_mask: np.ndarray | None = None, **options: Any) -> None:
-        config = generation_config(**options)
+        config = call_config(model.generation_defaults, None, options)
         self.model, self.options = model, options
         self.eos_ids = config.eos_ids(model.manifest.eos_id)
         self.stops = config.stop

@@ -27,6 +27,7 @@ from transformer_kit.runtime.engine import Engine
 from transformer_kit.runtime.limits import Limits
 from transformer_kit.runtime.requests import Failure, PoolingRequest
 from transformer_kit.runtime.text_stream import TextStream
+from transformer_kit.runtime.tokenization import detokenize, token_strings, tokenize
 from transformer_kit.tokenizer import TextTokenizer
 
 #: Inputs per embeddings request by default (OpenAI's limit).
@@ -49,11 +50,24 @@ def prompt_forms(model: OnnxModel) -> tuple[str, ...]:
     return ("ids", "text", "messages") if tokenizer.chat_templates else ("ids", "text")
 
 
-def sampling(temperature: float, top_p: float, seed: int | None) -> dict[str, Any]:
-    """Generation options from OpenAI's sampling fields: temperature 0 is greedy search."""
+def sampling(temperature: float | None, top_p: float | None, seed: int | None,
+             defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Generation options from OpenAI's sampling fields over the checkpoint's sampling
+    ``defaults`` (``OnnxModel.generation_defaults``, as vLLM's ``--generation-config auto``):
+    temperature 0 is greedy search; a field left out (None) takes the checkpoint's value, else
+    OpenAI's (temperature 1, top_p 1: sampling); the checkpoint's top_k, min_p and
+    repetition_penalty apply as they are. A checkpoint whose generation_config.json says
+    ``do_sample: false`` answers greedily unless the request gives a temperature."""
+    defaults = defaults or {}
     options: dict[str, Any] = {"seed": seed}
-    if temperature > 0:
-        options.update(do_sample=True, temperature=temperature, top_p=top_p)
+    if "repetition_penalty" in defaults:
+        options["repetition_penalty"] = defaults["repetition_penalty"]
+    if temperature == 0 or (temperature is None and defaults.get("do_sample") is False):
+        return options
+    options.update(do_sample=True,
+                   temperature=defaults.get("temperature", 1.0) if temperature is None else temperature,
+                   top_p=defaults.get("top_p", 1.0) if top_p is None else top_p)
+    options.update({key: defaults[key] for key in ("top_k", "min_p") if key in defaults})
     return options
 
 
@@ -151,11 +165,17 @@ class Service:
     Args:
         max_inputs: most inputs in one embeddings request.
         max_documents: most documents in one rerank request.
+        generation_defaults: False ignores the checkpoint's sampling defaults (a request's
+            missing sampling fields then take OpenAI's).
     """
 
     def __init__(self, engine: Engine, limits: Limits | None = None, *, max_inputs: int = MAX_INPUTS,
-                 max_documents: int = MAX_DOCUMENTS) -> None:
+                 max_documents: int = MAX_DOCUMENTS, generation_defaults: bool = True) -> None:
         self.engine, self.model = engine, engine.model
+        #: The checkpoint's sampling defaults a request's missing fields take (:func:`sampling`);
+        #: {} with ``generation_defaults=False`` (``--generation-config ignore``).
+        self.generation_defaults: dict[str, Any] = (
+            dict(getattr(self.model, "generation_defaults", None) or {}) if generation_defaults else {})
         self.limits = limits or Limits.of(self.model.context_length)
         self.max_inputs, self.max_documents = max_inputs, max_documents
         self.kind = engine.kind
@@ -177,15 +197,15 @@ class Service:
 
     # -- generation -----------------------------------------------------------------------
     def complete(self, prompt: str | list[int], *, max_tokens: int | None = 16,
-                 temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
-                 stop: str | list[str] | None = None,
+                 temperature: float | None = None, top_p: float | None = None,
+                 seed: int | None = None, stop: str | list[str] | None = None,
                  prompt_lookup_num_tokens: int | None = None) -> TextStream:
         """Continue ``prompt`` (text, with the export's tokenizer, or token ids) by at most
         ``max_tokens`` tokens (None: generation's default, 32)."""
         stops = _stops(stop)
         ids = self._prompt_ids(prompt)
         self.limits.check_prompt(len(ids))
-        options = sampling(temperature, top_p, seed)
+        options = sampling(temperature, top_p, seed, self.generation_defaults)
         if max_tokens is not None:
             options["max_new_tokens"] = max_tokens
         if prompt_lookup_num_tokens is not None:
@@ -196,8 +216,8 @@ class Service:
         return self._submit(ids, stops, options)
 
     def chat(self, messages: list[dict[str, Any]], *, max_tokens: int | None = None,
-             temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
-             stop: str | list[str] | None = None, tools: list[dict] | None = None,
+             temperature: float | None = None, top_p: float | None = None,
+             seed: int | None = None, stop: str | list[str] | None = None, tools: list[dict] | None = None,
              tool_choice: str | dict | None = None, response_format: dict | None = None,
              template_kwargs: dict | None = None,
              prompt_lookup_num_tokens: int | None = None) -> TextStream:
@@ -210,7 +230,8 @@ class Service:
             raise InputError("This export has no tokenizer (no tokenizer.json came with it), so it "
                              "cannot render a chat; export a checkpoint that holds its tokenizer, or "
                              "send token ids to /v1/completions.")
-        options = {**sampling(temperature, top_p, seed), "response_format": response_format}
+        options = {**sampling(temperature, top_p, seed, self.generation_defaults),
+                   "response_format": response_format}
         if prompt_lookup_num_tokens is not None:
             options["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
         turn = ChatTurn(self.tokenizer, template_messages(messages), tools=tools, tool_choice=tool_choice,
@@ -220,6 +241,30 @@ class Service:
         if max_tokens is None:  # no room left: the engine refuses it with a sentence
             max_tokens = max(reply_budget(len(ids), self.model.context_length), 1)
         return self._submit(ids, stops, {**turn.options, "max_new_tokens": max_tokens}, turn)
+
+    # -- tokenization (vLLM's /tokenize and /detokenize) ------------------------------------
+    def tokenize(self, prompt: str | None = None, messages: list[dict[str, Any]] | None = None, *,
+                 add_special_tokens: bool | None = None, add_generation_prompt: bool = True,
+                 tools: list[dict] | None = None, template_kwargs: dict | None = None,
+                 token_strs: bool = False) -> tuple[list[int], list[str | None] | None]:
+        """The ids a request with ``prompt`` or OpenAI-style ``messages`` is given, and each
+        id's token with ``token_strs`` (:func:`.tokenization.tokenize`)."""
+        tokenizer = self._text_tokenizer()
+        chat = None if messages is None else template_messages(messages)
+        ids = tokenize(tokenizer, prompt, chat, add_special_tokens=add_special_tokens,
+                       add_generation_prompt=add_generation_prompt, tools=tools,
+                       template_kwargs=template_kwargs)
+        return ids, token_strings(tokenizer, ids) if token_strs else None
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of ``tokens`` (InputError for an id outside the model's vocabulary)."""
+        return detokenize(self._text_tokenizer(), tokens, self.model.manifest.tgt_vocab)
+
+    def _text_tokenizer(self) -> TextTokenizer:
+        if self.tokenizer is None:
+            raise InputError("This export has no tokenizer (no tokenizer.json came with it), so it "
+                             "cannot tokenize text; export a checkpoint that holds its tokenizer.")
+        return self.tokenizer
 
     def _prompt_ids(self, prompt: Any) -> list[int]:
         """One prompt's token ids from text (with the export's tokenizer) or ids."""

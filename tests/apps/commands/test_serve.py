@@ -21,6 +21,7 @@ import openai
 
 from tests.apps.conftest import invoke
 from tests.checkpoints.test_lora import two_adapters  # noqa: F401 (a fixture)
+from transformer_kit.apps.commands.serve import DrainingServer
 from transformer_kit.export import OnnxModel
 
 
@@ -102,13 +103,11 @@ def test_serve_refuses_bad_guard_settings_and_warns_when_open_beyond_this_machin
 
 
 def test_the_prompt_and_time_bounds_reach_the_app(exported, monkeypatch):
-    import uvicorn
-
     from transformer_kit.runtime import Limits
 
     _, folder = exported
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
     given = invoke("serve", str(folder / "onnx"), "--max-prompt-tokens", "8",
                    "--max-request-seconds", "2.5")
     assert given.exit_code == 0, given.output
@@ -121,11 +120,9 @@ def test_the_prompt_and_time_bounds_reach_the_app(exported, monkeypatch):
 
 
 def test_the_stored_responses_bound_reaches_the_app(exported, monkeypatch):
-    import uvicorn
-
     _, folder = exported
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
     given = invoke("serve", str(folder / "onnx"), "--stored-responses", "3")
     assert given.exit_code == 0, given.output
     assert apps[-1].state.responses.capacity == 3
@@ -136,11 +133,9 @@ def test_the_stored_responses_bound_reaches_the_app(exported, monkeypatch):
 
 
 def test_the_prefix_cache_bound_reaches_the_engine(exported, monkeypatch):
-    import uvicorn
-
     _, folder = exported
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
     given = invoke("serve", str(folder / "onnx"), "--prefix-cache-bytes", "1048576")
     assert given.exit_code == 0, given.output
     assert "prefix cache 1 MiB" in given.output
@@ -154,11 +149,9 @@ def test_the_prefix_cache_bound_reaches_the_engine(exported, monkeypatch):
 
 
 def test_the_prompt_lookup_default_reaches_the_engine(exported, monkeypatch):
-    import uvicorn
-
     _, folder = exported
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
     given = invoke("serve", str(folder / "onnx"), "--prompt-lookup-num-tokens", "6")
     assert given.exit_code == 0, given.output
     assert "prompt lookup <= 6 tokens" in given.output
@@ -239,8 +232,6 @@ def test_serve_refuses_an_encoder_with_neither_pooling_nor_a_classifier(tmp_path
 def test_serve_exports_a_checkpoint_or_its_hub_name_once_and_names_the_model_so(tmp_path, monkeypatch):
     """A checkpoint given by its Hub name is exported into the kit's cache (once) and served as
     that export, under the name as given (as vLLM names it)."""
-    import uvicorn
-
     from tests.chat.checkpoint import write_chat_checkpoint
     from tests.checkpoints.hub_cache import place_snapshot
     from transformer_kit.export import OnnxModel
@@ -252,7 +243,7 @@ def test_serve_exports_a_checkpoint_or_its_hub_name_once_and_names_the_model_so(
     monkeypatch.setenv("TRANSFORMER_KIT_CACHE", str(tmp_path / "kit"))
     monkeypatch.chdir(tmp_path / "hub")
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
     first = invoke("serve", "org/chat")
     assert first.exit_code == 0, first.output
     assert "exporting org/chat into" in first.output and "serving 'org/chat' from" in first.output
@@ -265,15 +256,27 @@ def test_serve_exports_a_checkpoint_or_its_hub_name_once_and_names_the_model_so(
     assert again.exit_code == 0 and "exporting" not in again.output and "serving 'mine'" in again.output
 
 
+def test_the_generation_config_mode_reaches_the_service_and_is_printed(exported, monkeypatch):
+    _, folder = exported
+    apps = []
+    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
+    auto = invoke("serve", str(folder / "onnx"))
+    assert "sampling: OpenAI's defaults (the checkpoint sets none)" in auto.output
+    ignored = invoke("serve", str(folder / "onnx"), "--generation-config", "ignore")
+    assert ignored.exit_code == 0, ignored.output
+    assert "sampling: OpenAI's defaults (--generation-config ignore)" in ignored.output
+    assert apps[-1].state.server.service.generation_defaults == {}
+    bad = invoke("serve", str(folder / "onnx"), "--generation-config", "vllm")
+    assert bad.exit_code != 0 and "--generation-config" in bad.output
+
+
 def test_serve_exports_a_checkpoint_with_named_adapters_and_serves_each(two_adapters, tmp_path,  # noqa: F811
                                                                         monkeypatch):
-    import uvicorn
-
     from tests.checkpoints.test_lora import _ids
     _, folder, expected = two_adapters
     monkeypatch.setenv("TRANSFORMER_KIT_CACHE", str(tmp_path / "kit"))
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **_: apps.append(app))
+    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
     given = invoke("serve", str(folder.parent / "base"), "--model-name", "llama", "--adapter",
                    f"first={folder.parent / 'first'}", "--adapter", f"second={folder.parent / 'second'}")
     assert given.exit_code == 0, given.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from transformer_kit.export import OnnxModel
+from transformer_kit.runtime import Engine
 
 
 @pytest.fixture(scope="session")
@@ -13,3 +14,16 @@ def onnx_model(exported) -> OnnxModel:
     return OnnxModel(folder / "onnx", providers="cpu")
 
 
+
+
+def record_prompts(engine: Engine) -> list[list[int]]:
+    """The prompts ``engine`` is given from now on, in order (its ``submit`` wrapped)."""
+    prompts: list[list[int]] = []
+    submit = engine.submit
+
+    def recording(ids, **options):
+        prompts.append(list(ids))
+        return submit(ids, **options)
+
+    engine.submit = recording
+    return prompts

@@ -21,6 +21,7 @@ import torch
 import transformers as hf
 
 import transformer_kit as tk
+from tests.apps.serving.conftest import record_prompts
 from tests.apps.serving.test_http import _slowed
 from tests.chat.checkpoint import TEMPLATES, write_chat_checkpoint
 from tests.chat.schemas import DOZEN_SCHEMA, LENIENT_SCHEMAS, SCHEMAS, json_schema_format
@@ -66,14 +67,7 @@ def server(chat_export):
     """(base URL, the prompts the engine was given, in order)."""
     _, om = chat_export
     engine = Engine(om, max_batch=16, max_queue=64)
-    prompts: list[list[int]] = []
-    submit = engine.submit
-
-    def recording(ids, **options):
-        prompts.append(list(ids))
-        return submit(ids, **options)
-
-    engine.submit = recording
+    prompts = record_prompts(engine)
     with running(create_app(engine, "chat")) as url:
         yield url, prompts
     engine.close()

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 import transformer_kit as tk
+from tests.apps.serving.conftest import record_prompts
 from tests.chat.checkpoint import write_chat_checkpoint
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
@@ -69,14 +70,7 @@ def test_chats_sharing_a_system_prompt_reuse_it_in_replies_and_streams(chat_mode
     chats = [[system, {"role": "user", "content": question}]
              for question in ("Is it raining in Lyon?", "Why is Nice so warm?")]
     engine = Engine(chat_model, prefix_cache_bytes=10**7)
-    prompts: list[list[int]] = []
-    submit = engine.submit
-
-    def recording(ids, **options):
-        prompts.append(list(ids))
-        return submit(ids, **options)
-
-    engine.submit = recording
+    prompts = record_prompts(engine)
     with running(create_app(engine, "chat")) as url:
         client = _client(url)
         first = client.chat.completions.create(model="chat", messages=chats[0], max_tokens=8,

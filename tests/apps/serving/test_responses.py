@@ -15,6 +15,7 @@ import jsonschema
 import openai
 import pytest
 
+from tests.apps.serving.conftest import record_prompts
 from tests.apps.serving.test_chat import CONVERSATIONS, WEATHER, _client, chat_export  # noqa: F401
 from tests.apps.serving.test_http import _slowed
 from tests.chat.schemas import SCHEMAS
@@ -31,14 +32,7 @@ def server(chat_export):  # noqa: F811
     """(base URL, the prompts the engine was given, in order)."""
     _, om = chat_export
     engine = Engine(om, max_batch=8, max_queue=64)
-    prompts: list[list[int]] = []
-    submit = engine.submit
-
-    def recording(ids, **options):
-        prompts.append(list(ids))
-        return submit(ids, **options)
-
-    engine.submit = recording
+    prompts = record_prompts(engine)
     with running(create_app(engine, "chat")) as url:
         yield url, prompts
     engine.close()

@@ -31,6 +31,18 @@ PromptLookup = Annotated[int | None, _Opt(help="Speculative decoding: draft up t
 ProviderOption = Annotated[Provider, _Opt("--provider", help="Where onnxruntime runs.")]
 
 
+class GenerationMode(str, Enum):
+    auto = "auto"
+    ignore = "ignore"
+
+
+#: --generation-config: the checkpoint's sampling defaults (auto, as vLLM's) or none.
+GenerationConfigMode = Annotated[GenerationMode, _Opt(
+    help="auto: where a call sets no sampling option, use the checkpoint's generation_config.json "
+    "(do_sample, temperature, top_p, top_k, min_p, repetition_penalty; a temperature of 0 is "
+    "greedy); ignore: the kit's defaults (greedy; the server: OpenAI's).")]
+
+
 class Quantization(str, Enum):
     int8 = "int8"
     int4 = "int4"
@@ -53,3 +65,18 @@ def given_options(*, do_sample: bool = False, **values: Any) -> dict[str, Any]:
     if do_sample:
         options["do_sample"] = True
     return options
+
+
+def report_sampling(model: Any, options: dict[str, Any]) -> None:
+    """Print (to stderr, apart from the output) the sampling options a run of ``model`` with the
+    command line's ``options`` uses when its checkpoint has sampling defaults (its
+    generation_config.json's): the options given over them. Without defaults, nothing: the
+    options are those given."""
+    from transformer_kit.decoding.defaults import describe, with_defaults
+
+    if not model.generation_defaults:
+        return
+    effective = with_defaults(model.generation_defaults, options)
+    source = (" (the checkpoint's generation_config.json under the options given)"
+              if options.get("use_generation_defaults", True) else " (--generation-config ignore)")
+    typer.echo(f"sampling: {describe(effective)}{source}", err=True)

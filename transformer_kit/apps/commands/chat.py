@@ -59,6 +59,7 @@ def chat(
     regex: Annotated[str | None, _Opt(help="Replies match this regular expression whole.")] = None,
     choice: Annotated[list[str] | None, _Opt(help="Replies are one of these strings (repeatable).")] = None,
     chat_template: Annotated[str | None, _Opt(help="A template of the export by name (e.g. tool_use), or a file holding one, instead of its default.")] = None,
+    generation_config: opts.GenerationConfigMode = opts.GenerationMode.auto,
     provider: opts.ProviderOption = Provider.auto,
     revision: opts.RevisionOption = None,
     quantize: opts.ServedQuantize = None,
@@ -68,11 +69,13 @@ def chat(
         min_new_tokens=min_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
         top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
         no_repeat_ngram_size=no_repeat_ngram_size, eos_id=eos_id, stop=stop, seed=seed,
-        response_format=response_format(json_object, json_schema, regex, choice))
+        response_format=response_format(json_object, json_schema, regex, choice),
+        use_generation_defaults=None if generation_config == opts.GenerationMode.auto else False)
     try:  # bad options, a missing tokenizer or template: refused before the first turn
         check_reply_options(max_new_tokens, **options)  # a bad option is told before a bad folder
         folder = served_folder(source, revision, quantize)
         om = open_export(folder, provider)
+        opts.report_sampling(om, options)
         session = ChatSession(om, system, max_new_tokens=max_new_tokens,
                               chat_template=_template(chat_template), **options)
     except TransformerKitError as exc:

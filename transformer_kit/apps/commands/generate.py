@@ -41,6 +41,7 @@ def generate(
     stop: opts.Stop = None,
     seed: opts.Seed = None,
     prompt_lookup_num_tokens: opts.PromptLookup = None,
+    generation_config: opts.GenerationConfigMode = opts.GenerationMode.auto,
     provider: opts.ProviderOption = Provider.auto,
 ) -> None:
     """Generate in onnxruntime: greedy by default, --do-sample, --num-beams; text with --prompt."""
@@ -51,10 +52,12 @@ def generate(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
         num_beams=num_beams, length_penalty=length_penalty, num_return_sequences=num_return_sequences,
-        eos_id=eos_id, stop=stop, seed=seed, prompt_lookup_num_tokens=prompt_lookup_num_tokens)
+        eos_id=eos_id, stop=stop, seed=seed, prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+        use_generation_defaults=None if generation_config == opts.GenerationMode.auto else False)
     inputs, mask = (list(prompt), None) if prompt else _id_rows(parse_ids(ids))  # usage first
     try:
         om = open_export(folder, provider)
+        opts.report_sampling(om, options)
         start = time.perf_counter()
         produced = _run(om, inputs, mask, options)
         elapsed = time.perf_counter() - start

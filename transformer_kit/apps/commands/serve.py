@@ -30,6 +30,9 @@ DEFAULT_MAX_REQUEST_SECONDS = 600.0
 #: 23 MB, of a GPT-2-small shape 37 MB, of an 8B Llama with 8 key/value heads in float16 66 MB, so
 #: a few system prompts or conversations stay, at a small part of the memory of the model itself.
 DEFAULT_PREFIX_CACHE_BYTES = 256 * 2**20
+#: --drain-seconds by default: how long a server told to stop (SIGTERM) finishes the requests it
+#: holds; Kubernetes' grace period before SIGKILL is 30 s.
+DEFAULT_DRAIN_SECONDS = 25.0
 
 
 def serve(
@@ -80,6 +83,10 @@ def serve(
         min=0, help="POST /v1/responses: how many responses (store=true) are kept, in memory, so "
         "that previous_response_id can continue them; least recently used out first, lost on "
         "restart. 0: none. Default: 256.")] = 256,
+    generation_config: opts.GenerationConfigMode = opts.GenerationMode.auto,
+    drain_seconds: Annotated[float, _Opt(help="On SIGTERM the server answers new requests 503 and "
+                                         "finishes those it holds, for at most this many seconds, "
+                                         "then exits 0.")] = DEFAULT_DRAIN_SECONDS,
 ) -> None:
     """Serve completions in the OpenAI convention (POST /v1/completions, GET /v1/models,
     /health, /metrics) until interrupted; an embedding model's export on POST /v1/embeddings,
@@ -103,7 +110,7 @@ def serve(
                       prompt_lookup_num_tokens=prompt_lookup_num_tokens)
         return
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 (the serve extra is installed)
 
         from transformer_kit.apps.serving.http import create_app
         from transformer_kit.runtime import Engine
@@ -132,11 +139,77 @@ def serve(
     try:
         app = create_app(engine, name, api_key=api_key, max_body_bytes=max_body_bytes,
                          max_prompt_tokens=max_prompt_tokens, max_request_seconds=max_request_seconds,
-                         stored_responses=stored_responses, adapters=adapters)
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+                         stored_responses=stored_responses, adapters=adapters,
+                         generation_config=generation_config.value)
+        _run_until_stopped(app, host, port, drain_seconds, generation_config.value)
     finally:
         for each in (engine, *adapters.values()):
             each.close()
+
+
+def _run_until_stopped(app: Any, host: str, port: int, drain_seconds: float, mode: str) -> None:
+    """Say what sampling a request gets, then serve ``app`` until Ctrl-C or SIGTERM (drained)."""
+    import uvicorn
+
+    if app.state.server.service.kind == "generate":
+        console.print(_sampling_defaults(app.state.server.service.generation_defaults, mode),
+                      highlight=False)
+    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=5),
+                            app.state.admission, drain_seconds)
+    server.run()
+    if server.drained is False:
+        console.print(f"[yellow]warning:[/] requests were still running after {drain_seconds:g} s "
+                      "(--drain-seconds); they were stopped.")
+
+
+def _sampling_defaults(defaults: dict[str, Any], mode: str) -> str:
+    """What a request that sets no sampling fields gets, in a line."""
+    if mode == "ignore":
+        return "sampling: OpenAI's defaults (--generation-config ignore)"
+    if not defaults:
+        return "sampling: OpenAI's defaults (the checkpoint sets none)"
+    shown = ", ".join(f"{k} {v}" for k, v in defaults.items())
+    return f"sampling defaults from the checkpoint's generation_config.json: {shown}"
+
+
+class DrainingServer:
+    """uvicorn's server, stopping as a server in a fleet should on SIGTERM: new requests get 503
+    (``admission`` closed), those in flight finish (at most ``drain_seconds``), then it exits
+    normally (status 0; uvicorn alone would raise SIGTERM again once stopped). Ctrl-C stops it
+    as uvicorn does. ``drained``: None until a SIGTERM, then whether every request finished."""
+
+    def __init__(self, config: Any, admission: Any, drain_seconds: float) -> None:
+        import uvicorn
+
+        outer = self
+
+        class _Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                if sig == signal.SIGTERM:
+                    outer.drain()
+                else:
+                    super().handle_exit(sig, frame)
+
+        self.server = _Server(config)
+        self.admission, self.drain_seconds = admission, drain_seconds
+        self.drained: bool | None = None
+
+    def drain(self) -> None:
+        """Close the door, then stop the server once the requests in flight ended (a thread: a
+        signal handler must not wait)."""
+        if self.admission.closed:
+            return
+        self.admission.close()
+
+        def stop_when_drained() -> None:
+            self.drained = self.admission.drained(self.drain_seconds)
+            self.server.should_exit = True
+
+        threading.Thread(target=stop_when_drained, daemon=True).start()
+
+    def run(self) -> None:
+        self.server.run()
 
 
 def _named_adapters(values: list[str]) -> dict[str, Path]:

@@ -15,15 +15,18 @@ the message and in the stream's deltas, the answer as ``content``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi.responses import StreamingResponse
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from transformer_kit.apps.serving.lifecycle import CLIENT_LEFT, unless_client_leaves
 from transformer_kit.apps.serving.openai_api import (
     ServerMetrics,
     failure_event,
@@ -68,8 +71,9 @@ class ChatCompletionRequest(BaseModel):
     messages: list[ChatMessage]
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    #: None: the checkpoint's default (its generation_config.json), else OpenAI's 1.
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
@@ -91,8 +95,10 @@ class ChatCompletionRequest(BaseModel):
 def _checked(body: ChatCompletionRequest) -> ChatCompletionRequest:
     """The request, once the fields only this endpoint has are consistent."""
     if body.n != 1:
-        raise InputError(f"This server returns one choice per request (n=1); got n={body.n}. Send "
-                         f"{body.n} requests instead (they are batched together on the server).")
+        instead = (f"Send {body.n} requests instead (they are batched together on the server)"
+                   if body.n > 1 else "Leave n out")
+        raise InputError(f"This server returns one choice per request (n=1); got n={body.n}. "
+                         f"{instead}.")
     if body.stream_options is not None and not body.stream:
         raise InputError("stream_options is only allowed with stream=true; set stream or leave "
                          "stream_options out.")
@@ -127,14 +133,15 @@ class ChatServer:
     def __init__(self, service: Service, model_name: str, metrics: ServerMetrics) -> None:
         self.service, self.model_name, self.metrics = service, model_name, metrics
 
-    async def chat_completions(self, body: ChatCompletionRequest) -> Any:
+    async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Any:
         metrics, name = self.metrics, self.model_name
         if body.model != name:
             return unknown_model(body.model, name)
         try:
             _checked(body)
-            stream = self.service.chat(
-                [m.model_dump(exclude_none=True) for m in body.messages],
+            # the template renders in a worker thread: a slow one does not hold the event loop
+            stream = await asyncio.to_thread(
+                self.service.chat, [m.model_dump(exclude_none=True) for m in body.messages],
                 max_tokens=body.max_tokens or body.max_completion_tokens,
                 temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop,
                 tools=body.tools, tool_choice=body.tool_choice, response_format=body.response_format,
@@ -147,8 +154,11 @@ class ChatServer:
             include = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(_events(stream, reply, metrics, include),
                                      media_type="text/event-stream")
-        text = await stream.text()
+        answered, text = await unless_client_leaves(request.receive, stream.text())
+        stream.cancel()  # no-op when it ended; a client that left stops its decoding here
         metrics.finished(stream)
+        if not answered:
+            return Response(status_code=CLIENT_LEFT)
         if (failed := failure_response(stream.failure)) is not None:
             return failed
         message = _with_alias(stream.message(text))

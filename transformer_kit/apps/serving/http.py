@@ -5,7 +5,8 @@ so existing clients (the ``openai`` package, curl) work unchanged.
 greedy), ``top_p``, ``seed``, ``stop``, ``stream`` as server-sent events),
 ``POST /v1/chat/completions`` (messages rendered by the export's chat template, tools,
 ``response_format``; in :mod:`.chat`), ``POST /v1/responses`` (OpenAI's Responses API over the
-same path, with ``previous_response_id``; in :mod:`.responses`), ``GET /v1/models``,
+same path, with ``previous_response_id``; in :mod:`.responses`), ``POST /tokenize`` and
+``POST /detokenize`` (vLLM's, :mod:`.tokenization`), ``GET /v1/models``,
 ``GET /health`` and ``GET /metrics`` (Prometheus text). An embedding model's export is served
 on ``POST /v1/embeddings`` (:mod:`.embeddings`), a cross-encoder's on ``POST /v1/rerank``
 (:mod:`.rerank`), batched across clients by the same engine; the other kind's endpoints answer 400
@@ -15,14 +16,16 @@ OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``, :mod:`.o
 the status that fits: 400 for a bad request (``context_length_exceeded`` for a prompt over the
 server's bound or one that leaves no room for ``max_tokens``), 404 for an unknown model, 503 when
 the queue is full, 504 for a request that ran past the server's time bound (a stream ends with
-an error event instead); never a traceback. In front of all of it, :class:`.Guard` checks the
-API key and bounds the request body (401, 413, 408). A decoder's server also serves a chat page
-at ``/`` (:mod:`.page`).
+an error event instead); never a traceback. ``GET /openapi.json`` is the schema of what it
+serves, each endpoint's error answers declared (``4XX``, ``5XX``: that JSON). In front of all of
+it, :class:`.Guard` checks the API key and bounds the request body (401, 413, 408). A decoder's
+server also serves a chat page at ``/`` (:mod:`.page`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import socket
 import threading
@@ -32,15 +35,22 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse, StreamingResponse
-from prometheus_client import generate_latest
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from prometheus_client import Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from transformer_kit.apps.serving import page
 from transformer_kit.apps.serving.chat import ChatCompletionRequest, ChatServer
 from transformer_kit.apps.serving.embeddings import EmbeddingRequest, EmbeddingServer
 from transformer_kit.apps.serving.guard import DEFAULT_BODY_SECONDS, DEFAULT_MAX_BODY_BYTES, OPEN_PATHS, Guard
+from transformer_kit.apps.serving.lifecycle import (
+    CLIENT_LEFT,
+    Admission,
+    AdmissionGate,
+    unless_client_leaves,
+)
 from transformer_kit.apps.serving.openai_api import (
+    ERROR_RESPONSES,
     ServerMetrics,
     error_response,
     failure_event,
@@ -52,6 +62,12 @@ from transformer_kit.apps.serving.openai_api import (
 from transformer_kit.apps.serving.rerank import RerankRequest, RerankServer
 from transformer_kit.apps.serving.response_store import DEFAULT_STORED_RESPONSES, ResponseStore
 from transformer_kit.apps.serving.responses import ResponsesRequest, ResponsesServer
+from transformer_kit.apps.serving.tokenization import (
+    DetokenizeRequest,
+    TokenizationServer,
+    TokenizeRequest,
+)
+from transformer_kit.decoding.defaults import GENERATION_CONFIG_MODES
 from transformer_kit.errors import InputError
 from transformer_kit.runtime import Engine, Limits, QueueFull, Service
 from transformer_kit.runtime.text_stream import TextStream
@@ -65,9 +81,10 @@ class CompletionRequest(BaseModel):
 
     model: str
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int = Field(16, ge=0)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(16, ge=1)
+    #: None: the checkpoint's default (its generation_config.json), else OpenAI's 1.
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
@@ -94,14 +111,18 @@ class CompletionServer:
         return {"status": "ok"}
 
     async def models(self) -> dict:
+        """The served models; ``generation_defaults``: the checkpoint's sampling defaults that a
+        request's missing fields take ({}: none, or ``--generation-config ignore``)."""
+        defaults = self.service.generation_defaults
         return {"object": "list", "data": [{"id": name, "object": "model", "created": self.created,
-                                            "owned_by": "transformer-kit"} for name in self.served]}
+                                            "owned_by": "transformer-kit",
+                                            "generation_defaults": defaults} for name in self.served]}
 
     async def prometheus(self) -> PlainTextResponse:
         return PlainTextResponse(generate_latest(self.metrics.registry).decode(),
                                  media_type="text/plain; version=0.0.4")
 
-    async def completions(self, body: CompletionRequest) -> Any:
+    async def completions(self, body: CompletionRequest, request: Request) -> Any:
         metrics = self.metrics
         if body.model != self.model_name:
             return unknown_model(body.model, self.model_name)
@@ -116,8 +137,11 @@ class CompletionServer:
         if body.stream:
             return StreamingResponse(_events(stream, ident, self.model_name, metrics),
                                      media_type="text/event-stream")
-        text = await stream.text()
+        answered, text = await unless_client_leaves(request.receive, stream.text())
+        stream.cancel()  # no-op when it ended; a client that left stops its decoding here
         metrics.finished(stream)
+        if not answered:
+            return Response(status_code=CLIENT_LEFT)
         if (failed := failure_response(stream.failure)) is not None:
             return failed
         return {"id": ident, "object": "text_completion", "created": int(time.time()),
@@ -133,13 +157,16 @@ _KINDS = {"generate": ("a text generator", ("/v1/completions", "/v1/chat/complet
           "embeddings": ("a sentence-embedding model", ("/v1/embeddings",)),
           "rerank": ("a cross-encoder", ("/v1/rerank", "/rerank"))}
 
+#: A generating endpoint's answer in the OpenAPI schema: JSON, or server-sent events (``stream``).
+_STREAMS: dict[int | str, dict] = {200: {"content": {"text/event-stream": {}}}}
+
 
 def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                body_seconds: float = DEFAULT_BODY_SECONDS, max_prompt_tokens: int | None = None,
                max_request_seconds: float | None = None,
                stored_responses: int = DEFAULT_STORED_RESPONSES,
-               adapters: dict[str, Engine] | None = None) -> FastAPI:
+               adapters: dict[str, Engine] | None = None, generation_config: str = "auto") -> FastAPI:
     """The FastAPI application serving ``engine`` under the model name ``model_name``: a
     decoder's on the completions endpoints, an embedding model's on /v1/embeddings, a
     cross-encoder's on /v1/rerank (the engine's ``kind``). Behind a :class:`.Guard`: ``api_key``
@@ -151,39 +178,59 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
     end (None: no bound; past it the engine stops it and frees its row: 504, or an error event
     ending the stream). Embeddings and rerank keep their own bound on texts (the model's
     positions). ``/v1/responses`` keeps the last ``stored_responses`` responses (0: none) for
-    ``previous_response_id``, in memory (one store for the base and its adapters). Raises
-    InputError for a bound that is not positive.
+    ``previous_response_id``, in memory (one store for the base and its adapters).
+    ``generation_config``: "auto" (a request's missing sampling fields take the checkpoint's
+    generation_config.json values, as vLLM's ``--generation-config auto``; listed in
+    ``/v1/models``) or "ignore" (OpenAI's defaults). Raises InputError for a bound that is not
+    positive or another ``generation_config``.
 
     ``adapters``: a decoder's engines per LoRA adapter (``Engine(model, adapter=name)``), each
     served as the model ``MODEL_NAME:NAME``: GET /v1/models lists them after the base, and a
     request's ``model`` picks the engine, whose rows are batched together."""
     limits = Limits.of(engine.model.context_length, max_prompt_tokens, max_request_seconds)
-    service = Service(engine, limits)
-    served = {f"{model_name}:{name}": CompletionServer(Service(other, limits), f"{model_name}:{name}")
+    if generation_config not in GENERATION_CONFIG_MODES:
+        raise InputError(f"generation_config is {generation_config!r}; give one of "
+                         f"{', '.join(GENERATION_CONFIG_MODES)}.")
+    auto = generation_config == "auto"
+    service = Service(engine, limits, generation_defaults=auto)
+    served = {f"{model_name}:{name}": CompletionServer(Service(other, limits, generation_defaults=auto),
+                                                       f"{model_name}:{name}")
               for name, other in (adapters or {}).items()}
-    app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None)
+    app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None, responses=ERROR_RESPONSES)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes,
                        body_seconds=body_seconds, open_paths=OPEN_PATHS | page.PATHS)
+    #: Requests in flight; ``transformer-kit serve`` closes it on SIGTERM (503 from then on).
+    app.state.admission = Admission()
+    app.add_middleware(AdmissionGate, admission=app.state.admission)  # outermost: counts all
     install_error_handlers(app, {"/v1/completions": CompletionRequest,
                                  "/v1/chat/completions": ChatCompletionRequest,
                                  "/v1/responses": ResponsesRequest,
-                                 "/v1/embeddings": EmbeddingRequest, "/rerank": RerankRequest})
+                                 "/v1/embeddings": EmbeddingRequest, "/rerank": RerankRequest,
+                                 "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest})
     server = CompletionServer(service, model_name)
+    Gauge("transformer_kit_http_requests_in_flight", "HTTP requests being answered (a stream "
+          "until its last event)", registry=server.metrics.registry
+          ).set_function(lambda: app.state.admission.in_flight)
     served = {model_name: server, **served}
     server.served = list(served)
     app.get("/health")(server.health)
     app.get("/v1/models")(server.models)
-    app.get("/metrics")(server.prometheus)
+    app.get("/metrics", response_class=PlainTextResponse)(server.prometheus)
+    tokenization = TokenizationServer(service, model_name, server.metrics)
+    app.post("/tokenize", response_model=None)(tokenization.tokenize)
+    app.post("/detokenize", response_model=None)(tokenization.detokenize)
     store = ResponseStore(stored_responses)
     handlers = {name: _endpoints(each, store) for name, each in served.items()}
     for path, handler in _endpoints(server, store).items():
-        app.post(path, response_model=None)(_by_model(handler, handlers, path) if adapters else handler)
+        app.post(path, response_model=None, responses=_STREAMS if path in _KINDS["generate"][1] else None)(
+            _by_model(handler, handlers, path) if adapters else handler)
     if service.kind == "generate":
         page.add_page(app)  # the chat page at /, open without the key (it carries no secret)
     what, serves = _KINDS[service.kind]
     for other, (_, paths) in _KINDS.items():
         for path in paths if other != service.kind else ():
-            app.post(path, response_model=None)(_wrong_endpoint(model_name, what, serves))
+            app.post(path, response_model=None, include_in_schema=False)(
+                _wrong_endpoint(model_name, what, serves))
     app.state.server, app.state.responses = server, store
     return app
 
@@ -192,13 +239,16 @@ def _by_model(base: Any, handlers: dict[str, dict[str, Any]], path: str) -> Any:
     """``base``'s endpoint at ``path`` handing each request to the handler of the model it names
     (the base's answers an unknown name with 404, naming every served model)."""
 
-    async def routed(body: Any) -> Any:
+    async def routed(body: Any, request: Request) -> Any:
         chosen = handlers.get(body.model)
         if chosen is None:
             return unknown_model(body.model, ", ".join(handlers))
-        return await chosen[path](body)
+        handler = chosen[path]
+        if "request" in inspect.signature(handler).parameters:  # it watches its client
+            return await handler(body, request)
+        return await handler(body)
 
-    routed.__annotations__ = {**base.__annotations__}  # FastAPI reads the request's type
+    routed.__annotations__ = {**base.__annotations__, "request": Request}  # FastAPI reads the types
     return routed
 
 

@@ -12,13 +12,37 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
 from transformer_kit.errors import ContextLengthError
 from transformer_kit.runtime import Engine, QueueFull
 from transformer_kit.runtime.requests import Failure
 from transformer_kit.runtime.text_stream import TextStream, Usage
+
+
+class ErrorDetail(BaseModel):
+    """What went wrong, in OpenAI's shape: a sentence, the kind of error, the field it is about
+    and a code for programs."""
+
+    message: str = Field(min_length=1)
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """The body of every error answer (:func:`error_response`)."""
+
+    error: ErrorDetail
+
+
+#: The error answers every endpoint declares in the OpenAPI schema (``/openapi.json``).
+ERROR_RESPONSES: dict[int | str, dict] = {
+    "4XX": {"model": ErrorBody, "description": "A request the server refuses: the message says why "
+            "and what to send instead (400 bad request, 401 key, 404 model, 408/413 body)"},
+    "5XX": {"model": ErrorBody, "description": "The server could not answer: 503 busy, 504 past "
+            "the request's time bound"}}
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error",

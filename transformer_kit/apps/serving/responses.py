@@ -17,15 +17,18 @@ as chat does. ``previous_response_id`` continues a conversation this server stor
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi.responses import StreamingResponse
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from transformer_kit.apps.serving.lifecycle import CLIENT_LEFT, unless_client_leaves
 from transformer_kit.apps.serving.openai_api import (
     ServerMetrics,
     error_response,
@@ -308,7 +311,7 @@ class ResponsesServer:
                  store: ResponseStore) -> None:
         self.service, self.model_name, self.metrics, self.store = service, model_name, metrics, store
 
-    async def create(self, body: ResponsesRequest) -> Any:
+    async def create(self, body: ResponsesRequest, request: Request) -> Any:
         if body.model != self.model_name:
             return unknown_model(body.model, self.model_name)
         try:
@@ -317,10 +320,11 @@ class ResponsesServer:
             conversation = history + input_messages(body.input)
             system = [] if body.instructions is None else [{"role": "system",
                                                             "content": body.instructions}]
-            stream = self.service.chat(
-                system + conversation, max_tokens=body.max_output_tokens,
-                temperature=1.0 if body.temperature is None else body.temperature,
-                top_p=1.0 if body.top_p is None else body.top_p, tools=chat_tools(body.tools),
+            # the template renders in a worker thread, off the event loop; a temperature or
+            # top_p left out takes the checkpoint's sampling defaults (Service.chat)
+            stream = await asyncio.to_thread(
+                self.service.chat, system + conversation, max_tokens=body.max_output_tokens,
+                temperature=body.temperature, top_p=body.top_p, tools=chat_tools(body.tools),
                 tool_choice=chat_tool_choice(body.tool_choice),
                 response_format=response_format(body.text))
         except UnknownResponse as exc:
@@ -332,8 +336,11 @@ class ResponsesServer:
         if body.stream:
             return StreamingResponse(self._events(stream, reply, conversation),
                                      media_type="text/event-stream")
-        text = await stream.text()
+        answered, text = await unless_client_leaves(request.receive, stream.text())
+        stream.cancel()  # no-op when it ended; a client that left stops its decoding here
         self.metrics.finished(stream)
+        if not answered:
+            return Response(status_code=CLIENT_LEFT)
         if (failed := failure_response(stream.failure)) is not None:
             return failed
         return self._done(stream, reply, conversation, stream.message(text))

@@ -1,0 +1,119 @@
+"""Batch invariance of greedy decoding, and what the int8 export's row-wise activations cost.
+
+Agreement: a random decoder (8 layers, d_model 256, 8 heads over 2 key/value heads, vocabulary
+1,024: a random model's logits lie close together, a hard case) exported in float32, int8,
+int4 (the default ``Int4()``, accuracy level 4) and ``Int4(accuracy_level=1)``; ``--prompts``
+random prompts of 1 to 60 tokens, ``--new-tokens`` greedy tokens each, alone and in one
+left-padded batch: how many prompts get the same tokens both ways. Then the same rows of one
+length (no padding), alone and together: the largest logit difference (0 = bit for bit).
+
+Cost: one (M, 576) x (576, 1536) product (a SmolLM2-135M feed-forward shape) quantized as the
+int8 export did before (onnxruntime's ``quantize_dynamic``: one activation scale per tensor,
+``DynamicQuantizeLinear``, fused by onnxruntime into one op) and as it does now
+(``quantize_graph``: a scale per row), timed in interleaved rounds with 2 threads for M = 1, 16
+and 256 rows; the median of the per-round time ratios.
+
+    python benchmarks/batch_invariance.py [--prompts 24] [--new-tokens 32] [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import transformer_kit as tk
+from transformer_kit.export import Int4, OnnxModel, export_onnx
+
+KINDS = {"float32": None, "int8": "int8", "int4 (level 4)": Int4(), "int4 (level 1)": Int4(accuracy_level=1)}
+
+
+def agreement(root: Path, prompts: int, new: int) -> None:
+    torch.manual_seed(0)
+    model = tk.build_model({"architecture": "decoder", "vocab_size": 1024, "d_model": 256, "num_heads": 8,
+                            "num_kv_heads": 2, "num_layers": 8, "d_ff": 512, "dropout": 0.0, "max_len": 256,
+                            "pad_id": 0, "positional": "rotary", "norm": "rmsnorm",
+                            "tie_embeddings": False}).eval()
+    rng = np.random.default_rng(1)
+    rows = [rng.integers(1, 1024, size=n).tolist() for n in rng.integers(1, 61, size=prompts)]
+    width = max(map(len, rows))
+    ids = np.zeros((len(rows), width), np.int64)
+    mask = np.zeros_like(ids)
+    for i, p in enumerate(rows):
+        ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
+    same_length = rng.integers(1, 1024, size=(6, 7))
+    print("| export | same tokens alone and in a padded batch "
+          "| rows of one length: largest logit difference |")
+    print("|---|---:|---:|")
+    for i, (name, quantize) in enumerate(KINDS.items()):
+        m = OnnxModel(export_onnx(model, root / f"export{i}", quantize=quantize).path)
+        alone = [m.generate(np.array([p]), max_new_tokens=new, do_sample=False)[0].tolist() for p in rows]
+        batch = m.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False).tolist()
+        together = m(same_length)
+        apart = np.concatenate([m(same_length[i:i + 1]) for i in range(len(same_length))])
+        print(f"| {name} | {sum(a == b for a, b in zip(alone, batch, strict=True))}/{len(rows)} "
+              f"| {float(np.abs(together - apart).max()):.2g} |", flush=True)
+
+
+def product_cost(root: Path, rounds: int) -> None:
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from transformer_kit.export.quantize import quantize_graph
+
+    k, n = 576, 1536
+    w = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32) * 0.05
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", n])],
+                              [numpy_helper.from_array(w, "w")])
+    float_path, tensor_path, row_path = root / "f.onnx", root / "tensor.onnx", root / "rows.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+              float_path)
+    quantize_dynamic(str(float_path), str(tensor_path), weight_type=QuantType.QInt8, reduce_range=True,
+                     per_channel=True, op_types_to_quantize=["MatMul"])
+    onnx.save(onnx.load(float_path), row_path)
+    quantize_graph(row_path, external=False)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    sessions = {name: ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"])
+                for name, p in (("per tensor", tensor_path), ("per row", row_path))}
+    print("\n| rows | per tensor (us) | per row (us) | per row / per tensor |")
+    print("|---:|---:|---:|---:|")
+    for m in (1, 16, 256):
+        x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
+        reps, times, ratios = max(20, 2000 // m), {name: [] for name in sessions}, []
+        for r in range(rounds):
+            for name, s in (list(sessions.items()) if r % 2 else list(sessions.items())[::-1]):
+                s.run(None, {"x": x})
+                start = time.perf_counter()
+                for _ in range(reps):
+                    s.run(None, {"x": x})
+                times[name].append((time.perf_counter() - start) / reps * 1e6)
+            ratios.append(times["per row"][-1] / times["per tensor"][-1])
+        print(f"| {m} | {np.median(times['per tensor']):.0f} | {np.median(times['per row']):.0f} "
+              f"| {np.median(ratios):.2f} |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=24)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        agreement(Path(folder), args.prompts, args.new_tokens)
+        product_cost(Path(folder), args.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""schemathesis against ``transformer-kit serve``'s own OpenAPI schema (``/openapi.json``), every
+operation, on 127.0.0.1 over the chat checkpoint of tests/chat/checkpoint.py: requests that fit
+the schema and requests that do not (schemathesis's positive and negative generation). No
+answer is a 5xx, none hangs (each must come within :data:`TIMEOUT_S`), every 4xx is an
+OpenAI-style JSON error whose message is a sentence, every answer has a status, content type and
+body the schema declares (schemathesis's default checks but ``positive_data_acceptance``: the
+server refuses, with a sentence, requests the schema cannot rule out, such as a prompt longer
+than the context); every generating operation answered some cases 200; and after all of it the
+server still answers a greedy request with exactly ``OnnxModel.generate``'s tokens.
+
+One test fuzzes every operation the schema lists, in turn, with ``operation.as_strategy`` under
+Hypothesis, then checks the tokens on the same server (``@schema.parametrize`` would need the
+schema at import, before the server exists, and its fixture loader,
+``schemathesis.pytest.from_fixture``, fails on pytest 9.2: it sets the removed ``Node._nodeid``).
+
+``TRANSFORMER_KIT_FUZZ_EXAMPLES`` sets the examples per operation (default :data:`EXAMPLES`, a
+bounded CI run); RELIABILITY.md records a longer run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import httpx
+import numpy as np
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
+from schemathesis.checks import positive_data_acceptance
+
+from tests.apps.serving.test_chat import _client, chat_export  # noqa: F401
+from transformer_kit.apps.serving.http import create_app
+from transformer_kit.apps.serving.http import serve_in_thread as running
+from transformer_kit.runtime import Engine
+
+#: Examples per operation in the fuzzing phase, each in both modes (fits the schema, does not).
+EXAMPLES = int(os.environ.get("TRANSFORMER_KIT_FUZZ_EXAMPLES", "200"))
+#: The longest any one answer may take (a hang fails the test).
+TIMEOUT_S = 30.0
+#: The most tokens a steered case asks for (each request stays cheap).
+MAX_NEW = 32
+#: The roles steered messages take, in turn.
+ROLES = ("system", "user", "assistant", "user")
+#: The prompt the server checks exactness on after the fuzzing.
+PROMPT = [5, 6, 7, 8, 9]
+
+
+@pytest.fixture(scope="module")
+def server(chat_export):  # noqa: F811
+    """(base URL, export): the server in a thread."""
+    _, om = chat_export
+    engine = Engine(om, max_batch=8, max_queue=64)
+    with running(create_app(engine, "chat", max_prompt_tokens=256, max_request_seconds=60)) as url:
+        yield url, om
+    engine.close()
+
+
+def _greedy(om, prompt: list[int], new: int) -> list[int]:
+    """``OnnxModel.generate``'s greedy tokens for ``prompt`` alone, up to and including an eos id."""
+    row = om.generate(np.array([prompt]), attention_mask=np.ones((1, len(prompt))),
+                      max_new_tokens=new)[0].tolist()
+    eos = om.manifest.eos_id
+    return row[:row.index(eos) + 1] if eos in row else row
+
+
+def _answers_exact_tokens(url: str, om) -> None:
+    completion = _client(url).completions.create(model="chat", prompt=PROMPT, max_tokens=16,
+                                                 temperature=0)
+    assert completion.choices[0].model_extra["token_ids"] == _greedy(om, PROMPT, 16)
+
+
+def openai_error_with_a_sentence(ctx, response, case) -> None:
+    """A 4xx answer is ``{"error": {"message", "type", ...}}`` whose message is a sentence (a
+    schemathesis check, passed to each call rather than registered for every schema)."""
+    if not 400 <= response.status_code < 500:
+        return
+    try:
+        error = response.json()["error"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise AssertionError(f"a {response.status_code} that is not an OpenAI-style error: "
+                             f"{response.text[:300]!r}") from exc
+    message = error.get("message") if isinstance(error, dict) else None
+    assert isinstance(message, str) and len(message.split()) >= 3 and isinstance(error.get("type"), str), (
+        f"a {response.status_code} without a sentence: {error!r}")
+
+
+def _served(drawn: tuple, vocab: int) -> object:
+    """A case fitting the schema, half of the time steered past the first refusals into the
+    server's deeper paths (else nearly every one stops at a refusal the schema cannot state: an
+    unknown model, role or token id, n other than 1, stream_options without stream): the served
+    model, roles the template knows with text content, prompt ids inside the ``vocab``, n=1, and
+    a budget of at most :data:`MAX_NEW` tokens. Still a case that fits."""
+    case, steered = drawn
+    body = case.body
+    if not steered or not isinstance(body, dict):
+        return case
+    body["model"] = "chat"
+    for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        if isinstance(body.get(field), (int, float)):
+            body[field] = type(body[field])(min(body[field], MAX_NEW))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and all(isinstance(i, int) for i in prompt):
+        body["prompt"] = [abs(i) % vocab for i in prompt]
+    for i, message in enumerate(body.get("messages") or ()):
+        if isinstance(message, dict):
+            message["role"] = ROLES[i % len(ROLES)]
+            if not isinstance(message.get("content"), str):
+                message["content"] = "Hello"
+    if "n" in body:
+        body["n"] = 1
+    if not body.get("stream"):
+        body.pop("stream_options", None)
+    return case
+
+
+def _fuzz(operation, vocab: int, statuses: Counter) -> None:
+    """schemathesis's cases of ``operation``, fitting its schema and not, each sent and checked;
+    ``statuses`` counts the answers by status."""
+    positive = st.tuples(operation.as_strategy(GenerationMode.POSITIVE), st.booleans()).map(
+        lambda drawn: _served(drawn, vocab))
+    cases = st.one_of(positive, operation.as_strategy(GenerationMode.NEGATIVE))
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(case=cases)
+    def run(case) -> None:
+        response = case.call_and_validate(timeout=TIMEOUT_S, additional_checks=[openai_error_with_a_sentence],
+                                          excluded_checks=[positive_data_acceptance])
+        statuses[response.status_code] += 1
+
+    run()
+
+
+def test_fuzzed_requests_get_a_status_and_a_sentence_then_exact_tokens(server):
+    url, om = server
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
+    schema.config.update(base_url=url)
+    operations = [result.ok() for result in schema.get_all_operations()]
+    labels = {operation.label for operation in operations}
+    assert labels >= {"POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses",
+                      "GET /v1/models", "GET /health", "GET /metrics"}
+    failures, answered = {}, {}
+    for operation in operations:  # each one fuzzed, whatever the others found
+        statuses: Counter = Counter()
+        try:
+            _fuzz(operation, om.manifest.src_vocab, statuses)
+        except Exception as exc:  # schemathesis's failures, each with the request that gave it
+            failures[operation.label] = str(exc)
+        answered[operation.label] = dict(sorted(statuses.items()))
+    print(answered)  # the answers by status, per operation (pytest -s)
+    _answers_exact_tokens(url, om)
+    assert not failures, "\n\n".join(f"{label}: {what}" for label, what in failures.items())
+    assert all(answered[label].get(200) for label in labels), answered  # each reached its work
+
+
+#: Requests that once got a 500 or a wrong answer, each with what its 400 must say.
+REFUSED = [
+    *[("/v1/chat/completions", {"chat_template_kwargs": {name: 1}}, f"may not set '{name}'")
+      for name in ("messages", "tools", "chat_template", "template", "special_tokens")],
+    ("/v1/chat/completions", {"n": -3}, "got n=-3. Leave n out."),
+    ("/v1/completions", {"max_tokens": 0}, "greater than or equal to 1"),
+]
+
+
+@pytest.mark.parametrize(("path", "fields", "says"), REFUSED)
+def test_requests_that_once_failed_get_400_with_a_sentence(server, path, fields, says):
+    url, _ = server
+    base = ({"prompt": [5, 6]} if path == "/v1/completions"
+            else {"messages": [{"role": "user", "content": "Hi"}]})
+    reply = httpx.post(f"{url}{path}", json={"model": "chat", "max_tokens": 4, **base, **fields},
+                       timeout=TIMEOUT_S)
+    assert reply.status_code == 400 and says in reply.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 5e-324])
+def test_a_temperature_below_float32s_range_samples_the_greedy_tokens(server, temperature):
+    url, om = server  # divided by it, the scores overflowed: NaN probabilities, garbage tokens
+    completion = _client(url).completions.create(model="chat", prompt=PROMPT, max_tokens=16,
+                                                 temperature=temperature, seed=3)
+    assert completion.choices[0].model_extra["token_ids"] == _greedy(om, PROMPT, 16)

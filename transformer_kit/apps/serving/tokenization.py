@@ -1,0 +1,86 @@
+"""``POST /tokenize`` and ``POST /detokenize`` as vLLM serves them, with the export's tokenizer
+(:meth:`~transformer_kit.runtime.Service.tokenize`).
+
+``/tokenize`` takes a ``prompt`` (text, with the tokenizer's special tokens unless
+``add_special_tokens`` is false) or chat ``messages`` (rendered by the export's chat template,
+``add_generation_prompt`` true by default, special tokens not added again by default: the
+template writes its own; ``tools`` and ``chat_template_kwargs`` as a chat takes them) and answers
+``{"count", "max_model_len", "tokens"}`` (and ``token_strs`` with ``return_token_strs``): the ids
+a completion or a chat request with that input is given. ``/detokenize`` takes ``tokens`` and
+answers ``{"prompt"}``, their text (special tokens skipped, as a reply's). Bad input (both or
+neither of prompt and messages, an id outside the vocabulary, a wrong type) is 400 with a
+sentence. The chat template renders in a worker thread, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, StrictInt
+
+from transformer_kit.apps.serving.chat import ChatMessage
+from transformer_kit.apps.serving.openai_api import ServerMetrics, error_response, unknown_model
+from transformer_kit.errors import TransformerKitError
+from transformer_kit.runtime import Service
+
+
+class TokenizeRequest(BaseModel):
+    """The body of ``POST /tokenize`` (vLLM's completion and chat forms in one): ``prompt`` or
+    ``messages``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    #: None: true for a prompt, false for messages (vLLM's defaults).
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """The body of ``POST /detokenize``: token ids."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    tokens: list[StrictInt]
+
+
+class TokenizationServer:
+    """``/tokenize`` and ``/detokenize`` over ``service`` (``model_name``: the name a request
+    may give; none given is this model, as vLLM)."""
+
+    def __init__(self, service: Service, model_name: str, metrics: ServerMetrics) -> None:
+        self.service, self.model_name, self.metrics = service, model_name, metrics
+
+    async def tokenize(self, body: TokenizeRequest) -> Any:
+        if body.model is not None and body.model != self.model_name:
+            return unknown_model(body.model, self.model_name)
+        messages = None if body.messages is None else [m.model_dump(exclude_none=True)
+                                                       for m in body.messages]
+        try:
+            ids, strings = await asyncio.to_thread(
+                self.service.tokenize, body.prompt, messages,
+                add_special_tokens=body.add_special_tokens,
+                add_generation_prompt=body.add_generation_prompt, tools=body.tools,
+                template_kwargs=body.chat_template_kwargs, token_strs=body.return_token_strs)
+        except TransformerKitError as exc:
+            return error_response(400, str(exc))
+        answer: dict[str, Any] = {"count": len(ids), "max_model_len": self.service.model.context_length,
+                                  "tokens": ids}
+        if strings is not None:
+            answer["token_strs"] = strings
+        return answer
+
+    async def detokenize(self, body: DetokenizeRequest) -> Any:
+        if body.model is not None and body.model != self.model_name:
+            return unknown_model(body.model, self.model_name)
+        try:
+            return {"prompt": self.service.detokenize(body.tokens)}
+        except TransformerKitError as exc:
+            return error_response(400, str(exc), param="tokens")
