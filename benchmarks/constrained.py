@@ -6,9 +6,10 @@ transformers and saved as a float32 checkpoint), exported in int4 and in float32
 Each round times one constrained and one unconstrained chat turn of the same prompt, in turn
 (the order alternating), in this process; a step's time is the interval between two streamed
 tokens (the prompt's prefill left out). Reports the median ms per token of each, their ratio
-over the whole reply and over the tokens before the last 64 (where the constraint also watches
-the way out of the budget), and the one-off cost of a grammar (llguidance's tokenizer, built
-once per model). SmolLM2 rambles: its replies run to the budget, the constraint's worst case.
+over the whole reply and over the tokens before the last 64 (near the end the constraint traces
+the way out of the budget every few tokens; before, once per quarter of the tokens to spare),
+and the one-off cost of a grammar (llguidance's tokenizer, built once per model). SmolLM2
+rambles: its replies run to the budget, the constraint's worst case.
 
     pip install -e ".[bench]"
     python benchmarks/constrained.py [--rounds 7] [--workdir bench-constrained]
@@ -63,7 +64,7 @@ def measure(om: OnnxModel, fmt: dict, rounds: int, new_tokens: int) -> dict:
     start = time.perf_counter()
     om.chat(ASK, response_format=fmt, max_new_tokens=1)
     setup_ms = (first - (time.perf_counter() - start)) * 1e3
-    steady = new_tokens - CLOSING_WINDOW - 1  # steps before the way out is watched
+    steady = new_tokens - CLOSING_WINDOW - 1  # steps before the way out is watched closely
     medians: dict[str, list[float]] = {"free": [], "held": [], "free_steady": [], "held_steady": []}
     replies = []
     for index in range(rounds):

@@ -69,3 +69,20 @@ assert len(SCHEMAS) >= 20
 def json_schema_format(name: str) -> dict:
     """OpenAI's response_format for the schema ``name``."""
     return {"type": "json_schema", "json_schema": {"name": name, "schema": SCHEMAS[name]}}
+
+
+#: Schemas people have that llguidance refuses unless read leniently (JSONSchemaBench's kinds):
+#: a format it does not know, and oneOf.
+LENIENT_SCHEMAS = {
+    "url_format": ({"type": "object", "properties": {"home": {"type": "string", "format": "url"},
+                                                     "age": {"type": "integer"}},
+                    "required": ["home", "age"], "additionalProperties": False}, "Unknown format"),
+    "one_of": ({"type": "object", "properties": {"code": {"oneOf": [
+        {"type": "string", "maxLength": 3}, {"type": "string", "minLength": 5}]}},
+                "required": ["code"], "additionalProperties": False}, "oneOf"),
+}
+
+#: A dozen required keys: the shortest reply takes 80 tokens of this small tokenizer.
+DOZEN = ["name", "city", "zip", "age", "tel", "mail", "note", "tag", "day", "sum", "tax", "ref"]
+DOZEN_SCHEMA = {"type": "object", "properties": {k: STRING for k in DOZEN}, "required": DOZEN,
+                "additionalProperties": False}

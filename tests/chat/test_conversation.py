@@ -33,6 +33,16 @@ def transformers_reply(hf_model, hf_tokenizer, messages, max_new_tokens, tools=N
     return hf_tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
+def transformers_finish_reason(hf_model, hf_tokenizer, messages, max_new_tokens) -> str:
+    """"stop" when transformers' greedy reply ends with an end id within the budget, else "length"."""
+    prompt = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    inputs = hf_tokenizer(prompt, add_special_tokens=False, return_tensors="pt")
+    with torch.no_grad():
+        out = hf_model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    ends = set(hf_model.generation_config.eos_token_id or []) | {hf_tokenizer.eos_token_id}
+    return "stop" if set(out[0, inputs["input_ids"].shape[1]:].tolist()) & ends else "length"
+
+
 def test_the_end_ids_are_the_union_of_config_generation_config_and_tokenizer(chat_checkpoint):
     _, model, om, _, hf_tokenizer = chat_checkpoint
     im_end, text_end = hf_tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
@@ -57,8 +67,10 @@ def test_the_reply_is_transformers_greedy_reply_in_both_runtimes(chat_checkpoint
     _, model, om, hf_model, hf_tokenizer = chat_checkpoint
     messages = CONVERSATIONS[index]
     expected = transformers_reply(hf_model, hf_tokenizer, messages, 40)
-    assert model.chat(messages, max_new_tokens=40) == {"role": "assistant", "content": expected}
-    assert om.chat(messages, max_new_tokens=40) == {"role": "assistant", "content": expected}
+    reason = transformers_finish_reason(hf_model, hf_tokenizer, messages, 40)
+    reply = {"role": "assistant", "content": expected, "finish_reason": reason}
+    assert model.chat(messages, max_new_tokens=40) == reply
+    assert om.chat(messages, max_new_tokens=40) == reply
     assert "".join(om.stream_chat(messages, max_new_tokens=40)) == expected
     assert "".join(model.stream_chat(messages, max_new_tokens=40)) == expected
 
@@ -114,6 +126,21 @@ def test_a_forced_tool_call_parses_into_openai_tool_calls(chat_checkpoint):
     assert named["tool_calls"][0]["function"]["name"] == "get_weather"
 
 
+def test_a_forced_call_of_a_tool_with_an_unknown_format_is_read_leniently(chat_checkpoint):
+    """Parameters with ``format: url`` and ``oneOf`` (which llguidance refuses unless lenient):
+    the forced call is made and its arguments validate."""
+    import jsonschema
+
+    from tests.chat.schemas import LENIENT_SCHEMAS
+
+    _, _, om, _, _ = chat_checkpoint
+    for parameters, _ in LENIENT_SCHEMAS.values():
+        tool = {"type": "function", "function": {"name": "visit", "parameters": parameters}}
+        reply = om.chat(CONVERSATIONS[0], tools=[tool], tool_choice="required", max_new_tokens=48)
+        arguments = json.loads(reply["tool_calls"][0]["function"]["arguments"])
+        jsonschema.validate(arguments, parameters)
+
+
 def test_both_runtimes_give_the_same_constrained_reply(chat_checkpoint):
     _, model, om, _, _ = chat_checkpoint
     options = {"tools": [WEATHER], "tool_choice": "required", "max_new_tokens": 48}
@@ -137,3 +164,21 @@ def test_chat_refuses_what_it_cannot_do(chat_checkpoint):
                 response_format={"type": "json_object"})
     with pytest.raises(InputError, match="may not set 'messages', 'special_tokens'"):
         om.chat(CONVERSATIONS[0], template_kwargs={"special_tokens": {}, "messages": []})
+
+
+def test_a_reply_says_when_the_budget_cut_it(chat_checkpoint):
+    """finish_reason "length" when max_new_tokens ended the reply (transformers' reply has no end
+    id in it), "stop" for an end id or a stop string; generate's texts carry it too."""
+    _, model, om, hf_model, hf_tokenizer = chat_checkpoint
+    messages = CONVERSATIONS[0]
+    assert transformers_finish_reason(hf_model, hf_tokenizer, messages, 3) == "length"
+    for runtime in (model, om):
+        cut = runtime.chat(messages, max_new_tokens=3)
+        assert cut == {"role": "assistant", "finish_reason": "length",
+                       "content": transformers_reply(hf_model, hf_tokenizer, messages, 3)}
+        stop = cut["content"][-1]
+        stopped = runtime.chat(messages, max_new_tokens=3, stop=[stop])
+        assert stopped["finish_reason"] == "stop" and stop not in stopped["content"]
+        texts = runtime.generate(["Hello", "Hi there"], max_new_tokens=2)
+        assert [t.finish_reason for t in texts] == ["length", "length"]
+        assert runtime.generate("Hello", max_new_tokens=2, eos_id=list(range(600))).finish_reason == "stop"

@@ -166,9 +166,10 @@ def test_a_pytorch_model_s_chat_returns_the_thinking_and_the_template_reads_it_b
                                                 enable_thinking=False)
     assert off.endswith("<think>\n\n</think>\n\n")
     reply = model.chat(QUESTION, max_new_tokens=16)
-    assert reply == {"role": "assistant", "content": "Paris is sunny", "reasoning_content": "The user asks"}
+    assert reply == {"role": "assistant", "content": "Paris is sunny", "reasoning_content": "The user asks",
+                     "finish_reason": "stop"}
     assert model.chat(QUESTION, max_new_tokens=16, enable_thinking=False) == {
-        "role": "assistant", "content": "Sunny", "reasoning_content": None}
+        "role": "assistant", "content": "Sunny", "reasoning_content": None, "finish_reason": "stop"}
     assert list(model.stream_chat(QUESTION, max_new_tokens=16)) and \
         "".join(model.stream_chat(QUESTION, max_new_tokens=16)) == "Paris is sunny"
     pairs = list(model.stream_chat(QUESTION, max_new_tokens=16, reasoning=True))

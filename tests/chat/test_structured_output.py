@@ -10,7 +10,7 @@ import re
 import jsonschema
 import pytest
 
-from tests.chat.schemas import SCHEMAS, json_schema_format
+from tests.chat.schemas import DOZEN, DOZEN_SCHEMA, LENIENT_SCHEMAS, SCHEMAS, json_schema_format
 from transformer_kit.errors import InputError
 
 ASK = [{"role": "user", "content": "Answer in JSON."}]
@@ -84,3 +84,55 @@ def test_beam_search_with_a_grammar_is_refused(chat_checkpoint):
     _, _, om, _, _ = chat_checkpoint
     with pytest.raises(InputError, match="beam search"):
         om.generate(["x"], num_beams=2, response_format={"type": "json_object"})
+
+
+@pytest.mark.parametrize("name", list(LENIENT_SCHEMAS))
+def test_schemas_llguidance_reads_only_leniently_compile_and_constrain(chat_checkpoint, name):
+    """By default the schema compiles and the reply validates (jsonschema ignores an unknown
+    format; the oneOf branches cannot both match, which llguidance cannot prove);
+    ``lenient: false`` refuses it, saying why."""
+    _, model, om, _, _ = chat_checkpoint
+    schema, says = LENIENT_SCHEMAS[name]
+    fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+    replies = [runtime.chat(ASK, response_format=fmt, max_new_tokens=40)["content"]
+               for runtime in (model, om)]
+    assert replies[0] == replies[1]
+    jsonschema.validate(json.loads(replies[0]), schema)
+    strict = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "lenient": False}}
+    with pytest.raises(InputError, match=f"{says}.*lenient=false"):
+        om.chat(ASK, response_format=strict)
+    with pytest.raises(InputError, match="lenient must be true or false"):
+        om.chat(ASK, response_format={"type": "json_schema",
+                                      "json_schema": {"name": name, "schema": schema, "lenient": "no"}})
+
+
+@pytest.mark.parametrize("budget", [100, 150])
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_dozen_required_keys_close_when_the_budget_nears_the_shortest_reply(chat_checkpoint,
+                                                                           budget, strategy):
+    """A random model wanders inside its first string; the way out is traced from the first
+    token, so the reply closes in time even though it needs more than the last 64 tokens (the
+    closing rule once started only then, and these replies did not parse). The keys come in the
+    schema's order."""
+    _, _, om, _, _ = chat_checkpoint
+    fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": DOZEN_SCHEMA}}
+    reply = om.chat(ASK, response_format=fmt, max_new_tokens=budget, **STRATEGIES[strategy])
+    assert reply["finish_reason"] == "stop"
+    value = json.loads(reply["content"])
+    jsonschema.validate(value, DOZEN_SCHEMA)
+    assert list(value) == DOZEN
+    assert om.tokenizer.encode([reply["content"]], add_special_tokens=False)[0].shape[1] < budget
+    shortest = json.dumps(dict.fromkeys(DOZEN, ""), separators=(",", ":"))
+    assert om.tokenizer.encode([shortest], add_special_tokens=False)[0].shape[1] > 64
+
+
+def test_a_budget_below_the_shortest_reply_says_length(chat_checkpoint):
+    """40 tokens cannot hold the dozen keys (80): the text is the start of the way out, and the
+    reply says it was cut."""
+    _, _, om, _, _ = chat_checkpoint
+    fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": DOZEN_SCHEMA}}
+    reply = om.chat(ASK, response_format=fmt, max_new_tokens=40)
+    assert reply["finish_reason"] == "length"
+    assert reply["content"].startswith('{"name":')
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(reply["content"])

@@ -120,7 +120,8 @@ def forced_call_grammar(tools: list[Mapping[str, Any]], choice: str | None, fmt:
         raise InputError(f"tool_choice names the function {choice!r}, which is not among the tools "
                          f"({', '.join(tool_names(tools))}).")
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    schema = {**schema, "x-guidance": {"whitespace_flexible": False}}  # compact, as response_format
+    # compact, and lenient (unknown formats and keywords ignored, oneOf as anyOf), as response_format
+    schema = {**schema, "x-guidance": {"whitespace_flexible": False, "lenient": True}}
     body = f"%json {json.dumps(schema)}"
     if fmt == "hermes":
         left, right = ((f"<[{marker_ids[0]}]>", f"<[{marker_ids[1]}]>") if marker_ids

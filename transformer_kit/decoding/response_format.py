@@ -14,6 +14,13 @@ or a list of choices, with llguidance (its grammars and token masks; no torch).
 
 JSON is written compact (no free whitespace between tokens): a model that may write any amount
 of whitespace can fill its whole budget with it.
+
+Schemas are read leniently by default (llguidance's ``lenient`` and ``coerce_one_of``), so the
+schemas people have compile: a ``format`` llguidance does not know (``url``, ``byte``) and a
+keyword it does not implement (``dependencies``) are ignored, and ``oneOf`` is read as ``anyOf``
+(a reply may then match more than one branch). ``"lenient": false`` in ``json_schema`` (beside
+``name`` and ``schema``) refuses such a schema instead, naming what is not supported; the
+schema's own ``x-guidance`` object still has the last word on llguidance's options.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ from transformer_kit.errors import InputError
 
 FORMATS = ("text", "json_object", "json_schema", "regex", "choice", "grammar")
 _JSON_OPTIONS = {"whitespace_flexible": False}
+#: llguidance's options under a schema's own ``x-guidance``, on unless ``"lenient": false``.
+LENIENT = {"lenient": True, "coerce_one_of": True}
+STRICT = {"lenient": False, "coerce_one_of": False}
 _lock = threading.Lock()
 
 
@@ -47,7 +57,7 @@ def grammar_of(response_format: dict | None) -> str | None:
     if response_format is None:
         return None
     try:
-        key = json.dumps(response_format, sort_keys=True)
+        key = json.dumps(response_format)  # in order: properties are written in the schema's order
     except (TypeError, ValueError):
         raise InputError(f"response_format must be JSON data (dicts, lists, strings, numbers), got "
                          f"{response_format!r:.80}.") from None
@@ -68,8 +78,13 @@ def _json_schema_grammar(response_format: dict) -> str:
     if not isinstance(schema, (dict, bool)):
         raise InputError(f"response_format json_schema.schema must be a JSON schema (an "
                          f"object), got {schema!r:.80}.")
+    lenient = spec.get("lenient", True) if "schema" in spec else True
+    if not isinstance(lenient, bool):
+        raise InputError(f"response_format json_schema.lenient must be true or false, got "
+                         f"{lenient!r:.80}.")
     try:
-        return LLMatcher.grammar_from_json_schema(schema, overrides=_JSON_OPTIONS)
+        return LLMatcher.grammar_from_json_schema(schema, defaults=LENIENT if lenient else STRICT,
+                                                  overrides=_JSON_OPTIONS)
     except (ValueError, TypeError) as exc:
         raise InputError(f"response_format json_schema cannot be used: {exc}.") from None
 
@@ -116,8 +131,10 @@ def _grammar(key: str) -> str | None:
     grammar = _GRAMMARS[kind](response_format)
     error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     if error:
+        hint = (" or leave out json_schema.lenient=false (unknown formats and keywords are then "
+                "ignored, oneOf read as anyOf)" if kind == "json_schema" else "")
         raise InputError(f"response_format {kind} is refused by llguidance: "
-                         f"{(messages or ['invalid'])[0]}. Fix the {kind.replace('_', ' ')}.")
+                         f"{(messages or ['invalid'])[0]}. Fix the {kind.replace('_', ' ')}{hint}.")
     return grammar
 
 

@@ -54,13 +54,29 @@ class Tokenizer(Protocol):
         """One assistant turn of ``messages``, rendered by the tokenizer's chat template."""
 
 
+class Reply(str):
+    """A row's generated text (a ``str``) that also says why it ended: ``finish_reason``
+    ``"stop"`` (an end id or a stop string) or ``"length"`` (``max_new_tokens`` or the
+    model's context ran out first: the text was cut), as OpenAI's field."""
+
+    finish_reason: str
+
+    def __new__(cls, text: str, finish_reason: str) -> Reply:
+        reply = super().__new__(cls, text)
+        reply.finish_reason = finish_reason
+        return reply
+
+
 def row_texts(tokenizer: Tokenizer, tokens: np.ndarray, eos_ids: list[int],
-              stops: list[str]) -> list[str]:
-    """Each row's text: tokens up to its first eos id, decoded, cut before a stop string."""
+              stops: list[str]) -> list[Reply]:
+    """Each row's text: tokens up to its first eos id, decoded, cut before a stop string; a
+    row with neither was cut (finish_reason "length")."""
     texts = []
     for row in np.asarray(tokens):
         ends = np.flatnonzero(np.isin(row, eos_ids))
-        texts.append(cut_at_stop(tokenizer.decode(row[:ends[0]] if len(ends) else row), stops))
+        whole = tokenizer.decode(row[:ends[0]] if len(ends) else row)
+        text = cut_at_stop(whole, stops)
+        texts.append(Reply(text, "stop" if len(ends) or text != whole else "length"))
     return texts
 
 
@@ -174,11 +190,19 @@ def chat_reply(runtime: Any, messages: list[dict], *, tools: list[dict] | None =
     ``OnnxModel``, with ``tokenizer`` and ``generate``): the turn its tokenizer prepares,
     generated and read back (with ``reasoning_content`` when the template reasons).
     ``enable_thinking`` / ``reasoning_effort``: the template's thinking switches (refused where
-    the template has none). See ``TransformerModel.chat``."""
+    the template has none). The message also holds ``finish_reason`` ("stop", "length" when
+    ``max_new_tokens`` cut the reply, "tool_calls"). See ``TransformerModel.chat``."""
     turn = _turn(runtime, messages, options, tools=tools, tool_choice=tool_choice,
                  chat_template=chat_template,
                  template_kwargs=_switched(template_kwargs, enable_thinking, reasoning_effort))
-    return turn.message(runtime.generate(turn.prompt, add_special_tokens=False, **turn.options))
+    reply = runtime.generate(turn.prompt, add_special_tokens=False, **turn.options)
+    return with_finish_reason(turn.message(reply), getattr(reply, "finish_reason", "stop"))
+
+
+def with_finish_reason(message: dict[str, Any], reason: str) -> dict[str, Any]:
+    """``message`` with OpenAI's ``finish_reason``: "tool_calls" when it calls tools, else
+    ``reason`` ("length" when the budget cut the reply, "stop")."""
+    return {**message, "finish_reason": "tool_calls" if message.get("tool_calls") else reason}
 
 
 def _split(pieces: Iterable[str], splitter: Any, pairs: bool) -> Iterator[Any]:

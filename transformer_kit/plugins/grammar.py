@@ -6,12 +6,16 @@ Every row has its own matcher: it reads the row's last token each step and allow
 tokens that keep the text inside the grammar (the end ids once the grammar is complete, and only
 they once it cannot go on). The same numpy masks apply whatever runtime made the scores.
 
-A reply must also end within ``max_new_tokens``. In the last :data:`CLOSING_WINDOW` tokens of the
-budget, each row's shortest way to a complete reply is traced ahead on a copy of its matcher
-(closing quotes and brackets first, then the shortest tokens). When it needs all the tokens
-left, its next token is the one taken; when it is close to that (:data:`CLOSING_SLACK`), the
-row may only take tokens after which a way out still fits. So even a model that would write a
-string or a number for ever gives text that parses, closed where the budget runs out.
+A reply must also end within ``max_new_tokens``. Each row's shortest way to a complete reply is
+traced ahead on a copy of its matcher (closing quotes and brackets first, then the shortest
+tokens), from the first token on: again each :data:`CLOSING_EVERY` tokens once the budget left
+nears that way's length, and while the budget is far from it, after a quarter of the tokens to
+spare (a token can lengthen the way out, by opening an object of required keys, but seldom by
+more than that). When the way out needs all the tokens left, its next token is the one taken;
+when it is close to that (:data:`CLOSING_SLACK`), the row may only take tokens after which a way
+out still fits. So even a model that would write a string or a number for ever gives text that
+parses, closed where the budget runs out, however long the shortest reply (a dozen required
+keys) is.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from transformer_kit.decoding.response_format import guidance_tokenizer
 from transformer_kit.errors import InputError
 
 NEVER = -np.inf
-#: How many of the last tokens of the budget are watched for a reply that must close now.
+#: In this many of the last tokens of the budget, a way out that does not reach an end id (the
+#: tracing found none) is taken anyway.
 CLOSING_WINDOW = 64
 #: Within this many tokens of the last moment to close, only tokens that keep a way out are
 #: allowed (one token can lengthen the way out: a multi-byte character, an opened object).
@@ -110,7 +115,7 @@ class GrammarConstraint(LogitsProcessor):
             raise InputError(f"The grammar cannot be used: {failed.splitlines()[0]}")
         self.bitmask = allocate_token_bitmask(rows, self.vocab_size)
         self._trial_mask = allocate_token_bitmask(1, self.vocab_size)
-        self.way_out = [(0, -CLOSING_EVERY)] * rows  # (its length, when traced) per row
+        self.way_out: list[tuple[int, int | None]] = [(0, None)] * rows  # (length, when traced)
 
     def __call__(self, scores: np.ndarray, state: DecodingState) -> np.ndarray:
         from llguidance.numpy import fill_next_token_bitmask
@@ -129,15 +134,23 @@ class GrammarConstraint(LogitsProcessor):
                                 bitorder="little")
         np.copyto(scores, np.float32(NEVER), where=allowed == 0)
         left = self.budget - state.new_tokens  # tokens still to choose, this one included
-        if self.budget and left <= CLOSING_WINDOW:
+        if self.budget:
             for row, matcher in enumerate(self.matchers):
-                length, when = self.way_out[row]
-                near = left <= length + CLOSING_SLACK + CLOSING_EVERY
                 if (not matcher.is_stopped() and not matcher.is_error()
-                        and (near or state.new_tokens - when >= CLOSING_EVERY)):
+                        and self._due(row, left, state.new_tokens)):
                     self._keep_in_budget(scores[row], matcher, self.bitmask[row], left, row,
                                          state.new_tokens)
         return scores
+
+    def _due(self, row: int, left: int, step: int) -> bool:
+        """Whether ``row``'s way out is traced again now: first at its first token, then every
+        :data:`CLOSING_EVERY` tokens near the end, and far from it after a quarter of the
+        tokens to spare."""
+        length, when = self.way_out[row]
+        if when is None:
+            return True
+        spare = left - length - CLOSING_SLACK - CLOSING_EVERY
+        return spare <= 0 or step - when >= max(CLOSING_EVERY, spare // 4)
 
     def _keep_in_budget(self, scores: np.ndarray, matcher, words: np.ndarray, left: int,
                         row: int, step: int) -> None:
@@ -146,8 +159,11 @@ class GrammarConstraint(LogitsProcessor):
         keep a way out. scores (vocab,) of one row, changed in place."""
         path = self._closing_path(matcher, words, left)
         self.way_out[row] = (len(path), step)
-        if len(path) >= left or not self._complete(path):  # no token to spare: take the way out
-            keep = [path[0]] if path else []
+        complete = self._complete(path)
+        if len(path) >= left or (not complete and left <= CLOSING_WINDOW):
+            keep = [path[0]] if path else []  # no token to spare: take the way out
+        elif not complete:
+            return
         elif len(path) + CLOSING_SLACK >= left:
             keep = self._fitting(scores, matcher, left - 1) or [path[0]]
         else:

@@ -24,7 +24,7 @@ import transformer_kit as tk
 from tests.apps.serving.conftest import record_prompts
 from tests.apps.serving.test_http import _slowed
 from tests.chat.checkpoint import TEMPLATES, write_chat_checkpoint
-from tests.chat.schemas import SCHEMAS, json_schema_format
+from tests.chat.schemas import DOZEN_SCHEMA, LENIENT_SCHEMAS, SCHEMAS, json_schema_format
 from transformer_kit.apps.serving.chat import ChatMessage
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
@@ -383,3 +383,26 @@ def test_a_long_conversation_gets_400_and_a_reply_past_its_time_an_error(server,
         assert again.choices[0].message.content == expected.choices[0].message.content
         assert again.usage.completion_tokens == expected.usage.completion_tokens
     engine.close()
+
+
+def test_lenient_schemas_and_a_dozen_keys_through_the_openai_client(server):
+    """A format llguidance does not know compiles (lenient by default) and the reply validates;
+    ``lenient: false`` is 400 with llguidance's sentence. A dozen required keys close within 100
+    tokens ("stop"), and 40 tokens say "length", as ``OnnxModel.chat``."""
+    url, _ = server
+    messages = CONVERSATIONS[0]
+    schema, _ = LENIENT_SCHEMAS["url_format"]
+    fmt = {"type": "json_schema", "json_schema": {"name": "home", "schema": schema}}
+    reply = _client(url).chat.completions.create(model="chat", messages=messages, max_tokens=40,
+                                                 temperature=0, response_format=fmt)
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+    _refused(url, {"model": "chat", "messages": messages, "response_format": {
+        "type": "json_schema", "json_schema": {**fmt["json_schema"], "lenient": False}}},
+        "Unknown format", "lenient=false")
+    dozen = {"type": "json_schema", "json_schema": {"name": "order", "schema": DOZEN_SCHEMA}}
+    for budget, reason in ((100, "stop"), (40, "length")):
+        reply = _client(url).chat.completions.create(model="chat", messages=messages, max_tokens=budget,
+                                                     temperature=0, response_format=dozen)
+        assert reply.choices[0].finish_reason == reason
+        if reason == "stop":
+            jsonschema.validate(json.loads(reply.choices[0].message.content), DOZEN_SCHEMA)
