@@ -25,17 +25,23 @@ CORPUS = ['{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsi
 VOCAB = 512
 
 
-def chatml_tokenizer() -> Tokenizer:
-    """A byte-level BPE of 512 ids: <|endoftext|> 0, <|im_start|> 1, <|im_end|> 2, then the
-    tool-call markers and the merges."""
+def train_bpe(corpus: list[str], special: list[str], added: list[str], vocab: int) -> Tokenizer:
+    """A byte-level BPE of ``vocab`` ids trained on ``corpus``: the ``special`` tokens first,
+    then the merges, then the ``added`` (not special) tokens last."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB - len(ADDED), special_tokens=SPECIAL,
+    trainer = trainers.BpeTrainer(vocab_size=vocab - len(added), special_tokens=special,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(CORPUS, trainer)
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
+    tokenizer.train_from_iterator(corpus, trainer)
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     return tokenizer
+
+
+def chatml_tokenizer() -> Tokenizer:
+    """A byte-level BPE of 512 ids: <|endoftext|> 0, <|im_start|> 1, <|im_end|> 2, then the
+    tool-call markers and the merges."""
+    return train_bpe(CORPUS, SPECIAL, ADDED, VOCAB)
 
 
 def write_chat_checkpoint(folder: Path, template: str | None = None, *, seed: int = 0,

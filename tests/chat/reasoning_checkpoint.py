@@ -17,8 +17,9 @@ from pathlib import Path
 
 import torch
 import transformers as hf
-from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, trainers
-from tokenizers import models as tokenizer_models
+from tokenizers import Tokenizer
+
+from tests.chat.checkpoint import train_bpe
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 QWEN3_TEMPLATE = TEMPLATES / "Qwen--Qwen3-0.6B.jinja"
@@ -37,14 +38,7 @@ HARMONY = {"special": ["<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "
 
 
 def train_tokenizer(special: list[str], added: list[str], vocab: int = 640) -> Tokenizer:
-    tokenizer = Tokenizer(tokenizer_models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab - len(added), special_tokens=special,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(CORPUS, trainer)
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
-    return tokenizer
+    return train_bpe(CORPUS, special, added, vocab)
 
 
 def chain_ids(tokenizer: Tokenizer, parts: list[str]) -> list[int]:

@@ -31,6 +31,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def served_apps(monkeypatch) -> list:
+    """The apps ``serve`` hands its server from now on (the server not started)."""
+    apps = []
+    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
+    return apps
+
+
 def test_serve_answers_text_completions_in_a_real_process(text_export, tmp_path):
     port = _free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -106,8 +113,7 @@ def test_the_prompt_and_time_bounds_reach_the_app(exported, monkeypatch):
     from transformer_kit.runtime import Limits
 
     _, folder = exported
-    apps = []
-    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
+    apps = served_apps(monkeypatch)
     given = invoke("serve", str(folder / "onnx"), "--max-prompt-tokens", "8",
                    "--max-request-seconds", "2.5")
     assert given.exit_code == 0, given.output
@@ -121,8 +127,7 @@ def test_the_prompt_and_time_bounds_reach_the_app(exported, monkeypatch):
 
 def test_the_stored_responses_bound_reaches_the_app(exported, monkeypatch):
     _, folder = exported
-    apps = []
-    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
+    apps = served_apps(monkeypatch)
     given = invoke("serve", str(folder / "onnx"), "--stored-responses", "3")
     assert given.exit_code == 0, given.output
     assert apps[-1].state.responses.capacity == 3
@@ -134,8 +139,7 @@ def test_the_stored_responses_bound_reaches_the_app(exported, monkeypatch):
 
 def test_the_prefix_cache_bound_reaches_the_engine(exported, monkeypatch):
     _, folder = exported
-    apps = []
-    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
+    apps = served_apps(monkeypatch)
     given = invoke("serve", str(folder / "onnx"), "--prefix-cache-bytes", "1048576")
     assert given.exit_code == 0, given.output
     assert "prefix cache 1 MiB" in given.output
@@ -150,8 +154,7 @@ def test_the_prefix_cache_bound_reaches_the_engine(exported, monkeypatch):
 
 def test_the_prompt_lookup_default_reaches_the_engine(exported, monkeypatch):
     _, folder = exported
-    apps = []
-    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
+    apps = served_apps(monkeypatch)
     given = invoke("serve", str(folder / "onnx"), "--prompt-lookup-num-tokens", "6")
     assert given.exit_code == 0, given.output
     assert "prompt lookup <= 6 tokens" in given.output
@@ -242,8 +245,7 @@ def test_serve_exports_a_checkpoint_or_its_hub_name_once_and_names_the_model_so(
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMER_KIT_CACHE", str(tmp_path / "kit"))
     monkeypatch.chdir(tmp_path / "hub")
-    apps = []
-    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
+    apps = served_apps(monkeypatch)
     first = invoke("serve", "org/chat")
     assert first.exit_code == 0, first.output
     assert "exporting org/chat into" in first.output and "serving 'org/chat' from" in first.output
@@ -258,8 +260,7 @@ def test_serve_exports_a_checkpoint_or_its_hub_name_once_and_names_the_model_so(
 
 def test_the_generation_config_mode_reaches_the_service_and_is_printed(exported, monkeypatch):
     _, folder = exported
-    apps = []
-    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
+    apps = served_apps(monkeypatch)
     auto = invoke("serve", str(folder / "onnx"))
     assert "sampling: OpenAI's defaults (the checkpoint sets none)" in auto.output
     ignored = invoke("serve", str(folder / "onnx"), "--generation-config", "ignore")
@@ -275,8 +276,7 @@ def test_serve_exports_a_checkpoint_with_named_adapters_and_serves_each(two_adap
     from tests.checkpoints.test_lora import _ids
     _, folder, expected = two_adapters
     monkeypatch.setenv("TRANSFORMER_KIT_CACHE", str(tmp_path / "kit"))
-    apps = []
-    monkeypatch.setattr(DrainingServer, "run", lambda self: apps.append(self.server.config.app))
+    apps = served_apps(monkeypatch)
     given = invoke("serve", str(folder.parent / "base"), "--model-name", "llama", "--adapter",
                    f"first={folder.parent / 'first'}", "--adapter", f"second={folder.parent / 'second'}")
     assert given.exit_code == 0, given.output
