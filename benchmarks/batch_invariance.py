@@ -1,11 +1,18 @@
-"""Batch invariance of greedy decoding, and what the int8 export's row-wise activations cost.
+"""Batch invariance of greedy decoding: agreement, what it costs, and what the int8 export's
+row-wise activations cost.
 
 Agreement: a random decoder (8 layers, d_model 256, 8 heads over 2 key/value heads, vocabulary
 1,024: a random model's logits lie close together, a hard case) exported in float32, int8,
 int4 (the default ``Int4()``, accuracy level 4) and ``Int4(accuracy_level=1)``; ``--prompts``
-random prompts of 1 to 60 tokens, ``--new-tokens`` greedy tokens each, alone and in one
-left-padded batch: how many prompts get the same tokens both ways. Then the same rows of one
+random prompts of 1 to 60 tokens, ``--new-tokens`` greedy tokens each, alone and in one batch
+(``generate`` of all of them), with ``batch_invariant`` (the default) and without (one
+left-padded run): how many prompts get the same tokens both ways. Then the same rows of one
 length (no padding), alone and together: the largest logit difference (0 = bit for bit).
+
+Invariance's cost (the int4 export): ``generate`` of the prompts in one call, and an engine
+(continuous batching, 16 rows) given 4 x ``--prompts`` requests at once, so rows keep joining
+as others end (with batch invariance a row joins every 16th step); wall time with and without,
+interleaved rounds, the median of the per-round ratios.
 
 Cost: one (M, 576) x (576, 1536) product (a SmolLM2-135M feed-forward shape) quantized as the
 int8 export did before (onnxruntime's ``quantize_dynamic``: one activation scale per tensor,
@@ -13,7 +20,7 @@ int8 export did before (onnxruntime's ``quantize_dynamic``: one activation scale
 (``quantize_graph``: a scale per row), timed in interleaved rounds with 2 threads for M = 1, 16
 and 256 rows; the median of the per-round time ratios.
 
-    python benchmarks/batch_invariance.py [--prompts 24] [--new-tokens 32] [--rounds 15]
+    python benchmarks/batch_invariance.py [--prompts 24] [--new-tokens 32] [--rounds 15] [--cost-rounds 5]
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ from transformer_kit.export import Int4, OnnxModel, export_onnx
 KINDS = {"float32": None, "int8": "int8", "int4 (level 4)": Int4(), "int4 (level 1)": Int4(accuracy_level=1)}
 
 
-def agreement(root: Path, prompts: int, new: int) -> None:
+def agreement(root: Path, prompts: int, new: int) -> tuple[Path, list[list[int]]]:
+    """The agreement table; the int4 export's folder and the prompts (for the cost)."""
     torch.manual_seed(0)
     model = tk.build_model({"architecture": "decoder", "vocab_size": 1024, "d_model": 256, "num_heads": 8,
                             "num_kv_heads": 2, "num_layers": 8, "d_ff": 512, "dropout": 0.0, "max_len": 256,
@@ -49,17 +57,59 @@ def agreement(root: Path, prompts: int, new: int) -> None:
     for i, p in enumerate(rows):
         ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
     same_length = rng.integers(1, 1024, size=(6, 7))
-    print("| export | same tokens alone and in a padded batch "
+    print("| export | same tokens alone and in a batch: batch invariant | without (left-padded) "
           "| rows of one length: largest logit difference |")
-    print("|---|---:|---:|")
+    print("|---|---:|---:|---:|")
+    folders = {}
     for i, (name, quantize) in enumerate(KINDS.items()):
-        m = OnnxModel(export_onnx(model, root / f"export{i}", quantize=quantize).path)
-        alone = [m.generate(np.array([p]), max_new_tokens=new, do_sample=False)[0].tolist() for p in rows]
-        batch = m.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False).tolist()
+        folders[name] = export_onnx(model, root / f"export{i}", quantize=quantize).path
+        same = []
+        for invariant in (True, False):
+            m = OnnxModel(folders[name], batch_invariant=invariant)
+            alone = [m.generate(np.array([p]), max_new_tokens=new, do_sample=False)[0].tolist() for p in rows]
+            batch = m.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False).tolist()
+            same.append(f"{sum(a == b for a, b in zip(alone, batch, strict=True))}/{len(rows)}")
         together = m(same_length)
         apart = np.concatenate([m(same_length[i:i + 1]) for i in range(len(same_length))])
-        print(f"| {name} | {sum(a == b for a, b in zip(alone, batch, strict=True))}/{len(rows)} "
-              f"| {float(np.abs(together - apart).max()):.2g} |", flush=True)
+        print(f"| {name} | {same[0]} | {same[1]} | {float(np.abs(together - apart).max()):.2g} |", flush=True)
+    return folders["int4 (level 4)"], rows
+
+
+def invariance_cost(folder: Path, rows: list[list[int]], new: int, rounds: int) -> None:
+    """Wall time of ``generate`` of ``rows`` in one call and of an engine given 4 x ``rows``
+    requests at once, with and without batch invariance, in interleaved rounds."""
+    from transformer_kit.runtime import Engine
+
+    width = max(map(len, rows))
+    ids = np.zeros((len(rows), width), np.int64)
+    mask = np.zeros_like(ids)
+    for i, p in enumerate(rows):
+        ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
+    models = {invariant: OnnxModel(folder, batch_invariant=invariant) for invariant in (True, False)}
+
+    def one_call(m: OnnxModel) -> None:
+        m.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False)
+
+    def engine(m: OnnxModel) -> None:
+        with Engine(m, max_batch=16, max_queue=4 * len(rows)) as e:
+            requests = [e.submit(np.array(p), max_new_tokens=new, min_new_tokens=new) for p in rows * 4]
+            for r in requests:
+                r.result()
+
+    print("\n| int4, 2 threads | batch invariant (s) | without (s) | invariant / without |")
+    print("|---|---:|---:|---:|")
+    for name, run in ((f"generate, {len(rows)} prompts in one call", one_call),
+                      (f"engine, {4 * len(rows)} requests, 16 rows", engine)):
+        times: dict[bool, list[float]] = {True: [], False: []}
+        run(models[True]), run(models[False])  # warm
+        for r in range(rounds):
+            for invariant in ((True, False) if r % 2 else (False, True)):
+                start = time.perf_counter()
+                run(models[invariant])
+                times[invariant].append(time.perf_counter() - start)
+        ratio = np.median([a / b for a, b in zip(times[True], times[False], strict=True)])
+        print(f"| {name} | {np.median(times[True]):.2f} | {np.median(times[False]):.2f} | {ratio:.2f} |",
+              flush=True)
 
 
 def product_cost(root: Path, rounds: int) -> None:
@@ -109,9 +159,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--cost-rounds", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        agreement(Path(folder), args.prompts, args.new_tokens)
+        int4, rows = agreement(Path(folder), args.prompts, args.new_tokens)
+        invariance_cost(int4, rows, args.new_tokens, args.cost_rounds)
         product_cost(Path(folder), args.rounds)
 
 

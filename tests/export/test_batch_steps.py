@@ -33,12 +33,21 @@ def test_join_gather_and_trim_move_rows_and_columns_as_numpy_does():
         np.testing.assert_array_equal(t, out[[2, 0]][:, :, 2:])
 
 
+def test_pad_adds_zero_columns_on_either_side_as_numpy_does():
+    a = [np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)]
+    ops = CacheOps(["CPUExecutionProvider"], "cpu")
+    (out,) = ops.pad(_values(a), 3, 5)
+    np.testing.assert_array_equal(out.numpy(), np.pad(a[0], ((0, 0), (0, 0), (3, 5), (0, 0))))
+
+
 def test_rows_joining_and_leaving_decode_as_each_alone(tmp_path):
-    """Rows prefilled together (left-padded), alone, or picked out of a prefilled block join a
-    running batch and leave it; each gets the tokens it gets alone."""
+    """Without batch invariance: rows prefilled together (left-padded), alone, or picked out of
+    a prefilled block join a running batch at any step and leave it; each gets the tokens it
+    gets alone (this model has no near-ties; tests/export/test_batch_invariance.py has the
+    bit-for-bit layout)."""
     torch.manual_seed(0)
     export_onnx(tk.build_model(tiny_config("decoder", positional="rotary")), tmp_path / "onnx")
-    model = OnnxModel(tmp_path / "onnx", providers="cpu")
+    model = OnnxModel(tmp_path / "onnx", providers="cpu", batch_invariant=False)
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, 37, n) for n in (7, 2, 11, 4)]
     lengths = [9, 14, 5, 12]

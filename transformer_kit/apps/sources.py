@@ -187,7 +187,7 @@ def resolve_config(source: Path, revision: str | None = None):
     _refuse(source, kind, ACCEPTED, ConfigError)
 
 
-def open_export(folder: Path, provider: Provider):
+def open_export(folder: Path, provider: Provider, batch_invariant: bool = True):
     """An OnnxModel of an export folder on ``--provider``; errors name the flag."""
     from transformer_kit.export import OnnxModel
     from transformer_kit.export.providers import cuda_works
@@ -201,7 +201,7 @@ def open_export(folder: Path, provider: Provider):
         raise ProviderError("--provider cuda was asked for, but no CUDA session can be created here "
                             "(onnxruntime-gpu needs a GPU with CUDA 13 and cuDNN 9). Use --provider "
                             "auto to fall back to the CPU.")
-    return OnnxModel(folder, providers=provider.value)
+    return OnnxModel(folder, providers=provider.value, batch_invariant=batch_invariant)
 
 
 def parse_ids(text: str, flag: str = "--ids") -> list[list[int]]:

@@ -5,6 +5,12 @@ The batch keeps the graph's layout: every row's cache is left-padded to the batc
 an attention mask (1 = real token) says which columns are real, so positions (counted from the
 mask) stay exact and a row's tokens are computed as if it ran alone. Columns that are padding in
 every row (after the longest row left) are trimmed, so the batch is as long as its longest row.
+
+With an ``alignment`` > 1 (``onnx_steps.ALIGNMENT``, the default of ``OnnxModel``) a row keeps
+its columns' remainder modulo it, as when it runs alone: a prompt's cache is followed by masked
+columns up to a multiple of it, rows join only when the batch's length is a multiple of it
+(``can_join``) and leading columns are trimmed by multiples of it. The engine prefills prompts of
+one length together (no padding), so a row's tokens are those it gets alone, bit for bit.
 """
 
 from __future__ import annotations
@@ -17,7 +23,14 @@ import onnxruntime as ort
 
 from transformer_kit.errors import InputError
 from transformer_kit.export.cache_ops import CacheOps
-from transformer_kit.export.onnx_steps import LAST_POSITION, LOGIT_POSITIONS, Binding, bind_adapter
+from transformer_kit.export.onnx_steps import (
+    LAST_POSITION,
+    LOGIT_POSITIONS,
+    Binding,
+    aligned,
+    bind_adapter,
+    run_step,
+)
 
 
 @dataclass
@@ -36,12 +49,14 @@ class BatchDecoder:
     Args:
         session: the ``decoder_step`` session; graph: its manifest entry (inputs, outputs).
         empty_cache: ``rows -> OrtValue`` of a zero-length past; vocab: logits' width;
-        logits_dtype: numpy dtype of the logits; cache_ops: moves cache rows and columns.
+        logits_dtype: numpy dtype of the logits; cache_ops: moves cache rows and columns;
+        alignment: the columns a row keeps its remainder modulo (1: none; the module says).
     """
 
     def __init__(self, session: ort.InferenceSession, graph: Any, empty_cache, vocab: int,
                  logits_dtype: type, cache_ops: CacheOps, device: str,
-                 adapter: dict[str, Any] | None = None) -> None:
+                 adapter: dict[str, Any] | None = None, alignment: int = 1) -> None:
+        self.alignment = alignment
         self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
         self.present_names = [n for n in graph.outputs if n.startswith("present.")]
         self.empty_cache, self.vocab, self.logits_dtype = empty_cache, vocab, logits_dtype
@@ -67,17 +82,11 @@ class BatchDecoder:
         present cache."""
         logits = np.empty((len(ids) * (1 if positions is None else len(positions)), self.vocab),
                           self.logits_dtype)
-        binding = self.binding.rebind()
-        binding.input_array("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
-        binding.input_array("attention_mask", np.ascontiguousarray(mask))
         if positions is not None:
-            binding.input_array(LOGIT_POSITIONS, positions)
-        binding.input_values(self.past_names, cache)
-        binding.output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
-        binding.outputs_on_device(self.present_names)
-        present = binding.run(first=1)
+            self.binding.input_array(LOGIT_POSITIONS, positions)
+        present = run_step(self.binding, ids, mask, self.past_names, cache, self.present_names, logits)
         if positions is not None:
-            binding.input_array(LOGIT_POSITIONS, LAST_POSITION)
+            self.binding.input_array(LOGIT_POSITIONS, LAST_POSITION)
         return logits, present
 
     def prefill(self, prompts: list[np.ndarray], past: list[Any] | None = None,
@@ -86,7 +95,9 @@ class BatchDecoder:
         and next-token logits (len(prompts), vocab). ``past``: a cache that every row continues
         (one value per ``past_key_values.*`` input, (len(prompts), kv_heads, past_length,
         head_dim), every column real: a cached prefix), the prompts being what follows it; the
-        rows' mask is then (rows, past_length + longest), padding between past and prompt."""
+        rows' mask is then (rows, past_length + longest), padding between past and prompt. With
+        an alignment, masked columns follow up to a multiple of it (prompts of one length
+        then run as they run alone)."""
         longest = max(len(ids) for ids in prompts)
         ids = np.zeros((len(prompts), longest), np.int64)
         mask = np.zeros((len(prompts), past_length + longest), np.int64)
@@ -97,7 +108,17 @@ class BatchDecoder:
         if past is None:
             past = [self.empty_cache(len(prompts))] * len(self.past_names)
         logits, present = self._run(ids, mask, past)
+        gap = aligned(mask.shape[1], self.alignment) - mask.shape[1]
+        if gap:
+            present = self.cache_ops.pad(present, 0, gap)
+            mask = np.concatenate([mask, np.zeros((len(mask), gap), np.int64)], axis=1)
         return PrefilledRows(present, mask), logits
+
+    @property
+    def can_join(self) -> bool:
+        """Whether rows may join now: the batch is empty or its length a multiple of the
+        alignment (prefilled rows' lengths are)."""
+        return self.rows == 0 or self.mask.shape[1] % self.alignment == 0
 
     def join(self, rows: PrefilledRows) -> None:
         """Add prefilled rows after the others in one copy (left-padding the shorter side)."""
@@ -157,6 +178,7 @@ class BatchDecoder:
         rows = np.asarray(rows, dtype=np.int64)
         cache, mask = self.cache_ops.gather(block.cache, rows), block.mask[rows]
         start = int(mask.any(axis=0).argmax())
+        start -= start % self.alignment
         if start:
             cache = self.cache_ops.trim(cache, start)
             mask = np.ascontiguousarray(mask[:, start:])

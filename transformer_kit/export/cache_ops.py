@@ -23,6 +23,7 @@ def _helper_graph(kind: str, types: tuple[str, ...]) -> bytes:
     - ``gather``: ``index`` (n,) int64 -> t{i}[index] (rows along axis 0);
     - ``join``: ``u{i}`` too, ``pads_t``/``pads_u`` (8,) int64 -> Concat(Pad(t{i}), Pad(u{i}))
       along axis 0 (each side padded with zeros on the left of its length axis to one length);
+    - ``pad``: ``pads`` (8,) int64 -> Pad(t{i}) (zeros around its length axis);
     - ``trim``: ``start`` (1,) int64 -> t{i}[:, :, start:];
     - ``take``: ``index`` (n,) and ``columns`` (m,) int64 -> t{i}[index][:, :, columns].
     """
@@ -30,7 +31,7 @@ def _helper_graph(kind: str, types: tuple[str, ...]) -> bytes:
 
     int64 = TensorProto.INT64
     scalars = {"gather": [("index", ["n"])], "join": [("pads_t", [8]), ("pads_u", [8])],
-               "trim": [("start", [1]), ("end", [1]), ("axis", [1])],
+               "pad": [("pads", [8])], "trim": [("start", [1]), ("end", [1]), ("axis", [1])],
                "take": [("index", ["n"]), ("columns", ["m"])]}[kind]
     inputs = [helper.make_tensor_value_info(name, int64, shape) for name, shape in scalars]
     nodes, outputs = [], []
@@ -45,6 +46,8 @@ def _helper_graph(kind: str, types: tuple[str, ...]) -> bytes:
             nodes += [helper.make_node("Pad", [f"t{i}", "pads_t"], [f"pt{i}"]),
                       helper.make_node("Pad", [f"u{i}", "pads_u"], [f"pu{i}"]),
                       helper.make_node("Concat", [f"pt{i}", f"pu{i}"], [f"o{i}"], axis=0)]
+        elif kind == "pad":
+            nodes.append(helper.make_node("Pad", [f"t{i}", "pads"], [f"o{i}"]))
         elif kind == "take":
             nodes += [helper.make_node("Gather", [f"t{i}", "index"], [f"r{i}"], axis=0),
                       helper.make_node("Gather", [f"r{i}", "columns"], [f"o{i}"], axis=2)]
@@ -59,8 +62,9 @@ def _helper_graph(kind: str, types: tuple[str, ...]) -> bytes:
 class CacheOps:
     """Moves the rows and columns of many onnxruntime values (a key/value cache) in one run of
     a small graph each, on the values' device: gather rows (beam search, rows leaving a batch),
-    join two batches (rows joining a running batch), trim leading columns, take rows and columns
-    (a prefix cache's entries). One session per operation and input signature."""
+    join two batches (rows joining a running batch), pad columns on either side (a prompt's
+    cache aligned), trim leading columns, take rows and columns (a prefix cache's entries). One
+    session per operation and input signature."""
 
     def __init__(self, providers: list, device: str) -> None:
         self.providers, self.device = providers, device
@@ -95,6 +99,14 @@ class CacheOps:
             binding.input_value(f"u{i}", value)
         binding.input_array("pads_t", np.array([0, 0, pad, 0, 0, 0, 0, 0], np.int64))
         binding.input_array("pads_u", np.array([0, 0, pad_more, 0, 0, 0, 0, 0], np.int64))
+        return binding.run()
+
+    def pad(self, values: list[Any], left: int, right: int) -> list[Any]:
+        """Each value with ``left`` zero columns before and ``right`` after its length axis (2)."""
+        if not left and not right:
+            return values
+        binding = self._binding("pad", values)
+        binding.input_array("pads", np.array([0, 0, left, 0, 0, 0, right, 0], np.int64))
         return binding.run()
 
     def trim(self, values: list[Any], start: int) -> list[Any]:

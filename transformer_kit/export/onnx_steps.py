@@ -102,6 +102,45 @@ class Binding:
         return [outputs[i] for i in range(first, len(outputs))]
 
 
+#: Decoding keeps each row's tokens in cache columns of the same remainder modulo this many as
+#: when the row runs alone (``OnnxModel(batch_invariant=True)``, the default): a prompt's cache
+#: starts at such a column and is followed by masked columns up to the next multiple, and rows
+#: join a running batch when its length is a multiple. onnxruntime's CPU attention adds a row's
+#: keys in vectorised groups counted from the first column (every 4 columns with onnxruntime
+#: 1.31.1 on AVX-512; 8 or 16 lanes on other CPUs), so a row whose columns keep their remainder
+#: gets the sums it gets alone, bit for bit; 16 covers each.
+ALIGNMENT = 16
+
+
+def aligned(length: int, alignment: int) -> int:
+    """``length`` rounded up to a multiple of ``alignment``."""
+    return -(-length // alignment) * alignment
+
+
+def run_step(binding: Binding, ids: np.ndarray, mask: np.ndarray, past_names: list[str],
+             past: list[Any], present_names: list[str], logits: np.ndarray) -> list[Any]:
+    """One run of a decoder step graph: ids (rows, len) int64 after ``past`` (one value per
+    ``past_key_values.*`` input), mask (rows, past + len) 1 = real token; the logits written
+    into ``logits`` (rows, vocab); the present cache (one value per ``present.*`` output)."""
+    binding.rebind()
+    binding.input_array("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
+    binding.input_array("attention_mask", np.ascontiguousarray(mask, dtype=np.int64))
+    binding.input_values(past_names, past)
+    binding.output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
+    binding.outputs_on_device(present_names)
+    return binding.run(first=1)
+
+
+def suffix_lengths(real: np.ndarray) -> np.ndarray | None:
+    """Each row's count of real tokens (rows,) when every row's are one run up to the last
+    column (left padding) and none is empty; else None."""
+    lengths = real.astype(bool).sum(axis=1)
+    columns = np.arange(real.shape[1])
+    if not lengths.all() or not (real.astype(bool) == (columns >= real.shape[1] - lengths[:, None])).all():
+        return None
+    return lengths
+
+
 def native_value(value: Any) -> Any:
     """The native OrtValue behind onnxruntime's Python ``OrtValue`` (itself when native)."""
     return getattr(value, "_ortvalue", value)
@@ -128,13 +167,17 @@ class OnnxStepper:
     The attention mask lives in one buffer that doubles when full (memory grows with the tokens
     generated, not with ``max_new_tokens``) and the logits are written into one preallocated
     array per row count, so a step allocates nothing in Python besides the mask view.
+
+    ``alignment`` > 1 (a decoder's left-padded prompts): each prompt runs without padding, with
+    those of its length, its cache starting at a multiple of ``alignment`` and masked columns
+    after it up to the next (:data:`ALIGNMENT`), so a row decodes bit for bit as alone.
     """
 
     def __init__(self, session: ort.InferenceSession, graph: Any, fixed: dict[str, ort.OrtValue],
                  first_ids: np.ndarray, real: np.ndarray | None, empty_cache, vocab: int,
                  logits_dtype: type, cache_ops: Any, device: str,
-                 adapter: dict[str, ort.OrtValue] | None = None) -> None:
-        self.cache_ops = cache_ops
+                 adapter: dict[str, ort.OrtValue] | None = None, alignment: int = 1) -> None:
+        self.cache_ops, self.empty_cache, self.alignment = cache_ops, empty_cache, alignment
         self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
         self.present_names = [n for n in graph.outputs if n.startswith("present.")]
         self.fixed_names = [k for k in fixed if k in graph.inputs]
@@ -161,9 +204,43 @@ class OnnxStepper:
         self.dropped = 0  # cache columns dropped (mask 0) since the last compaction
 
     def first(self) -> np.ndarray:
+        lengths = None
+        if self.alignment > 1 and self.mask is not None:
+            lengths = suffix_lengths(self.mask[:, :self.length])
+        if lengths is not None:
+            return self._first_aligned(lengths)
         self.binding.rebind().input_array("input_ids", self.first_ids)
         self.tokens = None  # the prompt replaced the token buffer's bind
         return self._run(len(self.first_ids))
+
+    def _first_aligned(self, lengths: np.ndarray) -> np.ndarray:
+        """Run the prompts of each length together without padding, then lay their caches out
+        as the class says: next-token logits (rows, vocab)."""
+        rows, alignment = len(lengths), self.alignment
+        width = max(aligned(int(n), alignment) for n in lengths)
+        logits = np.empty((rows, self.vocab), self.logits_dtype)
+        cache, order = None, []
+        for n in sorted(set(lengths.tolist())):
+            group = np.flatnonzero(lengths == n)
+            part = np.empty((len(group), self.vocab), self.logits_dtype)
+            present = run_step(self.binding, self.first_ids[group, self.length - n:],
+                               np.ones((len(group), n), np.int64), self.past_names,
+                               [self.empty_cache(len(group))] * len(self.past_names),
+                               self.present_names, part)
+            logits[group] = part
+            present = self.cache_ops.pad(present, width - aligned(n, alignment), aligned(n, alignment) - n)
+            cache = present if cache is None else self.cache_ops.join(cache, present, 0, 0)
+            order.extend(group.tolist())
+        if order != list(range(rows)):
+            cache = self.cache_ops.gather(cache, np.argsort(np.array(order, np.int64)))
+        self.mask = np.ones((rows, 2 * width + 8), np.int64)
+        self.mask[:, :width] = 0
+        for row, n in enumerate(lengths.tolist()):
+            start = width - aligned(n, alignment)
+            self.mask[row, start:start + n] = 1
+        self.past, self.length = cache, width
+        self.logits = self.tokens = None  # the groups' runs replaced both binds
+        return logits
 
     def next(self, tokens: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
         if rows is not None:

@@ -37,7 +37,7 @@ from transformer_kit.export.adapters import adapter_names, read_adapter_values
 from transformer_kit.export.batch_steps import BatchDecoder
 from transformer_kit.export.cache_ops import CacheOps
 from transformer_kit.export.manifest import Manifest
-from transformer_kit.export.onnx_steps import OnnxStepper
+from transformer_kit.export.onnx_steps import ALIGNMENT, OnnxStepper
 from transformer_kit.export.providers import CUDA, exact_float32, resolve_providers
 from transformer_kit.export.weights import check_graph
 from transformer_kit.id_checks import check_id_array, check_positions
@@ -71,11 +71,16 @@ class OnnxModel:
             was measured slower than the LayerNormalization and Add it replaces (without the
             fusion a BERT-shaped forward at 4 x 128 ran 5 % faster, GPT-2-shaped decoding 4 %);
             on CUDA the fusion is kept. Pass ``()`` to keep every optimizer.
+        batch_invariant: a decoder's rows decode bit for bit as alone, in a batch of any size
+            (``generate`` of several prompts, the server's engine): prompts of one length run
+            together, each row's cache keeps its columns' remainder modulo 16 and rows join a
+            running batch every 16th step (docs/export.md, "Batch invariance"). False: prompts
+            are left-padded into one run and rows join at the next step.
     """
 
     def __init__(self, path: str | Path, providers: str | Sequence = "auto", *,
                  session_options: ort.SessionOptions | None = None,
-                 disabled_optimizers: str | Sequence[str] = "auto") -> None:
+                 disabled_optimizers: str | Sequence[str] = "auto", batch_invariant: bool = True) -> None:
         self.path = Path(path)
         self.manifest = Manifest.read(self.path)
         self._providers = exact_float32(resolve_providers(providers), self.manifest.dtype)
@@ -110,6 +115,8 @@ class OnnxModel:
         #: ``embed``/``encode``, ``score`` and ``rerank``, run through this export's batches.
         self.sentences = SentenceTasks(self)
         self._adapter_cache: dict[str, dict[str, np.ndarray]] = {}
+        #: The columns a decoding row keeps its remainder modulo (1: rows are not aligned).
+        self.alignment = ALIGNMENT if batch_invariant else 1
 
     def _session(self, name: str) -> ort.InferenceSession:
         session = self._sessions.get(name)
@@ -361,13 +368,14 @@ class OnnxModel:
         return BatchDecoder(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
                             self._empty_cache, self.manifest.tgt_vocab,
                             _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device,
-                            self._adapter_values(adapter))
+                            self._adapter_values(adapter), self.alignment)
 
     def _stepper(self, fixed: dict[str, Any], first_ids: np.ndarray, real: np.ndarray | None,
                  adapter: dict[str, ort.OrtValue] | None = None) -> OnnxStepper:
         return OnnxStepper(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
                            fixed, first_ids, real, self._empty_cache, self.manifest.tgt_vocab,
-                           _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device, adapter)
+                           _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device, adapter,
+                           self.alignment)
 
     def _encode(self, src_ids: np.ndarray, real: np.ndarray) -> dict[str, Any]:
         """Run the encoder once: encoder_attention_mask and every layer's cross keys/values."""

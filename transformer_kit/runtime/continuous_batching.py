@@ -1,12 +1,14 @@
 """Continuous batching of generation requests: many prompts decoded together in one running batch.
 
-Waiting requests are prefilled together (left-padded) and join the running batch at the next
-step boundary in one copy; each streams its tokens as they are chosen and leaves the batch when
-it ends (an eos id, a stop string, ``max_new_tokens``) or when its caller cancels it. The batch
-keeps the step graph's layout (left padding and an attention mask: ``BatchDecoder``), so a greedy
-request gets the tokens ``OnnxModel.generate`` gives it alone (float32; the quantized products
-are row by row exact too, but the padded attention's ~1e-6 can round into a whole int8 step of
-a later product: docs/export.md, "Batch invariance"), and a sampled one with a seed the same draws.
+Waiting requests are prefilled together, those of one prompt length in one run (all of them,
+left-padded, when the model is not ``batch_invariant``), and join the running batch at a step
+boundary in one copy: the next one whose length keeps their columns' remainders
+(``BatchDecoder.can_join``, every 16th step; the first token is streamed meanwhile). Each
+streams its tokens as they are chosen and leaves the batch when it ends (an eos id, a stop
+string, ``max_new_tokens``) or when its caller cancels it. The batch keeps the step graph's
+layout (left padding and an attention mask: ``BatchDecoder``), so a greedy request gets the
+tokens ``OnnxModel.generate`` gives it alone, bit for bit (docs/export.md, "Batch
+invariance"), and a sampled one with a seed the same draws.
 
 With a prefix cache (:mod:`.prefix_cache`), a prompt that starts with a cached one's tokens
 prefills only the rest; with prompt lookup (:mod:`.speculation`), a request decoding alone
@@ -62,6 +64,8 @@ class ContinuousBatch:
         self.prompt_lookup_num_tokens = default_lookup(prompt_lookup_num_tokens, self.decoder)
         self.rows: list[Row] = []
         self.taken: list[Row] = []  # out of the queue by the admission running now
+        #: Prefilled rows waiting for the batch to reach a length they may join at.
+        self.parked: list[tuple[list[Row], Any]] = []
 
     def work(self, ids: Any, stop_matcher: Any, timeout: float | None, options: dict) -> Row:
         """A prompt (length,) or (1, length) of token ids with its generation options, checked
@@ -92,11 +96,13 @@ class ContinuousBatch:
     def running(self) -> list[Any]:
         """The requests in the batch and those being admitted."""
         rows = {id(row) for row in self.rows}
-        return [row.request for row in [*self.rows, *(r for r in self.taken if id(r) not in rows)]]
+        parked = [row for group, _ in self.parked for row in group]
+        return [row.request for row in [*self.rows, *parked, *(r for r in self.taken if id(r) not in rows)]]
 
     def iterate(self, waiting: WaitingQueue, finish: Finish) -> list[Any]:
         """Admit waiting requests, then one step of the batch; the requests to wake."""
         admitted = self.admit(waiting, finish)
+        self._join_parked(finish)
         self.step(waiting, finish)
         return [row.request for row in [*admitted, *self.rows]]
 
@@ -110,8 +116,9 @@ class ContinuousBatch:
         cache = self.prefix_cache
         keys = {id(r): block_keys(r.prompt) if cache is not None else [] for r in rows}
         admitted: list[Row] = []
+        same_length = self.decoder.alignment > 1
         while rows:
-            group, hit = next_group(rows, self.prefill_tokens, cache, keys)
+            group, hit = next_group(rows, self.prefill_tokens, cache, keys, same_length)
             admitted.extend(group)
             self._prefill(group, hit, finish)
         self.taken = []
@@ -120,9 +127,10 @@ class ContinuousBatch:
     def _take(self, waiting: WaitingQueue, finish: Finish) -> list[Row]:
         """The waiting rows the batch has room for (those that ended while waiting end now)."""
         rows: list[Row] = []
-        while len(self.rows) + len(rows) < self.max_batch:
+        parked = sum(len(group) for group, _ in self.parked)
+        while len(self.rows) + parked + len(rows) < self.max_batch:
             try:
-                wait = not self.rows and not rows
+                wait = not self.rows and not rows and not parked
                 row = waiting.get(timeout=0.05) if wait else waiting.get_nowait()
             except queue.Empty:
                 break
@@ -154,8 +162,25 @@ class ContinuousBatch:
         if keep:
             if len(keep) < len(group):
                 prefilled = self.decoder.select(prefilled, np.array(keep, np.int64))
+            self.parked.append(([group[i] for i in keep], prefilled))
+            self._join_parked(finish)
+
+    def _join_parked(self, finish: Finish) -> None:
+        """Prefilled rows join the batch if it may take them now (those that ended while
+        parked end instead)."""
+        while self.parked and self.decoder.can_join:
+            group, prefilled = self.parked.pop(0)
+            gone = [i for i, row in enumerate(group) if row.request.ending is not None]
+            for i in gone:
+                finish(group[i].request, group[i].request.ending, None)
+            if gone:
+                keep = [i for i in range(len(group)) if i not in gone]
+                if not keep:
+                    continue
+                prefilled = self.decoder.select(prefilled, np.array(keep, np.int64))
+                group = [group[i] for i in keep]
             self.decoder.join(prefilled)
-            self.rows.extend(group[i] for i in keep)
+            self.rows.extend(group)
 
     def step(self, waiting: WaitingQueue, finish: Finish) -> None:
         """End the rows that must end (cancelled, past their time), then one step of the rest
@@ -182,7 +207,7 @@ class ContinuousBatch:
     def _speculative_step(self, waiting: WaitingQueue, finish: Finish) -> bool:
         """A step checking prompt lookup's drafts, when the batch's only row asked for them and
         nobody waits (:mod:`.speculation`); whether it ran."""
-        row = self.rows[0] if len(self.rows) == 1 and not waiting.qsize() else None
+        row = self.rows[0] if len(self.rows) == 1 and not waiting.qsize() and not self.parked else None
         drafts = row.drafting.draft(row) if row is not None and row.drafting is not None else None
         if drafts is None or not len(drafts):
             return False
@@ -199,6 +224,6 @@ class ContinuousBatch:
 
     def reset(self) -> None:
         """After a failed step: no rows, a new batch."""
-        self.rows, self.taken = [], []
+        self.rows, self.taken, self.parked = [], [], []
         self.decoder = self.model.batch_decoder(self.adapter)
         self.stats.batch_size = 0

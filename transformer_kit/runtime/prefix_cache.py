@@ -171,7 +171,7 @@ class PrefixCache:
 
 
 def next_group(pending: list[Row], prefill_tokens: int, cache: PrefixCache | None,
-               keys: dict[int, list[int]]) -> tuple[list[Row], Hit | None]:
+               keys: dict[int, list[int]], same_length: bool = False) -> tuple[list[Row], Hit | None]:
     """Take the next group of ``pending`` requests (sorted by prompt length) to prefill in one
     run, with at most ``prefill_tokens`` padded new tokens (a longer prompt runs alone), and the
     cached prefix they continue (None: from scratch).
@@ -179,7 +179,8 @@ def next_group(pending: list[Row], prefill_tokens: int, cache: PrefixCache | Non
     With a cache, the requests whose longest cached prefix lies in the same entry go together,
     continuing the prefix they all share; else the shortest prompts, leaving for a later group a
     prompt that starts with the same block as one taken (after this group's prefill it is a hit).
-    ``keys``: each request's ``block_keys``, by ``id``. The group leaves ``pending``.
+    ``keys``: each request's ``block_keys``, by ``id``. ``same_length``: only prompts of one
+    length (after one cached prefix) go together, without padding. The group leaves ``pending``.
     """
     hits = {} if cache is None else {id(r): cache.find(r.prompt, keys[id(r)]) for r in pending}
     first = next((hit for hit in hits.values() if hit is not None), None)
@@ -191,6 +192,8 @@ def next_group(pending: list[Row], prefill_tokens: int, cache: PrefixCache | Non
             if hit is None or hit.entry is not first.entry:
                 continue
             tokens = min(shared, hit.tokens)
+            if group and same_length and (tokens != shared or len(request.prompt) != len(group[0].prompt)):
+                continue
             if group and (len(group) + 1) * (len(request.prompt) - tokens) > prefill_tokens:
                 break
             group.append(request)
@@ -199,7 +202,8 @@ def next_group(pending: list[Row], prefill_tokens: int, cache: PrefixCache | Non
         return group, Hit(first.entry, shared)
     firsts: set[int] = set()
     for request in list(pending):
-        if group and (len(group) + 1) * len(request.prompt) > prefill_tokens:
+        if group and ((len(group) + 1) * len(request.prompt) > prefill_tokens
+                      or (same_length and len(request.prompt) != len(group[0].prompt))):
             break
         head = keys[id(request)][0] if keys[id(request)] and cache is not None else None
         if head in firsts:

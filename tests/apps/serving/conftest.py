@@ -14,6 +14,12 @@ def onnx_model(exported) -> OnnxModel:
     return OnnxModel(folder / "onnx", providers="cpu")
 
 
+@pytest.fixture(scope="session")
+def padded_model(exported) -> OnnxModel:
+    """The same export without batch invariance: waiting prompts left-padded into one run."""
+    _, folder = exported
+    return OnnxModel(folder / "onnx", providers="cpu", batch_invariant=False)
+
 
 
 def record_prompts(engine: Engine) -> list[list[int]]:

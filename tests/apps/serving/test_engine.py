@@ -67,11 +67,15 @@ def test_sampled_requests_with_a_seed_draw_as_generate_does(onnx_model):
         _same_as_alone(tokens, _alone(onnx_model, prompt, max_new_tokens=new, seed=i, **options))
 
 
-@pytest.mark.parametrize(("prefill_tokens", "runs"), [(4096, 1), (24, 3)])
-def test_waiting_requests_are_prefilled_together_and_decode_as_alone(onnx_model, prefill_tokens, runs):
-    """Eight requests waiting when the loop starts: prefilled in one left-padded run (or, with a
-    small ``prefill_tokens``, in groups of similar length); one ends at its first token and
-    leaves its group before the join."""
+@pytest.mark.parametrize(("invariant", "prefill_tokens", "runs"),
+                         [(False, 4096, 1), (False, 24, 3), (True, 4096, 7), (True, 8, 7)])
+def test_waiting_requests_are_prefilled_together_and_decode_as_alone(onnx_model, padded_model, invariant,
+                                                                     prefill_tokens, runs):
+    """Eight requests waiting when the loop starts: without batch invariance prefilled in one
+    left-padded run (or, with a small ``prefill_tokens``, in groups of similar length); with it
+    (the default) those of one length together (the two of 4 tokens: 7 runs); one ends at its
+    first token and leaves its group before the join."""
+    onnx_model = onnx_model if invariant else padded_model
     vocab = onnx_model.manifest.src_vocab
     lengths, new = [7, 2, 11, 4, 4, 9, 1, 6], [9, 14, 1, 12, 3, 20, 8, 5]
     prompts = [np.arange(3 * i, 3 * i + n) % vocab for i, n in enumerate(lengths)]

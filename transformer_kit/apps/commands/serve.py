@@ -84,6 +84,12 @@ def serve(
         "that previous_response_id can continue them; least recently used out first, lost on "
         "restart. 0: none. Default: 256.")] = 256,
     generation_config: opts.GenerationConfigMode = opts.GenerationMode.auto,
+    batch_invariant: Annotated[bool, _Opt(
+        "--batch-invariant/--no-batch-invariant",
+        help="A decoder's greedy tokens the same whoever else is asking (docs/export.md, \"Batch "
+        "invariance\"): prompts of one length prefilled together, a row joining the batch every "
+        "16th step. --no-batch-invariant: prompts left-padded into one prefill, rows joining at "
+        "the next step.")] = True,
     drain_seconds: Annotated[float, _Opt(help="On SIGTERM the server answers new requests 503 and "
                                          "finishes those it holds, for at most this many seconds, "
                                          "then exits 0.")] = DEFAULT_DRAIN_SECONDS,
@@ -120,7 +126,7 @@ def serve(
     if batch_tokens < 1:
         raise typer.BadParameter(f"must be at least 1, got {batch_tokens}.", param_hint="--batch-tokens")
     try:
-        engine = Engine(open_export(folder, provider), max_batch=max_batch, max_queue=max_queue,
+        engine = Engine(open_export(folder, provider, batch_invariant), max_batch=max_batch, max_queue=max_queue,
                         max_batch_tokens=batch_tokens, prefix_cache_bytes=prefix_cache_bytes,
                         prompt_lookup_num_tokens=prompt_lookup_num_tokens)
         adapters = {each: Engine(engine.model, max_batch=max_batch, max_queue=max_queue,
