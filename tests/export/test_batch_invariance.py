@@ -28,7 +28,7 @@ from transformer_kit.export.quantize import quantize_graph
 from transformer_kit.runtime import Engine
 
 VOCAB, NEW = 256, 12
-KINDS = {"float32": None, "int8": "int8", "int4": Int4()}
+KINDS = {"float32": None, "int8": "int8", "int4": Int4(), "int4-level-1": Int4(accuracy_level=1)}
 LENGTHS = (3, 17, 5, 30, 9, 24, 1, 12)
 
 
@@ -128,13 +128,9 @@ def _decode(batch: BatchDecoder, prompts: list[list[int]], arrivals: list[int], 
 def test_a_decoding_row_gets_its_lone_logits_bit_for_bit_whenever_it_joins(exports, kind):
     """8 prompts of 1 to 30 tokens arriving at steps 0 to 21 (rows leaving as others come):
     every logit of every step equals the lone row's; without the alignment they do not (the
-    padded attention sums in another order). A lone row's step multiplies one row: where this
-    CPU's one-row kernel differs from its several-row one (int4 on AVX2: docs/export.md) the
-    premise fails, which the test says rather than asserting."""
-    one_token = np.arange(1, 7)[:, None]
-    together = exports[kind](one_token)
-    if not all(np.array_equal(exports[kind](one_token[i:i + 1])[0], together[i]) for i in range(6)):
-        pytest.skip(f"{kind}: this CPU multiplies one row by another kernel than several rows")
+    padded attention sums in another order). Where one row's product runs another kernel than
+    several rows' (accuracy level 1 on every CPU, int4 on AVX2 ones) a lone row's token runs as
+    two copies (``one_row_exact`` decides, per model)."""
     prompts, arrivals = _prompts(), [0, 0, 3, 5, 6, 11, 17, 21]
     alone = {invariant: [_decode(OnnxModel(exports[kind].path, providers="cpu",
                                            batch_invariant=invariant).batch_decoder(), [p], [0], NEW)[0]
@@ -146,6 +142,17 @@ def test_a_decoding_row_gets_its_lone_logits_bit_for_bit_whenever_it_joins(expor
                      prompts, arrivals, NEW)
     assert not all(np.array_equal(a, b) for row, expected in zip(padded, alone[False], strict=True)
                    for a, b in zip(row, expected, strict=True))
+
+
+def test_one_row_exact_tells_which_exports_multiply_one_row_by_a_kernel_of_its_own(exports):
+    """float32 and int8 multiply one row as several; int4 at accuracy level 1 does not
+    (onnxruntime's ``SQ4BitGemmM1Kernel_CompFp32``), so its lone rows run as two copies."""
+    one_token = np.arange(1, 3)[:, None]
+    for kind, model in exports.items():
+        apart = not np.array_equal(model(one_token[:1])[0], model(one_token)[0])
+        assert model.batch_decoder().fewest_rows == (2 if apart else 1), kind
+    assert exports["float32"].batch_decoder().fewest_rows == 1
+    assert exports["int4-level-1"].batch_decoder().fewest_rows == 2
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

@@ -50,13 +50,14 @@ class BatchDecoder:
         session: the ``decoder_step`` session; graph: its manifest entry (inputs, outputs).
         empty_cache: ``rows -> OrtValue`` of a zero-length past; vocab: logits' width;
         logits_dtype: numpy dtype of the logits; cache_ops: moves cache rows and columns;
-        alignment: the columns a row keeps its remainder modulo (1: none; the module says).
+        alignment: the columns a row keeps its remainder modulo (1: none; the module says);
+        fewest_rows: a lone row's token runs as that many copies (``onnx_steps.run_step``).
     """
 
     def __init__(self, session: ort.InferenceSession, graph: Any, empty_cache, vocab: int,
                  logits_dtype: type, cache_ops: CacheOps, device: str,
-                 adapter: dict[str, Any] | None = None, alignment: int = 1) -> None:
-        self.alignment = alignment
+                 adapter: dict[str, Any] | None = None, alignment: int = 1, fewest_rows: int = 1) -> None:
+        self.alignment, self.fewest_rows = alignment, fewest_rows
         self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
         self.present_names = [n for n in graph.outputs if n.startswith("present.")]
         self.empty_cache, self.vocab, self.logits_dtype = empty_cache, vocab, logits_dtype
@@ -84,7 +85,8 @@ class BatchDecoder:
                           self.logits_dtype)
         if positions is not None:
             self.binding.input_array(LOGIT_POSITIONS, positions)
-        present = run_step(self.binding, ids, mask, self.past_names, cache, self.present_names, logits)
+        present = run_step(self.binding, ids, mask, self.past_names, cache, self.present_names, logits,
+                           self.cache_ops, self.fewest_rows)
         if positions is not None:
             self.binding.input_array(LOGIT_POSITIONS, LAST_POSITION)
         return logits, present

@@ -118,10 +118,22 @@ def aligned(length: int, alignment: int) -> int:
 
 
 def run_step(binding: Binding, ids: np.ndarray, mask: np.ndarray, past_names: list[str],
-             past: list[Any], present_names: list[str], logits: np.ndarray) -> list[Any]:
+             past: list[Any], present_names: list[str], logits: np.ndarray, cache_ops: Any = None,
+             fewest_rows: int = 1) -> list[Any]:
     """One run of a decoder step graph: ids (rows, len) int64 after ``past`` (one value per
     ``past_key_values.*`` input), mask (rows, past + len) 1 = real token; the logits written
-    into ``logits`` (rows, vocab); the present cache (one value per ``present.*`` output)."""
+    into ``logits`` (rows, vocab); the present cache (one value per ``present.*`` output).
+
+    Products of fewer than ``fewest_rows`` rows (one token of one row) run as that many copies
+    of it (``cache_ops`` copies the cache): where a CPU multiplies one row by a kernel of its
+    own (``one_row_exact``), a lone token then gets the numbers it gets among others."""
+    if ids.size < fewest_rows:
+        copies = np.zeros(fewest_rows, np.int64)
+        more = np.empty((fewest_rows, logits.shape[1]), logits.dtype)
+        present = run_step(binding, ids[copies], mask[copies], past_names, cache_ops.gather(past, copies),
+                           present_names, more)
+        logits[:] = more[:len(logits)]
+        return cache_ops.gather(present, copies[:1])
     binding.rebind()
     binding.input_array("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
     binding.input_array("attention_mask", np.ascontiguousarray(mask, dtype=np.int64))
@@ -129,6 +141,23 @@ def run_step(binding: Binding, ids: np.ndarray, mask: np.ndarray, past_names: li
     binding.output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
     binding.outputs_on_device(present_names)
     return binding.run(first=1)
+
+
+def one_row_exact(session: ort.InferenceSession, graph: Any, empty_cache, vocab: int,
+                  logits_dtype: type, cache_ops: Any, device: str) -> bool:
+    """Whether the step graph gives one token of one row the logits it gives the same token in
+    a batch of two rows, bit for bit (onnxruntime runs other kernels for one row at
+    ``accuracy_level=1``, and for int4 on AVX2 CPUs: docs/export.md, "Batch invariance")."""
+    past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
+    present_names = [n for n in graph.outputs if n.startswith("present.")]
+    binding = Binding(session, device)
+    if LOGIT_POSITIONS in graph.inputs:
+        binding.input_array(LOGIT_POSITIONS, LAST_POSITION)
+    logits = [np.empty((rows, vocab), logits_dtype) for rows in (1, 2)]
+    for out in logits:
+        run_step(binding, np.ones((len(out), 1), np.int64), np.ones((len(out), 1), np.int64), past_names,
+                 [empty_cache(len(out))] * len(past_names), present_names, out)
+    return bool(np.array_equal(logits[0][0], logits[1][0]))
 
 
 def suffix_lengths(real: np.ndarray) -> np.ndarray | None:
@@ -170,14 +199,17 @@ class OnnxStepper:
 
     ``alignment`` > 1 (a decoder's left-padded prompts): each prompt runs without padding, with
     those of its length, its cache starting at a multiple of ``alignment`` and masked columns
-    after it up to the next (:data:`ALIGNMENT`), so a row decodes bit for bit as alone.
+    after it up to the next (:data:`ALIGNMENT`), so a row decodes bit for bit as alone;
+    ``fewest_rows``: a lone row's token runs as that many copies (:func:`run_step`).
     """
 
     def __init__(self, session: ort.InferenceSession, graph: Any, fixed: dict[str, ort.OrtValue],
                  first_ids: np.ndarray, real: np.ndarray | None, empty_cache, vocab: int,
                  logits_dtype: type, cache_ops: Any, device: str,
-                 adapter: dict[str, ort.OrtValue] | None = None, alignment: int = 1) -> None:
+                 adapter: dict[str, ort.OrtValue] | None = None, alignment: int = 1,
+                 fewest_rows: int = 1) -> None:
         self.cache_ops, self.empty_cache, self.alignment = cache_ops, empty_cache, alignment
+        self.fewest_rows = fewest_rows
         self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
         self.present_names = [n for n in graph.outputs if n.startswith("present.")]
         self.fixed_names = [k for k in fixed if k in graph.inputs]
@@ -226,7 +258,7 @@ class OnnxStepper:
             present = run_step(self.binding, self.first_ids[group, self.length - n:],
                                np.ones((len(group), n), np.int64), self.past_names,
                                [self.empty_cache(len(group))] * len(self.past_names),
-                               self.present_names, part)
+                               self.present_names, part, self.cache_ops, self.fewest_rows)
             logits[group] = part
             present = self.cache_ops.pad(present, width - aligned(n, alignment), aligned(n, alignment) - n)
             cache = present if cache is None else self.cache_ops.join(cache, present, 0, 0)
@@ -246,6 +278,12 @@ class OnnxStepper:
         if rows is not None:
             self._reorder(rows)
         self._extend(1)
+        if len(tokens) < self.fewest_rows:  # one row: run as copies of it (run_step)
+            logits = np.empty((len(tokens), self.vocab), self.logits_dtype)
+            self.past = run_step(self.binding, tokens[:, None], self.mask[:, :self.length], self.past_names,
+                                 self.past, self.present_names, logits, self.cache_ops, self.fewest_rows)
+            self.logits = self.tokens = None  # the copies' run replaced both binds
+            return logits
         self.binding.rebind()
         if self.tokens is None or len(self.tokens) != len(tokens):
             # onnxruntime reads the buffer when it runs: later steps only write into it

@@ -37,7 +37,7 @@ from transformer_kit.export.adapters import adapter_names, read_adapter_values
 from transformer_kit.export.batch_steps import BatchDecoder
 from transformer_kit.export.cache_ops import CacheOps
 from transformer_kit.export.manifest import Manifest
-from transformer_kit.export.onnx_steps import ALIGNMENT, OnnxStepper
+from transformer_kit.export.onnx_steps import ALIGNMENT, OnnxStepper, one_row_exact
 from transformer_kit.export.providers import CUDA, exact_float32, resolve_providers
 from transformer_kit.export.weights import check_graph
 from transformer_kit.id_checks import check_id_array, check_positions
@@ -74,8 +74,10 @@ class OnnxModel:
         batch_invariant: a decoder's rows decode bit for bit as alone, in a batch of any size
             (``generate`` of several prompts, the server's engine): prompts of one length run
             together, each row's cache keeps its columns' remainder modulo 16 and rows join a
-            running batch every 16th step (docs/export.md, "Batch invariance"). False: prompts
-            are left-padded into one run and rows join at the next step.
+            running batch every 16th step, and where this CPU multiplies one row by a kernel of
+            its own (checked once, on the first decoding call) a lone row's token runs as two
+            copies (docs/export.md, "Batch invariance"). False: prompts are left-padded into one
+            run and rows join at the next step.
     """
 
     def __init__(self, path: str | Path, providers: str | Sequence = "auto", *,
@@ -117,6 +119,7 @@ class OnnxModel:
         self._adapter_cache: dict[str, dict[str, np.ndarray]] = {}
         #: The columns a decoding row keeps its remainder modulo (1: rows are not aligned).
         self.alignment = ALIGNMENT if batch_invariant else 1
+        self._fewest: int | None = None
 
     def _session(self, name: str) -> ort.InferenceSession:
         session = self._sessions.get(name)
@@ -368,14 +371,24 @@ class OnnxModel:
         return BatchDecoder(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
                             self._empty_cache, self.manifest.tgt_vocab,
                             _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device,
-                            self._adapter_values(adapter), self.alignment)
+                            self._adapter_values(adapter), self.alignment, self._fewest_rows())
 
     def _stepper(self, fixed: dict[str, Any], first_ids: np.ndarray, real: np.ndarray | None,
                  adapter: dict[str, ort.OrtValue] | None = None) -> OnnxStepper:
         return OnnxStepper(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
                            fixed, first_ids, real, self._empty_cache, self.manifest.tgt_vocab,
                            _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device, adapter,
-                           self.alignment)
+                           self.alignment, self._fewest_rows())
+
+    def _fewest_rows(self) -> int:
+        """The fewest rows a decoder's batch-invariant step multiplies: 2 where one token of one
+        row gets other logits than in a batch of two (``one_row_exact``, checked once), else 1."""
+        if self._fewest is None:
+            exact = self.alignment == 1 or self.manifest.architecture != "decoder" or one_row_exact(
+                self._sessions["decoder_step"], self.manifest.graphs["decoder_step"], self._empty_cache,
+                self.manifest.tgt_vocab, _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device)
+            self._fewest = 1 if exact else 2
+        return self._fewest
 
     def _encode(self, src_ids: np.ndarray, real: np.ndarray) -> dict[str, Any]:
         """Run the encoder once: encoder_attention_mask and every layer's cross keys/values."""
