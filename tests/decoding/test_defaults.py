@@ -136,6 +136,10 @@ def test_the_server_samples_with_them_unless_the_request_sets_them(sampling_chec
         assert reply(temperature=0) == om.chat(MESSAGES, max_new_tokens=16, temperature=0)["content"]
         assert reply(seed=5, temperature=1.0) == om.chat(MESSAGES, max_new_tokens=16, seed=5,
                                                          **{**EXPLICIT, "temperature": 1.0})["content"]
+        # the Responses API reports the sampling in effect: the checkpoint's, the request's, greedy
+        said = [client.responses.create(model="chat", input="Hi", max_output_tokens=2, **fields)
+                for fields in ({}, {"temperature": 1.2, "top_p": 0.5}, {"temperature": 0})]
+        assert [(r.temperature, r.top_p) for r in said] == [(0.7, 0.9), (1.2, 0.5), (0.0, 1.0)]
     engine.close()
     ignoring = Engine(om, max_batch=4)
     with running(create_app(ignoring, "chat", generation_config="ignore")) as url:

@@ -221,7 +221,7 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
     app.post("/detokenize", response_model=None)(tokenization.detokenize)
     store = ResponseStore(stored_responses)
     handlers = {name: _endpoints(each, store) for name, each in served.items()}
-    for path, handler in _endpoints(server, store).items():
+    for path, handler in handlers[model_name].items():
         app.post(path, response_model=None, responses=_STREAMS if path in _KINDS["generate"][1] else None)(
             _by_model(handler, handlers, path) if adapters else handler)
     if service.kind == "generate":

@@ -39,6 +39,7 @@ from transformer_kit.apps.serving.openai_api import (
 from transformer_kit.apps.serving.response_store import ResponseStore, UnknownResponse
 from transformer_kit.errors import InputError
 from transformer_kit.runtime import QueueFull, Service
+from transformer_kit.runtime.service import sampling
 from transformer_kit.runtime.text_stream import TextStream, Usage
 
 #: The input items this server takes, by type (a message may leave its type out).
@@ -221,8 +222,11 @@ def _text_part(text: str) -> dict[str, Any]:
 class _Reply:
     """One response being made: its id, its request and what its objects share."""
 
-    def __init__(self, body: ResponsesRequest, model_name: str) -> None:
+    def __init__(self, body: ResponsesRequest, model_name: str, defaults: dict[str, Any]) -> None:
         self.body, self.model_name = body, model_name
+        #: The sampling in effect (the request's fields over the checkpoint's ``defaults``),
+        #: reported as the response's temperature and top_p (0: greedy).
+        self.sampling = sampling(body.temperature, body.top_p, None, defaults)
         self.ident = f"resp_{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -254,8 +258,8 @@ class _Reply:
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": body.previous_response_id, "store": body.store is not False,
-            "temperature": 1.0 if body.temperature is None else body.temperature,
-            "top_p": 1.0 if body.top_p is None else body.top_p,
+            "temperature": self.sampling.get("temperature", 0.0),
+            "top_p": self.sampling.get("top_p", 1.0),
             "text": {"format": (body.text and body.text.format) or {"type": "text"}},
             "tool_choice": body.tool_choice or "auto", "tools": body.tools or [],
             "truncation": "disabled", "metadata": body.metadata or {}, "user": body.user,
@@ -332,7 +336,7 @@ class ResponsesServer:
             return error_response(404, str(exc), param="previous_response_id")
         except (QueueFull, InputError) as exc:
             return self.metrics.refused(exc)
-        reply = _Reply(body, self.model_name)
+        reply = _Reply(body, self.model_name, self.service.generation_defaults)
         if body.stream:
             return StreamingResponse(self._events(stream, reply, conversation),
                                      media_type="text/event-stream")
