@@ -14,7 +14,8 @@ checkpoint, exported with the default ``Int4()``), six chat questions, 48 greedy
 
 Invariance's cost (the int4 export): ``generate`` of the prompts in one call, and an engine
 (continuous batching, 16 rows) given 4 x ``--prompts`` requests at once, so rows keep joining
-as others end (with batch invariance a row joins every 16th step); wall time with and without,
+as others end (with batch invariance a row joins every 16th step), and one prompt alone at
+accuracy levels 4 and 1 (level 1's lone row runs as two copies); wall time with and without,
 interleaved rounds, the median of the per-round ratios.
 
 Cost: one (M, 576) x (576, 1536) product (a SmolLM2-135M feed-forward shape) quantized as the
@@ -103,8 +104,8 @@ def smollm2_agreement(root: Path, new: int = 48) -> None:
 
 def invariance_cost(folders: dict[str, Path], rows: list[list[int]], new: int, rounds: int) -> None:
     """Wall time of ``generate`` of ``rows`` in one call, of an engine given 4 x ``rows``
-    requests at once (int4 at level 4) and of one prompt alone at level 1 (whose lone row runs
-    as two copies), with and without batch invariance, in interleaved rounds."""
+    requests at once (int4 at level 4) and of one prompt alone at levels 4 and 1 (whose lone row
+    runs as two copies), with and without batch invariance, in interleaved rounds."""
     folder = folders["int4 (level 4)"]
     from transformer_kit.runtime import Engine
 
@@ -133,6 +134,7 @@ def invariance_cost(folders: dict[str, Path], rows: list[list[int]], new: int, r
     print("|---|---:|---:|---:|")
     for name, run, pair in ((f"int4: generate, {len(rows)} prompts in one call", one_call, models),
                             (f"int4: engine, {4 * len(rows)} requests, 16 rows", engine, models),
+                            (f"int4: one prompt, {4 * new} tokens", alone, models),
                             (f"int4 level 1: one prompt, {4 * new} tokens (two copies)", alone, level1)):
         times: dict[bool, list[float]] = {True: [], False: []}
         run(pair[True]), run(pair[False])  # warm

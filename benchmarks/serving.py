@@ -95,9 +95,11 @@ def stream(client: httpx.Client, url: str, prompt: list[int], new: int) -> tuple
 
 def load(url: str, clients: int, requests: int, prompts: list[list[int]], new: int,
          streamer=stream) -> dict:
-    """``clients`` threads stream until ``requests`` are answered; aggregate numbers.
-    ``streamer(client, url, prompt, new)``: one request, as :func:`stream`."""
+    """``clients`` threads stream until ``requests`` are answered; aggregate numbers (with each
+    request's time from sending to its last token). ``streamer(client, url, prompt, new)``: one
+    request, as :func:`stream`."""
     lock, taken, ttft, gaps, tokens, failures = threading.Lock(), [0], [], [], [0], []
+    whole: list[float] = []
 
     def client_loop() -> None:
         try:
@@ -113,8 +115,10 @@ def load(url: str, clients: int, requests: int, prompts: list[list[int]], new: i
                         return
                     i = taken[0]
                     taken[0] += 1
+                sent = time.perf_counter()
                 first, between, count = streamer(client, url, prompts[i % len(prompts)], new)
                 with lock:
+                    whole.append(time.perf_counter() - sent)
                     ttft.append(first)
                     gaps.extend(between)
                     tokens[0] += count
@@ -130,7 +134,10 @@ def load(url: str, clients: int, requests: int, prompts: list[list[int]], new: i
     wall = time.perf_counter() - start
     return {"clients": clients, "tokens_per_s": tokens[0] / wall, "tokens": tokens[0], "wall_s": wall,
             "ttft_p50_ms": 1e3 * np.percentile(ttft, 50), "ttft_p99_ms": 1e3 * np.percentile(ttft, 99),
-            "token_p50_ms": 1e3 * np.percentile(gaps, 50), "token_p99_ms": 1e3 * np.percentile(gaps, 99)}
+            "token_p50_ms": 1e3 * np.percentile(gaps, 50) if gaps else float("nan"),
+            "token_p99_ms": 1e3 * np.percentile(gaps, 99) if gaps else float("nan"),
+            "request_p50_ms": 1e3 * np.percentile(whole, 50),
+            "request_p99_ms": 1e3 * np.percentile(whole, 99)}
 
 
 def main(argv: list[str] | None = None) -> int:

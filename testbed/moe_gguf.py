@@ -242,24 +242,9 @@ def random_tensor(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
 
 
 # -- the file ----------------------------------------------------------------------------------
-def _metadata(writer: gguf.GGUFWriter, shape: MoeShape, qtype: gguf.GGMLQuantizationType, name: str) -> None:
-    writer.add_name(name)
-    writer.add_file_type(FILE_TYPES[qtype])
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    writer.add_context_length(shape.max_position_embeddings)
-    writer.add_embedding_length(shape.hidden_size)
-    writer.add_block_count(shape.num_hidden_layers)
-    writer.add_feed_forward_length(shape.intermediate_size)
-    writer.add_head_count(shape.num_attention_heads)
-    writer.add_head_count_kv(shape.num_key_value_heads)
-    writer.add_rope_freq_base(shape.rope_theta)
-    writer.add_layer_norm_rms_eps(shape.rms_norm_eps)
-    writer.add_key_length(shape.head_dim)
-    writer.add_value_length(shape.head_dim)
-    writer.add_expert_count(shape.num_experts)
-    writer.add_expert_used_count(shape.num_experts_per_tok)
-    writer.add_expert_feed_forward_length(shape.moe_intermediate_size)
-    tokens, types, merges, ids = vocabulary(shape.vocab_size)
+def add_tokenizer(writer: gguf.GGUFWriter, vocab_size: int) -> None:
+    """The vocabulary of :func:`vocabulary`, Qwen's special ids and the chat template."""
+    tokens, types, merges, ids = vocabulary(vocab_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")
     writer.add_token_list(tokens)
@@ -272,20 +257,8 @@ def _metadata(writer: gguf.GGUFWriter, shape: MoeShape, qtype: gguf.GGMLQuantiza
     writer.add_chat_template(CHAT_TEMPLATE)
 
 
-def write_moe_gguf(path: Path, shape: MoeShape | str, qtype: gguf.GGMLQuantizationType | str = "Q4_0",
-                   seed: int = 0, progress: bool = False) -> Path:
-    """A random ``qwen3moe`` GGUF file of ``shape`` (a :class:`MoeShape` or a name in
-    :data:`SHAPES`) with its matrices in ``qtype`` (Q4_0, Q8_0 or F32), written to ``path`` one
-    tensor at a time; the same shape, type and seed give the same bytes."""
-    shape = SHAPES[shape] if isinstance(shape, str) else shape
-    qtype = Q[qtype] if isinstance(qtype, str) else qtype
-    if qtype not in FILE_TYPES:
-        raise ValueError(f"file type {qtype.name}: Q4_0, Q8_0 or F32")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    specs = tensor_specs(shape, qtype)
-    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN3MOE])
-    _metadata(writer, shape, qtype, f"random {qtype.name} qwen3moe")
+def write_tensors(writer: gguf.GGUFWriter, specs: list[TensorSpec], seed: int, progress: bool) -> None:
+    """The header, then each of ``specs`` made (random, from its own seed) and written alone."""
     for spec in specs:
         if spec.qtype == Q.F32:
             writer.add_tensor_info(spec.name, spec.shape, np.dtype(np.float32), spec.nbytes())
@@ -304,6 +277,43 @@ def write_moe_gguf(path: Path, shape: MoeShape | str, qtype: gguf.GGMLQuantizati
             print(f"  {written / 1e9:6.2f} / {total / 1e9:.2f} GB  ({spec.name}, "
                   f"{time.perf_counter() - start:.0f} s)", flush=True)
     writer.close()
+
+
+def _metadata(writer: gguf.GGUFWriter, shape: MoeShape, qtype: gguf.GGMLQuantizationType, name: str) -> None:
+    writer.add_name(name)
+    writer.add_file_type(FILE_TYPES[qtype])
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_context_length(shape.max_position_embeddings)
+    writer.add_embedding_length(shape.hidden_size)
+    writer.add_block_count(shape.num_hidden_layers)
+    writer.add_feed_forward_length(shape.intermediate_size)
+    writer.add_head_count(shape.num_attention_heads)
+    writer.add_head_count_kv(shape.num_key_value_heads)
+    writer.add_rope_freq_base(shape.rope_theta)
+    writer.add_layer_norm_rms_eps(shape.rms_norm_eps)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
+    writer.add_expert_count(shape.num_experts)
+    writer.add_expert_used_count(shape.num_experts_per_tok)
+    writer.add_expert_feed_forward_length(shape.moe_intermediate_size)
+    add_tokenizer(writer, shape.vocab_size)
+
+
+def write_moe_gguf(path: Path, shape: MoeShape | str, qtype: gguf.GGMLQuantizationType | str = "Q4_0",
+                   seed: int = 0, progress: bool = False) -> Path:
+    """A random ``qwen3moe`` GGUF file of ``shape`` (a :class:`MoeShape` or a name in
+    :data:`SHAPES`) with its matrices in ``qtype`` (Q4_0, Q8_0 or F32), written to ``path`` one
+    tensor at a time; the same shape, type and seed give the same bytes."""
+    shape = SHAPES[shape] if isinstance(shape, str) else shape
+    qtype = Q[qtype] if isinstance(qtype, str) else qtype
+    if qtype not in FILE_TYPES:
+        raise ValueError(f"file type {qtype.name}: Q4_0, Q8_0 or F32")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    specs = tensor_specs(shape, qtype)
+    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN3MOE])
+    _metadata(writer, shape, qtype, f"random {qtype.name} qwen3moe")
+    write_tensors(writer, specs, seed, progress)
     return path
 
 
