@@ -58,16 +58,24 @@ def server(folder: Path, max_batch: int = 16, max_queue: int = 64, options: tupl
                "--provider", "cpu", *options]
     process = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
+    with running(process, f"{url}/health"):
+        yield url, process
+
+
+@contextlib.contextmanager
+def running(process: subprocess.Popen, ready: str):
+    """Wait (2 minutes at most) until GET ``ready`` answers 200, then until the block ends;
+    ``process`` is stopped after it either way."""
     try:
         deadline = time.monotonic() + 120
         while True:
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
+                raise RuntimeError(f"the server did not start: {' '.join(map(str, process.args))}")
             with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/health").status_code == 200:
+                if httpx.get(ready).status_code == 200:
                     break
             time.sleep(0.2)
-        yield url, process
+        yield
     finally:
         process.terminate()
         process.wait(30)

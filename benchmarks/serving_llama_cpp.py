@@ -50,7 +50,7 @@ from rich.progress import Progress
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # serving.py's server and load
 
-from serving import load, server
+from serving import load, running, server
 
 from testbed.dense_gguf import write_dense_gguf
 from testbed.peers import smollm2_gguf
@@ -96,19 +96,8 @@ def llama_cpp_server(gguf_file: Path, threads: int):
                "--verbose", "False"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("llama.cpp's server did not start")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/v1/models").status_code == 200:
-                    break
-            time.sleep(0.2)
+    with running(process, f"{url}/v1/models"):
         yield url, process
-    finally:
-        process.terminate()
-        process.wait(30)
 
 
 def chat_stream(client: httpx.Client, url: str, question: str, new: int) -> tuple[float, list[float], int]:

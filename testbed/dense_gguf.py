@@ -18,7 +18,7 @@ from pathlib import Path
 
 import gguf
 
-from testbed.moe_gguf import FILE_TYPES, Q, TensorSpec, add_tokenizer, head_type, write_tensors
+from testbed.moe_gguf import FILE_TYPES, Q, TensorSpec, add_tokenizer, head_type, open_file, write_tensors
 
 
 @dataclass(frozen=True)
@@ -86,26 +86,10 @@ def write_dense_gguf(path: Path, shape: DenseShape | str, qtype: gguf.GGMLQuanti
     :data:`SHAPES`) with its matrices in ``qtype`` (Q4_0, Q8_0 or F32), written to ``path`` one
     tensor at a time; the same shape, type and seed give the same bytes."""
     shape = SHAPES[shape] if isinstance(shape, str) else shape
-    qtype = Q[qtype] if isinstance(qtype, str) else qtype
-    if qtype not in FILE_TYPES:
-        raise ValueError(f"file type {qtype.name}: Q4_0, Q8_0 or F32")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN2])
-    writer.add_name(f"random {qtype.name} qwen2")
-    writer.add_file_type(FILE_TYPES[qtype])
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    writer.add_context_length(shape.max_position_embeddings)
-    writer.add_embedding_length(shape.hidden_size)
-    writer.add_block_count(shape.num_hidden_layers)
-    writer.add_feed_forward_length(shape.intermediate_size)
-    writer.add_head_count(shape.num_attention_heads)
-    writer.add_head_count_kv(shape.num_key_value_heads)
-    writer.add_rope_freq_base(shape.rope_theta)
-    writer.add_layer_norm_rms_eps(shape.rms_norm_eps)
+    writer, qtype = open_file(path, gguf.MODEL_ARCH.QWEN2, shape, qtype)
     add_tokenizer(writer, shape.vocab_size)
     write_tensors(writer, tensor_specs(shape, qtype), seed, progress)
-    return path
+    return Path(path)
 
 
 def main() -> None:

@@ -279,8 +279,18 @@ def write_tensors(writer: gguf.GGUFWriter, specs: list[TensorSpec], seed: int, p
     writer.close()
 
 
-def _metadata(writer: gguf.GGUFWriter, shape: MoeShape, qtype: gguf.GGMLQuantizationType, name: str) -> None:
-    writer.add_name(name)
+def open_file(path: Path, arch: gguf.MODEL_ARCH, shape, qtype: gguf.GGMLQuantizationType | str
+              ) -> tuple[gguf.GGUFWriter, gguf.GGMLQuantizationType]:
+    """A writer of ``path`` (folders made) for ``arch`` with the keys every shape has (config.json's
+    names on ``shape``) written, and ``qtype`` checked (Q4_0, Q8_0 or F32)."""
+    qtype = Q[qtype] if isinstance(qtype, str) else qtype
+    if qtype not in FILE_TYPES:
+        raise ValueError(f"file type {qtype.name}: Q4_0, Q8_0 or F32")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    name = gguf.MODEL_ARCH_NAMES[arch]
+    writer = gguf.GGUFWriter(path, name)
+    writer.add_name(f"random {qtype.name} {name}")
     writer.add_file_type(FILE_TYPES[qtype])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.add_context_length(shape.max_position_embeddings)
@@ -291,6 +301,11 @@ def _metadata(writer: gguf.GGUFWriter, shape: MoeShape, qtype: gguf.GGMLQuantiza
     writer.add_head_count_kv(shape.num_key_value_heads)
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_layer_norm_rms_eps(shape.rms_norm_eps)
+    return writer, qtype
+
+
+def _metadata(writer: gguf.GGUFWriter, shape: MoeShape) -> None:
+    """What a Qwen3-MoE file adds to :func:`open_file`'s keys."""
     writer.add_key_length(shape.head_dim)
     writer.add_value_length(shape.head_dim)
     writer.add_expert_count(shape.num_experts)
@@ -305,16 +320,10 @@ def write_moe_gguf(path: Path, shape: MoeShape | str, qtype: gguf.GGMLQuantizati
     :data:`SHAPES`) with its matrices in ``qtype`` (Q4_0, Q8_0 or F32), written to ``path`` one
     tensor at a time; the same shape, type and seed give the same bytes."""
     shape = SHAPES[shape] if isinstance(shape, str) else shape
-    qtype = Q[qtype] if isinstance(qtype, str) else qtype
-    if qtype not in FILE_TYPES:
-        raise ValueError(f"file type {qtype.name}: Q4_0, Q8_0 or F32")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    specs = tensor_specs(shape, qtype)
-    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN3MOE])
-    _metadata(writer, shape, qtype, f"random {qtype.name} qwen3moe")
-    write_tensors(writer, specs, seed, progress)
-    return path
+    writer, qtype = open_file(path, gguf.MODEL_ARCH.QWEN3MOE, shape, qtype)
+    _metadata(writer, shape)
+    write_tensors(writer, tensor_specs(shape, qtype), seed, progress)
+    return Path(path)
 
 
 def main() -> None:
