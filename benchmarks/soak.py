@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                       transient=True) as progress:
             task = progress.add_task("soak", total=total)
             for minute in range(1, total + 1):
-                time.sleep(max(0.0, start + 60 * minute - time.monotonic()))
+                time.sleep(max(0.0, start + 60 * min(minute, args.minutes) - time.monotonic()))
                 memory.append(rss(process.pid))
                 progress.update(task, completed=minute, description=f"soak: {soak.answered} answered")
         for thread in threads:

@@ -69,15 +69,31 @@ class ChatSession:
         self.messages = list(self.start)
 
     def reply(self, text: str) -> Iterator[str]:
-        """The assistant's reply to the user's ``text``, in pieces as it is generated; the turn
-        joins the history once the reply is complete (a reply left unfinished is dropped)."""
+        """The assistant's reply to the user's ``text``, in pieces as it is generated (the raw
+        text, a reasoning template's markup included); the turn joins the history once the
+        reply is complete (a reply left unfinished is dropped)."""
+        for piece, _ in self._pieces(text):
+            yield piece
+
+    def reply_parts(self, text: str) -> Iterator[tuple[str, str]]:
+        """As :meth:`reply`, each piece read as (reasoning, content): a reasoning template's
+        thinking apart from the answer, without their markup (all content for other templates)."""
+        for _, parts in self._pieces(text):
+            if any(parts):
+                yield parts
+
+    def _pieces(self, text: str) -> Iterator[tuple[str, tuple[str, str]]]:
+        """(raw piece, its (reasoning, content)) as generated; the last has an empty raw piece
+        and what the reasoning reader held back. The turn joins the history at the end."""
         messages = [*self.messages, {"role": "user", "content": text}]
         turn = ChatTurn(self.tokenizer, messages, chat_template=self.chat_template, options=self.options)
-        pieces = []
+        splitter, pieces = turn.splitter(), []
         for piece in self.model.stream(turn.prompt, add_special_tokens=False,
                                        **{**turn.options, "max_new_tokens": self.budget(turn.prompt)}):
             pieces.append(piece)
-            yield piece
+            yield piece, ("", piece) if splitter is None else splitter.add(piece)
+        if splitter is not None:
+            yield "", splitter.finish()
         # the reply as the assistant's message: a reasoning template's thinking apart (gpt-oss's
         # template refuses channel markup in a message's content)
         self.messages = [*messages, turn.message("".join(pieces))]

@@ -178,3 +178,18 @@ def test_a_checkpoint_or_its_hub_name_is_exported_once_and_chats_as_its_export(o
         p.name for p in (tmp_path / "kit" / "exports").iterdir())[0]), "--quantize", "int8",
         "--message", "hello")
     assert refused.exit_code == 1 and "is an export folder, already made" in refused.output
+
+
+def test_a_reasoning_model_s_thinking_is_shown_apart_from_its_answer(tmp_path):
+    """Qwen3's template and a model that thinks then answers: ``[thinking]`` then ``[answer]``,
+    without the markup, as OnnxModel.chat splits the same reply."""
+    from tests.chat.reasoning_checkpoint import write_reasoning_checkpoint
+
+    chain = ["\n", "<think>", "The user asks", "</think>", " Paris is sunny", "<|im_end|>"]
+    folder = write_reasoning_checkpoint(tmp_path / "qwen3", "qwen3", [chain])
+    export_onnx(tk.from_hf(folder), folder / "onnx")
+    said = OnnxModel(folder / "onnx", providers="cpu").chat([user("Weather?")], max_new_tokens=16)
+    assert said["reasoning_content"] and said["content"]
+    result = invoke("chat", str(folder / "onnx"), "--message", "Weather?", "--max-new-tokens", "16")
+    assert result.exit_code == 0, result.output
+    assert result.output == f"[thinking] {said['reasoning_content']}\n[answer] {said['content']}\n"

@@ -26,16 +26,25 @@ EXIT, RESET = ("/exit", "/quit"), "/reset"
 HELP = "/reset clears the conversation (the system message stays); /exit, /quit or Ctrl-D ends it."
 
 
+#: What stands before a reasoning model's thinking and before its answer after thinking.
+THINKING, ANSWER = "[thinking] ", "[answer] "
+
+
 def reply(session: ChatSession, text: str, out: TextIO) -> str:
     """The session's reply to the user's ``text``, written to ``out`` as it is generated (then a
-    newline)."""
-    pieces = []
-    for piece in session.reply(text):
-        pieces.append(piece)
-        out.write(piece)
+    newline): a reasoning model's thinking after ``[thinking]``, its answer after ``[answer]``,
+    without the template's markup. Returns the answer."""
+    content, thought = [], False
+    for reasoning, answer in session.reply_parts(text):
+        if reasoning:
+            out.write(("" if thought else THINKING) + reasoning)
+            thought = True
+        if answer:
+            out.write((f"\n{ANSWER}" if thought and not content else "") + answer)
+            content.append(answer)
         out.flush()
     out.write("\n")
-    return "".join(pieces)
+    return "".join(content)
 
 
 def chat(
