@@ -24,6 +24,7 @@ from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
 from transformer_kit.export import Int4, OnnxModel, export_onnx
 from transformer_kit.export.batch_steps import BatchDecoder
+from transformer_kit.export.onnx_steps import PREFILL_CHUNK
 from transformer_kit.export.quantize import quantize_graph
 from transformer_kit.runtime import Engine
 
@@ -187,3 +188,22 @@ def test_greedy_tokens_alone_equal_those_in_a_batch_and_through_the_server(expor
     finally:
         engine.close()
     assert answers == [expected[i % 8] for i in range(16)]
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_prompt_continuing_cached_chunks_computes_what_it_computes_from_scratch(exports, kind):
+    """A prompt is prefilled in chunks of 64 tokens (``onnx_steps.PREFILL_CHUNK``), so one that
+    continues the first 64 columns of another prompt's cache (a prefix cache's hit) gets the
+    logits and the cache of its prefill from scratch, bit for bit."""
+    decoder = exports[kind].batch_decoder()
+    rng = np.random.default_rng(5)
+    prefix = rng.integers(1, VOCAB, 70)
+    first, second = (np.concatenate([prefix, rng.integers(1, VOCAB, n)]) for n in (6, 9))
+    cached, _ = decoder.prefill([first])
+    past = decoder.cache_ops.take(cached.cache, np.zeros(1, np.int64), np.arange(PREFILL_CHUNK))
+    continued, logits = decoder.prefill([second[PREFILL_CHUNK:]], past, PREFILL_CHUNK)
+    whole, expected = decoder.prefill([second])
+    assert np.array_equal(logits, expected)
+    assert np.array_equal(continued.mask, whole.mask)
+    for mine, theirs in zip(continued.cache, whole.cache, strict=True):
+        assert np.array_equal(mine.numpy(), theirs.numpy())

@@ -26,9 +26,11 @@ from transformer_kit.export.cache_ops import CacheOps
 from transformer_kit.export.onnx_steps import (
     LAST_POSITION,
     LOGIT_POSITIONS,
+    PREFILL_CHUNK,
     Binding,
     aligned,
     bind_adapter,
+    prefill_in_chunks,
     run_step,
 )
 
@@ -98,8 +100,15 @@ class BatchDecoder:
         (one value per ``past_key_values.*`` input, (len(prompts), kv_heads, past_length,
         head_dim), every column real: a cached prefix), the prompts being what follows it; the
         rows' mask is then (rows, past_length + longest), padding between past and prompt. With
-        an alignment, masked columns follow up to a multiple of it (prompts of one length
-        then run as they run alone)."""
+        an alignment, prompts of one length run in chunks (``onnx_steps.prefill_in_chunks``) as
+        they run alone, and masked columns follow up to a multiple of it."""
+        if past is None:
+            past = [self.empty_cache(len(prompts))] * len(self.past_names)
+        if self.alignment > 1 and len({len(ids) for ids in prompts}) == 1 and not past_length % PREFILL_CHUNK:
+            logits, present = prefill_in_chunks(np.stack(prompts), past, past_length,
+                                                self._run)
+            return self._aligned(PrefilledRows(present, np.ones((len(prompts), past_length + len(prompts[0])),
+                                                                np.int64))), logits
         longest = max(len(ids) for ids in prompts)
         ids = np.zeros((len(prompts), longest), np.int64)
         mask = np.zeros((len(prompts), past_length + longest), np.int64)
@@ -107,14 +116,16 @@ class BatchDecoder:
         for i, prompt in enumerate(prompts):
             ids[i, longest - len(prompt):] = prompt
             mask[i, past_length + longest - len(prompt):] = 1
-        if past is None:
-            past = [self.empty_cache(len(prompts))] * len(self.past_names)
         logits, present = self._run(ids, mask, past)
-        gap = aligned(mask.shape[1], self.alignment) - mask.shape[1]
-        if gap:
-            present = self.cache_ops.pad(present, 0, gap)
-            mask = np.concatenate([mask, np.zeros((len(mask), gap), np.int64)], axis=1)
-        return PrefilledRows(present, mask), logits
+        return self._aligned(PrefilledRows(present, mask)), logits
+
+    def _aligned(self, rows: PrefilledRows) -> PrefilledRows:
+        """``rows`` followed by masked columns up to a multiple of the alignment."""
+        gap = aligned(rows.mask.shape[1], self.alignment) - rows.mask.shape[1]
+        if not gap:
+            return rows
+        return PrefilledRows(self.cache_ops.pad(rows.cache, 0, gap),
+                             np.concatenate([rows.mask, np.zeros((len(rows.mask), gap), np.int64)], axis=1))
 
     @property
     def can_join(self) -> bool:

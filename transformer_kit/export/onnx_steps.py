@@ -10,6 +10,7 @@ is never copied through Python or numpy, and on CUDA it stays on the device
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -110,6 +111,10 @@ class Binding:
 #: 1.31.1 on AVX-512; 8 or 16 lanes on other CPUs), so a row whose columns keep their remainder
 #: gets the sums it gets alone, bit for bit; 16 covers each.
 ALIGNMENT = 16
+#: ... and prefills a prompt in chunks of this many tokens, each ending at a multiple of it
+#: (counted from the prompt's first token), so that a prompt continuing a cached prefix of whole
+#: chunks computes the numbers it computes from scratch.
+PREFILL_CHUNK = 64
 
 
 def aligned(length: int, alignment: int) -> int:
@@ -160,6 +165,20 @@ def one_row_exact(session: ort.InferenceSession, graph: Any, empty_cache, vocab:
     return bool(np.array_equal(logits[0][0], logits[1][0]))
 
 
+def prefill_in_chunks(ids: np.ndarray, past: list[Any], past_length: int,
+                      run: Callable[[np.ndarray, np.ndarray, list[Any]], tuple[np.ndarray, list[Any]]]
+                      ) -> tuple[np.ndarray, list[Any]]:
+    """ids (rows, n) after ``past`` (``past_length`` real columns, a multiple of
+    :data:`PREFILL_CHUNK`), run in chunks ending at multiples of it; ``run(ids, mask, past)`` ->
+    (last position's logits, present) runs one. Returns the last chunk's logits and the cache."""
+    logits, cache, done = None, past, past_length
+    for start in range(0, ids.shape[1], PREFILL_CHUNK):
+        chunk = ids[:, start:start + PREFILL_CHUNK]
+        logits, cache = run(chunk, np.ones((len(ids), done + chunk.shape[1]), np.int64), cache)
+        done += chunk.shape[1]
+    return logits, cache
+
+
 def suffix_lengths(real: np.ndarray) -> np.ndarray | None:
     """Each row's count of real tokens (rows,) when every row's are one run up to the last
     column (left padding) and none is empty; else None."""
@@ -198,8 +217,9 @@ class OnnxStepper:
     array per row count, so a step allocates nothing in Python besides the mask view.
 
     ``alignment`` > 1 (a decoder's left-padded prompts): each prompt runs without padding, with
-    those of its length, its cache starting at a multiple of ``alignment`` and masked columns
-    after it up to the next (:data:`ALIGNMENT`), so a row decodes bit for bit as alone;
+    those of its length, in chunks (:func:`prefill_in_chunks`), its cache starting at a multiple
+    of ``alignment`` and masked columns after it up to the next (:data:`ALIGNMENT`), so a row
+    decodes bit for bit as alone;
     ``fewest_rows``: a lone row's token runs as that many copies (:func:`run_step`).
     """
 
@@ -254,11 +274,14 @@ class OnnxStepper:
         cache, order = None, []
         for n in sorted(set(lengths.tolist())):
             group = np.flatnonzero(lengths == n)
-            part = np.empty((len(group), self.vocab), self.logits_dtype)
-            present = run_step(self.binding, self.first_ids[group, self.length - n:],
-                               np.ones((len(group), n), np.int64), self.past_names,
-                               [self.empty_cache(len(group))] * len(self.past_names),
-                               self.present_names, part, self.cache_ops, self.fewest_rows)
+
+            def run(ids: np.ndarray, mask: np.ndarray, past: list[Any]) -> tuple[np.ndarray, list[Any]]:
+                part = np.empty((len(ids), self.vocab), self.logits_dtype)
+                return part, run_step(self.binding, ids, mask, self.past_names, past, self.present_names,
+                                      part, self.cache_ops, self.fewest_rows)
+
+            part, present = prefill_in_chunks(self.first_ids[group, self.length - n:],
+                                              [self.empty_cache(len(group))] * len(self.past_names), 0, run)
             logits[group] = part
             present = self.cache_ops.pad(present, width - aligned(n, alignment), aligned(n, alignment) - n)
             cache = present if cache is None else self.cache_ops.join(cache, present, 0, 0)

@@ -81,11 +81,14 @@ class PrefixCache:
     bytes held now.
     """
 
-    def __init__(self, max_bytes: int, ops: CacheOps) -> None:
+    def __init__(self, max_bytes: int, ops: CacheOps, granule: int = 1) -> None:
+        """``granule``: a hit reuses a multiple of this many tokens (a batch-invariant decoder
+        prefills in chunks of ``onnx_steps.PREFILL_CHUNK``, so that a prompt continuing a cached
+        prefix computes what it computes from scratch)."""
         if max_bytes < 1:
             raise InputError(f"A prefix cache needs a bound of at least 1 byte, got {max_bytes}; "
                              "leave it out (0) to cache no prefixes.")
-        self.max_bytes, self.ops = max_bytes, ops
+        self.max_bytes, self.ops, self.granule = max_bytes, ops, granule
         self.entries: OrderedDict[int, Entry] = OrderedDict()  # id -> entry, least recent first
         self.index: dict[int, dict[int, None]] = {}  # block key -> ids of its entries, in order
         self.nbytes = self.hits = self.misses = self.reused_tokens = self.evictions = 0
@@ -106,7 +109,8 @@ class PrefixCache:
         for ident in reversed(ids or {}):  # the most recent first: it wins a tie
             entry = self.entries[ident]
             common = min(common_length(entry.tokens, prompt), len(prompt) - 1)
-            if common >= BLOCK - 1 and (best is None or common > best.tokens):
+            common -= common % self.granule
+            if common >= max(BLOCK - 1, self.granule) and (best is None or common > best.tokens):
                 best = Hit(entry, common)
         return best
 

@@ -5,6 +5,7 @@ usage chunk), the cache's counters in ``/metrics``, and replies equal to those w
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -17,6 +18,7 @@ from tests.chat.checkpoint import write_chat_checkpoint
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
 from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export.onnx_steps import PREFILL_CHUNK
 from transformer_kit.runtime import Engine
 
 
@@ -31,7 +33,10 @@ def _metrics(url: str) -> dict[str, float]:
             re.findall(r"^(transformer_kit_prefix_cache_\w+) (\S+)$", text, re.M)}
 
 
-def test_completions_report_cached_tokens_and_metrics_count_the_cache(onnx_model):
+def test_completions_report_cached_tokens_and_metrics_count_the_cache(padded_model):
+    """Token-granular hits (the export without batch invariance; tests/apps/serving/
+    test_prefix_cache.py says why)."""
+    onnx_model = padded_model
     prefix = np.random.default_rng(0).integers(3, 37, 40).tolist()
     prompts = [[*prefix, 3, 9, 9], [*prefix, 4, 8]]
     engine = Engine(onnx_model, prefix_cache_bytes=10**7)
@@ -58,15 +63,21 @@ def test_completions_report_cached_tokens_and_metrics_count_the_cache(onnx_model
 
 
 @pytest.fixture(scope="module")
-def chat_model(tmp_path_factory) -> OnnxModel:
+def chat_export(tmp_path_factory) -> Path:
     folder = write_chat_checkpoint(tmp_path_factory.mktemp("prefix-chat") / "qwen2")
     export_onnx(tk.from_hf(folder), folder / "onnx")
-    return OnnxModel(folder / "onnx", providers="cpu")
+    return folder / "onnx"
 
 
-def test_chats_sharing_a_system_prompt_reuse_it_in_replies_and_streams(chat_model):
+@pytest.mark.parametrize("invariant", [True, False], ids=["batch-invariant", "token-granular"])
+def test_chats_sharing_a_system_prompt_reuse_it_in_replies_and_streams(chat_export, invariant):
+    """With batch invariance (the default) a hit reuses whole chunks of 64 tokens
+    (``onnx_steps.PREFILL_CHUNK``), without it every shared token."""
+    chat_model = OnnxModel(chat_export, providers="cpu", batch_invariant=invariant)
     system = {"role": "system", "content": "You answer questions about the weather in the cities "
-              "of France, briefly and in plain words, without lists or tables."}
+              "of France, briefly and in plain words, without lists or tables. You give the "
+              "temperature in degrees Celsius, the wind in kilometres an hour and the chance of "
+              "rain as a percentage, and you say when the forecast is uncertain."}
     chats = [[system, {"role": "user", "content": question}]
              for question in ("Is it raining in Lyon?", "Why is Nice so warm?")]
     engine = Engine(chat_model, prefix_cache_bytes=10**7)
@@ -81,9 +92,10 @@ def test_chats_sharing_a_system_prompt_reuse_it_in_replies_and_streams(chat_mode
         with_cache = _metrics(url)["transformer_kit_prefix_cache_tokens_total"]
     engine.close()
     shared = next(i for i, (a, b) in enumerate(zip(*prompts, strict=False)) if a != b)
-    assert shared > 16  # the system prompt, rendered, is longer than one block
+    assert shared > 64  # the system prompt, rendered, is longer than one chunk
+    reused = shared - shared % PREFILL_CHUNK if invariant else shared
     assert first.usage.prompt_tokens_details.cached_tokens == 0
-    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == shared == with_cache
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == reused == with_cache
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert first.choices[0].message.content == chat_model.chat(chats[0], max_new_tokens=8)["content"]
     assert text == chat_model.chat(chats[1], max_new_tokens=8)["content"]
