@@ -119,6 +119,8 @@ class Soak:
         self.sent = self.answered = 0
         self.failed: list[str] = []
         self.different: list[str] = []
+        #: kind -> answers that differed from the lone one
+        self.different_by_kind: dict[str, int] = defaultdict(int)
         #: minute -> kind -> latencies (s)
         self.latency: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
 
@@ -143,6 +145,7 @@ class Soak:
                     self.answered += 1
                     self.latency[int((done - self.start) // 60)][kind].append(done - sent)
                     if got != self.lone[index] and kind != "metrics":
+                        self.different_by_kind[kind] += 1
                         self.different.append(f"{kind} {body and body.get('messages', body)}: "
                                               f"alone {self.lone[index]!r} / now {got!r}"[:400])
 
@@ -156,7 +159,7 @@ def export(workdir: Path) -> Path:
     return folder
 
 
-def plot(path: Path, minutes: list[dict]) -> None:
+def plot(path: Path, minutes: list[dict], clients: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,7 +169,7 @@ def plot(path: Path, minutes: list[dict]) -> None:
     fig, (memory, latency) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     memory.plot(x, [m["rss_mb"] for m in minutes], marker="o")
     memory.set_ylabel("server RSS (MB)")
-    memory.set_title("transformer-kit serve, SmolLM2-135M int4, 64 clients, every endpoint")
+    memory.set_title(f"transformer-kit serve, SmolLM2-135M int4, {clients} clients, every endpoint")
     for kind in ("chat", "chat stream", "responses", "completion"):
         latency.plot(x, [m["p50"].get(kind, np.nan) for m in minutes], marker="o", label=f"{kind} p50")
         latency.plot(x, [m["p99"].get(kind, np.nan) for m in minutes], marker="x", linestyle="--",
@@ -229,13 +232,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nsent {soak.sent}, answered {soak.answered}, failed {len(soak.failed)}, different from the "
           f"lone answer {len(soak.different)}; RSS after minute 1: {memory[0] / 1e6:.0f} MB -> "
           f"{memory[-1] / 1e6:.0f} MB ({growth:+.1f} %, target < 5 %)")
+    if soak.different_by_kind:
+        by_kind = sorted(soak.different_by_kind.items())
+        print("different by kind: " + ", ".join(f"{k} {n}" for k, n in by_kind))
     for line in [*soak.failed[:5], *soak.different[:5]]:
         print("  " + line)
-    plot(args.plot, minutes)
+    plot(args.plot, minutes, args.clients)
     print(f"plot: {args.plot}")
     (workdir / "soak.json").write_text(json.dumps({"date": stamp, "minutes": minutes, "sent": soak.sent,
                                                    "answered": soak.answered, "failed": soak.failed,
-                                                   "different": soak.different}, indent=1))
+                                                   "different": soak.different,
+                                                   "different_by_kind": soak.different_by_kind}, indent=1))
     return 0 if not soak.failed and not soak.different else 1
 
 
