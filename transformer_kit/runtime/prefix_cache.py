@@ -182,7 +182,8 @@ def next_group(pending: list[Row], prefill_tokens: int, cache: PrefixCache | Non
 
     With a cache, the requests whose longest cached prefix lies in the same entry go together,
     continuing the prefix they all share; else the shortest prompts, leaving for a later group a
-    prompt that starts with the same block as one taken (after this group's prefill it is a hit).
+    prompt that starts with the same block (with a granule: the same first chunk) as one taken
+    (after this group's prefill it is a hit).
     ``keys``: each request's ``block_keys``, by ``id``. ``same_length``: only prompts of one
     length (after one cached prefix) go together, without padding. The group leaves ``pending``.
     """
@@ -205,11 +206,15 @@ def next_group(pending: list[Row], prefill_tokens: int, cache: PrefixCache | Non
             pending.remove(request)
         return group, Hit(first.entry, shared)
     firsts: set[int] = set()
+    # the key of the shortest prefix a hit reuses: a block, or a whole chunk of the cache's granule
+    first_key = max(cache.granule // BLOCK, 1) - 1 if cache is not None else 0
     for request in list(pending):
         if group and ((len(group) + 1) * len(request.prompt) > prefill_tokens
                       or (same_length and len(request.prompt) != len(group[0].prompt))):
             break
-        head = keys[id(request)][0] if keys[id(request)] and cache is not None else None
+        reusable = (cache is not None and len(keys[id(request)]) > first_key
+                    and len(request.prompt) > cache.granule)
+        head = keys[id(request)][first_key] if reusable else None
         if head in firsts:
             continue
         if head is not None:

@@ -247,3 +247,22 @@ def test_a_failed_prefill_ends_the_requests_it_took_and_the_engine_goes_on(onnx_
         _same_as_alone(later.result(), _alone(onnx_model, np.arange(1, 5), max_new_tokens=3))
     finally:
         engine.close()
+
+
+def test_waiting_prompts_sharing_less_than_a_chunk_are_prefilled_together(onnx_model):
+    """With batch invariance a cache hit reuses whole 64-token chunks: six waiting prompts of one
+    length sharing their first 20 tokens (a chat template's head) cannot continue one another,
+    so they are prefilled in one run, not one after another waiting for a hit."""
+    vocab = onnx_model.manifest.src_vocab
+    head = np.arange(20) % vocab
+    prompts = [np.concatenate([head, (np.arange(5) + 7 * i) % vocab]) for i in range(6)]
+    engine = Engine(onnx_model, max_batch=8, prefix_cache_bytes=10**7, start=False)
+    try:
+        requests = [engine.submit(p, max_new_tokens=4) for p in prompts]
+        engine.start()
+        results = [request.result() for request in requests]
+        assert engine.stats.prefills == 1 and engine.prefix_cache.hits == 0
+    finally:
+        engine.close()
+    for prompt, tokens in zip(prompts, results, strict=True):
+        _same_as_alone(tokens, _alone(onnx_model, prompt, max_new_tokens=4))
