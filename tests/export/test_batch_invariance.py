@@ -192,16 +192,17 @@ def test_greedy_tokens_alone_equal_those_in_a_batch_and_through_the_server(expor
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_prompt_continuing_cached_chunks_computes_what_it_computes_from_scratch(exports, kind):
-    """A prompt is prefilled in chunks of 64 tokens (``onnx_steps.PREFILL_CHUNK``), so one that
-    continues the first 64 columns of another prompt's cache (a prefix cache's hit) gets the
+    """A prompt is prefilled in chunks of 16 tokens (``onnx_steps.PREFILL_CHUNK``), so one that
+    continues whole chunks of another prompt's cache (a prefix cache's hit) gets the
     logits and the cache of its prefill from scratch, bit for bit."""
     decoder = exports[kind].batch_decoder()
     rng = np.random.default_rng(5)
     prefix = rng.integers(1, VOCAB, 70)
     first, second = (np.concatenate([prefix, rng.integers(1, VOCAB, n)]) for n in (6, 9))
     cached, _ = decoder.prefill([first])
-    past = decoder.cache_ops.take(cached.cache, np.zeros(1, np.int64), np.arange(PREFILL_CHUNK))
-    continued, logits = decoder.prefill([second[PREFILL_CHUNK:]], past, PREFILL_CHUNK)
+    reused = 4 * PREFILL_CHUNK  # 64 of the 70 shared tokens
+    past = decoder.cache_ops.take(cached.cache, np.zeros(1, np.int64), np.arange(reused))
+    continued, logits = decoder.prefill([second[reused:]], past, reused)
     whole, expected = decoder.prefill([second])
     assert np.array_equal(logits, expected)
     assert np.array_equal(continued.mask, whole.mask)

@@ -114,7 +114,7 @@ ALIGNMENT = 16
 #: ... and prefills a prompt in chunks of this many tokens, each ending at a multiple of it
 #: (counted from the prompt's first token), so that a prompt continuing a cached prefix of whole
 #: chunks computes the numbers it computes from scratch.
-PREFILL_CHUNK = 64
+PREFILL_CHUNK = 16
 
 
 def aligned(length: int, alignment: int) -> int:

@@ -249,10 +249,10 @@ def test_a_failed_prefill_ends_the_requests_it_took_and_the_engine_goes_on(onnx_
         engine.close()
 
 
-def test_waiting_prompts_sharing_less_than_a_chunk_are_prefilled_together(onnx_model):
-    """With batch invariance a cache hit reuses whole 64-token chunks: six waiting prompts of one
-    length sharing their first 20 tokens (a chat template's head) cannot continue one another,
-    so they are prefilled in one run, not one after another waiting for a hit."""
+def test_waiting_prompts_sharing_a_chunk_wait_for_one_hit_then_run_together(onnx_model):
+    """With batch invariance a cache hit reuses whole 16-token chunks: of six waiting prompts of
+    one length sharing their first 20 tokens (a chat template's head) one runs, and the five
+    others then continue its first chunk together, in one more run (not one after another)."""
     vocab = onnx_model.manifest.src_vocab
     head = np.arange(20) % vocab
     prompts = [np.concatenate([head, (np.arange(5) + 7 * i) % vocab]) for i in range(6)]
@@ -261,7 +261,8 @@ def test_waiting_prompts_sharing_less_than_a_chunk_are_prefilled_together(onnx_m
         requests = [engine.submit(p, max_new_tokens=4) for p in prompts]
         engine.start()
         results = [request.result() for request in requests]
-        assert engine.stats.prefills == 1 and engine.prefix_cache.hits == 0
+        assert engine.stats.prefills == 2 and engine.prefix_cache.hits == 5
+        assert sorted(r.cached_tokens for r in requests) == [0] + [16] * 5
     finally:
         engine.close()
     for prompt, tokens in zip(prompts, results, strict=True):

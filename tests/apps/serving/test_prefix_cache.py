@@ -3,8 +3,8 @@ the rest and still gets exactly the greedy tokens of ``OnnxModel.generate`` and 
 without a cache; entries are bounded by bytes, least recently used out first.
 
 The cache's mechanics at the granularity of single tokens, on the export without batch
-invariance (``onnx_model`` here; a batch-invariant one reuses whole 64-token chunks, which this
-tiny model's 64 positions cannot hold: tests/export/test_batch_invariance.py)."""
+invariance (``onnx_model`` here; a batch-invariant one reuses whole 16-token chunks:
+tests/export/test_batch_invariance.py and test_prefix_cache_http.py)."""
 
 from __future__ import annotations
 
