@@ -182,9 +182,10 @@ def prefill_in_chunks(ids: np.ndarray, past: list[Any], past_length: int,
 def suffix_lengths(real: np.ndarray) -> np.ndarray | None:
     """Each row's count of real tokens (rows,) when every row's are one run up to the last
     column (left padding) and none is empty; else None."""
-    lengths = real.astype(bool).sum(axis=1)
+    real = real.astype(bool)
+    lengths = real.sum(axis=1)
     columns = np.arange(real.shape[1])
-    if not lengths.all() or not (real.astype(bool) == (columns >= real.shape[1] - lengths[:, None])).all():
+    if not lengths.all() or not (real == (columns >= real.shape[1] - lengths[:, None])).all():
         return None
     return lengths
 
@@ -272,14 +273,14 @@ class OnnxStepper:
         width = max(aligned(int(n), alignment) for n in lengths)
         logits = np.empty((rows, self.vocab), self.logits_dtype)
         cache, order = None, []
+
+        def run(ids: np.ndarray, mask: np.ndarray, past: list[Any]) -> tuple[np.ndarray, list[Any]]:
+            part = np.empty((len(ids), self.vocab), self.logits_dtype)
+            return part, run_step(self.binding, ids, mask, self.past_names, past, self.present_names,
+                                  part, self.cache_ops, self.fewest_rows)
+
         for n in sorted(set(lengths.tolist())):
             group = np.flatnonzero(lengths == n)
-
-            def run(ids: np.ndarray, mask: np.ndarray, past: list[Any]) -> tuple[np.ndarray, list[Any]]:
-                part = np.empty((len(ids), self.vocab), self.logits_dtype)
-                return part, run_step(self.binding, ids, mask, self.past_names, past, self.present_names,
-                                      part, self.cache_ops, self.fewest_rows)
-
             part, present = prefill_in_chunks(self.first_ids[group, self.length - n:],
                                               [self.empty_cache(len(group))] * len(self.past_names), 0, run)
             logits[group] = part
