@@ -128,6 +128,12 @@ class BatchDecoder:
                              np.concatenate([rows.mask, np.zeros((len(rows.mask), gap), np.int64)], axis=1))
 
     @property
+    def prefill_chunk(self) -> int:
+        """The tokens a prompt is prefilled in (a prefix cache's hits reuse whole chunks): 1
+        (any split) without an alignment."""
+        return PREFILL_CHUNK if self.alignment > 1 else 1
+
+    @property
     def can_join(self) -> bool:
         """Whether rows may join now: the batch is empty or its length a multiple of the
         alignment (prefilled rows' lengths are)."""

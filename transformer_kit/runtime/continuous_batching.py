@@ -27,7 +27,6 @@ from transformer_kit.decoding import SequenceSearch, generation_config
 from transformer_kit.decoding.prompts import prepare_call
 from transformer_kit.errors import InputError
 from transformer_kit.export import OnnxModel
-from transformer_kit.export.onnx_steps import PREFILL_CHUNK
 from transformer_kit.export.runtime import check_ids
 from transformer_kit.runtime.prefix_cache import PrefixCache, block_keys, next_group
 from transformer_kit.runtime.requests import GenerationRequest, Row, WaitingQueue
@@ -60,8 +59,8 @@ class ContinuousBatch:
         self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
         #: The running batch's step graph and cache (a ``BatchDecoder``; a new one after a failure).
         self.decoder = model.batch_decoder(adapter)
-        chunk = PREFILL_CHUNK if self.decoder.alignment > 1 else 1  # hits of whole chunks
-        self.prefix_cache = (PrefixCache(prefix_cache_bytes, self.decoder.cache_ops, chunk)
+        self.prefix_cache = (PrefixCache(prefix_cache_bytes, self.decoder.cache_ops,
+                                         self.decoder.prefill_chunk)  # hits of whole chunks
                              if prefix_cache_bytes else None)
         self.prompt_lookup_num_tokens = default_lookup(prompt_lookup_num_tokens, self.decoder)
         self.rows: list[Row] = []
