@@ -26,9 +26,13 @@ median of the per-round ratios kit / genai at the same precision.
 ``--baseline CHECKOUT`` adds, for every kit runner, the same weights exported by another checkout
 of the kit (an earlier commit: its export in a process with ``PYTHONPATH`` at it), decoded by this
 checkout's runtime in the same rounds: a second table gives this checkout's graphs against those.
+``--left-padded`` adds, for every kit runner, the same export decoded with
+``OnnxModel(batch_invariant=False)`` (the layout before batch-invariant decoding: no masked
+columns after the prompt, one prefill of the whole prompt): a table gives the default's cost.
 
     python benchmarks/genai_decoding.py [--rounds 5] [--models smollm2 qwen llama]
         [--workdir bench-genai-decoding] [--genai-python VENV/bin/python] [--baseline CHECKOUT]
+        [--left-padded]
     python benchmarks/genai_decoding.py --small   # a tiny random Llama (the smoke test)
 """
 
@@ -66,7 +70,8 @@ def say(text: str) -> None:
 
 
 def worker(kind: str, folder: str, new_tokens: int) -> None:
-    """One runner's process: ``kind`` "kit" or "genai" on the model in ``folder``."""
+    """One runner's process: ``kind`` "kit", "kit-left-padded" (not batch invariant) or "genai"
+    on the model in ``folder``."""
     import numpy as np
 
     from testbed.peers import read_prompt, serve_generation
@@ -80,7 +85,7 @@ def worker(kind: str, folder: str, new_tokens: int) -> None:
     else:
         from transformer_kit.export import OnnxModel
 
-        om = OnnxModel(folder, providers="cpu")
+        om = OnnxModel(folder, providers="cpu", batch_invariant=kind == "kit")
         serve_generation(lambda: om.generate(ids, max_new_tokens=new_tokens,
                                              min_new_tokens=new_tokens)[0].tolist())
 
@@ -152,10 +157,10 @@ def genai_interpreter(given: str | None) -> str | None:
 
 
 def measure(name: str, workdir: Path, genai_python: str | None, rounds: int,
-            baseline: Path | None = None) -> dict:
+            baseline: Path | None = None, left_padded: bool = False) -> dict:
     """Every runner of model ``name`` timed in interleaved rounds: {runner: seconds per round}
     (onnxruntime-genai's left out without ``genai_python``; the ``baseline`` checkout's exports
-    with it)."""
+    with it; each kit export also decoded without batch invariance with ``left_padded``)."""
     from testbed.peers import ProcessPeer
 
     source = checkpoint(name, workdir)
@@ -167,6 +172,8 @@ def measure(name: str, workdir: Path, genai_python: str | None, rounds: int,
         slug = "".join(c if c.isalnum() else "-" for c in variant)
         folder = kit_export(source, workdir / f"{name}-kit-{slug}", options)
         folders[f"kit {variant}"] = ("kit", sys.executable, folder)
+        if left_padded:
+            folders[f"left-padded {variant}"] = ("kit-left-padded", sys.executable, folder)
         if baseline is not None:
             say(f"{name}: the baseline's {variant}")
             folder = baseline_export(baseline, source, workdir / f"{name}-baseline-{slug}", options)
@@ -194,8 +201,10 @@ def measure(name: str, workdir: Path, genai_python: str | None, rounds: int,
              for v, (precision, _) in KIT_VARIANTS.items()} if genai_python else {}
     same = {v: peer_tokens(peers, f"kit {v}") == peer_tokens(peers, f"baseline {v}")
             for v in KIT_VARIANTS} if baseline is not None else {}
+    same_padded = {v: peer_tokens(peers, f"kit {v}") == peer_tokens(peers, f"left-padded {v}")
+                   for v in KIT_VARIANTS} if left_padded else {}
     return {"new_tokens": new_tokens, "prompt": prompt_length, "agree": agree, "same_as_baseline": same,
-            "seconds": {peer.name: peer.seconds for peer in peers}}
+            "same_as_left_padded": same_padded, "seconds": {peer.name: peer.seconds for peer in peers}}
 
 
 def peer_tokens(peers, name: str) -> list[int]:
@@ -221,20 +230,27 @@ def report(results: dict, rounds: int) -> None:
                          "yes" if result["agree"][variant] else "no"]
             print(f"| {TITLES[name]}, {result['prompt']} + {new} tokens | {variant} | "
                   f"{new / statistics.median(kit):.0f} | {' | '.join(cells)} |")
-    if not any(result.get("same_as_baseline") for result in results.values()):
+    comparison(results, "baseline", "same_as_baseline", "this checkout's graphs", "the baseline's",
+               "this / baseline")
+    comparison(results, "left-padded", "same_as_left_padded", "batch invariant (the default)",
+               "`batch_invariant=False`", "invariant / not")
+
+
+def comparison(results: dict, runner: str, same_key: str, this: str, that: str, ratio: str) -> None:
+    """A table of every kit runner against its ``runner`` twin (when the run had them)."""
+    if not any(result.get(same_key) for result in results.values()):
         return
-    print("\n| model | kit's weights | this checkout's graphs, tokens/s | the baseline's | this / "
-          "baseline (all rounds) | same tokens |")
+    print(f"\n| model | kit's weights | {this}, tokens/s | {that} | {ratio} (all rounds) | same tokens |")
     print("| --- | --- | ---: | ---: | --- | --- |")
     for name, result in results.items():
         seconds, new = result["seconds"], result["new_tokens"]
         for variant in KIT_VARIANTS:
-            kit, base = seconds[f"kit {variant}"], seconds[f"baseline {variant}"]
-            ratios = [b / k for k, b in zip(kit, base, strict=True)]
+            kit, other = seconds[f"kit {variant}"], seconds[f"{runner} {variant}"]
+            ratios = [o / k for k, o in zip(kit, other, strict=True)]
             print(f"| {TITLES[name]}, {result['prompt']} + {new} tokens | {variant} | "
-                  f"{new / statistics.median(kit):.0f} | {new / statistics.median(base):.0f} | "
+                  f"{new / statistics.median(kit):.0f} | {new / statistics.median(other):.0f} | "
                   f"**{statistics.median(ratios):.2f}x** ({' '.join(f'{r:.2f}' for r in ratios)}) | "
-                  f"{'yes' if result['same_as_baseline'][variant] else 'no'} |")
+                  f"{'yes' if result[same_key][variant] else 'no'} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the timings here")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="another checkout of the kit whose exports of the same weights run too")
+    parser.add_argument("--left-padded", action="store_true",
+                        help="also decode every kit export with batch_invariant=False")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--folder", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--new-tokens", type=int, default=None, help=argparse.SUPPRESS)
@@ -262,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     genai_python = genai_interpreter(args.genai_python)
     if genai_python is None:
         say("no interpreter with onnxruntime-genai (--genai-python): the kit's rows alone")
-    results = {name: measure(name, workdir, genai_python, args.rounds, args.baseline) for name in names}
+    results = {name: measure(name, workdir, genai_python, args.rounds, args.baseline, args.left_padded)
+               for name in names}
     report(results, args.rounds)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
