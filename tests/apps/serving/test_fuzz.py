@@ -5,8 +5,9 @@ answer is a 5xx, none hangs (each must come within :data:`TIMEOUT_S`), every 4xx
 OpenAI-style JSON error whose message is a sentence, every answer has a status, content type and
 body the schema declares (schemathesis's default checks but ``positive_data_acceptance``: the
 server refuses, with a sentence, requests the schema cannot rule out, such as a prompt longer
-than the context); every generating operation answered some cases 200; and after all of it the
-server still answers a greedy request with exactly ``OnnxModel.generate``'s tokens.
+than the context); every operation answered some cases 200 (those reading or deleting a stored
+response steered, half of the time, to responses made for them); and after all of it the server
+still answers a greedy request with exactly ``OnnxModel.generate``'s tokens.
 
 One test fuzzes every operation the schema lists, in turn, with ``operation.as_strategy`` under
 Hypothesis, then checks the tokens on the same server (``@schema.parametrize`` would need the
@@ -87,6 +88,13 @@ def openai_error_with_a_sentence(ctx, response, case) -> None:
         f"a {response.status_code} without a sentence: {error!r}")
 
 
+def _stored_responses(url: str, count: int) -> list[str]:
+    """The ids of ``count`` new stored responses (one token each)."""
+    client = _client(url)
+    return [client.responses.create(model="chat", input=f"Hi {i}", max_output_tokens=1).id
+            for i in range(count)]
+
+
 def _served(drawn: tuple, vocab: int) -> object:
     """A case fitting the schema, half of the time steered past the first refusals into the
     server's deeper paths (else nearly every one stops at a refusal the schema cannot state: an
@@ -116,11 +124,21 @@ def _served(drawn: tuple, vocab: int) -> object:
     return case
 
 
-def _fuzz(operation, vocab: int, statuses: Counter) -> None:
-    """schemathesis's cases of ``operation``, fitting its schema and not, each sent and checked;
-    ``statuses`` counts the answers by status."""
+def _name_stored(drawn: tuple, stored: list[str]) -> tuple:
+    """A steered case (as :func:`_served`) that takes a response id in its path names the first
+    of ``stored``, which then goes last."""
+    case, steered = drawn
+    if steered and stored and "response_id" in (case.path_parameters or {}):
+        case.path_parameters["response_id"] = stored[0]
+        stored.append(stored.pop(0))
+    return drawn
+
+
+def _fuzz(operation, vocab: int, statuses: Counter, stored: list[str]) -> None:
+    """schemathesis's cases of ``operation``, fitting its schema and not, each sent and checked
+    (``stored``: response ids steered cases name); ``statuses`` counts the answers by status."""
     positive = st.tuples(operation.as_strategy(GenerationMode.POSITIVE), st.booleans()).map(
-        lambda drawn: _served(drawn, vocab))
+        lambda drawn: _served(_name_stored(drawn, stored), vocab))
     cases = st.one_of(positive, operation.as_strategy(GenerationMode.NEGATIVE))
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
@@ -141,12 +159,15 @@ def test_fuzzed_requests_get_a_status_and_a_sentence_then_exact_tokens(server):
     operations = [result.ok() for result in schema.get_all_operations()]
     labels = {operation.label for operation in operations}
     assert labels >= {"POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses",
+                      "GET /v1/responses/{response_id}", "DELETE /v1/responses/{response_id}",
                       "GET /v1/models", "GET /health", "GET /metrics"}
     failures, answered = {}, {}
     for operation in operations:  # each one fuzzed, whatever the others found
         statuses: Counter = Counter()
         try:
-            _fuzz(operation, om.manifest.src_vocab, statuses)
+            # made now: the fuzzed POST /v1/responses may have pushed earlier ones out of the store
+            stored = _stored_responses(url, 4) if "{response_id}" in operation.path else []
+            _fuzz(operation, om.manifest.src_vocab, statuses, stored)
         except Exception as exc:  # schemathesis's failures, each with the request that gave it
             failures[operation.label] = str(exc)
         answered[operation.label] = dict(sorted(statuses.items()))

@@ -3,7 +3,8 @@
 ``/v1/chat/completions`` for the same messages; streamed events come in the Responses order and
 join to the reply; JSON schemas hold; a forced function call goes round trip through a
 ``function_call_output`` item; ``previous_response_id`` continues a conversation within the
-store's bound; bad requests get 400 with a sentence."""
+store's bound; ``responses.retrieve`` reads a stored response as it was answered and
+``responses.delete`` forgets it; bad requests get 400 with a sentence."""
 
 from __future__ import annotations
 
@@ -203,11 +204,40 @@ def test_previous_response_id_continues_a_conversation(server):
     assert after.status in ("completed", "incomplete")
 
 
+def test_a_stored_response_is_read_again_and_deleted(server):
+    url, _ = server
+    client = _client(url)
+    whole = client.responses.create(model="chat", input="Hello there", max_output_tokens=6, temperature=0)
+    streamed = list(client.responses.create(model="chat", input="Tell me about tea.", max_output_tokens=6,
+                                            temperature=0, stream=True))[-1].response
+    for answered in (whole, streamed):
+        again = client.responses.retrieve(answered.id)
+        assert again.model_dump() == answered.model_dump()
+        assert again.output_text == answered.output_text != ""
+    client.responses.delete(whole.id)
+    for call in (lambda: client.responses.retrieve(whole.id), lambda: client.responses.delete(whole.id)):
+        with pytest.raises(openai.NotFoundError, match="is not a response this server holds") as gone:
+            call()
+        assert gone.value.body["param"] == "response_id"
+    with pytest.raises(openai.NotFoundError, match="previous_response_id"):
+        client.responses.create(model="chat", previous_response_id=whole.id, input="Again")
+    assert client.responses.retrieve(streamed.id).id == streamed.id  # the other one is kept
+    unstored = client.responses.create(model="chat", input="Hi", max_output_tokens=2, temperature=0,
+                                       store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+    answer = httpx.delete(f"{url}/v1/responses/{streamed.id}")
+    assert answer.status_code == 200
+    assert answer.json() == {"id": streamed.id, "object": "response", "deleted": True}
+
+
 def test_the_store_keeps_the_last_n_and_the_key_is_checked(chat_export):  # noqa: F811
     _, om = chat_export
     engine = Engine(om, max_batch=2)
     with running(create_app(engine, "chat", api_key="k", stored_responses=2)) as url:
         assert httpx.post(f"{url}/v1/responses", json={"model": "chat", "input": "Hi"}).status_code == 401
+        assert httpx.get(f"{url}/v1/responses/resp_1").status_code == 401
+        assert httpx.delete(f"{url}/v1/responses/resp_1").status_code == 401
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0, timeout=60)
         ids = [client.responses.create(model="chat", input=f"Hi {i}", max_output_tokens=2,
                                        temperature=0).id for i in range(3)]

@@ -5,7 +5,8 @@ so existing clients (the ``openai`` package, curl) work unchanged.
 greedy), ``top_p``, ``seed``, ``stop``, ``stream`` as server-sent events),
 ``POST /v1/chat/completions`` (messages rendered by the export's chat template, tools,
 ``response_format``; in :mod:`.chat`), ``POST /v1/responses`` (OpenAI's Responses API over the
-same path, with ``previous_response_id``; in :mod:`.responses`), ``POST /tokenize`` and
+same path, with ``previous_response_id``; ``GET`` and ``DELETE /v1/responses/{id}`` read and
+forget a stored one; in :mod:`.responses`), ``POST /tokenize`` and
 ``POST /detokenize`` (vLLM's, :mod:`.tokenization`), ``GET /v1/models``,
 ``GET /health`` and ``GET /metrics`` (Prometheus text). An embedding model's export is served
 on ``POST /v1/embeddings`` (:mod:`.embeddings`), a cross-encoder's on ``POST /v1/rerank``
@@ -61,7 +62,7 @@ from transformer_kit.apps.serving.openai_api import (
 )
 from transformer_kit.apps.serving.rerank import RerankRequest, RerankServer
 from transformer_kit.apps.serving.response_store import DEFAULT_STORED_RESPONSES, ResponseStore
-from transformer_kit.apps.serving.responses import ResponsesRequest, ResponsesServer
+from transformer_kit.apps.serving.responses import ResponsesRequest, ResponsesServer, StoredResponses
 from transformer_kit.apps.serving.tokenization import (
     DetokenizeRequest,
     TokenizationServer,
@@ -225,6 +226,9 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
         app.post(path, response_model=None, responses=_STREAMS if path in _KINDS["generate"][1] else None)(
             _by_model(handler, handlers, path) if adapters else handler)
     if service.kind == "generate":
+        stored = StoredResponses(store, server.metrics)  # one store for the base and its adapters
+        app.get("/v1/responses/{response_id}", response_model=None)(stored.retrieve)
+        app.delete("/v1/responses/{response_id}", response_model=None)(stored.delete)
         page.add_page(app)  # the chat page at /, open without the key (it carries no secret)
     what, serves = _KINDS[service.kind]
     for other, (_, paths) in _KINDS.items():

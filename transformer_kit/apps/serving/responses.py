@@ -307,6 +307,32 @@ class _EventWriter:
                 + self.event("response.output_item.done", output_index=index, item=item))
 
 
+class StoredResponses:
+    """``GET`` and ``DELETE /v1/responses/{response_id}`` over ``store`` (the openai client's
+    ``responses.retrieve`` and ``responses.delete``): a stored response as it was answered, or
+    404 with a sentence when the server does not hold it."""
+
+    def __init__(self, store: ResponseStore, metrics: ServerMetrics) -> None:
+        self.store, self.metrics = store, metrics
+
+    async def retrieve(self, response_id: str) -> Any:
+        try:
+            return self.store.get(response_id, "response_id").response
+        except UnknownResponse as exc:
+            return self._missing(exc)
+
+    async def delete(self, response_id: str) -> Any:
+        try:
+            self.store.delete(response_id)
+        except UnknownResponse as exc:
+            return self._missing(exc)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    def _missing(self, exc: UnknownResponse) -> Any:
+        self.metrics.requests.labels("refused").inc()
+        return error_response(404, str(exc), param="response_id")
+
+
 class ResponsesServer:
     """``/v1/responses`` over ``service`` serving the model ``model_name`` (the metrics shared
     with the other endpoints), keeping responses in ``store``."""
@@ -351,16 +377,18 @@ class ResponsesServer:
 
     def _done(self, stream: TextStream, reply: _Reply, conversation: list[dict[str, Any]],
               message: dict[str, Any], message_id: str | None = None) -> dict[str, Any]:
-        """The finished response, stored (with ``store`` not false) to be continued."""
+        """The finished response, stored (with ``store`` not false) to be continued and read
+        again."""
         output = reply.output(message, stream, message_id)
+        status = "incomplete" if stream.finish_reason(message) == "length" else "completed"
+        done = reply.response(status, output, stream.usage)
         if reply.body.store is not False:
             said = {key: value for key, value in message.items() if value is not None}
             calls = [item for item in output if item["type"] == "function_call"]
             if calls:  # the calls as sent (parallel_tool_calls may have kept the first only)
                 said["tool_calls"] = said["tool_calls"][:len(calls)]
-            self.store.put(reply.ident, [*conversation, {**said, "role": "assistant"}])
-        status = "incomplete" if stream.finish_reason(message) == "length" else "completed"
-        return reply.response(status, output, stream.usage)
+            self.store.put(reply.ident, done, [*conversation, {**said, "role": "assistant"}])
+        return done
 
     async def _events(self, stream: TextStream, reply: _Reply,
                       conversation: list[dict[str, Any]]) -> AsyncIterator[str]:
