@@ -77,7 +77,7 @@ def agreement(root: Path, prompts: int, new: int) -> tuple[dict[str, Path], list
         together = m(same_length)
         apart = np.concatenate([m(same_length[i:i + 1]) for i in range(len(same_length))])
         print(f"| {name} | {same[0]} | {same[1]} | {float(np.abs(together - apart).max()):.2g} |", flush=True)
-    return folders["int4 (level 4)"], rows
+    return folders, rows
 
 
 QUESTIONS = ["Name three colors.", "What is the capital of France?", "Write a haiku about the sea.",

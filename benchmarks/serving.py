@@ -9,11 +9,13 @@ concurrency, that many client threads each stream requests (a 16-token prompt,
 client, at least 64, so each level runs past the first wave of prefills); reported: aggregate
 tokens/s, its ratio to one client (one request at a time), time to first token and per-token
 latency (gaps between streamed tokens) at p50 and p99, and the largest batch the engine ran.
-Then ``--memory-requests`` short requests at 16 clients, with the server's RSS every tenth of
-the way.
+Then ``--memory-requests`` short requests at 16 clients, with the server's RSS and the bytes its
+prefix cache holds every tenth of the way. ``--no-batch-invariant`` serves without batch-invariant
+decoding (rows join at any step; run both to see what the default costs).
 
     pip install -e ".[serve,bench]"
     python benchmarks/serving.py [--requests N] [--new-tokens 32] [--memory-requests 10000]
+        [--no-batch-invariant]
 """
 
 from __future__ import annotations
@@ -81,9 +83,14 @@ def running(process: subprocess.Popen, ready: str):
         process.wait(30)
 
 
-def largest_batch(url: str) -> int:
+def metric(url: str, name: str) -> float:
+    """The value of the server's /metrics sample ``name``."""
     text = httpx.get(f"{url}/metrics").text
-    return int(float(re.search(r"^transformer_kit_max_batch_size (\S+)$", text, re.M).group(1)))
+    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+
+def largest_batch(url: str) -> int:
+    return int(metric(url, "transformer_kit_max_batch_size"))
 
 
 def stream(client: httpx.Client, url: str, prompt: list[int], new: int) -> tuple[float, list[float], int]:
@@ -158,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--small", action="store_true", help="a tiny GPT-2 shape (smoke test)")
+    parser.add_argument("--no-batch-invariant", action="store_true",
+                        help="serve with --no-batch-invariant (what batch-invariant decoding costs)")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tk-serving-"))
     shape = {"vocab": 512, "d_model": 64, "layers": 2, "heads": 4} if args.small else {}
@@ -168,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [rng.integers(3, vocab - 1, 16).tolist() for _ in range(256)]
     print(f"GPT-2 shape {shape or 'd_model 512, 6 layers, vocab 8000'}, float32, greedy, "
           f"{args.new_tokens} new tokens, {args.requests or 'max(64, 4 x clients)'} requests per level, "
-          f"max_batch {args.max_batch}")
-    with server(workdir / "onnx", args.max_batch, 4 * max(args.clients) + 64) as (url, process):
+          f"max_batch {args.max_batch}{', not batch invariant' if args.no_batch_invariant else ''}")
+    options = ("--no-batch-invariant",) if args.no_batch_invariant else ()
+    with server(workdir / "onnx", args.max_batch, 4 * max(args.clients) + 64, options) as (url, process):
         load(url, 4, 8, prompts, args.new_tokens)  # warm-up
         rows = []
         for clients in args.clients:
@@ -188,14 +198,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.memory_requests:
             marks, done = [], 0
             step = max(args.memory_requests // 10, 1)
-            start_rss = rss(process.pid)
+            start_rss, held = rss(process.pid), [metric(url, "transformer_kit_prefix_cache_bytes")]
             while done < args.memory_requests:
                 load(url, 16, step, prompts, 4)
                 done += step
                 marks.append((done, rss(process.pid)))
+                held.append(metric(url, "transformer_kit_prefix_cache_bytes"))
             print(f"\nserver RSS over {args.memory_requests} requests (16 clients, 4 tokens each): start "
                   f"{start_rss / 1e6:.0f} MB; " + ", ".join(f"{n}: {b / 1e6:.0f} MB" for n, b in marks))
             print(f"growth from the first tenth to the end: {(marks[-1][1] - marks[0][1]) / 1e6:+.1f} MB")
+            print(f"the prefix cache held (its entries' bytes, within the server's bound): start "
+                  f"{held[0] / 1e6:.0f} MB; " + ", ".join(f"{n}: {b / 1e6:.0f} MB"
+                                                        for (n, _), b in zip(marks, held[1:], strict=True)))
     return 0
 
 

@@ -20,3 +20,4 @@ def test_serving_benchmark_runs_every_level(tmp_path):
     assert [row.split("|")[1].strip() for row in rows[1:]] == ["1", "4"]
     assert rows[1].split("|")[3].strip() == "1.00x"  # one client is the baseline
     assert "server RSS over 200 requests" in result.stdout
+    assert "the prefix cache held" in result.stdout
