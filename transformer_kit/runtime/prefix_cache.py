@@ -100,19 +100,23 @@ class PrefixCache:
         """The longest cached prefix of ``prompt`` (length,), at most length - 1 tokens (its
         last is computed for the logits), of at least one block; None without one. ``keys``:
         ``block_keys(prompt)``. Changes nothing (see :meth:`use`)."""
-        ids: dict[int, None] | None = None
-        for key in keys:  # the entries sharing the most whole blocks
-            if key not in self.index:
-                break
-            ids = self.index[key]
         best: Hit | None = None
-        for ident in reversed(ids or {}):  # the most recent first: it wins a tie
-            entry = self.entries[ident]
+        for entry in self._sharing(keys):  # the most recent first: it wins a tie
             common = min(common_length(entry.tokens, prompt), len(prompt) - 1)
             common -= common % self.granule
             if common >= max(BLOCK - 1, self.granule) and (best is None or common > best.tokens):
                 best = Hit(entry, common)
         return best
+
+    def _sharing(self, keys: list[int]) -> list[Entry]:
+        """The entries sharing the most whole blocks with a prompt whose ``block_keys`` are
+        ``keys``, the most recent first."""
+        ids: dict[int, None] = {}
+        for key in keys:
+            if key not in self.index:
+                break
+            ids = self.index[key]
+        return [self.entries[ident] for ident in reversed(ids)]
 
     def use(self, hit: Hit | None) -> int:
         """Count a request admitted with ``hit`` (None: a miss) and mark its entry as the most
@@ -141,12 +145,15 @@ class PrefixCache:
         if len(tokens) < BLOCK:
             return
         keys = block_keys(tokens)
-        hit = self.find(tokens, keys)
-        if hit is not None and len(hit.entry.tokens) == common_length(hit.entry.tokens, tokens):
-            if len(hit.entry.tokens) == len(tokens):  # the same prompt: keep the entry it has
-                self.entries.move_to_end(id(hit.entry))
+        # an entry whose tokens all begin this prompt, whether or not a hit could reuse it (a
+        # one-chunk prompt's own entry is not a hit for it: its last token is computed)
+        held = next((e for e in self._sharing(keys) if common_length(e.tokens, tokens) == len(e.tokens)),
+                    None)
+        if held is not None:
+            if len(held.tokens) == len(tokens):  # the same prompt: keep the entry it has
+                self.entries.move_to_end(id(held))
                 return
-            self._drop(hit.entry)  # a prefix of this prompt: this entry does all it did
+            self._drop(held)  # a prefix of this prompt: this entry does all it did
         real = block.mask[row] != 0
         if len(block.mask) == 1 and real.all():
             values = block.cache

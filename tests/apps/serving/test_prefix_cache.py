@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from transformer_kit.errors import InputError
+from transformer_kit.export import OnnxModel
 from transformer_kit.runtime import Engine
 from transformer_kit.runtime.prefix_cache import BLOCK, block_keys
 
@@ -82,6 +83,26 @@ def test_a_prompt_equal_to_a_cached_one_still_computes_its_last_token(onnx_model
         assert len(engine.prefix_cache) == 1  # the same tokens: one entry
     assert [r.cached_tokens for r in (first, second, third)] == [0, len(prompt) - 1, len(prompt) - 1]
     expected = _alone(onnx_model, prompt)
+    for got in tokens:
+        _same(got, expected)
+
+
+@pytest.mark.parametrize("length", [BLOCK, BLOCK + 1, 2 * BLOCK])
+def test_a_prompt_asked_again_keeps_one_entry_when_hits_are_whole_chunks(exported, length):
+    """A batch-invariant export reuses whole 16-token chunks: a one-chunk prompt's entry is no
+    hit for the same prompt (its one chunk holds the last token), yet it is the same entry."""
+    invariant = OnnxModel(exported[1] / "onnx", providers="cpu")
+    prompt = _prefix(invariant.manifest.src_vocab, length)
+    with Engine(invariant, prefix_cache_bytes=10**7) as engine:
+        requests = [engine.submit(prompt, max_new_tokens=NEW) for _ in range(3)]
+        tokens = [r.result() for r in requests]
+        again = engine.submit(prompt, max_new_tokens=NEW)
+        tokens.append(again.result())
+        cache = engine.prefix_cache
+        assert len(cache) == 1 and cache.nbytes == next(iter(cache.entries.values())).nbytes
+    reused = (length - 1) // BLOCK * BLOCK
+    assert again.cached_tokens == reused
+    expected = _alone(invariant, prompt)
     for got in tokens:
         _same(got, expected)
 
