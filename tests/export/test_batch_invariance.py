@@ -156,6 +156,21 @@ def test_one_row_exact_tells_which_exports_multiply_one_row_by_a_kernel_of_its_o
     assert exports["int4-level-1"].batch_decoder().fewest_rows == 2
 
 
+def test_a_mixture_of_experts_runs_its_lone_rows_as_themselves(tmp_path):
+    """A mixture's experts multiply one row otherwise than two (onnxruntime's MoE), and their
+    products change with the rows routed to them in any batch, which copies of a lone row cannot
+    match: its lone rows run as themselves, with no copies to pay for (docs/export.md)."""
+    torch.manual_seed(0)
+    model = tk.build_model(tiny_config("decoder", vocab_size=VOCAB, d_model=128, d_ff=256, num_layers=2,
+                                       pad_id=0, max_len=128, positional="rotary", norm="rmsnorm",
+                                       feedforward={"name": "moe", "num_experts": 8, "top_k": 2,
+                                                    "expert_d_ff": 64})).eval()
+    moe = OnnxModel(export_onnx(model, tmp_path / "moe").path, providers="cpu")
+    one_token = np.arange(1, 3)[:, None]
+    assert not np.array_equal(moe(one_token[:1])[0], moe(one_token)[0])  # one row apart from two
+    assert moe.batch_decoder().fewest_rows == 1
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_greedy_tokens_alone_equal_those_in_a_batch_and_through_the_server(exports, kind):
     """Prompts of 1 to 30 tokens: ``generate`` of all of them in one call, and 16 concurrent

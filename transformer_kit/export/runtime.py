@@ -382,9 +382,12 @@ class OnnxModel:
 
     def _fewest_rows(self) -> int:
         """The fewest rows a decoder's batch-invariant step multiplies: 2 where one token of one
-        row gets other logits than in a batch of two (``one_row_exact``, checked once), else 1."""
+        row gets other logits than in a batch of two (``one_row_exact``, checked once), else 1.
+        A mixture of experts' rows stay 1: its experts' products change with the rows routed to
+        them whatever a lone row does (docs/export.md), so copies would cost without a gain."""
         if self._fewest is None:
-            exact = self.alignment == 1 or self.manifest.architecture != "decoder" or one_row_exact(
+            exact = (self.alignment == 1 or self.manifest.architecture != "decoder"
+                     or _routes_experts(self.manifest.config)) or one_row_exact(
                 self._sessions["decoder_step"], self.manifest.graphs["decoder_step"], self._empty_cache,
                 self.manifest.tgt_vocab, _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device)
             self._fewest = 1 if exact else 2
@@ -407,3 +410,13 @@ class OnnxModel:
         m = self.manifest
         shape = [batch, m.kv_heads, 0, m.head_dim]
         return ort.OrtValue.ortvalue_from_shape_and_type(shape, self._kv_dtype, self._device, 0)
+
+
+def _routes_experts(config: Any) -> bool:
+    """Whether a model config (a manifest's, nested dicts and lists) names a mixture of experts
+    (a component with ``num_experts``)."""
+    if isinstance(config, dict):
+        return "num_experts" in config or any(_routes_experts(v) for v in config.values())
+    if isinstance(config, list):
+        return any(_routes_experts(v) for v in config)
+    return False
