@@ -156,10 +156,11 @@ def test_one_row_exact_tells_which_exports_multiply_one_row_by_a_kernel_of_its_o
     assert exports["int4-level-1"].batch_decoder().fewest_rows == 2
 
 
-def test_a_mixture_of_experts_runs_its_lone_rows_as_themselves(tmp_path):
+def test_a_mixture_of_experts_runs_its_lone_rows_and_prompts_whole(tmp_path):
     """A mixture's experts multiply one row otherwise than two (onnxruntime's MoE), and their
     products change with the rows routed to them in any batch, which copies of a lone row cannot
-    match: its lone rows run as themselves, with no copies to pay for (docs/export.md)."""
+    match: its lone rows run as themselves, with no copies to pay for, and its prompts in one run
+    (docs/export.md)."""
     torch.manual_seed(0)
     model = tk.build_model(tiny_config("decoder", vocab_size=VOCAB, d_model=128, d_ff=256, num_layers=2,
                                        pad_id=0, max_len=128, positional="rotary", norm="rmsnorm",
@@ -169,6 +170,12 @@ def test_a_mixture_of_experts_runs_its_lone_rows_as_themselves(tmp_path):
     one_token = np.arange(1, 3)[:, None]
     assert not np.array_equal(moe(one_token[:1])[0], moe(one_token)[0])  # one row apart from two
     assert moe.batch_decoder().fewest_rows == 1
+    # and its prompt runs whole (chunks would read the experts again for no exact hit): its
+    # prefill gives the logits of the left-padded layout's one run, bit for bit
+    prompt = np.random.default_rng(2).integers(1, VOCAB, 40)
+    padded = OnnxModel(moe.path, providers="cpu", batch_invariant=False)
+    whole = [m.batch_decoder().prefill([prompt])[1] for m in (moe, padded)]
+    assert np.array_equal(whole[0], whole[1]) and moe.batch_decoder().prefill_chunk == 1
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

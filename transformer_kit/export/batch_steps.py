@@ -53,13 +53,15 @@ class BatchDecoder:
         empty_cache: ``rows -> OrtValue`` of a zero-length past; vocab: logits' width;
         logits_dtype: numpy dtype of the logits; cache_ops: moves cache rows and columns;
         alignment: the columns a row keeps its remainder modulo (1: none; the module says);
-        fewest_rows: a lone row's token runs as that many copies (``onnx_steps.run_step``).
+        fewest_rows: a lone row's token runs as that many copies (``onnx_steps.run_step``);
+        chunk: the tokens an aligned prompt is prefilled in (None: one run).
     """
 
     def __init__(self, session: ort.InferenceSession, graph: Any, empty_cache, vocab: int,
                  logits_dtype: type, cache_ops: CacheOps, device: str,
-                 adapter: dict[str, Any] | None = None, alignment: int = 1, fewest_rows: int = 1) -> None:
-        self.alignment, self.fewest_rows = alignment, fewest_rows
+                 adapter: dict[str, Any] | None = None, alignment: int = 1, fewest_rows: int = 1,
+                 chunk: int | None = PREFILL_CHUNK) -> None:
+        self.alignment, self.fewest_rows, self.chunk = alignment, fewest_rows, chunk
         self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
         self.present_names = [n for n in graph.outputs if n.startswith("present.")]
         self.empty_cache, self.vocab, self.logits_dtype = empty_cache, vocab, logits_dtype
@@ -104,9 +106,9 @@ class BatchDecoder:
         they run alone, and masked columns follow up to a multiple of it."""
         if past is None:
             past = [self.empty_cache(len(prompts))] * len(self.past_names)
-        if self.alignment > 1 and len({len(ids) for ids in prompts}) == 1 and not past_length % PREFILL_CHUNK:
-            logits, present = prefill_in_chunks(np.stack(prompts), past, past_length,
-                                                self._run)
+        if (self.alignment > 1 and len({len(ids) for ids in prompts}) == 1
+                and not past_length % (self.chunk or 1)):
+            logits, present = prefill_in_chunks(np.stack(prompts), past, past_length, self._run, self.chunk)
             return self._aligned(PrefilledRows(present, np.ones((len(prompts), past_length + len(prompts[0])),
                                                                 np.int64))), logits
         longest = max(len(ids) for ids in prompts)
@@ -130,8 +132,8 @@ class BatchDecoder:
     @property
     def prefill_chunk(self) -> int:
         """The tokens a prompt is prefilled in (a prefix cache's hits reuse whole chunks): 1
-        (any split) without an alignment."""
-        return PREFILL_CHUNK if self.alignment > 1 else 1
+        (any split) without an alignment or when a prompt runs whole."""
+        return (self.chunk or 1) if self.alignment > 1 else 1
 
     @property
     def can_join(self) -> bool:

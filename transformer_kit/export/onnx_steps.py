@@ -166,16 +166,18 @@ def one_row_exact(session: ort.InferenceSession, graph: Any, empty_cache, vocab:
 
 
 def prefill_in_chunks(ids: np.ndarray, past: list[Any], past_length: int,
-                      run: Callable[[np.ndarray, np.ndarray, list[Any]], tuple[np.ndarray, list[Any]]]
-                      ) -> tuple[np.ndarray, list[Any]]:
-    """ids (rows, n) after ``past`` (``past_length`` real columns, a multiple of
-    :data:`PREFILL_CHUNK`), run in chunks ending at multiples of it; ``run(ids, mask, past)`` ->
-    (last position's logits, present) runs one. Returns the last chunk's logits and the cache."""
+                      run: Callable[[np.ndarray, np.ndarray, list[Any]], tuple[np.ndarray, list[Any]]],
+                      chunk: int | None = PREFILL_CHUNK) -> tuple[np.ndarray, list[Any]]:
+    """ids (rows, n) after ``past`` (``past_length`` real columns, a multiple of ``chunk``), run
+    in chunks of ``chunk`` tokens ending at multiples of it (None: in one run); ``run(ids, mask,
+    past)`` -> (last position's logits, present) runs one. Returns the last chunk's logits and
+    the cache."""
     logits, cache, done = None, past, past_length
-    for start in range(0, ids.shape[1], PREFILL_CHUNK):
-        chunk = ids[:, start:start + PREFILL_CHUNK]
-        logits, cache = run(chunk, np.ones((len(ids), done + chunk.shape[1]), np.int64), cache)
-        done += chunk.shape[1]
+    step = chunk or ids.shape[1]
+    for start in range(0, ids.shape[1], step):
+        part = ids[:, start:start + step]
+        logits, cache = run(part, np.ones((len(ids), done + part.shape[1]), np.int64), cache)
+        done += part.shape[1]
     return logits, cache
 
 
@@ -221,16 +223,17 @@ class OnnxStepper:
     those of its length, in chunks (:func:`prefill_in_chunks`), its cache starting at a multiple
     of ``alignment`` and masked columns after it up to the next (:data:`ALIGNMENT`), so a row
     decodes bit for bit as alone;
-    ``fewest_rows``: a lone row's token runs as that many copies (:func:`run_step`).
+    ``fewest_rows``: a lone row's token runs as that many copies (:func:`run_step`);
+    ``prefill_chunk``: the tokens an aligned prompt is prefilled in (None: one run).
     """
 
     def __init__(self, session: ort.InferenceSession, graph: Any, fixed: dict[str, ort.OrtValue],
                  first_ids: np.ndarray, real: np.ndarray | None, empty_cache, vocab: int,
                  logits_dtype: type, cache_ops: Any, device: str,
                  adapter: dict[str, ort.OrtValue] | None = None, alignment: int = 1,
-                 fewest_rows: int = 1) -> None:
+                 fewest_rows: int = 1, prefill_chunk: int | None = PREFILL_CHUNK) -> None:
         self.cache_ops, self.empty_cache, self.alignment = cache_ops, empty_cache, alignment
-        self.fewest_rows = fewest_rows
+        self.fewest_rows, self.prefill_chunk = fewest_rows, prefill_chunk
         self.past_names = [n for n in graph.inputs if n.startswith("past_key_values.")]
         self.present_names = [n for n in graph.outputs if n.startswith("present.")]
         self.fixed_names = [k for k in fixed if k in graph.inputs]
@@ -282,7 +285,8 @@ class OnnxStepper:
         for n in sorted(set(lengths.tolist())):
             group = np.flatnonzero(lengths == n)
             part, present = prefill_in_chunks(self.first_ids[group, self.length - n:],
-                                              [self.empty_cache(len(group))] * len(self.past_names), 0, run)
+                                              [self.empty_cache(len(group))] * len(self.past_names), 0, run,
+                                              self.prefill_chunk)
             logits[group] = part
             present = self.cache_ops.pad(present, width - aligned(n, alignment), aligned(n, alignment) - n)
             cache = present if cache is None else self.cache_ops.join(cache, present, 0, 0)

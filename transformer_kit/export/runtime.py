@@ -37,7 +37,7 @@ from transformer_kit.export.adapters import adapter_names, read_adapter_values
 from transformer_kit.export.batch_steps import BatchDecoder
 from transformer_kit.export.cache_ops import CacheOps
 from transformer_kit.export.manifest import Manifest
-from transformer_kit.export.onnx_steps import ALIGNMENT, OnnxStepper, one_row_exact
+from transformer_kit.export.onnx_steps import ALIGNMENT, PREFILL_CHUNK, OnnxStepper, one_row_exact
 from transformer_kit.export.providers import CUDA, exact_float32, resolve_providers
 from transformer_kit.export.weights import check_graph
 from transformer_kit.id_checks import check_id_array, check_positions
@@ -120,6 +120,11 @@ class OnnxModel:
         #: The columns a decoding row keeps its remainder modulo (1: rows are not aligned).
         self.alignment = ALIGNMENT if batch_invariant else 1
         self._fewest: int | None = None
+        #: The tokens an aligned prompt is prefilled in, so that a prefix cache's hit computes
+        #: what a whole prefill does. A mixture of experts prefills in one run: its experts'
+        #: products change with the rows routed to them, so chunks would not make a hit exact,
+        #: and each chunk would read the experts again.
+        self._prefill_chunk = None if _routes_experts(self.manifest.config) else PREFILL_CHUNK
 
     def _session(self, name: str) -> ort.InferenceSession:
         session = self._sessions.get(name)
@@ -371,14 +376,15 @@ class OnnxModel:
         return BatchDecoder(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
                             self._empty_cache, self.manifest.tgt_vocab,
                             _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device,
-                            self._adapter_values(adapter), self.alignment, self._fewest_rows())
+                            self._adapter_values(adapter), self.alignment, self._fewest_rows(),
+                            self._prefill_chunk)
 
     def _stepper(self, fixed: dict[str, Any], first_ids: np.ndarray, real: np.ndarray | None,
                  adapter: dict[str, ort.OrtValue] | None = None) -> OnnxStepper:
         return OnnxStepper(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
                            fixed, first_ids, real, self._empty_cache, self.manifest.tgt_vocab,
                            _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device, adapter,
-                           self.alignment, self._fewest_rows())
+                           self.alignment, self._fewest_rows(), self._prefill_chunk)
 
     def _fewest_rows(self) -> int:
         """The fewest rows a decoder's batch-invariant step multiplies: 2 where one token of one
