@@ -124,7 +124,8 @@ class OnnxModel:
         #: what a whole prefill does. A mixture of experts prefills in one run: its experts'
         #: products change with the rows routed to them, so chunks would not make a hit exact,
         #: and each chunk would read the experts again.
-        self._prefill_chunk = None if _routes_experts(self.manifest.config) else PREFILL_CHUNK
+        self._mixture = _routes_experts(self.manifest.config)
+        self._prefill_chunk = None if self._mixture else PREFILL_CHUNK
 
     def _session(self, name: str) -> ort.InferenceSession:
         session = self._sessions.get(name)
@@ -392,10 +393,10 @@ class OnnxModel:
         A mixture of experts' rows stay 1: its experts' products change with the rows routed to
         them whatever a lone row does (docs/export.md), so copies would cost without a gain."""
         if self._fewest is None:
-            exact = (self.alignment == 1 or self.manifest.architecture != "decoder"
-                     or _routes_experts(self.manifest.config)) or one_row_exact(
-                self._sessions["decoder_step"], self.manifest.graphs["decoder_step"], self._empty_cache,
-                self.manifest.tgt_vocab, _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device)
+            exact = (self.alignment == 1 or self.manifest.architecture != "decoder" or self._mixture
+                     or one_row_exact(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
+                                      self._empty_cache, self.manifest.tgt_vocab,
+                                      _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device))
             self._fewest = 1 if exact else 2
         return self._fewest
 
