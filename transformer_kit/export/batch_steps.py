@@ -106,8 +106,8 @@ class BatchDecoder:
         they run alone, and masked columns follow up to a multiple of it."""
         if past is None:
             past = [self.empty_cache(len(prompts))] * len(self.past_names)
-        if (self.alignment > 1 and len({len(ids) for ids in prompts}) == 1
-                and not past_length % (self.chunk or 1)):
+        one_length = len({len(ids) for ids in prompts}) == 1
+        if self.alignment > 1 and one_length and not past_length % self.prefill_chunk:
             logits, present = prefill_in_chunks(np.stack(prompts), past, past_length, self._run, self.chunk)
             return self._aligned(PrefilledRows(present, np.ones((len(prompts), past_length + len(prompts[0])),
                                                                 np.int64))), logits
