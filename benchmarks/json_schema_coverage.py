@@ -34,8 +34,8 @@ import jsonschema
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helpers the benchmarks share
 
-from transformer_kit.decoding.response_format import grammar_of, guidance_tokenizer
-from transformer_kit.errors import InputError
+from transformer_kit.core.decoding.response_format import grammar_of, guidance_tokenizer
+from transformer_kit.core.errors import InputError
 from transformer_kit.export import OnnxModel
 
 PROMPT = "Reply with one JSON value valid against this JSON schema, and nothing else:\n{schema}"

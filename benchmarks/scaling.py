@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helper
 import transformer_kit as tk
 from testbed.peers import gpt2_checkpoint
 from transformer_kit.apps.benchmark import exported, median_time, random_prompts
-from transformer_kit.attention import LayerCache
+from transformer_kit.core.attention import LayerCache
 
 CACHE_LENGTHS = [64, 128, 256, 512, 1023]  # + 1 new token = 1024 positions, GPT-2's limit
 LENGTHS = [64, 128, 256, 512, 1024]

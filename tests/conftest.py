@@ -42,8 +42,8 @@ def _kit_cache(tmp_path_factory):
 @pytest.fixture
 def fresh_registry(monkeypatch):
     """The process-wide registry rebuilt before and after the test."""
-    monkeypatch.delenv(tk.registry.BLOCK_ENV, raising=False)
-    monkeypatch.delenv(tk.registry.DISABLE_AUTOLOAD_ENV, raising=False)
+    monkeypatch.delenv(tk.core.registry.BLOCK_ENV, raising=False)
+    monkeypatch.delenv(tk.core.registry.DISABLE_AUTOLOAD_ENV, raising=False)
     registry = tk.reset_registry()
     yield registry
     monkeypatch.undo()

@@ -143,7 +143,7 @@ def setup_chat(tmp: Path, stack: contextlib.ExitStack) -> dict:
 
 def setup_embeddings(tmp: Path, stack: contextlib.ExitStack) -> dict:
     pytest.importorskip("sentence_transformers")
-    from tests.embedding.checkpoints import write_cross_encoder, write_sentence_transformer
+    from tests.core.embedding.checkpoints import write_cross_encoder, write_sentence_transformer
     from transformer_kit.export import export_onnx
 
     write_sentence_transformer(tmp / "all-MiniLM-L6-v2", dense=384, normalize=True)

@@ -45,14 +45,14 @@ def _copy(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(("module", "line", "broken"), [
-    ("config.py", "import transformer_kit.export.runtime", "Layers point one way"),
-    ("registry.py", "import transformer_kit.apps.benchmark", "Layers point one way"),
+    ("core/config.py", "import transformer_kit.export.runtime", "Layers point one way"),
+    ("core/registry.py", "import transformer_kit.apps.benchmark", "Layers point one way"),
     ("plugins/attention.py", "from transformer_kit.export import graphs", "Layers point one way"),
     ("__init__.py", "import transformer_kit.plugins", "The package root imports the core and the checkpoint"),
-    ("model.py", "import transformer_kit.chat.sandbox", "Layers point one way"),
-    ("decoding/search.py", "from transformer_kit.tokenizer import TextTokenizer", "Layers point one way"),
-    ("embedding/api.py", "import transformer_kit.checkpoints.gguf", "Layers point one way"),
-    ("errors.py", "import transformer_kit.registry", "No import cycles"),
+    ("core/model.py", "import transformer_kit.chat.sandbox", "Layers point one way"),
+    ("core/decoding/search.py", "from transformer_kit.tokenizer import TextTokenizer", "Layers point one way"),
+    ("core/embedding/api.py", "import transformer_kit.checkpoints.gguf", "Layers point one way"),
+    ("core/errors.py", "import transformer_kit.core.registry", "No import cycles"),
 ])
 def test_a_wrong_import_breaks_a_contract(tmp_path, module, line, broken):
     copy = _copy(tmp_path)
@@ -165,8 +165,8 @@ def test_a_private_read_across_packages_is_found(tmp_path):
 
 #: What tokenizes or detokenizes: the runtime does it for every front-end (its Service for the
 #: servers, OneShotGeneration and ChatSession for the command line).
-TEXT_MODULES = ("transformer_kit.decoding.text", "transformer_kit.tokenizer", "transformer_kit.chat",
-                "transformer_kit.embedding")
+TEXT_MODULES = ("transformer_kit.core.decoding.text", "transformer_kit.tokenizer", "transformer_kit.chat",
+                "transformer_kit.core.embedding")
 TEXT_NAMES = {"tokenizer", "text_encoder", "TextPieces", "TextTokenizer", "ChatTurn", "chat_turn",
               "stop_matcher", "row_texts", "cut_at_stop", "stream_text", "apply_chat_template"}
 #: The front-ends: the servers and the command line.
@@ -209,25 +209,25 @@ def test_the_front_ends_neither_tokenize_nor_choose_between_engines(front_end):
 
 def test_a_front_end_that_tokenizes_is_found(tmp_path):
     (tmp_path / "server.py").write_text(
-        "from transformer_kit.decoding.text import TextPieces\n"
+        "from transformer_kit.core.decoding.text import TextPieces\n"
         "def handle(model, engine, Engine):\n"
         "    ids = model.tokenizer.encode(['hi'])\n"
         "    return isinstance(engine, Engine)\n")
     assert front_end_text_work(tmp_path) == [
-        "server.py:1 imports transformer_kit.decoding.text", "server.py:3 reads .tokenizer",
+        "server.py:1 imports transformer_kit.core.decoding.text", "server.py:3 reads .tokenizer",
         "server.py:4 chooses by isinstance: isinstance(engine, Engine)"]
 
 
 def test_a_command_that_detokenizes_or_renders_is_found(tmp_path):
     (tmp_path / "command.py").write_text(
-        "from transformer_kit.decoding import text\n"
+        "from transformer_kit.core.decoding import text\n"
         "import transformer_kit.chat.conversation\n"
         "def run(om, tokens, eos_ids, stops, messages):\n"
         "    print(text.row_texts(om.tokenizer, tokens, eos_ids, stops))\n"
         "    matcher = om.tokenizer.stop_matcher(stops)\n"
         "    return om.tokenizer.apply_chat_template(messages), matcher\n")
     assert front_end_text_work(tmp_path) == [
-        "command.py:1 imports transformer_kit.decoding.text",
+        "command.py:1 imports transformer_kit.core.decoding.text",
         "command.py:2 imports transformer_kit.chat.conversation",
         "command.py:4 reads .row_texts", "command.py:4 reads .tokenizer",
         "command.py:5 reads .stop_matcher", "command.py:5 reads .tokenizer",

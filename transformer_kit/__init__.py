@@ -10,10 +10,10 @@ applications (``transformer_kit.apps``: command line, demo, plots, benchmarks) s
 nothing here imports them (the contracts in pyproject.toml check it).
 """
 
-from transformer_kit.component import KINDS, MODEL_KINDS, CheckpointFamily, Component, Lowering
-from transformer_kit.config import ComponentSpec, ModelConfig, load_config
-from transformer_kit.decoding import GenerationConfig, LogitsProcessor
-from transformer_kit.errors import (
+from transformer_kit.core.component import KINDS, MODEL_KINDS, CheckpointFamily, Component, Lowering
+from transformer_kit.core.config import ComponentSpec, ModelConfig, load_config
+from transformer_kit.core.decoding import GenerationConfig, LogitsProcessor
+from transformer_kit.core.errors import (
     ArtifactError,
     ChatTemplateError,
     CheckpointError,
@@ -28,8 +28,8 @@ from transformer_kit.errors import (
     TransformerKitError,
     UnknownComponentError,
 )
-from transformer_kit.hookspecs import hookimpl, hookspec
-from transformer_kit.registry import (
+from transformer_kit.core.hookspecs import hookimpl, hookspec
+from transformer_kit.core.registry import (
     Registry,
     get_registry,
     register_plugin,
@@ -41,8 +41,8 @@ __version__ = "0.1.0"
 
 
 def build_model(config, registry=None):
-    """Assemble a model from a config; see :func:`transformer_kit.assembly.build_model`."""
-    from transformer_kit.assembly import build_model as _build
+    """Assemble a model from a config; see :func:`transformer_kit.core.assembly.build_model`."""
+    from transformer_kit.core.assembly import build_model as _build
 
     return _build(config, registry)
 

@@ -2,7 +2,7 @@
 travelling with the model (save, export) byte for byte, prompts encoded in a batch, outputs
 decoded without special tokens, and the chat templates rendered as transformers renders them.
 
-The core reaches a tokenizer only through :class:`transformer_kit.decoding.text.Tokenizer`;
+The core reaches a tokenizer only through :class:`transformer_kit.core.decoding.text.Tokenizer`;
 this class is what the checkpoint readers (Hugging Face, GGUF) and ``OnnxModel`` give it.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 from transformer_kit.chat import reasoning
 from transformer_kit.chat import templates as chat_templates
 from transformer_kit.chat.conversation import ChatTurn
-from transformer_kit.errors import CheckpointError, InputError
+from transformer_kit.core.errors import CheckpointError, InputError
 
 #: The files a tokenizer is made of (tokenizer.json is required, the others travel along; so do
 #: chat_template.jinja and additional_chat_templates/*.jinja, the chat templates).

@@ -58,7 +58,7 @@ def text_export(tmp_path_factory):
     """An export with a tokenizer (a random GPT-2 with a byte-level BPE): text in, text out."""
     import transformers as hf
 
-    from tests.decoding.test_text import VOCAB, byte_level_tokenizer
+    from tests.core.decoding.test_text import VOCAB, byte_level_tokenizer
     from transformer_kit.export import export_onnx
 
     folder = tmp_path_factory.mktemp("cli-text")
@@ -83,7 +83,7 @@ def embedding_export(tmp_path_factory):
     """A random sentence-transformers model (BERT body, mean pooling, Normalize, 24 tokens per
     input) written by sentence-transformers, read by from_hf and exported: (the
     ``SentenceTransformer``, the reference; its ``OnnxModel``)."""
-    from tests.embedding.checkpoints import write_sentence_transformer
+    from tests.core.embedding.checkpoints import write_sentence_transformer
 
     folder = tmp_path_factory.mktemp("embeddings")
     reference = write_sentence_transformer(folder / "st", normalize=True, max_seq_length=24)
@@ -95,7 +95,7 @@ def cross_encoder_export(tmp_path_factory):
     """A random one-label cross-encoder (BERT body, 24 tokens per pair) written by
     sentence-transformers, read by from_hf and exported: (the ``CrossEncoder``, the reference;
     its ``OnnxModel``)."""
-    from tests.embedding.checkpoints import write_cross_encoder
+    from tests.core.embedding.checkpoints import write_cross_encoder
 
     folder = tmp_path_factory.mktemp("rerank")
     reference = write_cross_encoder(folder / "ce", max_length=24)

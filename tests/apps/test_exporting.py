@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from transformer_kit.apps.exporting import cache_root, export_folder
-from transformer_kit.errors import ArtifactError
+from transformer_kit.core.errors import ArtifactError
 from transformer_kit.export import OnnxModel
 
 

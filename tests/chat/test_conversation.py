@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from transformer_kit.errors import ChatTemplateError, InputError
+from transformer_kit.core.errors import ChatTemplateError, InputError
 from transformer_kit.tokenizer import TextTokenizer
 
 CONVERSATIONS = [

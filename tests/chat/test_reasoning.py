@@ -20,7 +20,7 @@ from tests.chat.reasoning_checkpoint import (
     write_reasoning_checkpoint,
 )
 from transformer_kit.chat.reasoning import Splitter, reasoning_format, split
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 from transformer_kit.tokenizer import TextTokenizer
 
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]

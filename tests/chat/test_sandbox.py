@@ -8,7 +8,7 @@ import pytest
 
 from transformer_kit.chat import sandbox
 from transformer_kit.chat.templates import render_conversation
-from transformer_kit.errors import ChatTemplateError
+from transformer_kit.core.errors import ChatTemplateError
 
 HELLO = [{"role": "user", "content": "hello"}]
 ESCAPES = [

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from tests.chat.schemas import DOZEN, DOZEN_SCHEMA, LENIENT_SCHEMAS, SCHEMAS, json_schema_format
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 
 ASK = [{"role": "user", "content": "Answer in JSON."}]
 STRATEGIES = {"greedy": {}, "sampled": {"do_sample": True, "seed": 7, "temperature": 1.5}}

@@ -12,7 +12,7 @@ import pytest
 import transformers as hf
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from transformer_kit.errors import ChatTemplateError
+from transformer_kit.core.errors import ChatTemplateError
 from transformer_kit.tokenizer import TextTokenizer
 
 TEMPLATES = sorted((Path(__file__).parent / "data" / "templates").glob("*.jinja"))

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from transformer_kit.chat.tool_calls import call_format, parse_tool_calls, tool_names
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 
 NAMES = ["get_weather", "search"]
 

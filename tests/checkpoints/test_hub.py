@@ -161,7 +161,7 @@ def test_names_are_told_from_paths():
 
 def test_a_sharded_checkpoint_and_a_sentence_transformers_repository(cache, checkpoints, tmp_path):
     pytest.importorskip("sentence_transformers")
-    from tests.embedding.checkpoints import write_sentence_transformer
+    from tests.core.embedding.checkpoints import write_sentence_transformer
 
     first, _, _ = checkpoints
     sharded = tmp_path / "sharded"
@@ -187,7 +187,7 @@ def online(cache, monkeypatch):
 
 def test_only_the_files_the_kit_reads_are_downloaded(online, checkpoints, tmp_path, monkeypatch):
     pytest.importorskip("sentence_transformers")
-    from tests.embedding.checkpoints import write_sentence_transformer
+    from tests.core.embedding.checkpoints import write_sentence_transformer
 
     first, _, gguf = checkpoints
     unread = {"README.md": b"# a model", "consolidated.safetensors": b"x" * 64, "onnx/model.onnx": b"o",

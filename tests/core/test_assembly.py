@@ -11,8 +11,8 @@ import torch
 
 import transformer_kit as tk
 from tests.combinations import tiny_config
-from transformer_kit import assembly
-from transformer_kit.assembly import check_config
+from transformer_kit.core import assembly
+from transformer_kit.core.assembly import check_config
 
 
 @pytest.mark.parametrize("architecture", ["decoder", "encoder_decoder", "encoder"])

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 import transformer_kit as tk
-from transformer_kit.config import ModelConfig
+from transformer_kit.core.config import ModelConfig
 
 
 def test_defaults_are_the_paper():

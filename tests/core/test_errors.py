@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import transformer_kit as tk
-from transformer_kit import errors
+from transformer_kit.core import errors
 
 ROOT = Path(__file__).parent.parent.parent
 

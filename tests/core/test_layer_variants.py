@@ -9,8 +9,8 @@ import torch
 
 import transformer_kit as tk
 from tests.combinations import tiny_config
+from transformer_kit.core.stacks import self_attention_inputs
 from transformer_kit.plugins.masks import SlidingWindowMask
-from transformer_kit.stacks import self_attention_inputs
 
 VARIANTS = {"local": {"mask": {"name": "sliding_window", "window": 2},
                       "positional": {"name": "rotary", "base": 50.0}},

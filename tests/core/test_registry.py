@@ -175,7 +175,7 @@ def test_entry_point_package_appears_and_builds(installed_package, fresh_registr
 
 def test_autoload_can_be_disabled(installed_package, fresh_registry, monkeypatch):
     installed_package("tk-tanh", "tkplugin_tanh", GOOD_PLUGIN)
-    monkeypatch.setenv(tk.registry.DISABLE_AUTOLOAD_ENV, "1")
+    monkeypatch.setenv(tk.core.registry.DISABLE_AUTOLOAD_ENV, "1")
     registry = tk.reset_registry()
     assert "tanh" not in registry.names("feedforward")
     assert registry.names("attention") == ["einsum", "matmul", "sdpa"]  # built-ins stay
@@ -183,9 +183,9 @@ def test_autoload_can_be_disabled(installed_package, fresh_registry, monkeypatch
 
 def test_plugins_can_be_blocked_by_name(installed_package, fresh_registry, monkeypatch):
     installed_package("tk-tanh", "tkplugin_tanh", GOOD_PLUGIN)
-    monkeypatch.setenv(tk.registry.BLOCK_ENV, "tkplugin_tanh")
+    monkeypatch.setenv(tk.core.registry.BLOCK_ENV, "tkplugin_tanh")
     assert "tanh" not in tk.reset_registry().names("feedforward")
-    monkeypatch.setenv(tk.registry.BLOCK_ENV, "builtin")
+    monkeypatch.setenv(tk.core.registry.BLOCK_ENV, "builtin")
     registry = tk.reset_registry()
     assert registry.names("attention") == []
     assert "tanh" in registry.names("feedforward")
@@ -289,7 +289,7 @@ def test_checkpoint_families_come_from_plugins(fresh_registry):
 
 
 def test_blocking_builtin_removes_its_families_too(fresh_registry, monkeypatch):
-    monkeypatch.setenv(tk.registry.BLOCK_ENV, "builtin")
+    monkeypatch.setenv(tk.core.registry.BLOCK_ENV, "builtin")
     assert tk.reset_registry().model_types() == []
 
 
@@ -350,7 +350,7 @@ def test_every_builtin_component_of_a_model_has_a_lowering(fresh_registry):
 
 
 def test_what_a_factory_makes_knows_its_component(fresh_registry):
-    from transformer_kit.registry_entries import component_of
+    from transformer_kit.core.registry_entries import component_of
 
     model = tk.build_model(tiny_config("decoder", norm="rmsnorm", feedforward="swiglu"))
     layer = model.decoder.layers[0]

@@ -13,7 +13,7 @@ import torch
 
 import transformer_kit as tk
 from tests.combinations import tiny_config
-from transformer_kit.config import ModelConfig
+from transformer_kit.core.config import ModelConfig
 
 ROOT = Path(__file__).parent.parent.parent
 

@@ -10,7 +10,7 @@ import torch
 
 import transformer_kit as tk
 from tests.combinations import BLOCKS, tiny_config
-from transformer_kit.stacks import self_attention_inputs
+from transformer_kit.core.stacks import self_attention_inputs
 
 IDS = torch.tensor([[3, 4, 5, 6, 7], [8, 9, 10, 11, 12]])
 

@@ -14,7 +14,7 @@ import torch
 
 import transformer_kit as tk
 from tests.combinations import tiny_config
-from tests.decoding.test_text import byte_level_tokenizer
+from tests.core.decoding.test_text import byte_level_tokenizer
 from transformer_kit.export import Int4, OnnxModel, export_onnx
 from transformer_kit.export.calibration import FLOOR, calibration_ids, input_importance
 from transformer_kit.export.int4_nodes import search_blocks

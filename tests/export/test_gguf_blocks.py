@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from transformer_kit.checkpoints.gguf.blocks import GgufBlocks
-from transformer_kit.errors import ExportError
+from transformer_kit.core.errors import ExportError
 from transformer_kit.export.gguf_blocks import BLOCK_BYTES, gguf_rows, stacked
 from transformer_kit.export.int4_nodes import dequantize_rows, gather_offset_nodes, offset_nodes
 

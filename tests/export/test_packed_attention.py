@@ -15,7 +15,7 @@ import torch
 
 import transformer_kit as tk
 from tests.combinations import tiny_config
-from transformer_kit.attention import MultiHeadAttention
+from transformer_kit.core.attention import MultiHeadAttention
 from transformer_kit.export import OnnxModel, export_onnx
 from transformer_kit.plugins.attention import SdpaAttention
 
@@ -155,7 +155,7 @@ def test_the_export_leaves_the_model_as_it_was(gqa_decoder, tmp_path):
 def test_the_core_attention_module_has_one_forward_path():
     import inspect
 
-    import transformer_kit.attention as attention
+    import transformer_kit.core.attention as attention
 
     source = inspect.getsource(attention)
     assert "tracing" not in source and "packed" not in source and "torch.ops" not in source

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import transformer_kit as tk
-from transformer_kit.masks import from_padding_convention, padding_mask
+from transformer_kit.core.masks import from_padding_convention, padding_mask
 
 KERNELS = ["matmul", "einsum", "sdpa"]
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers.generation.logits_process as hf
 
-from transformer_kit.decoding import DecodingState
+from transformer_kit.core.decoding import DecodingState
 from transformer_kit.plugins.logits import (
     MinNewTokens,
     MinP,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 from transformer_kit.runtime import OneShotGeneration
 
 EOS = 2

@@ -167,7 +167,7 @@ def matmul_peak_probe(threads: int | None = None, calls: int = 5) -> Callable[[]
 def weight_products(model: torch.nn.Module) -> list[tuple[int, int]]:
     """(in, out) of every matrix product a decoding step runs: each linear layer of the decoder
     (a self-attention's q, k and v as one product, as the export fuses them) and the head."""
-    from transformer_kit.attention import MultiHeadAttention
+    from transformer_kit.core.attention import MultiHeadAttention
 
     shapes = []
     fused = set()

@@ -22,8 +22,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from torch import Tensor
 
-from transformer_kit.assembly import build_model
-from transformer_kit.model import EncoderDecoderTransformer
+from transformer_kit.core.assembly import build_model
+from transformer_kit.core.model import EncoderDecoderTransformer
 
 DEMO_CONFIG = Path(__file__).parent / "demo.yaml"
 PAD, BOS, EOS, FIRST_DIGIT = 0, 1, 2, 3

@@ -16,10 +16,10 @@ import matplotlib.pyplot as plt
 import torch
 from torch import Tensor
 
-from transformer_kit.attention import MultiHeadAttention
-from transformer_kit.errors import InputError
-from transformer_kit.masks import masked_softmax
-from transformer_kit.registry import get_registry
+from transformer_kit.core.attention import MultiHeadAttention
+from transformer_kit.core.errors import InputError
+from transformer_kit.core.masks import masked_softmax
+from transformer_kit.core.registry import get_registry
 
 
 def positional_matrix(name: str, length: int, d_model: int, **params) -> tuple[Tensor, str]:

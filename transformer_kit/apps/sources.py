@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 import typer
 
-from transformer_kit.errors import ArtifactError, CheckpointError, ConfigError, InputError, ProviderError
+from transformer_kit.core.errors import ArtifactError, CheckpointError, ConfigError, InputError, ProviderError
 from transformer_kit.export.manifest import MANIFEST_FILE
 
 ACCEPTED = ("a config file (.yaml, .yml, .json), a folder saved with model.save, a Hugging Face "
@@ -30,7 +30,7 @@ class Provider(str, Enum):
 
 def kind_of(path: Path) -> str:
     """'missing', 'export', 'saved model', 'checkpoint', 'gguf', 'config file' or 'other'."""
-    from transformer_kit.serialization import is_saved_model
+    from transformer_kit.core.serialization import is_saved_model
 
     if not path.exists():
         return "missing"
@@ -128,8 +128,8 @@ def load_model(source: Path, *, from_hf: bool = False, weights: Path | None = No
     checkpoint's weights (it implies ``from_hf``, as ``adapters`` in ``overrides`` does: adapters
     kept apart, by name)."""
     import transformer_kit as tk
-    from transformer_kit.config import config_from_dict
-    from transformer_kit.serialization import load_saved_weights, read_saved_config
+    from transformer_kit.core.config import config_from_dict
+    from transformer_kit.core.serialization import load_saved_weights, read_saved_config
 
     overrides = overrides or {}
     source, from_hf = resolve_source(source, revision, from_hf)
@@ -169,8 +169,8 @@ def resolve_config(source: Path, revision: str | None = None):
     """The config of any source: a config file, a saved model, a checkpoint or an export, or a
     Hub name (at ``revision``) of a checkpoint or a GGUF file."""
     import transformer_kit as tk
+    from transformer_kit.core.serialization import read_saved_config
     from transformer_kit.export import Manifest
-    from transformer_kit.serialization import read_saved_config
 
     source, _ = resolve_source(source, revision, weights=False)
     kind = kind_of(source)

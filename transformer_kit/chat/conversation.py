@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 from transformer_kit.chat import reasoning, tool_calls
-from transformer_kit.errors import ChatTemplateError, InputError
+from transformer_kit.core.errors import ChatTemplateError, InputError
 
 _READS_TOOLS = re.compile(r"\btools\b")
 

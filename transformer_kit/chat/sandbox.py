@@ -9,7 +9,7 @@ refuse underscore names), so it renders the text transformers renders. Beyond th
 render is stopped when it runs longer than :data:`RENDER_SECONDS` or makes this process grow by
 more than :data:`RENDER_GROWTH_BYTES`, and ``*`` may not build a sequence longer than
 :data:`LONGEST_REPEAT`: a template that loops without end or doubles a string forty times ends
-in a :class:`~transformer_kit.errors.ChatTemplateError`, never a hang.
+in a :class:`~transformer_kit.core.errors.ChatTemplateError`, never a hang.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import jinja2.nodes
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from transformer_kit.errors import ChatTemplateError
+from transformer_kit.core.errors import ChatTemplateError
 
 #: Longest a template may render (seconds of this thread's time, wall clock).
 RENDER_SECONDS = 5.0

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from transformer_kit.chat import sandbox
-from transformer_kit.errors import ChatTemplateError
+from transformer_kit.core.errors import ChatTemplateError
 
 TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATE_FOLDER = "additional_chat_templates"

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _PYTHON_TAG = "<|python_tag|>"

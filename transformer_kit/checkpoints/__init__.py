@@ -20,7 +20,7 @@ from transformer_kit.checkpoints.mapping import (
     require,
 )
 from transformer_kit.checkpoints.reader import Weights, read_hf_config, read_hf_weights
-from transformer_kit.errors import CheckpointError
+from transformer_kit.core.errors import CheckpointError
 
 __all__ = [
     "CheckpointError", "StateDict", "Weights", "config_from_hf", "copy_attention", "copy_linear",

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
 
-from transformer_kit.errors import CheckpointError
+from transformer_kit.core.errors import CheckpointError
 
 _SAFETENSORS_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,

@@ -8,7 +8,7 @@ folder exists relative to the working directory. ``huggingface_hub`` honours its
 ``HF_HUB_OFFLINE=1`` (the cache only, no network) and ``HF_ENDPOINT`` (a mirror); the cache, the
 offline switch and the endpoint are read at each call, so a variable set after
 ``huggingface_hub`` was imported still counts. Its own progress bars show each download. Every
-failure is a :class:`~transformer_kit.errors.CheckpointError` that says what was given, what is
+failure is a :class:`~transformer_kit.core.errors.CheckpointError` that says what was given, what is
 allowed and what to do.
 """
 
@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from transformer_kit.chat.templates import TEMPLATE_FOLDER
-from transformer_kit.errors import CheckpointError, missing_path
+from transformer_kit.core.errors import CheckpointError, missing_path
 from transformer_kit.tokenizer import TOKENIZER_FILES
 
 #: A repository id as the Hub spells it: ``name`` or ``org/name``; letters, digits, '-', '_', '.'.

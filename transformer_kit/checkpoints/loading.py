@@ -12,7 +12,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from transformer_kit.assembly import build_model
 from transformer_kit.checkpoints.deferred import materialize, open_checkpoint_tensors
 from transformer_kit.checkpoints.end_ids import end_ids
 from transformer_kit.checkpoints.hub import checkpoint_folder
@@ -20,14 +19,15 @@ from transformer_kit.checkpoints.lora import check_merged_used, kit_factors, mer
 from transformer_kit.checkpoints.reader import Weights, read_hf_config, read_hf_weights
 from transformer_kit.checkpoints.sentence_transformers import SentencePipeline, read_sentence_pipeline
 from transformer_kit.checkpoints.streaming import StreamedWeights, guard_streamed
-from transformer_kit.component import CheckpointFamily
-from transformer_kit.config import ModelConfig, config_from_dict
-from transformer_kit.config_files import read_json_object
-from transformer_kit.decoding.defaults import read_defaults
-from transformer_kit.errors import CheckpointError, InputError
-from transformer_kit.model import TransformerModel
-from transformer_kit.registry import get_registry
-from transformer_kit.registry_entries import RegisteredFamily
+from transformer_kit.core.assembly import build_model
+from transformer_kit.core.component import CheckpointFamily
+from transformer_kit.core.config import ModelConfig, config_from_dict
+from transformer_kit.core.config_files import read_json_object
+from transformer_kit.core.decoding.defaults import read_defaults
+from transformer_kit.core.errors import CheckpointError, InputError
+from transformer_kit.core.model import TransformerModel
+from transformer_kit.core.registry import get_registry
+from transformer_kit.core.registry_entries import RegisteredFamily
 from transformer_kit.tokenizer import TextTokenizer
 
 SPECIAL_IDS = ("pad_id", "bos_id", "eos_id")
@@ -222,7 +222,7 @@ def from_hf(folder: str | Path, *, revision: str | None = None, dtype: str | tor
 
 def generation_defaults(folder: str | Path) -> dict[str, Any]:
     """The sampling defaults of the checkpoint in ``folder``: its generation_config.json's
-    (:func:`~transformer_kit.decoding.defaults.read_defaults`), {} without one."""
+    (:func:`~transformer_kit.core.decoding.defaults.read_defaults`), {} without one."""
     path = Path(folder) / "generation_config.json"
     if not path.is_file():
         return {}

@@ -13,7 +13,7 @@ own tensor names, so whatever a family does with a weight afterwards (GPT-2's fu
 split into q, k, v; a transposition) applies to the merged weight as it does to the base one.
 
 Variants whose effect is not a low-rank sum on a linear layer's weight are refused with a
-:class:`~transformer_kit.errors.CheckpointError` naming the field: DoRA (``use_dora``),
+:class:`~transformer_kit.core.errors.CheckpointError` naming the field: DoRA (``use_dora``),
 ``bias`` other than ``"none"``, ``lora_bias``, ``modules_to_save``, trainable tokens, adapted
 embeddings or convolutions, parameter targets, and any other option set that the kit does not
 know; never merged approximately.
@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from transformer_kit.checkpoints.deferred import DeferredTensor, SharedRead, materialize
-from transformer_kit.config_files import read_json_object
-from transformer_kit.errors import CheckpointError, missing_path
+from transformer_kit.core.config_files import read_json_object
+from transformer_kit.core.errors import CheckpointError, missing_path
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

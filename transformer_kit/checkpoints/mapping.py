@@ -12,7 +12,7 @@ from typing import Any
 from torch import Tensor
 
 from transformer_kit.checkpoints.reader import Weights
-from transformer_kit.errors import CheckpointError
+from transformer_kit.core.errors import CheckpointError
 
 StateDict = dict[str, Tensor]
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from transformer_kit.checkpoints.deferred import DeferredTensor
-from transformer_kit.errors import CheckpointError
+from transformer_kit.core.errors import CheckpointError
 
 #: The 16 FP4 E2M1 codes' values: 0-7 positive, 8-15 their negatives (the sign bit is 8).
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,

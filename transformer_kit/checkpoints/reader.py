@@ -16,8 +16,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
-from transformer_kit.config_files import read_json_object
-from transformer_kit.errors import CheckpointError, missing_path
+from transformer_kit.core.config_files import read_json_object
+from transformer_kit.core.errors import CheckpointError, missing_path
 
 
 def read_hf_config(folder: str | Path) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 from torch import Tensor
 
 from transformer_kit.checkpoints.reader import read_hf_weights
-from transformer_kit.errors import CheckpointError
+from transformer_kit.core.errors import CheckpointError
 
 #: sentence-transformers' pooling modes -> the registry's pooling components.
 POOLING_NAMES = {"cls": "cls", "mean": "mean", "max": "max", "mean_sqrt_len_tokens": "mean_sqrt_len",

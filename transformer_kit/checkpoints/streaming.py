@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer_kit.checkpoints.deferred import materialize
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 
 #: The layers whose weights are read per call: they hold nearly all the bytes, and the kit
 #: calls them as modules (so their forward hooks run).

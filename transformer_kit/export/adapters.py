@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from transformer_kit.errors import ArtifactError, ExportError, InputError
+from transformer_kit.core.errors import ArtifactError, ExportError, InputError
 
 if TYPE_CHECKING:  # the runtime reads adapters without torch
     from torch import Tensor

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from transformer_kit.attention import MultiHeadAttention
+from transformer_kit.core.attention import MultiHeadAttention
+from transformer_kit.core.interfaces import AttentionInputs, PositionalEncoding
+from transformer_kit.core.registry_entries import component_of
 from transformer_kit.export.graph_builder import GraphBuilder
-from transformer_kit.interfaces import AttentionInputs, PositionalEncoding
 from transformer_kit.plugins.positional import rotary_cos_sin
-from transformer_kit.registry_entries import component_of
 
 #: The first opset with ONNX's ``Attention`` and ``RotaryEmbedding`` ops.
 PACKED_ATTENTION_OPSET = 23

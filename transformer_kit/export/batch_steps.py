@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 from transformer_kit.export.cache_ops import CacheOps
 from transformer_kit.export.onnx_steps import (
     LAST_POSITION,

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 from transformer_kit.export.quantize import DEFAULT_TOKENS
 from transformer_kit.export.verify import reference
 from transformer_kit.export.weight_writer import weight_source

@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
-from transformer_kit.errors import ExportError, InputError, TransformerKitError
+from transformer_kit.core.errors import ExportError, InputError, TransformerKitError
+from transformer_kit.core.model import TransformerModel
+from transformer_kit.core.registry import get_registry
 from transformer_kit.export import kit_lowerings, model_graphs
 from transformer_kit.export.adapters import add_adapters
 from transformer_kit.export.calibration import calibrate
@@ -30,8 +32,6 @@ from transformer_kit.export.traced_components import ComponentTracer
 from transformer_kit.export.translations import collect_translations
 from transformer_kit.export.weight_writer import WeightSource, WeightWriter, weight_source
 from transformer_kit.export.weights import WEIGHTS_FILE, share_weights
-from transformer_kit.model import TransformerModel
-from transformer_kit.registry import get_registry
 
 DEFAULT_OPSET = 23  # ONNX's Attention and RotaryEmbedding ops
 MIN_OPSET = 18  # the oldest opset the lowerings write

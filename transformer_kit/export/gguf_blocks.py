@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from transformer_kit.checkpoints.gguf.blocks import GgufBlocks
-from transformer_kit.errors import ExportError
+from transformer_kit.core.errors import ExportError
 from transformer_kit.export.int4_nodes import QuantizedRows, dequantize_rows
 from transformer_kit.export.weight_exprs import Expr, name_of
 

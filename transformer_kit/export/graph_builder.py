@@ -42,9 +42,9 @@ import onnx_ir as ir
 import torch
 from torch import nn
 
-from transformer_kit.errors import ExportError
-from transformer_kit.registry import Registry
-from transformer_kit.registry_entries import RegisteredLowering, component_of
+from transformer_kit.core.errors import ExportError
+from transformer_kit.core.registry import Registry
+from transformer_kit.core.registry_entries import RegisteredLowering, component_of
 
 FLOAT, FLOAT16, INT64, BOOL = ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.INT64, ir.DataType.BOOL
 #: The ONNX IR version each opset needs (the oldest that holds it: onnxruntime reads them all).

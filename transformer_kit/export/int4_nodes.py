@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from transformer_kit.errors import ExportError
+from transformer_kit.core.errors import ExportError
 
 #: Rows quantized per kernel call (the kernel wants them transposed: one chunk's copy at a time).
 CHUNK_ROWS = 4096

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from transformer_kit.core.memory import available_memory
 from transformer_kit.export.memory_estimate import estimate
 from transformer_kit.export.weight_writer import WeightSource
-from transformer_kit.memory import available_memory
 
 
 class KeptWeights:

@@ -16,17 +16,17 @@ from typing import Any
 import onnx_ir as ir
 from torch import nn
 
-from transformer_kit.attention import MultiHeadAttention
-from transformer_kit.embedding.heads import ClassifierHead, DenseActivation, SentenceHead
+from transformer_kit.core.attention import MultiHeadAttention
+from transformer_kit.core.embedding.heads import ClassifierHead, DenseActivation, SentenceHead
+from transformer_kit.core.interfaces import AttentionInputs, PositionalEncoding
+from transformer_kit.core.masks import NoMask
+from transformer_kit.core.stacks import Embedder, OutputHead, Stack
 from transformer_kit.export.attention_lowering import declares, multi_head_attention_onnx, shape_of
 from transformer_kit.export.graph_builder import FLOAT, GraphBuilder
-from transformer_kit.interfaces import AttentionInputs, PositionalEncoding
-from transformer_kit.masks import NoMask
 from transformer_kit.plugins.feedforward import gelu_onnx, silu_onnx
 from transformer_kit.plugins.masks import no_mask_onnx
 from transformer_kit.plugins.norms import UnitOffsetRMSNorm, layer_norm_onnx, rms_norm_onnx
 from transformer_kit.plugins.positional import no_positions_onnx
-from transformer_kit.stacks import Embedder, OutputHead, Stack
 
 
 # -- torch's layers --------------------------------------------------------------------------------

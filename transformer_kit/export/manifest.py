@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformer_kit.config_files import read_json_object
-from transformer_kit.errors import ArtifactError, missing_path
+from transformer_kit.core.config_files import read_json_object
+from transformer_kit.core.errors import ArtifactError, missing_path
 from transformer_kit.export.weights import inside
 
 MANIFEST_FILE = "manifest.json"
@@ -59,7 +59,7 @@ class Manifest:
     #: The tokenizer files in the folder (tokenizer.json first), empty without a tokenizer.
     tokenizer: list[str] = field(default_factory=list)
     verification: dict[str, Any] = field(default_factory=dict)
-    #: The checkpoint's sampling defaults (``transformer_kit.decoding.defaults``), {} for none.
+    #: The checkpoint's sampling defaults (``transformer_kit.core.decoding.defaults``), {} for none.
     generation_defaults: dict[str, Any] = field(default_factory=dict)
 
     def write(self, folder: Path) -> None:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from transformer_kit.errors import ExportError
-from transformer_kit.memory import available_memory
+from transformer_kit.core.errors import ExportError
+from transformer_kit.core.memory import available_memory
 
 #: The working allowance beside the largest tensor's copies: the graphs' building and passes,
 #: int4's calibration batch (its windows at once) and its block search (a chunk per core);

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from transformer_kit.core.interfaces import AttentionInputs, AttentionMask, LayerCache, PositionalEncoding
+from transformer_kit.core.model import TransformerModel
+from transformer_kit.core.stacks import Stack
 from transformer_kit.export.attention_lowering import keys_values
 from transformer_kit.export.graph_builder import BOOL, INT64, GraphBuilder
 from transformer_kit.export.onnx_steps import LOGIT_POSITIONS
-from transformer_kit.interfaces import AttentionInputs, AttentionMask, LayerCache, PositionalEncoding
-from transformer_kit.model import TransformerModel
-from transformer_kit.stacks import Stack
 
 #: Far past any sequence: a slice's open end.
 _END = 2**62

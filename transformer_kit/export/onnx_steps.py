@@ -1,4 +1,4 @@
-"""Decoding steps in onnxruntime: the :class:`~transformer_kit.decoding.Stepper` of
+"""Decoding steps in onnxruntime: the :class:`~transformer_kit.core.decoding.Stepper` of
 ``OnnxModel``, with the key/value cache kept in onnxruntime between steps and reordered there.
 
 Beam search and several samples per prompt move cache rows every step. The rows are gathered by

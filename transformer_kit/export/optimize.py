@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from transformer_kit.decoding.prompts import real_from_pad
+from transformer_kit.core.decoding.prompts import real_from_pad
 from transformer_kit.export.manifest import Manifest
 from transformer_kit.export.providers import CPU
 from transformer_kit.export.runtime import OnnxModel

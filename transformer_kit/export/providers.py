@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import onnxruntime as ort
 
-from transformer_kit.errors import InputError, ProviderError
+from transformer_kit.core.errors import InputError, ProviderError
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 from transformer_kit.export.int4_nodes import SEARCH_FACTORS
 from transformer_kit.export.weight_exprs import router_matmuls
 

@@ -14,25 +14,26 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from transformer_kit.decoding import (
+from transformer_kit.core.decoding import (
     DecodingCall,
     GenerationConfig,
     generate_tokens,
     stream_tokens,
     text,
 )
-from transformer_kit.decoding.defaults import call_config
-from transformer_kit.decoding.prompts import (
+from transformer_kit.core.decoding.defaults import call_config
+from transformer_kit.core.decoding.prompts import (
     as_array,
     check_stop,
     prepare_call,
     real_from_mask,
     real_from_pad,
 )
-from transformer_kit.decoding.text import chat_reply, stream_chat_reply
-from transformer_kit.embedding import RerankResult, SentenceTasks
-from transformer_kit.embedding.api import DEFAULT_BATCH_TOKENS
-from transformer_kit.errors import ArtifactError, ConfigError, InputError
+from transformer_kit.core.decoding.text import chat_reply, stream_chat_reply
+from transformer_kit.core.embedding import RerankResult, SentenceTasks
+from transformer_kit.core.embedding.api import DEFAULT_BATCH_TOKENS
+from transformer_kit.core.errors import ArtifactError, ConfigError, InputError
+from transformer_kit.core.id_checks import check_id_array, check_positions
 from transformer_kit.export.adapters import adapter_names, read_adapter_values
 from transformer_kit.export.batch_steps import BatchDecoder
 from transformer_kit.export.cache_ops import CacheOps
@@ -40,7 +41,6 @@ from transformer_kit.export.manifest import Manifest
 from transformer_kit.export.onnx_steps import ALIGNMENT, PREFILL_CHUNK, OnnxStepper, one_row_exact
 from transformer_kit.export.providers import CUDA, exact_float32, resolve_providers
 from transformer_kit.export.weights import check_graph
-from transformer_kit.id_checks import check_id_array, check_positions
 from transformer_kit.tokenizer import TextTokenizer
 
 #: Graph inputs made from the ids' mask rather than given as ids.
@@ -111,7 +111,7 @@ class OnnxModel:
         #: The tokenizer exported with the model (text in, text out), or None.
         self.tokenizer = TextTokenizer.from_folder(self.path) if self.manifest.tokenizer else None
         #: The checkpoint's sampling defaults (its generation_config.json's, kept by the export):
-        #: used where a call does not set them (``transformer_kit.decoding.defaults``); set it to
+        #: used where a call does not set them (``transformer_kit.core.decoding.defaults``); set it to
         #: {} to ignore them, or pass ``use_generation_defaults=False`` to one call.
         self.generation_defaults: dict[str, Any] = dict(self.manifest.generation_defaults)
         #: ``embed``/``encode``, ``score`` and ``rerank``, run through this export's batches.
@@ -210,7 +210,7 @@ class OnnxModel:
                prompt: str | None = None, dimensions: int | None = None, batch_size: int = 32,
                max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS) -> np.ndarray:
         """Sentence embeddings (n, dim) float32 of texts or token ids, as sentence-transformers'
-        ``encode``: see :meth:`SentenceTasks.encode <transformer_kit.embedding.SentenceTasks.encode>`."""
+        ``encode``: see :meth:`SentenceTasks.encode <transformer_kit.core.embedding.SentenceTasks.encode>`."""
         return self.sentences.encode(inputs, normalize=normalize, prompt_name=prompt_name,
                                      prompt=prompt, dimensions=dimensions, batch_size=batch_size,
                                      max_batch_tokens=max_batch_tokens)
@@ -220,7 +220,7 @@ class OnnxModel:
     def score(self, query: str, documents: Sequence[str], *, batch_size: int = 32,
               max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS) -> np.ndarray:
         """A cross-encoder's scores of (query, document) pairs, (n,) or (n, num_labels) float32:
-        see :meth:`SentenceTasks.score <transformer_kit.embedding.SentenceTasks.score>`."""
+        see :meth:`SentenceTasks.score <transformer_kit.core.embedding.SentenceTasks.score>`."""
         return self.sentences.score(query, documents, batch_size=batch_size,
                                     max_batch_tokens=max_batch_tokens)
 
@@ -228,7 +228,7 @@ class OnnxModel:
                return_documents: bool = False, batch_size: int = 32,
                max_batch_tokens: int | None = DEFAULT_BATCH_TOKENS) -> list[RerankResult]:
         """The documents by relevance to ``query``, best first: see
-        :meth:`SentenceTasks.rerank <transformer_kit.embedding.SentenceTasks.rerank>`."""
+        :meth:`SentenceTasks.rerank <transformer_kit.core.embedding.SentenceTasks.rerank>`."""
         return self.sentences.rerank(query, documents, top_n=top_n, return_documents=return_documents,
                                      batch_size=batch_size, max_batch_tokens=max_batch_tokens)
 

@@ -32,10 +32,10 @@ from torch import Tensor, nn
 from torch.export import Dim
 
 from transformer_kit.checkpoints.streaming import drop_guards
-from transformer_kit.errors import ExportError
+from transformer_kit.core.errors import ExportError
+from transformer_kit.core.interfaces import AttentionInputs, LayerCache
+from transformer_kit.core.registry_entries import COMPONENT_ATTRIBUTE, component_of, origin
 from transformer_kit.export.graph_passes import quiet_exporter, tidy
-from transformer_kit.interfaces import AttentionInputs, LayerCache
-from transformer_kit.registry_entries import COMPONENT_ATTRIBUTE, component_of, origin
 
 #: Example sizes of the graphs' symbolic axes: each distinct, past + new = total (a step's keys).
 EXAMPLE_SIZES = {"batch": 2, "len": 5, "new": 3, "past": 4, "total": 7, "src_len": 6, "kept": 3}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformer_kit.errors import ExportError
-from transformer_kit.registry import get_registry
+from transformer_kit.core.errors import ExportError
+from transformer_kit.core.registry import get_registry
 
 TRANSLATIONS_HOOK = "transformer_kit_onnx_translations"
 

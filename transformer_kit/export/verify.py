@@ -8,12 +8,12 @@ import numpy as np
 import torch
 
 from transformer_kit.checkpoints.streaming import weights_per_module
-from transformer_kit.decoding.prompts import left_align, real_from_pad
-from transformer_kit.errors import ExportError
+from transformer_kit.core.decoding.prompts import left_align, real_from_pad
+from transformer_kit.core.errors import ExportError
+from transformer_kit.core.model import TransformerModel
 from transformer_kit.export.onnx_steps import LAST_POSITION, LOGIT_POSITIONS
 from transformer_kit.export.runtime import OnnxModel
 from transformer_kit.export.weight_writer import WeightSource
-from transformer_kit.model import TransformerModel
 
 #: Shapes (batch, length) of the forward graph checked after every export.
 VERIFY_SHAPES = ((3, 7), (1, 4))

@@ -27,7 +27,7 @@ import onnx_ir as ir
 import torch
 from torch import Tensor
 
-from transformer_kit.errors import ExportError
+from transformer_kit.core.errors import ExportError
 from transformer_kit.export.gguf_blocks import FileBlocks
 from transformer_kit.export.int4_nodes import (
     QuantizedRows,

@@ -21,7 +21,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 from onnx.external_data_helper import uses_external_data
 
-from transformer_kit.errors import ArtifactError
+from transformer_kit.core.errors import ArtifactError
 
 WEIGHTS_FILE = "weights.data"
 #: Smaller tensors (scalars, shapes) stay inside their graph.

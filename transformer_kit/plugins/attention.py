@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_kit.interfaces import AttentionKernel
-from transformer_kit.masks import check_mask, masked_softmax
+from transformer_kit.core.interfaces import AttentionKernel
+from transformer_kit.core.masks import check_mask, masked_softmax
 
 _HALF = (torch.float16, torch.bfloat16)
 

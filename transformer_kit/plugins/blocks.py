@@ -16,7 +16,7 @@ import math
 
 from torch import Tensor, nn
 
-from transformer_kit.interfaces import AttentionInputs, Block, NormFactory
+from transformer_kit.core.interfaces import AttentionInputs, Block, NormFactory
 
 
 class _Layer(Block):

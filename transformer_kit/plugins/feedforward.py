@@ -123,7 +123,7 @@ HF_ACTIVATIONS: dict[str, dict] = {
 
 def feedforward_for_activation(activation: str, model_type: str) -> dict:
     """The feedforward config entry for a checkpoint's activation function name."""
-    from transformer_kit.errors import CheckpointError
+    from transformer_kit.core.errors import CheckpointError
 
     if activation not in HF_ACTIVATIONS:
         raise CheckpointError(f"{model_type}: activation {activation!r} is not supported; supported: "

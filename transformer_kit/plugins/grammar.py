@@ -1,6 +1,6 @@
 """The built-in ``grammar`` logits processor: each row's reply held to an llguidance grammar
 (a JSON schema, a regular expression, a Lark grammar, a list of choices; see
-:mod:`transformer_kit.decoding.response_format`).
+:mod:`transformer_kit.core.decoding.response_format`).
 
 Every row has its own matcher: it reads the row's last token each step and allows only the
 tokens that keep the text inside the grammar (the end ids once the grammar is complete, and only
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_kit.decoding import DecodingState, LogitsProcessor
-from transformer_kit.decoding.response_format import guidance_tokenizer
-from transformer_kit.errors import InputError
+from transformer_kit.core.decoding import DecodingState, LogitsProcessor
+from transformer_kit.core.decoding.response_format import guidance_tokenizer
+from transformer_kit.core.errors import InputError
 
 NEVER = -np.inf
 #: In this many of the last tokens of the budget, a way out that does not reach an end id (the

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from transformer_kit.decoding import DecodingState, LogitsProcessor
+from transformer_kit.core.decoding import DecodingState, LogitsProcessor
 
 NEVER = -np.inf
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from transformer_kit.interfaces import AttentionMask
-from transformer_kit.masks import NoMask
+from transformer_kit.core.interfaces import AttentionMask
+from transformer_kit.core.masks import NoMask
 
 __all__ = ["CausalMask", "NoMask", "SlidingWindowMask", "causal_onnx", "no_mask_onnx",
            "sliding_window_onnx"]

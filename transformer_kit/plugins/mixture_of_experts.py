@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer_kit import get_registry
-from transformer_kit.errors import ConfigError, ExportError
+from transformer_kit.core.errors import ConfigError, ExportError
 from transformer_kit.plugins.feedforward import SwiGLU
 
 #: The routers the component computes (see the module's docstring).

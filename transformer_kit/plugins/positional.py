@@ -9,8 +9,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from transformer_kit.errors import InputError
-from transformer_kit.interfaces import PositionalEncoding
+from transformer_kit.core.errors import InputError
+from transformer_kit.core.interfaces import PositionalEncoding
 from transformer_kit.plugins.rope_scaling import frequencies
 
 

@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from transformer_kit.chat.conversation import DEFAULT_REPLY_TOKENS, ChatTurn, reply_budget
-from transformer_kit.decoding import generation_config
-from transformer_kit.decoding.defaults import with_defaults
-from transformer_kit.decoding.text import require
-from transformer_kit.errors import InputError
+from transformer_kit.core.decoding import generation_config
+from transformer_kit.core.decoding.defaults import with_defaults
+from transformer_kit.core.decoding.text import require
+from transformer_kit.core.errors import InputError
 from transformer_kit.export import OnnxModel
 
 __all__ = ["DEFAULT_REPLY_TOKENS", "ChatSession", "check_reply_options"]

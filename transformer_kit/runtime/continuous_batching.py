@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from transformer_kit.decoding import SequenceSearch, generation_config
-from transformer_kit.decoding.prompts import prepare_call
-from transformer_kit.errors import InputError
+from transformer_kit.core.decoding import SequenceSearch, generation_config
+from transformer_kit.core.decoding.prompts import prepare_call
+from transformer_kit.core.errors import InputError
 from transformer_kit.export import OnnxModel
 from transformer_kit.export.runtime import check_ids
 from transformer_kit.runtime.prefix_cache import PrefixCache, block_keys, next_group

@@ -20,8 +20,8 @@ import queue
 import threading
 from typing import Any
 
-from transformer_kit.embedding.api import DEFAULT_BATCH_TOKENS
-from transformer_kit.errors import InputError, TransformerKitError
+from transformer_kit.core.embedding.api import DEFAULT_BATCH_TOKENS
+from transformer_kit.core.errors import InputError, TransformerKitError
 from transformer_kit.export import OnnxModel
 from transformer_kit.runtime.continuous_batching import ContinuousBatch
 from transformer_kit.runtime.pooling import Kind, PoolingCalls, model_kind
@@ -113,7 +113,7 @@ class Engine:
         request ends with ``finish_reason`` ``"timeout"`` and the tokens it had.
 
         Raises InputError for a bad prompt or option (at once, nothing queued), a
-        :class:`~transformer_kit.errors.ContextLengthError` (an InputError) for a prompt that
+        :class:`~transformer_kit.core.errors.ContextLengthError` (an InputError) for a prompt that
         leaves no room for ``max_new_tokens`` in the model's context, and :class:`QueueFull`
         when ``max_queue`` requests wait already.
         """

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transformer_kit.errors import ContextLengthError, InputError
+from transformer_kit.core.errors import ContextLengthError, InputError
 
 #: The prompt bound when neither the caller nor the export's manifest gives one (no context
 #: length known): the engine's ``prefill_tokens`` default, the longest prompt it prefills with others.

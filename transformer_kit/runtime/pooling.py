@@ -5,7 +5,7 @@ A request is its inputs' token ids (and per token a second row: the pooled posit
 embedding input, the token types of a (query, document) pair). The engine's loop takes the
 first waiting request, then gathers the requests that arrive within ``max_wait_s`` (or until
 ``max_batch_tokens`` real tokens are gathered), runs all their inputs in one call
-(:func:`~transformer_kit.embedding.plan_batches`, longest first, each run at most
+(:func:`~transformer_kit.core.embedding.plan_batches`, longest first, each run at most
 ``batch_size`` rows and ``max_batch_tokens`` padded tokens, through the model's
 ``run_embedding`` or ``run_scores``) and hands each request its own rows. While a call runs,
 new requests wait and go together into the next one.
@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from transformer_kit.embedding import plan_batches
-from transformer_kit.errors import InputError
+from transformer_kit.core.embedding import plan_batches
+from transformer_kit.core.errors import InputError
 from transformer_kit.export import OnnxModel
 from transformer_kit.runtime.requests import PoolingRequest, WaitingQueue
 from transformer_kit.runtime.stats import EngineStats

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 from transformer_kit.export.cache_ops import CacheOps
 from transformer_kit.export.onnx_steps import native_value
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer_kit.decoding import GenerationConfig, SequenceSearch
+from transformer_kit.core.decoding import GenerationConfig, SequenceSearch
 
 END = object()  # put on a generation request's stream after its last token
 

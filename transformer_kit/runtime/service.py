@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from transformer_kit.chat.conversation import ChatTurn, reply_budget
-from transformer_kit.decoding.text import TextPieces
-from transformer_kit.embedding import TextEncoder
-from transformer_kit.errors import InputError
+from transformer_kit.core.decoding.text import TextPieces
+from transformer_kit.core.embedding import TextEncoder
+from transformer_kit.core.errors import InputError
 from transformer_kit.export import OnnxModel
 from transformer_kit.runtime.engine import Engine
 from transformer_kit.runtime.limits import Limits

@@ -1,7 +1,7 @@
 """Prompt lookup in the engine: a request that asks for it (``prompt_lookup_num_tokens``)
 and decodes alone drafts tokens from its prompt and its output so far, and one step of the
 batch checks them all (speculative decoding, as ``OnnxModel.generate`` runs it:
-:mod:`transformer_kit.decoding.speculative`).
+:mod:`transformer_kit.core.decoding.speculative`).
 
 Decided: drafts are checked only while the request is the batch's only row and nobody waits.
 With other rows, a step checking one row's drafts would run every row over the draft's width
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from transformer_kit.decoding import GenerationConfig
-from transformer_kit.decoding.speculative import prompt_lookup
-from transformer_kit.errors import InputError
+from transformer_kit.core.decoding import GenerationConfig
+from transformer_kit.core.decoding.speculative import prompt_lookup
+from transformer_kit.core.errors import InputError
 from transformer_kit.export.batch_steps import BatchDecoder
 from transformer_kit.runtime.stats import EngineStats
 

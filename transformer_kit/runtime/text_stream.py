@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from transformer_kit.decoding.text import TextPieces
+from transformer_kit.core.decoding.text import TextPieces
 from transformer_kit.runtime.requests import Failure, GenerationRequest
 
 

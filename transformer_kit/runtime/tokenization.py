@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 from transformer_kit.tokenizer import TextTokenizer
 
 

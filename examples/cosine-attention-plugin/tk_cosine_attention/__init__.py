@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import transformer_kit as tk
-from transformer_kit.interfaces import AttentionKernel
-from transformer_kit.masks import masked_softmax
+from transformer_kit.core.interfaces import AttentionKernel
+from transformer_kit.core.masks import masked_softmax
 
 __all__ = ["CosineAttention", "L2HeadNorm", "cosine_attention_onnx", "transformer_kit_components",
            "transformer_kit_lowerings"]

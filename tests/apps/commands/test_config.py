@@ -9,7 +9,7 @@ import yaml
 
 import transformer_kit as tk
 from tests.apps.conftest import cli, config_file, invoke
-from transformer_kit.assembly import check_config
+from transformer_kit.core.assembly import check_config
 
 
 def test_show_fills_in_defaults_and_validate_accepts(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("sentence_transformers")
 
 from tests.apps.conftest import invoke
-from tests.embedding.checkpoints import write_sentence_transformer
+from tests.core.embedding.checkpoints import write_sentence_transformer
 
 TEXTS = ["hello world", "search engines rank documents", "Paris"]
 

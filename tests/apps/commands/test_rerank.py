@@ -9,7 +9,7 @@ pytest.importorskip("sentence_transformers")
 
 import transformer_kit as tk
 from tests.apps.conftest import invoke
-from tests.embedding.checkpoints import write_cross_encoder
+from tests.core.embedding.checkpoints import write_cross_encoder
 from transformer_kit.export import export_onnx
 
 TEXTS = ["hello world", "search engines rank documents", "Paris"]
@@ -28,7 +28,7 @@ def test_rerank_orders_by_cross_encoder_scores(tmp_path):
 
 
 def test_rerank_of_an_embedding_model_names_the_missing_classifier(tmp_path):
-    from tests.embedding.checkpoints import write_sentence_transformer
+    from tests.core.embedding.checkpoints import write_sentence_transformer
 
     write_sentence_transformer(tmp_path / "st")
     result = invoke("rerank", str(tmp_path / "st"), "--query", "q", "--document", "d")

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from transformer_kit.errors import ContextLengthError, InputError
+from transformer_kit.core.errors import ContextLengthError, InputError
 from transformer_kit.export import OnnxModel
 from transformer_kit.runtime import Engine, QueueFull
 

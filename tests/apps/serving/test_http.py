@@ -18,7 +18,7 @@ import pytest
 
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 from transformer_kit.runtime import Engine
 
 

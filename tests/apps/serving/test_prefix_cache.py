@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 from transformer_kit.export import OnnxModel
 from transformer_kit.runtime import Engine
 from transformer_kit.runtime.prefix_cache import BLOCK, block_keys

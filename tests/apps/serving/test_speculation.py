@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 from transformer_kit.export import OnnxModel
 from transformer_kit.runtime import Engine
 

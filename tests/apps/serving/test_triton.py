@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2
 
 from tests.apps.conftest import invoke
 from transformer_kit.apps.serving.triton import write_repository
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 
 
 def _config(path) -> model_config_pb2.ModelConfig:

@@ -72,7 +72,7 @@ def report_sampling(model: Any, options: dict[str, Any]) -> None:
     command line's ``options`` uses when its checkpoint has sampling defaults (its
     generation_config.json's): the options given over them. Without defaults, nothing: the
     options are those given."""
-    from transformer_kit.decoding.defaults import describe, with_defaults
+    from transformer_kit.core.decoding.defaults import describe, with_defaults
 
     if not model.generation_defaults:
         return

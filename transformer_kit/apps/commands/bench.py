@@ -13,7 +13,7 @@ from rich.table import Table
 
 from transformer_kit.apps.sources import REVISION_HELP, Provider, load_model, open_export, resolve_source
 from transformer_kit.apps.terminal import console, fail
-from transformer_kit.errors import InputError, TransformerKitError
+from transformer_kit.core.errors import InputError, TransformerKitError
 
 if TYPE_CHECKING:  # imported on use: the command line starts without torch
     import torch

@@ -17,7 +17,7 @@ from transformer_kit.apps.commands import _options as opts
 from transformer_kit.apps.exporting import served_folder
 from transformer_kit.apps.sources import Provider, open_export
 from transformer_kit.apps.terminal import console, errors, fail, settings
-from transformer_kit.errors import TransformerKitError
+from transformer_kit.core.errors import TransformerKitError
 from transformer_kit.runtime.chat_session import DEFAULT_REPLY_TOKENS, ChatSession, check_reply_options
 
 _Opt = typer.Option

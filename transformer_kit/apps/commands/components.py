@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from transformer_kit.apps.terminal import console, fail
-from transformer_kit.errors import TransformerKitError
+from transformer_kit.core.errors import TransformerKitError
 
 
 def components(kind: Annotated[str | None, typer.Option(help="Only this kind.")] = None) -> None:
@@ -19,7 +19,7 @@ def components(kind: Annotated[str | None, typer.Option(help="Only this kind.")]
     it declares a fused lowering); the checkpoint families from_hf can load; plugins that failed
     to load, with their error.
     """
-    from transformer_kit.registry import get_registry
+    from transformer_kit.core.registry import get_registry
 
     try:
         registry = get_registry()

@@ -12,7 +12,7 @@ import typer
 
 from transformer_kit.apps.sources import ACCEPTED, REVISION_HELP, resolve_config
 from transformer_kit.apps.terminal import console, fail, warn
-from transformer_kit.errors import TransformerKitError
+from transformer_kit.core.errors import TransformerKitError
 
 config_app = typer.Typer(help="Show, validate or describe model configs.", no_args_is_help=True)
 
@@ -37,14 +37,14 @@ def config_validate(source: Annotated[Path, typer.Argument(help="Config file (or
 
     Keys, values, component names, their combination and every component's parameters.
     """
-    from transformer_kit.assembly import check_config
+    from transformer_kit.core.assembly import check_config
 
     try:
         config = resolve_config(source, revision)
         size = check_config(config)
     except TransformerKitError as exc:
         fail(exc)
-    from transformer_kit.memory import available_memory
+    from transformer_kit.core.memory import available_memory
 
     detail = f", {size}" if size is not None else ""
     console.print(f"[green]valid:[/] {source} ({config.architecture}, d_model {config.d_model}{detail})",
@@ -58,7 +58,7 @@ def config_validate(source: Annotated[Path, typer.Argument(help="Config file (or
 @config_app.command("schema")
 def config_schema(output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here instead of stdout.")] = None) -> None:
     """The JSON schema of a config file, for editors (components: a name or {name, params})."""
-    from transformer_kit.config import ModelConfig
+    from transformer_kit.core.config import ModelConfig
 
     text = json.dumps(ModelConfig.model_json_schema(), indent=2)
     if output is None:

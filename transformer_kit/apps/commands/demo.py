@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from transformer_kit.apps.terminal import console, fail
-from transformer_kit.errors import TransformerKitError
+from transformer_kit.core.errors import TransformerKitError
 
 
 def demo(

@@ -15,7 +15,7 @@ import typer
 
 from transformer_kit.apps.sources import REVISION_HELP, Provider, kind_of, open_export, resolve_source
 from transformer_kit.apps.terminal import console, fail
-from transformer_kit.errors import InputError, TransformerKitError
+from transformer_kit.core.errors import InputError, TransformerKitError
 
 _Opt = typer.Option
 

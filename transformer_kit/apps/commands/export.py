@@ -19,7 +19,7 @@ from transformer_kit.apps.sources import (
     split_adapters,
 )
 from transformer_kit.apps.terminal import console, fail, settings, warn
-from transformer_kit.errors import InputError, TransformerKitError
+from transformer_kit.core.errors import InputError, TransformerKitError
 
 SPECIAL_ID_HELP = "Override the model's {} (a token id, or 'none'), e.g. for a checkpoint whose config.json has none."
 

@@ -14,7 +14,7 @@ import typer
 from transformer_kit.apps.commands import _options as opts
 from transformer_kit.apps.sources import Provider, open_export, parse_ids
 from transformer_kit.apps.terminal import console, fail
-from transformer_kit.errors import TransformerKitError
+from transformer_kit.core.errors import TransformerKitError
 from transformer_kit.runtime.one_shot import OneShotGeneration
 
 _Opt = typer.Option

@@ -10,7 +10,7 @@ import typer
 
 from transformer_kit.apps.sources import REVISION_HELP, load_model, parse_ids
 from transformer_kit.apps.terminal import console, fail
-from transformer_kit.errors import TransformerKitError
+from transformer_kit.core.errors import TransformerKitError
 
 plot_app = typer.Typer(help="Heat maps of positional encodings and attention weights.", no_args_is_help=True)
 

@@ -11,7 +11,7 @@ import typer
 from transformer_kit.apps.commands.embed import open_model, read_texts
 from transformer_kit.apps.sources import REVISION_HELP, Provider
 from transformer_kit.apps.terminal import console, fail
-from transformer_kit.errors import TransformerKitError
+from transformer_kit.core.errors import TransformerKitError
 
 _Opt = typer.Option
 

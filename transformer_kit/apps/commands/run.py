@@ -10,7 +10,7 @@ import typer
 
 from transformer_kit.apps.sources import Provider, open_export, pad_rows, parse_ids
 from transformer_kit.apps.terminal import console, fail
-from transformer_kit.errors import TransformerKitError
+from transformer_kit.core.errors import TransformerKitError
 
 
 def run(

@@ -18,7 +18,7 @@ from transformer_kit.apps.serving.guard import API_KEY_ENV, DEFAULT_MAX_BODY_BYT
 from transformer_kit.apps.sources import Provider, open_export, split_adapters
 from transformer_kit.apps.terminal import console, fail
 from transformer_kit.checkpoints.hub import is_hub_name
-from transformer_kit.errors import TransformerKitError
+from transformer_kit.core.errors import TransformerKitError
 from transformer_kit.export.adapters import adapter_names
 
 _Opt = typer.Option

@@ -13,7 +13,7 @@ import typer
 from transformer_kit.apps.serving.guard import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
 from transformer_kit.apps.sources import kind_of
 from transformer_kit.apps.terminal import console, fail
-from transformer_kit.errors import ArtifactError, TransformerKitError
+from transformer_kit.core.errors import ArtifactError, TransformerKitError
 
 _Opt = typer.Option
 

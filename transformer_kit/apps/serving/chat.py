@@ -34,7 +34,7 @@ from transformer_kit.apps.serving.openai_api import (
     unknown_model,
     usage,
 )
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 from transformer_kit.runtime import QueueFull, Service
 from transformer_kit.runtime.text_stream import TextStream
 

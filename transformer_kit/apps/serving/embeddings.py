@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from transformer_kit.apps.serving.openai_api import ServerMetrics, failure_response, unknown_model
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 from transformer_kit.runtime import QueueFull, Service
 
 

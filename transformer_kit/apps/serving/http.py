@@ -68,8 +68,8 @@ from transformer_kit.apps.serving.tokenization import (
     TokenizationServer,
     TokenizeRequest,
 )
-from transformer_kit.decoding.defaults import GENERATION_CONFIG_MODES
-from transformer_kit.errors import InputError
+from transformer_kit.core.decoding.defaults import GENERATION_CONFIG_MODES
+from transformer_kit.core.errors import InputError
 from transformer_kit.runtime import Engine, Limits, QueueFull, Service
 from transformer_kit.runtime.text_stream import TextStream
 

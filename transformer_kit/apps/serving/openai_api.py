@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
-from transformer_kit.errors import ContextLengthError
+from transformer_kit.core.errors import ContextLengthError
 from transformer_kit.runtime import Engine, QueueFull
 from transformer_kit.runtime.requests import Failure
 from transformer_kit.runtime.text_stream import TextStream, Usage

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 
 #: How many responses a server keeps by default (``transformer-kit serve --stored-responses``).
 DEFAULT_STORED_RESPONSES = 256

@@ -37,7 +37,7 @@ from transformer_kit.apps.serving.openai_api import (
     unknown_model,
 )
 from transformer_kit.apps.serving.response_store import ResponseStore, UnknownResponse
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 from transformer_kit.runtime import QueueFull, Service
 from transformer_kit.runtime.service import sampling
 from transformer_kit.runtime.text_stream import TextStream, Usage

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt
 
 from transformer_kit.apps.serving.chat import ChatMessage
 from transformer_kit.apps.serving.openai_api import ServerMetrics, error_response, unknown_model
-from transformer_kit.errors import TransformerKitError
+from transformer_kit.core.errors import TransformerKitError
 from transformer_kit.runtime import Service
 
 

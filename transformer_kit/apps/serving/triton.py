@@ -29,7 +29,7 @@ import os
 import shutil
 from pathlib import Path
 
-from transformer_kit.errors import InputError
+from transformer_kit.core.errors import InputError
 from transformer_kit.export.manifest import Manifest
 from transformer_kit.runtime import Limits, OnnxModel, model_kind, prompt_forms
 

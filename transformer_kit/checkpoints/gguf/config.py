@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer_kit.errors import CheckpointError
+from transformer_kit.core.errors import CheckpointError
 
 #: general.architecture -> config.json's model_type (llama.cpp writes SmolLM2, most Mistral
 #: checkpoints and Mixtral as "llama": a llama file with ``llama.expert_count`` > 0 is Mixtral's;

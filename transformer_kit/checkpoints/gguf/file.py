@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer_kit.errors import CheckpointError, missing_path
+from transformer_kit.core.errors import CheckpointError, missing_path
 
 #: The 4 bytes every GGUF file starts with.
 MAGIC = b"GGUF"

@@ -21,9 +21,9 @@ from transformer_kit.checkpoints.loading import (
     family_state,
     kit_config,
 )
-from transformer_kit.config import ModelConfig
-from transformer_kit.errors import CheckpointError
-from transformer_kit.model import TransformerModel
+from transformer_kit.core.config import ModelConfig
+from transformer_kit.core.errors import CheckpointError
+from transformer_kit.core.model import TransformerModel
 from transformer_kit.tokenizer import TextTokenizer
 
 

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from transformer_kit.checkpoints.deferred import DeferredTensor
 from transformer_kit.checkpoints.gguf.blocks import GgufBlocks
-from transformer_kit.errors import CheckpointError
+from transformer_kit.core.errors import CheckpointError
 
 #: The architectures whose converter permutes the q and k rows (LlamaModel and its subclasses).
 PERMUTED = frozenset({"llama", "mistral", "granite", "granitemoe", "smollm3"})

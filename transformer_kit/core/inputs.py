@@ -1,0 +1,31 @@
+"""Checks on model inputs, done before any tensor work so errors say what was given."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from transformer_kit.core.errors import InputError
+from transformer_kit.core.id_checks import check_id_array, check_positions
+
+__all__ = ["check_positions", "check_token_ids", "tracing"]
+
+
+def tracing() -> bool:
+    """True while torch.export / dynamo / jit trace the model (data checks are skipped then)."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+def check_token_ids(ids: object, vocab_size: int, name: str = "input_ids") -> Tensor:
+    """Refuse ids that are not a (batch, len) integer tensor with values in [0, vocab_size)."""
+    if not isinstance(ids, Tensor):
+        raise InputError(
+            f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}; "
+            "wrap it with torch.tensor(..., dtype=torch.long)."
+        )
+    if tracing():
+        return ids
+    is_integer = not (ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool)
+    check_id_array(name, is_integer, ids.dtype, ids.shape,
+                   lambda: (int(ids.min()), int(ids.max())), vocab_size)
+    return ids
