@@ -42,7 +42,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import transformer_kit as tk
-from transformer_kit.export import Int4, OnnxModel, export_onnx
+from transformer_kit.export import Int4, export_onnx
+from transformer_kit.runtime import OnnxModel
 
 KINDS = {"float32": None, "int8": "int8", "int4 (level 4)": Int4(), "int4 (level 1)": Int4(accuracy_level=1)}
 

@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helper
 
 import transformer_kit as tk
 from testbed.peers import smollm2_checkpoint
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
 from transformer_kit.plugins.grammar import CLOSING_WINDOW
+from transformer_kit.runtime import OnnxModel
 
 ASK = [{"role": "user", "content": "Give me a pancake recipe as JSON: a title, the number of "
         "servings, the ingredients with grams, and the steps."}]

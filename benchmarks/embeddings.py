@@ -226,7 +226,7 @@ def load_runner(runner: str, folder: str):
         import onnxruntime as ort
 
         import transformer_kit
-        from transformer_kit.export import OnnxModel
+        from transformer_kit.runtime import OnnxModel
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = THREADS

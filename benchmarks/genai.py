@@ -52,7 +52,7 @@ run(ids)
 print(peak() - base)
 """
 KIT_LOAD = """import onnxruntime
-from transformer_kit.export import OnnxModel
+from transformer_kit.runtime import OnnxModel
 base = peak()
 om = OnnxModel({folder!r}, providers="cpu")
 run = lambda ids: om.generate(ids, max_new_tokens=64)"""

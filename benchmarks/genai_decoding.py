@@ -83,7 +83,7 @@ def worker(kind: str, folder: str, new_tokens: int) -> None:
         generator = GenaiGenerator(Path(folder))
         serve_generation(lambda: generator.generate(ids, new_tokens)[0].tolist())
     else:
-        from transformer_kit.export import OnnxModel
+        from transformer_kit.runtime import OnnxModel
 
         om = OnnxModel(folder, providers="cpu", batch_invariant=kind == "kit")
         serve_generation(lambda: om.generate(ids, max_new_tokens=new_tokens,

@@ -100,7 +100,7 @@ def greedy_generator(kind: str, target: str, prompt: list[int]) -> Callable[[int
         return generate
     import onnxruntime as ort
 
-    from transformer_kit.export import OnnxModel
+    from transformer_kit.runtime import OnnxModel
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = THREADS

@@ -98,7 +98,7 @@ def child_kit_run(out: str, new_tokens: int, prompt: str, threads: int) -> dict[
     import numpy as np
     import onnxruntime as ort
 
-    from transformer_kit.export import OnnxModel
+    from transformer_kit.runtime import OnnxModel
 
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1

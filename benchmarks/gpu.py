@@ -112,7 +112,7 @@ def decoder_runners(checkpoint: Path, folders: dict[str, Path], device: str, com
     (``compiled_too``: with the compiled runner)."""
     import transformers
 
-    from transformer_kit.export import OnnxModel
+    from transformer_kit.runtime import OnnxModel
 
     runners: dict[str, Callable] = {}
     for name, folder in folders.items():
@@ -185,7 +185,7 @@ def embeddings(workdir: Path, shape: str, device: str, rounds: int, texts: int, 
 
     import transformer_kit as tk
     from transformer_kit.apps.benchmark import export_unless_current
-    from transformer_kit.export import OnnxModel
+    from transformer_kit.runtime import OnnxModel
 
     folder = write_checkpoint(workdir / f"{shape}-st", shape)
     export = workdir / f"{shape}-kit-float16"

@@ -33,7 +33,7 @@ for name in ("onnxruntime", "onnx", "onnxscript", "onnx_ir", "numpy", "transform
     except Exception as exc:
         print(name, "missing:", exc)
 print("providers", onnxruntime.get_available_providers())
-from transformer_kit.export.providers import cuda_works
+from transformer_kit.runtime.providers import cuda_works
 print("a CUDA session works:", cuda_works())
 PY
 } > "$out/environment.txt" 2>&1

@@ -171,7 +171,7 @@ def worker(kind: str, folder: str, new_tokens: int) -> None:
         def generate() -> list[int]:
             return generator.generate(ids, new_tokens)[0].tolist()
     else:
-        from transformer_kit.export import OnnxModel
+        from transformer_kit.runtime import OnnxModel
 
         om = OnnxModel(folder, providers="cpu", session_options=session_options())
 
@@ -239,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         smollm2_or_tiny_llama,
     )
     from transformer_kit.apps.benchmark import export_unless_current, folder_bytes
-    from transformer_kit.export import Int4, OnnxModel
+    from transformer_kit.export import Int4
+    from transformer_kit.runtime import OnnxModel
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tk-int4q-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/: helper
 
 from transformer_kit.core.decoding.response_format import grammar_of, guidance_tokenizer
 from transformer_kit.core.errors import InputError
-from transformer_kit.export import OnnxModel
+from transformer_kit.runtime import OnnxModel
 
 PROMPT = "Reply with one JSON value valid against this JSON schema, and nothing else:\n{schema}"
 #: Schema text shown in the prompt, at most (the grammar holds the whole schema).

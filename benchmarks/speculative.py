@@ -94,8 +94,8 @@ def worker(folder: str, drafts: int, assistant: str | None, assistant_tokens: in
 
     import onnxruntime as ort
 
-    from transformer_kit.export import OnnxModel
-    from transformer_kit.export.onnx_steps import OnnxStepper
+    from transformer_kit.runtime import OnnxModel
+    from transformer_kit.runtime.onnx_steps import OnnxStepper
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = THREADS

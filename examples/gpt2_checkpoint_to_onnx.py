@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 import transformer_kit as tk
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import OnnxModel
 
 
 def write_checkpoint(folder: Path, layers: int) -> None:

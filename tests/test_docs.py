@@ -235,7 +235,7 @@ def check_embeddings(ns: dict) -> None:
 
 
 def check_serving(ns: dict) -> None:
-    from transformer_kit.export import OnnxModel
+    from transformer_kit.runtime import OnnxModel
 
     om = OnnxModel("my-export", providers="cpu")
     expected = om.chat(ns["messages"][:2], max_new_tokens=64)["content"]

@@ -48,7 +48,8 @@ def test_installed_plugin_builds_exports_and_runs(plugin_python, tmp_path):
     result = _run(plugin_python, f"""
         import numpy as np, torch
         import transformer_kit as tk
-        from transformer_kit.export import OnnxModel, export_onnx
+        from transformer_kit.runtime import OnnxModel
+        from transformer_kit.export import export_onnx
         entry = tk.get_registry().entry("attention", "cosine")
         print("plugin", entry.plugin, entry.distribution)
         torch.manual_seed(0)

@@ -77,7 +77,7 @@ def test_the_gguf_line_loads_the_real_file_and_chats(tmp_path, monkeypatch):
 def test_serve_as_the_readme_does(tmp_path):
     """The export command of README's serve block, the server on a free port, the client block."""
     from tests.chat.checkpoint import write_chat_checkpoint
-    from transformer_kit.export import OnnxModel
+    from transformer_kit.runtime import OnnxModel
 
     write_chat_checkpoint(tmp_path / "SmolLM2-135M-Instruct")
     commands = [line.split("#")[0].strip() for b in _blocks("bash") if "transformer-kit serve" in b

@@ -72,7 +72,8 @@ def text_export(tmp_path_factory):
 
 
 def _export(model, folder):
-    from transformer_kit.export import OnnxModel, export_onnx
+    from transformer_kit.export import export_onnx
+    from transformer_kit.runtime import OnnxModel
 
     export_onnx(model, folder)
     return OnnxModel(folder, providers="cpu")

@@ -11,7 +11,8 @@ import transformer_kit as tk
 from testbed import peers
 from transformer_kit.apps import benchmark as b
 from transformer_kit.apps.commands.bench import hf_generation_runners, load_optimum_causal_lm
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import OnnxModel
 
 
 @pytest.fixture(scope="module")

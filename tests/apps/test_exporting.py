@@ -12,7 +12,7 @@ import torch
 
 from transformer_kit.apps.exporting import cache_root, export_folder
 from transformer_kit.core.errors import ArtifactError
-from transformer_kit.export import OnnxModel
+from transformer_kit.runtime import OnnxModel
 
 
 def test_a_saved_model_is_exported_once_and_again_when_it_changes(exported, tmp_path, monkeypatch):

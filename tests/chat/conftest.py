@@ -8,7 +8,8 @@ import transformers as hf
 
 import transformer_kit as tk
 from tests.chat.checkpoint import write_chat_checkpoint
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import OnnxModel
 
 
 @pytest.fixture(scope="session")

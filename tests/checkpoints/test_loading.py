@@ -13,8 +13,9 @@ import transformers as hf
 
 import transformer_kit as tk
 from tests.plugins.families.parity import VOCAB, check_generation
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
 from transformer_kit.export.verify import relative_error
+from transformer_kit.runtime import OnnxModel
 
 
 def _llama(**extra):

@@ -17,8 +17,9 @@ from safetensors.torch import load_file, save_file
 
 import transformer_kit as tk
 from tests.plugins.families.parity import VOCAB, check_generation
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
 from transformer_kit.export.verify import relative_error
+from transformer_kit.runtime import OnnxModel
 
 LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

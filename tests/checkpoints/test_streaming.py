@@ -19,7 +19,8 @@ import transformer_kit as tk
 from testbed.random_checkpoints import write_random_checkpoint
 from tests.plugins.families.parity import VOCAB
 from transformer_kit.checkpoints import streaming
-from transformer_kit.export import Int4, OnnxModel, export_onnx
+from transformer_kit.export import Int4, export_onnx
+from transformer_kit.runtime import OnnxModel
 
 
 @pytest.fixture(scope="module")

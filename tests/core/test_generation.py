@@ -127,7 +127,8 @@ def test_a_cached_step_costs_linear_work_in_the_length():
 
 
 def test_null_special_ids_generate_without_stopping_or_refuse_with_a_sentence(tmp_path):
-    from transformer_kit.export import OnnxModel, export_onnx
+    from transformer_kit.export import export_onnx
+    from transformer_kit.runtime import OnnxModel
 
     torch.manual_seed(0)
     decoder = tk.build_model(tiny_config("decoder", eos_id=None, bos_id=None, pad_id=None)).eval()

@@ -15,10 +15,11 @@ import torch
 import transformer_kit as tk
 from tests.combinations import tiny_config
 from tests.core.decoding.test_text import byte_level_tokenizer
-from transformer_kit.export import Int4, OnnxModel, export_onnx
+from transformer_kit.export import Int4, export_onnx
 from transformer_kit.export.calibration import FLOOR, calibration_ids, input_importance
 from transformer_kit.export.int4_nodes import search_blocks
 from transformer_kit.export.quantize import DEFAULT_TOKENS
+from transformer_kit.runtime import OnnxModel
 from transformer_kit.tokenizer import TextTokenizer
 
 VOCAB = 300

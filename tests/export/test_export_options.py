@@ -13,8 +13,9 @@ import torch
 import transformer_kit as tk
 from tests.combinations import tiny_config
 from tests.export import fused_norm_plugin
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
 from transformer_kit.export.verify import VERIFY_SHAPES, random_ids, relative_error
+from transformer_kit.runtime import OnnxModel
 
 
 def _model(architecture="decoder", **overrides):

@@ -8,9 +8,10 @@ import torch
 
 import transformer_kit as tk
 from tests.export.cases import CASES
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
 from transformer_kit.export.verify import random_ids, relative_error
 from transformer_kit.export.weights import WEIGHTS_FILE
+from transformer_kit.runtime import OnnxModel
 
 SHAPES = [(1, 9), (4, 6), (3, 13)]
 

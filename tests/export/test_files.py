@@ -10,7 +10,8 @@ import torch
 
 import transformer_kit as tk
 from tests.combinations import tiny_config
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import OnnxModel
 
 
 @pytest.mark.skipif(os.name != "posix", reason="file modes and umask are POSIX")

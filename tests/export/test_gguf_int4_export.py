@@ -16,8 +16,9 @@ from gguf.quants import dequantize, quantize
 import transformer_kit as tk
 from tests.combinations import tiny_config
 from transformer_kit.checkpoints.gguf.blocks import GgufBlocks
-from transformer_kit.export import Int4, OnnxModel, export_onnx
+from transformer_kit.export import Int4, export_onnx
 from transformer_kit.export.verify import random_ids, relative_error
+from transformer_kit.runtime import OnnxModel
 
 VOCAB = 300
 LEVEL1 = Int4(accuracy_level=1)  # float32 arithmetic: no int8 rounding of the activations

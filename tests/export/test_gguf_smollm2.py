@@ -10,8 +10,9 @@ import torch
 
 import transformer_kit as tk
 from tests.gguf_file import smollm2_gguf
-from transformer_kit.export import Int4, OnnxModel, export_onnx
+from transformer_kit.export import Int4, export_onnx
 from transformer_kit.export.verify import relative_error
+from transformer_kit.runtime import OnnxModel
 
 FILE = smollm2_gguf()
 

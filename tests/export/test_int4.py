@@ -15,8 +15,9 @@ from onnx import numpy_helper
 
 import transformer_kit as tk
 from tests.combinations import tiny_config
-from transformer_kit.export import Int4, OnnxModel, export_onnx
+from transformer_kit.export import Int4, export_onnx
 from transformer_kit.export.verify import TOP1_PROMPTS, random_ids, relative_error
+from transformer_kit.runtime import OnnxModel
 
 BLOCK = 16
 OLD = {"rounding": "nearest", "eight_bit": (), "symmetric": True}

@@ -16,11 +16,12 @@ from onnx import numpy_helper
 
 import transformer_kit as tk
 from tests.combinations import tiny_config
-from transformer_kit.export import Int4, OnnxModel, export_onnx
+from transformer_kit.export import Int4, export_onnx
 from transformer_kit.export.calibration import calibration_ids, input_importance
 from transformer_kit.export.int4_nodes import QuantizedRows, dequantize_rows, quantize_rows
 from transformer_kit.export.verify import random_ids, relative_error
 from transformer_kit.export.weight_writer import early_layers
+from transformer_kit.runtime import OnnxModel
 
 BLOCK = 16
 VOCAB = 300

@@ -16,8 +16,9 @@ import torch
 import transformer_kit as tk
 from tests.combinations import tiny_config
 from transformer_kit.core.attention import MultiHeadAttention
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
 from transformer_kit.plugins.attention import SdpaAttention
+from transformer_kit.runtime import OnnxModel
 
 
 def _ops(path) -> collections.Counter:

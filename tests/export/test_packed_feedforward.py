@@ -14,8 +14,9 @@ import torch
 
 import transformer_kit as tk
 from tests.combinations import tiny_config
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
 from transformer_kit.plugins.feedforward import SwiGLU
+from transformer_kit.runtime import OnnxModel
 
 
 def _weight_widths(path, op: str) -> list[int]:

@@ -10,8 +10,9 @@ import numpy as np
 import torch
 
 import transformer_kit as tk
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
 from transformer_kit.export.verify import random_ids, relative_error
+from transformer_kit.runtime import OnnxModel
 
 PAPER = Path(tk.__file__).parent / "configs" / "paper.yaml"
 

@@ -17,7 +17,8 @@ import torch
 
 import transformer_kit as tk
 from tests.combinations import tiny_config
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import OnnxModel
 
 #: Seconds the shared-model load test runs (the issue asks for a minute).
 LOAD_SECONDS = float(os.environ.get("TK_LOAD_SECONDS", "60"))

@@ -12,9 +12,10 @@ import torch
 
 import transformer_kit as tk
 from tests.combinations import tiny_config
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
 from transformer_kit.export.verify import random_ids, relative_error
 from transformer_kit.export.weights import WEIGHTS_FILE
+from transformer_kit.runtime import OnnxModel
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ import torch
 
 import transformer_kit as tk
 from transformer_kit.export import Int4, export_onnx
-from transformer_kit.export.providers import cuda_works
+from transformer_kit.runtime.providers import cuda_works
 
 DRY_RUN = os.environ.get("TK_GPU_DRY_RUN") == "1"
 #: The provider the tests put on trial ("cuda"; "cpu" in a dry run).

@@ -8,8 +8,7 @@ import threading
 import numpy as np
 
 from tests.gpu.conftest import TARGET
-from transformer_kit.export import OnnxModel
-from transformer_kit.runtime import Engine
+from transformer_kit.runtime import Engine, OnnxModel
 
 
 def test_eight_concurrent_clients_each_get_their_tokens_alone(exports):

@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pytest
 
 from tests.gpu.conftest import DRY_RUN, MODELS, PRECISIONS, TARGET
-from transformer_kit.export import OnnxModel
+from transformer_kit.runtime import OnnxModel
 
 PROVIDER = "CPUExecutionProvider" if DRY_RUN else "CUDAExecutionProvider"
 INTEGER_TYPES = {"int64", "int32", "int8", "uint8", "bool"}

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.gpu.conftest import DRY_RUN, PRECISIONS, TARGET
-from transformer_kit.export import OnnxModel
+from transformer_kit.runtime import OnnxModel
 
 #: Relative error (max |a - b| / max |b|) allowed between CUDA and the CPU, and against PyTorch
 #: float32. float32: both runtimes in float32 (CUDA's TF32 is off for float32 exports); float16:

@@ -247,8 +247,9 @@ def test_a_model_with_sinks_exports_them_explicitly_and_caches_exactly(tmp_path)
     import numpy as np
     import onnx
 
-    from transformer_kit.export import OnnxModel, export_onnx
+    from transformer_kit.export import export_onnx
     from transformer_kit.export.verify import relative_error
+    from transformer_kit.runtime import OnnxModel
 
     torch.manual_seed(6)
     model = tk.build_model({

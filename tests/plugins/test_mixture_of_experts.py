@@ -13,9 +13,10 @@ import pytest
 import torch
 
 import transformer_kit as tk
-from transformer_kit.export import Int4, OnnxModel, export_onnx
+from transformer_kit.export import Int4, export_onnx
 from transformer_kit.export.verify import relative_error
 from transformer_kit.plugins import MixtureOfExperts
+from transformer_kit.runtime import OnnxModel
 
 D_MODEL = 12
 #: gpt-oss's experts (its limit 7 lowered so the clamp acts on these small random inputs).

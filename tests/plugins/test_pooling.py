@@ -66,7 +66,8 @@ class _MinPlugin:
 
 
 def test_a_plugin_s_pooling_builds_exports_and_embeds(fresh_registry, tmp_path):
-    from transformer_kit.export import OnnxModel, export_onnx
+    from transformer_kit.export import export_onnx
+    from transformer_kit.runtime import OnnxModel
 
     tk.register_plugin(_MinPlugin(), name="min-pooling")
     torch.manual_seed(0)

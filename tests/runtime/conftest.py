@@ -9,7 +9,7 @@ import transformers as hf
 
 from tests.apps.conftest import text_export  # noqa: F401  (the fixtures, shared)
 from tests.chat.conftest import chat_checkpoint  # noqa: F401
-from transformer_kit.export import OnnxModel
+from transformer_kit.runtime import OnnxModel
 
 
 @pytest.fixture(scope="session")

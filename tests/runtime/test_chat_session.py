@@ -17,8 +17,8 @@ import transformer_kit as tk
 from tests.chat.reasoning_checkpoint import write_reasoning_checkpoint
 from transformer_kit.chat.conversation import DEFAULT_REPLY_TOKENS
 from transformer_kit.core.errors import InputError, TransformerKitError
-from transformer_kit.export import OnnxModel, export_onnx
-from transformer_kit.runtime import ChatSession
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import ChatSession, OnnxModel
 
 SYSTEM = "Be brief."
 

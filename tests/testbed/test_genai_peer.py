@@ -33,7 +33,8 @@ def test_the_checkpoint_carries_a_tokenizer_both_sides_read(tmp_path):
 def test_the_genai_generator_matches_the_kit_where_installed(tmp_path):
     pytest.importorskip("onnxruntime_genai")
     from testbed.genai_peer import GenaiGenerator, build_genai
-    from transformer_kit.export import OnnxModel, export_onnx
+    from transformer_kit.export import export_onnx
+    from transformer_kit.runtime import OnnxModel
 
     folder = llama_checkpoint(tmp_path / "llama", **SMALL)
     export_onnx(tk.from_hf(folder), tmp_path / "kit")

@@ -251,7 +251,7 @@ def exported(model: torch.nn.Module, folder: Path, providers: str = "auto", **ex
     workdir reuse it."""
     import sys
 
-    from transformer_kit.export import OnnxModel
+    from transformer_kit.runtime import OnnxModel
 
     report = export_unless_current(model, folder, **export_options)
     if report is not None:

@@ -120,7 +120,8 @@ def train(model: EncoderDecoderTransformer, task: ReversalTask, *, steps: int = 
 def run_demo(output: Path, *, steps: int = 1500, seed: int = 0,
              console: Console | None = None) -> int:
     """Returns 0 when both runtimes solve the task (>= 99 % exact match) and agree."""
-    from transformer_kit.export import OnnxModel, export_onnx
+    from transformer_kit.export import export_onnx
+    from transformer_kit.runtime import OnnxModel
 
     console = console or Console()
     torch.manual_seed(seed)

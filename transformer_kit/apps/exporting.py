@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformer_kit.apps.sources import kind_of, load_model, resolve_source
 from transformer_kit.apps.terminal import console
 from transformer_kit.core.errors import ArtifactError
-from transformer_kit.export.manifest import MANIFEST_FILE
+from transformer_kit.runtime.manifest import MANIFEST_FILE
 
 CACHE_ENV = "TRANSFORMER_KIT_CACHE"
 #: What a serving command exports for itself; a config file would give random weights.

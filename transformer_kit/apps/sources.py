@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 import typer
 
 from transformer_kit.core.errors import ArtifactError, CheckpointError, ConfigError, InputError, ProviderError
-from transformer_kit.export.manifest import MANIFEST_FILE
+from transformer_kit.runtime.manifest import MANIFEST_FILE
 
 ACCEPTED = ("a config file (.yaml, .yml, .json), a folder saved with model.save, a Hugging Face "
             "checkpoint folder, a GGUF file, an export folder, or a Hub name (org/name, "
@@ -81,7 +81,7 @@ def special_id_overrides(pad_id: str | None, bos_id: str | None, eos_id: str | N
 
 def split_adapters(values: list[str], flag: str = "--adapter") -> tuple[Path | None, dict[str, Path]]:
     """--adapter values: a plain DIR (merged; one at most) and NAME=DIR ones (kept apart)."""
-    from transformer_kit.export.adapters import check_adapter_names
+    from transformer_kit.runtime.adapters import check_adapter_names
 
     merged, apart = [], {}
     for value in values:
@@ -170,7 +170,7 @@ def resolve_config(source: Path, revision: str | None = None):
     Hub name (at ``revision``) of a checkpoint or a GGUF file."""
     import transformer_kit as tk
     from transformer_kit.core.serialization import read_saved_config
-    from transformer_kit.export import Manifest
+    from transformer_kit.runtime import Manifest
 
     source, _ = resolve_source(source, revision, weights=False)
     kind = kind_of(source)
@@ -189,8 +189,8 @@ def resolve_config(source: Path, revision: str | None = None):
 
 def open_export(folder: Path, provider: Provider, batch_invariant: bool = True):
     """An OnnxModel of an export folder on ``--provider``; errors name the flag."""
-    from transformer_kit.export import OnnxModel
-    from transformer_kit.export.providers import cuda_works
+    from transformer_kit.runtime import OnnxModel
+    from transformer_kit.runtime.providers import cuda_works
 
     kind = kind_of(folder)
     if kind != "export":

@@ -1,12 +1,15 @@
-"""ONNX export and the onnxruntime runtime.
+"""ONNX export: graphs written by each component's lowering, weights streamed to one file,
+every export verified by running it through the runtime.
 
-    from transformer_kit.export import export_onnx, OnnxModel
+    from transformer_kit.export import export_onnx
+    from transformer_kit.runtime import OnnxModel
     report = export_onnx(model, "out/")          # graphs + manifest, verified against PyTorch
     om = OnnxModel("out/")                        # numpy + onnxruntime only
     om.generate(ids, max_new_tokens=16)
     export_onnx(model, "out-int4/", quantize="int4")   # 4-bit MatMulNBits weights
 
-``OnnxModel`` is imported without torch; ``export_onnx`` needs torch.
+``export_onnx`` needs torch; running an export does not (:mod:`transformer_kit.runtime`, whose
+``OnnxModel`` and ``Manifest`` this package also names, as the export writes what they read).
 """
 
 from __future__ import annotations
@@ -30,11 +33,11 @@ def __getattr__(name: str) -> Any:
 
         return Int4
     if name == "OnnxModel":
-        from transformer_kit.export.runtime import OnnxModel
+        from transformer_kit.runtime.onnx_model import OnnxModel
 
         return OnnxModel
     if name == "Manifest":
-        from transformer_kit.export.manifest import Manifest
+        from transformer_kit.runtime.manifest import Manifest
 
         return Manifest
     raise AttributeError(f"module 'transformer_kit.export' has no attribute {name!r}")

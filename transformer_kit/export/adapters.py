@@ -20,16 +20,15 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from transformer_kit.core.errors import ArtifactError, ExportError, InputError
+from transformer_kit.core.errors import ExportError
+from transformer_kit.runtime.adapters import ADAPTER_FOLDER, check_adapter_names
 
-if TYPE_CHECKING:  # the runtime reads adapters without torch
+if TYPE_CHECKING:  # torch is the caller's (the export), not imported here
     from torch import Tensor
 
-ADAPTER_FOLDER = "adapters"
 #: The graphs whose products take the adapters' inputs (the forward and the decoding step).
 ADAPTED_GRAPHS = ("model", "decoder_step")
 _WEIGHT = re.compile(r"(?P<pre>[^{}]*?)(?:\{(?P<parts>[^{}]+)\})?(?P<post>[^{}]*\.weight)\.transposed")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def _packed_parameters(weight_input: str) -> list[str] | None:
@@ -39,14 +38,6 @@ def _packed_parameters(weight_input: str) -> list[str] | None:
         return None
     parts = found["parts"].split(",") if found["parts"] else [""]
     return [f"{found['pre']}{part}{found['post']}" for part in parts]
-
-
-def check_adapter_names(names: list[str]) -> None:
-    """Refuse names that are not file and model names (letters, digits, '.', '_', '-')."""
-    for name in names:
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise InputError(f"Adapter name {name!r} is not allowed; use letters, digits, '.', '_' "
-                             "and '-' (up to 64, starting with a letter or digit).")
 
 
 def add_adapters(folder: Path, files: dict[str, str], adapters: dict[str, dict[str, tuple[Tensor, Tensor]]],
@@ -114,26 +105,3 @@ def _packed(stem: str, params: list[str], factors: dict[str, tuple[Tensor, Tenso
         b_in[at:at + a.shape[0], offsets[i]:offsets[i + 1]] = b.numpy().T
         at += a.shape[0]
     return {f"{stem}.A": np.ascontiguousarray(a_in), f"{stem}.B": b_in}
-
-
-def adapter_names(folder: Path) -> list[str]:
-    """The adapters exported in ``folder`` (sorted)."""
-    return sorted(p.stem for p in (Path(folder) / ADAPTER_FOLDER).glob("*.safetensors"))
-
-
-def read_adapter_values(folder: Path, name: str) -> dict[str, np.ndarray]:
-    """Adapter ``name``'s input values in export ``folder``; an unknown name is refused naming
-    the exported ones."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
-    names = adapter_names(folder)
-    if name not in names:
-        raise InputError(f"adapter={name!r} is not exported in {str(folder)!r}; it has "
-                         f"{', '.join(map(repr, names)) or 'none'}. Export with "
-                         "tk.from_hf(..., adapters={name: DIR}) to add one.")
-    try:
-        return load_file(str(Path(folder) / ADAPTER_FOLDER / f"{name}.safetensors"))
-    except (SafetensorError, OSError) as exc:
-        raise ArtifactError(f"Cannot read adapter {name!r} of {str(folder)!r}: {exc}. Export the "
-                            "model again.") from None

@@ -23,7 +23,6 @@ from transformer_kit.export.gguf_blocks import FileBlocks
 from transformer_kit.export.graph_builder import FLOAT, FLOAT16, GraphBuilder
 from transformer_kit.export.graph_passes import finish
 from transformer_kit.export.kept_weights import reference_source
-from transformer_kit.export.manifest import MANIFEST_FILE, GraphInfo, Manifest
 from transformer_kit.export.memory_estimate import refuse_if_too_large
 from transformer_kit.export.quantize import Int4, method, quantization, quantize_graph
 from transformer_kit.export.quantized_experts import expert_bits
@@ -32,6 +31,7 @@ from transformer_kit.export.traced_components import ComponentTracer
 from transformer_kit.export.translations import collect_translations
 from transformer_kit.export.weight_writer import WeightSource, WeightWriter, weight_source
 from transformer_kit.export.weights import WEIGHTS_FILE, share_weights
+from transformer_kit.runtime.manifest import MANIFEST_FILE, GraphInfo, Manifest
 
 DEFAULT_OPSET = 23  # ONNX's Attention and RotaryEmbedding ops
 MIN_OPSET = 18  # the oldest opset the lowerings write
@@ -263,13 +263,13 @@ def _verify(model: TransformerModel, staging: Path, source: Any, dtype: str,
     errors in ``report`` and ``manifest``; raises :class:`ExportError` above the tolerance
     (``tolerance``, else the dtype's default widened to PyTorch's own float32 spread; none for a
     quantized export)."""
-    from transformer_kit.export.runtime import OnnxModel
     from transformer_kit.export.verify import (
         describe_reference,
         float32_spread,
         reference,
         verify_export,
     )
+    from transformer_kit.runtime.onnx_model import OnnxModel
 
     report_progress("verifying against PyTorch", 0, 1)
     verify_start = time.perf_counter()

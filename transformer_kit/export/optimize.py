@@ -16,11 +16,11 @@ import onnx
 import onnxruntime as ort
 
 from transformer_kit.core.decoding.prompts import real_from_pad
-from transformer_kit.export.manifest import Manifest
-from transformer_kit.export.providers import CPU
-from transformer_kit.export.runtime import OnnxModel
 from transformer_kit.export.verify import random_ids, verify_export
 from transformer_kit.export.weights import share_weights
+from transformer_kit.runtime.manifest import Manifest
+from transformer_kit.runtime.onnx_model import OnnxModel
+from transformer_kit.runtime.providers import CPU
 
 
 def _load_and_time(path: Path, feeds: dict, runs: int) -> tuple[float, float]:

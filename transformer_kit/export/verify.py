@@ -11,9 +11,9 @@ from transformer_kit.checkpoints.streaming import weights_per_module
 from transformer_kit.core.decoding.prompts import left_align, real_from_pad
 from transformer_kit.core.errors import ExportError
 from transformer_kit.core.model import TransformerModel
-from transformer_kit.export.onnx_steps import LAST_POSITION, LOGIT_POSITIONS
-from transformer_kit.export.runtime import OnnxModel
 from transformer_kit.export.weight_writer import WeightSource
+from transformer_kit.runtime.onnx_model import OnnxModel
+from transformer_kit.runtime.onnx_steps import LAST_POSITION, LOGIT_POSITIONS
 
 #: Shapes (batch, length) of the forward graph checked after every export.
 VERIFY_SHAPES = ((3, 7), (1, 4))
@@ -103,11 +103,11 @@ def check_sentence_outputs(model: TransformerModel, om: OnnxModel, seed: int = 0
 def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) -> float:
     """Relative error of the step graph (prompt, then one more token) against PyTorch."""
     cfg = model.config
-    session = om._sessions["decoder_step"]
+    session = om.session("decoder_step")
     graph = om.manifest.graphs["decoder_step"]
     layers = om.manifest.num_decoder_layers
     batch = 3
-    empty = [np.zeros((batch, cfg.kv_heads, 0, cfg.attention_head_dim), om._kv_dtype)] * (2 * layers)
+    empty = [np.zeros((batch, cfg.kv_heads, 0, cfg.attention_head_dim), om.cache_dtype)] * (2 * layers)
     caches = model.new_cache(batch, torch.empty(0))  # float32 on the CPU, as the reference
     errors = []
     if model.architecture == "decoder":
@@ -127,7 +127,7 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
     else:
         src = random_ids(batch, _fit(PROMPT_LEN + 2, model), cfg.src_vocab, cfg.pad_id, seed)
         src_mask = real_from_pad(src.numpy(), cfg.pad_id).astype(np.int64)
-        encoded = om._sessions["encoder"].run(None, {"src_ids": src.numpy(), "attention_mask": src_mask})
+        encoded = om.session("encoder").run(None, {"src_ids": src.numpy(), "attention_mask": src_mask})
         fixed = dict(zip(om.manifest.graphs["encoder"].outputs, encoded, strict=True))
         memory, src_real = model.encode(src)
         start = cfg.bos_id if cfg.bos_id is not None else 0  # any token checks the graph

@@ -6,8 +6,8 @@ their own copies of the weights; :func:`share_weights` moves every tensor of eve
 same bytes. Large tensors start at page-aligned offsets, so onnxruntime maps them from the file
 on the CPU instead of reading them into memory, and two sessions on the folder share the pages.
 
-:func:`check_graph` refuses a graph that is unreadable, does not match its manifest or
-reads external data from outside its folder.
+Reading a folder back (its graphs checked against the manifest, nothing read from outside
+it) is the runtime's: :mod:`transformer_kit.runtime.manifest`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
-from onnx.external_data_helper import uses_external_data
-
-from transformer_kit.core.errors import ArtifactError
 
 WEIGHTS_FILE = "weights.data"
 #: Smaller tensors (scalars, shapes) stay inside their graph.
@@ -103,43 +100,3 @@ def share_weights(folder: Path, files: list[str]) -> int:
         staged.unlink()
         (folder / WEIGHTS_FILE).unlink(missing_ok=True)
     return weights.offset
-
-
-def inside(folder: Path, relative: str) -> bool:
-    """Whether ``relative`` names a path within ``folder`` (no absolute path, no ``..`` out,
-    no link leading elsewhere)."""
-    if not relative or Path(relative).is_absolute():
-        return False
-    root = folder.resolve()
-    return (root / relative).resolve().is_relative_to(root)
-
-
-def check_graph(folder: Path, file: str, inputs: list[str], outputs: list[str]) -> None:
-    """Read graph ``file`` of ``folder`` (without its weights) and refuse it, with an
-    :class:`ArtifactError`, when it is unreadable, its inputs or outputs are not ``inputs``
-    and ``outputs``, or any of its external data lies outside ``folder``."""
-    try:
-        proto = onnx.load(str(folder / file), load_external_data=False)
-    except Exception as exc:  # protobuf's DecodeError and others
-        raise ArtifactError(f"onnxruntime cannot load {str(folder / file)!r}: it is not a readable "
-                            f"ONNX graph ({type(exc).__name__}). The file may be truncated or corrupt; "
-                            "export the model again.") from None
-    graph = proto.graph
-    initializers = {t.name for t in graph.initializer}
-    found_inputs = [i.name for i in graph.input if i.name not in initializers]
-    found_outputs = [o.name for o in graph.output]
-    if found_inputs != inputs or found_outputs != outputs:
-        raise ArtifactError(
-            f"{file} does not match the manifest: the graph has inputs {found_inputs} and "
-            f"outputs {found_outputs}, the manifest lists {inputs} and {outputs}. "
-            "Export the model again.")
-    tensors = list(graph.initializer) + [
-        a.t for n in graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
-    for tensor in tensors:
-        if not uses_external_data(tensor):
-            continue
-        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-        if not inside(folder, location):
-            raise ArtifactError(
-                f"{file} in {str(folder)!r} reads tensor {tensor.name!r} from {location!r}, outside "
-                "the export folder; refusing to load it. Export the model again.")

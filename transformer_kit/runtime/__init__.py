@@ -1,6 +1,9 @@
-"""The runtime: an export run in onnxruntime, and one engine that batches every kind of request.
+"""The runtime: export folders run with numpy and onnxruntime (never torch), and one engine that
+batches every kind of request.
 
-    from transformer_kit.runtime import Engine, Service
+    from transformer_kit.runtime import Engine, OnnxModel, Service
+    om = OnnxModel("out/")                      # an export folder (its manifest says what it is)
+    om.generate(ids, max_new_tokens=16)
     engine = Engine("out/")                     # a decoder: continuous batching
     service = Service(engine)                   # the tasks the front-ends call
     stream = service.complete("Once upon a time", max_tokens=16)
@@ -15,16 +18,17 @@ The command line's ``generate`` and ``chat`` run once on the ``OnnxModel``, no e
 :class:`ChatSession` (a conversation turn after turn).
 """
 
-from transformer_kit.export import OnnxModel
 from transformer_kit.runtime.chat_session import ChatSession
 from transformer_kit.runtime.engine import Engine, QueueFull
 from transformer_kit.runtime.limits import Limits
+from transformer_kit.runtime.manifest import Manifest
 from transformer_kit.runtime.one_shot import GeneratedRows, OneShotGeneration, RowStream
+from transformer_kit.runtime.onnx_model import OnnxModel
 from transformer_kit.runtime.pooling import Kind, model_kind
 from transformer_kit.runtime.requests import GenerationRequest, PoolingRequest, Request
 from transformer_kit.runtime.service import Service, prompt_forms
 from transformer_kit.runtime.stats import EngineStats
 
 __all__ = ["ChatSession", "Engine", "EngineStats", "GeneratedRows", "GenerationRequest", "Kind",
-           "Limits", "OneShotGeneration", "OnnxModel", "PoolingRequest", "QueueFull", "Request",
+           "Limits", "Manifest", "OneShotGeneration", "OnnxModel", "PoolingRequest", "QueueFull", "Request",
            "RowStream", "Service", "model_kind", "prompt_forms"]

@@ -23,7 +23,7 @@ from transformer_kit.core.decoding import generation_config
 from transformer_kit.core.decoding.defaults import with_defaults
 from transformer_kit.core.decoding.text import require
 from transformer_kit.core.errors import InputError
-from transformer_kit.export import OnnxModel
+from transformer_kit.runtime.onnx_model import OnnxModel
 
 __all__ = ["DEFAULT_REPLY_TOKENS", "ChatSession", "check_reply_options"]
 

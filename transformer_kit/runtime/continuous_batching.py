@@ -26,8 +26,7 @@ import numpy as np
 from transformer_kit.core.decoding import SequenceSearch, generation_config
 from transformer_kit.core.decoding.prompts import prepare_call
 from transformer_kit.core.errors import InputError
-from transformer_kit.export import OnnxModel
-from transformer_kit.export.runtime import check_ids
+from transformer_kit.runtime.onnx_model import OnnxModel, check_ids
 from transformer_kit.runtime.prefix_cache import PrefixCache, block_keys, next_group
 from transformer_kit.runtime.requests import GenerationRequest, Row, WaitingQueue
 from transformer_kit.runtime.speculation import default_lookup, drafting_for, speculative_step

@@ -22,8 +22,8 @@ from typing import Any
 
 from transformer_kit.core.embedding.api import DEFAULT_BATCH_TOKENS
 from transformer_kit.core.errors import InputError, TransformerKitError
-from transformer_kit.export import OnnxModel
 from transformer_kit.runtime.continuous_batching import ContinuousBatch
+from transformer_kit.runtime.onnx_model import OnnxModel
 from transformer_kit.runtime.pooling import Kind, PoolingCalls, model_kind
 from transformer_kit.runtime.requests import (
     GenerationRequest,

@@ -22,7 +22,7 @@ import numpy as np
 from transformer_kit.core.decoding.defaults import call_config
 from transformer_kit.core.decoding.text import TextPieces, require, row_texts
 from transformer_kit.core.errors import InputError
-from transformer_kit.export import OnnxModel
+from transformer_kit.runtime.onnx_model import OnnxModel
 from transformer_kit.runtime.text_stream import Delta
 from transformer_kit.tokenizer import TextTokenizer
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from transformer_kit.core.embedding import plan_batches
 from transformer_kit.core.errors import InputError
-from transformer_kit.export import OnnxModel
+from transformer_kit.runtime.onnx_model import OnnxModel
 from transformer_kit.runtime.requests import PoolingRequest, WaitingQueue
 from transformer_kit.runtime.stats import EngineStats
 

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from transformer_kit.core.errors import InputError
-from transformer_kit.export.cache_ops import CacheOps
-from transformer_kit.export.onnx_steps import native_value
+from transformer_kit.runtime.cache_ops import CacheOps
+from transformer_kit.runtime.onnx_steps import native_value
 
 if TYPE_CHECKING:
-    from transformer_kit.export.batch_steps import PrefilledRows
+    from transformer_kit.runtime.batch_decoder import PrefilledRows
     from transformer_kit.runtime.requests import Row
 
 #: Tokens per hashed block: the shortest prefix reused, and the step of the lookup's hashes.

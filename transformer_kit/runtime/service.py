@@ -22,9 +22,9 @@ from transformer_kit.chat.conversation import ChatTurn, reply_budget
 from transformer_kit.core.decoding.text import TextPieces
 from transformer_kit.core.embedding import TextEncoder
 from transformer_kit.core.errors import InputError
-from transformer_kit.export import OnnxModel
 from transformer_kit.runtime.engine import Engine
 from transformer_kit.runtime.limits import Limits
+from transformer_kit.runtime.onnx_model import OnnxModel
 from transformer_kit.runtime.requests import Failure, PoolingRequest
 from transformer_kit.runtime.text_stream import TextStream
 from transformer_kit.runtime.tokenization import detokenize, token_strings, tokenize

@@ -18,7 +18,7 @@ import numpy as np
 from transformer_kit.core.decoding import GenerationConfig
 from transformer_kit.core.decoding.speculative import prompt_lookup
 from transformer_kit.core.errors import InputError
-from transformer_kit.export.batch_steps import BatchDecoder
+from transformer_kit.runtime.batch_decoder import BatchDecoder
 from transformer_kit.runtime.stats import EngineStats
 
 if TYPE_CHECKING:

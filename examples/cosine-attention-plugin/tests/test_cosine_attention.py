@@ -45,7 +45,8 @@ def test_builds_by_name_when_registered():
 def test_exports_with_its_lowering_and_traces_the_norm_without_one(tmp_path):
     import tk_cosine_attention
 
-    from transformer_kit.export import OnnxModel, export_onnx
+    from transformer_kit.export import export_onnx
+    from transformer_kit.runtime import OnnxModel
 
     registry = tk.get_registry()
     if "cosine" not in registry.names("attention"):

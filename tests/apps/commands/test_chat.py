@@ -12,7 +12,8 @@ import transformer_kit as tk
 from tests.apps.conftest import invoke
 from tests.chat.checkpoint import write_chat_checkpoint
 from transformer_kit.apps.cli import app
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import OnnxModel
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import transformers
 
 import transformer_kit as tk
 from tests.apps.conftest import cli, config_file, invoke
-from transformer_kit.export import OnnxModel
+from transformer_kit.runtime import OnnxModel
 
 
 def test_export_of_a_saved_model(exported):

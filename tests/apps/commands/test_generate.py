@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.apps.conftest import cli, invoke
-from transformer_kit.export import OnnxModel
+from transformer_kit.runtime import OnnxModel
 
 
 def test_generate_gives_pytorch_s_tokens(exported):

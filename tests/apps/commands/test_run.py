@@ -28,7 +28,7 @@ def test_run_names_what_it_was_given_instead_of_an_export(exported, tmp_path):
 
 def test_provider_errors_use_the_flag(exported):
     _, folder = exported
-    from transformer_kit.export.providers import cuda_works
+    from transformer_kit.runtime.providers import cuda_works
 
     result = invoke("run", str(folder / "onnx"), "--ids", "5 6", "--provider", "tpu")
     assert result.exit_code == 2 and "--provider" in result.output

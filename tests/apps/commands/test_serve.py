@@ -22,7 +22,7 @@ import openai
 from tests.apps.conftest import invoke
 from tests.checkpoints.test_lora import two_adapters  # noqa: F401 (a fixture)
 from transformer_kit.apps.commands.serve import DrainingServer
-from transformer_kit.export import OnnxModel
+from transformer_kit.runtime import OnnxModel
 
 
 def _free_port() -> int:
@@ -237,7 +237,7 @@ def test_serve_exports_a_checkpoint_or_its_hub_name_once_and_names_the_model_so(
     that export, under the name as given (as vLLM names it)."""
     from tests.chat.checkpoint import write_chat_checkpoint
     from tests.checkpoints.hub_cache import place_snapshot
-    from transformer_kit.export import OnnxModel
+    from transformer_kit.runtime import OnnxModel
 
     checkpoint = write_chat_checkpoint(tmp_path / "chat", layers=1)
     place_snapshot(tmp_path / "hub", "org/chat", checkpoint, "c" * 40)

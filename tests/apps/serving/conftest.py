@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from transformer_kit.export import OnnxModel
-from transformer_kit.runtime import Engine
+from transformer_kit.runtime import Engine, OnnxModel
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,7 @@ import openai
 from tests.checkpoints.test_lora import _ids, two_adapters  # noqa: F401 (a fixture)
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
-from transformer_kit.export import OnnxModel
-from transformer_kit.runtime import Engine
+from transformer_kit.runtime import Engine, OnnxModel
 
 
 def _ended(tokens: list[int]) -> list[int]:

@@ -28,8 +28,8 @@ from tests.chat.schemas import DOZEN_SCHEMA, LENIENT_SCHEMAS, SCHEMAS, json_sche
 from transformer_kit.apps.serving.chat import ChatMessage
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
-from transformer_kit.export import OnnxModel, export_onnx
-from transformer_kit.runtime import Engine
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import Engine, OnnxModel
 from transformer_kit.runtime.service import template_messages
 
 WEATHER = {"type": "function", "function": {

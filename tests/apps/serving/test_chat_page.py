@@ -20,8 +20,8 @@ import transformer_kit as tk
 from tests.chat.checkpoint import write_chat_checkpoint
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
-from transformer_kit.export import OnnxModel, export_onnx
-from transformer_kit.runtime import Engine
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import Engine, OnnxModel
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from transformer_kit.core.errors import ContextLengthError, InputError
-from transformer_kit.export import OnnxModel
-from transformer_kit.runtime import Engine, QueueFull
+from transformer_kit.runtime import Engine, OnnxModel, QueueFull
 
 
 def _prompts(count: int, vocab: int, seed: int = 0) -> list[tuple[np.ndarray, int]]:

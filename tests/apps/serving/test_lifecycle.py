@@ -23,8 +23,8 @@ from tests.apps.serving.test_http import _slowed
 from tests.chat.checkpoint import write_chat_checkpoint
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
-from transformer_kit.export import OnnxModel, export_onnx
-from transformer_kit.runtime import Engine
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import Engine, OnnxModel
 
 #: A ChatML template that, asked to (``chat_template_kwargs={"loops": n}``), first loops n x
 #: 1,000 times: a template as slow as the test needs.

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from transformer_kit.core.errors import InputError
-from transformer_kit.export import OnnxModel
-from transformer_kit.runtime import Engine
+from transformer_kit.runtime import Engine, OnnxModel
 from transformer_kit.runtime.prefix_cache import BLOCK, block_keys
 
 

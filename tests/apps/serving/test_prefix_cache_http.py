@@ -17,9 +17,9 @@ from tests.apps.serving.conftest import record_prompts
 from tests.chat.checkpoint import write_chat_checkpoint
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
-from transformer_kit.export import OnnxModel, export_onnx
-from transformer_kit.export.onnx_steps import PREFILL_CHUNK
-from transformer_kit.runtime import Engine
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import Engine, OnnxModel
+from transformer_kit.runtime.onnx_steps import PREFILL_CHUNK
 
 
 def _client(url: str) -> openai.OpenAI:

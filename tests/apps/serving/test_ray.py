@@ -28,7 +28,8 @@ import pytest
 import transformer_kit as tk
 from tests.apps.serving.test_http import _alone, _ids
 from tests.chat.checkpoint import write_chat_checkpoint
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import OnnxModel
 
 RAY_PROGRAMS = ("raylet", "gcs_server", "ray::", "default_worker.py", "log_monitor.py",
                 "dashboard", "runtime_env_agent", "monitor.py")

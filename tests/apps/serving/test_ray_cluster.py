@@ -185,7 +185,8 @@ def chat_export(tmp_path_factory):
     """(export folder, its OnnxModel): a chat checkpoint's export, as in test_ray.py (a context of
     1024 tokens, for a long stream)."""
     import transformer_kit as tk
-    from transformer_kit.export import OnnxModel, export_onnx
+    from transformer_kit.export import export_onnx
+    from transformer_kit.runtime import OnnxModel
 
     folder = write_chat_checkpoint(tmp_path_factory.mktemp("ray-cluster") / "qwen2")
     export_onnx(tk.from_hf(folder), folder / "onnx")

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from transformer_kit.core.errors import InputError
-from transformer_kit.export import OnnxModel
-from transformer_kit.runtime import Engine
+from transformer_kit.runtime import Engine, OnnxModel
 
 #: Prompts that repeat themselves: prompt lookup drafts from the first token on.
 REPEATING = [[5, 9, 12, 7, 5, 9, 12, 7, 5, 9, 12], [30, 31, 32, 33, 34, 30, 31, 32, 33, 34, 30, 31]]

@@ -15,8 +15,8 @@ import transformer_kit as tk
 from tests.chat.checkpoint import write_chat_checkpoint
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
-from transformer_kit.export import OnnxModel, export_onnx
-from transformer_kit.runtime import Engine
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import Engine, OnnxModel
 
 MESSAGES = [{"role": "system", "content": "Answer in a few words."},
             {"role": "user", "content": "What is the weather in Paris? café 日本"}]

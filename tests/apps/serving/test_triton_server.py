@@ -28,7 +28,8 @@ from tests.apps.conftest import invoke
 from tests.apps.serving.test_http import _alone
 from tests.chat.checkpoint import write_chat_checkpoint
 from transformer_kit.apps.serving.triton import body_flags, key_flags
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import OnnxModel
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 InferenceServerException = pytest.importorskip("tritonclient.utils").InferenceServerException

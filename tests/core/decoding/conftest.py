@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import transformer_kit as tk
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import OnnxModel
 
 VOCAB = 40
 

@@ -19,8 +19,8 @@ from tests.chat.checkpoint import write_chat_checkpoint
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
 from transformer_kit.core.decoding.defaults import read_defaults, with_defaults
-from transformer_kit.export import OnnxModel, export_onnx
-from transformer_kit.runtime import Engine
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import Engine, OnnxModel
 
 #: A sampling checkpoint's generation_config.json values (Qwen3's kind: temperature, top_p, top_k).
 SAMPLES = {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05,

@@ -11,7 +11,8 @@ import torch
 
 import transformer_kit as tk
 from tests.core.decoding.conftest import small_decoder
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import OnnxModel
 
 
 @pytest.fixture(scope="module")

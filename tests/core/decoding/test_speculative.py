@@ -23,7 +23,7 @@ from transformer_kit.core.decoding.speculative import (
 )
 from transformer_kit.core.decoding.torch_steps import DecoderStepper
 from transformer_kit.core.errors import InputError
-from transformer_kit.export.onnx_steps import OnnxStepper
+from transformer_kit.runtime.onnx_steps import OnnxStepper
 
 #: Prompts that repeat themselves, so that prompt lookup finds drafts from the first step.
 REPEATING = [[5, 9, 12, 7, 5, 9, 12, 7, 5, 9], [3, 4, 30, 31, 32, 33, 3, 4, 30, 31, 32, 33, 3, 4],
@@ -266,7 +266,8 @@ def assistants(tmp_path_factory):
     """A smaller decoder of the same vocabulary (1 layer, trained on nothing: its drafts are
     sometimes right), in PyTorch and exported."""
     from tests.core.decoding.conftest import small_decoder
-    from transformer_kit.export import OnnxModel, export_onnx
+    from transformer_kit.export import export_onnx
+    from transformer_kit.runtime import OnnxModel
 
     model = small_decoder(num_layers=1, d_model=16, num_heads=2, d_ff=32)
     folder = tmp_path_factory.mktemp("assistant")

@@ -14,7 +14,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import transformer_kit as tk
 from transformer_kit.core.decoding.text import TextPieces
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import OnnxModel
 from transformer_kit.tokenizer import TextTokenizer
 
 VOCAB = 300

@@ -12,7 +12,8 @@ from tests.plugins.families import parity
 from tests.plugins.families.test_gpt2 import _gpt2
 from tests.plugins.families.test_llama import _llama
 from tests.plugins.families.test_marian import _marian
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import OnnxModel
 
 CHECKPOINTS = {
     "gpt2": lambda: _gpt2(24, 4, 2, initializer_range=0.2),

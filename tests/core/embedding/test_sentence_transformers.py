@@ -12,7 +12,8 @@ pytest.importorskip("sentence_transformers")
 
 import transformer_kit as tk
 from tests.core.embedding.checkpoints import write_cross_encoder, write_sentence_transformer
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import OnnxModel
 
 TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog, and then some more words "
          "about search engines ranking documents by relevance to a query.", "Paris",

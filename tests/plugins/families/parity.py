@@ -12,8 +12,9 @@ import torch
 import transformers as hf
 
 import transformer_kit as tk
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
 from transformer_kit.export.verify import relative_error
+from transformer_kit.runtime import OnnxModel
 
 TOLERANCE = 1e-4
 VOCAB = 61

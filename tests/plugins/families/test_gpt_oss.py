@@ -17,8 +17,9 @@ from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tenso
 
 import transformer_kit as tk
 from tests.plugins.families import moe_parity, parity
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
 from transformer_kit.export.verify import relative_error
+from transformer_kit.runtime import OnnxModel
 
 
 def _gpt_oss(hidden, heads, kv_heads, layers, experts, top_k, window, **extra):

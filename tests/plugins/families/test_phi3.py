@@ -14,8 +14,9 @@ import transformers as hf
 
 import transformer_kit as tk
 from tests.plugins.families import parity
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
 from transformer_kit.export.verify import relative_error
+from transformer_kit.runtime import OnnxModel
 
 
 def _phi3(hidden, heads, kv_heads, layers, original=32, **extra):

@@ -19,7 +19,7 @@ from transformer_kit.apps.sources import Provider, open_export, split_adapters
 from transformer_kit.apps.terminal import console, fail
 from transformer_kit.checkpoints.hub import is_hub_name
 from transformer_kit.core.errors import TransformerKitError
-from transformer_kit.export.adapters import adapter_names
+from transformer_kit.runtime.adapters import adapter_names
 
 _Opt = typer.Option
 #: --max-request-seconds by default: the openai client's own default timeout, so a request that

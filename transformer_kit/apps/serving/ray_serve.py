@@ -122,8 +122,7 @@ class CompletionDeployment:
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_tokens: int | None = None,
                  max_request_seconds: float | None = None, prefix_cache_bytes: int = 0,
                  prompt_lookup_num_tokens: int | None = None) -> None:
-        from transformer_kit.export import OnnxModel
-        from transformer_kit.runtime import Engine
+        from transformer_kit.runtime import Engine, OnnxModel
 
         model = OnnxModel(folder, providers=providers, session_options=_sized_to_the_replica())
         self.engine = Engine(model, max_batch=max_batch, max_queue=max_queue,

@@ -30,8 +30,8 @@ import shutil
 from pathlib import Path
 
 from transformer_kit.core.errors import InputError
-from transformer_kit.export.manifest import Manifest
 from transformer_kit.runtime import Limits, OnnxModel, model_kind, prompt_forms
+from transformer_kit.runtime.manifest import Manifest
 
 _TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16"}
 #: Options the generate model takes besides ``input_ids``, each optional: name -> Triton type.

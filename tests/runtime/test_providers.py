@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from transformer_kit.export.providers import CPU, CUDA, exact_float32
+from transformer_kit.runtime.providers import CPU, CUDA, exact_float32
 
 
 def test_float32_exports_turn_tf32_off_where_cuda_is_named_without_options():

@@ -22,8 +22,8 @@ import numpy as np
 import onnxruntime as ort
 
 from transformer_kit.core.errors import InputError
-from transformer_kit.export.cache_ops import CacheOps
-from transformer_kit.export.onnx_steps import (
+from transformer_kit.runtime.cache_ops import CacheOps
+from transformer_kit.runtime.onnx_steps import (
     LAST_POSITION,
     LOGIT_POSITIONS,
     PREFILL_CHUNK,

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from transformer_kit.export.onnx_steps import Binding
+from transformer_kit.runtime.onnx_steps import Binding
 
 _ONNX_TYPES = {"tensor(float)": 1, "tensor(float16)": 10, "tensor(int64)": 7}  # TensorProto ids
 

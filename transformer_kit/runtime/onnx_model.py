@@ -34,13 +34,12 @@ from transformer_kit.core.embedding import RerankResult, SentenceTasks
 from transformer_kit.core.embedding.api import DEFAULT_BATCH_TOKENS
 from transformer_kit.core.errors import ArtifactError, ConfigError, InputError
 from transformer_kit.core.id_checks import check_id_array, check_positions
-from transformer_kit.export.adapters import adapter_names, read_adapter_values
-from transformer_kit.export.batch_steps import BatchDecoder
-from transformer_kit.export.cache_ops import CacheOps
-from transformer_kit.export.manifest import Manifest
-from transformer_kit.export.onnx_steps import ALIGNMENT, PREFILL_CHUNK, OnnxStepper, one_row_exact
-from transformer_kit.export.providers import CUDA, exact_float32, resolve_providers
-from transformer_kit.export.weights import check_graph
+from transformer_kit.runtime.adapters import adapter_names, read_adapter_values
+from transformer_kit.runtime.batch_decoder import BatchDecoder
+from transformer_kit.runtime.cache_ops import CacheOps
+from transformer_kit.runtime.manifest import Manifest, check_graph
+from transformer_kit.runtime.onnx_steps import ALIGNMENT, PREFILL_CHUNK, OnnxStepper, one_row_exact
+from transformer_kit.runtime.providers import CUDA, exact_float32, resolve_providers
 from transformer_kit.tokenizer import TextTokenizer
 
 #: Graph inputs made from the ids' mask rather than given as ids.
@@ -106,7 +105,8 @@ class OnnxModel:
         #: The execution provider the sessions really run on.
         self.provider: str = self._sessions[eager[0]].get_providers()[0]
         self._device = "cuda" if self.provider == CUDA else "cpu"
-        self._kv_dtype = _NUMPY_DTYPES[self.manifest.dtype]
+        #: The numpy dtype of the key/value cache (the export's float type).
+        self.cache_dtype = _NUMPY_DTYPES[self.manifest.dtype]
         self._cache_ops = CacheOps(self._providers, self._device)
         #: The tokenizer exported with the model (text in, text out), or None.
         self.tokenizer = TextTokenizer.from_folder(self.path) if self.manifest.tokenizer else None
@@ -127,7 +127,9 @@ class OnnxModel:
         self._mixture = _routes_experts(self.manifest.config)
         self._prefill_chunk = None if self._mixture else PREFILL_CHUNK
 
-    def _session(self, name: str) -> ort.InferenceSession:
+    def session(self, name: str) -> ort.InferenceSession:
+        """The onnxruntime session of graph ``name`` of the manifest (``model``,
+        ``decoder_step``, ``encoder``), loaded on first use."""
         session = self._sessions.get(name)
         if session is None:
             with self._lock:
@@ -200,7 +202,7 @@ class OnnxModel:
         for name in ("pooling_mask", "token_type_ids"):  # every real token pooled; one segment
             if name in graph.inputs:
                 feeds[name] = real.astype(np.int64) if name == "pooling_mask" else np.zeros_like(first)
-        session = self._session("model")
+        session = self.session("model")
         accepted = {i.name for i in session.get_overridable_initializers()}
         feeds.update({k: v for k, v in self._adapter_arrays(adapter).items() if k in accepted})
         return session.run(None, feeds)[0]
@@ -241,7 +243,7 @@ class OnnxModel:
         feeds = {"input_ids": ids, "attention_mask": real.astype(np.int64)}
         if extra[0] in graph.inputs:
             feeds[extra[0]] = extra[1]
-        return self._session("model").run([output], feeds)[0]
+        return self.session("model").run([output], feeds)[0]
 
     def run_embedding(self, ids: np.ndarray, real: np.ndarray, pooled: np.ndarray) -> np.ndarray:
         return self._run_outputs("sentence_embedding", ids, real, ("pooling_mask", pooled))
@@ -416,7 +418,7 @@ class OnnxModel:
     def _empty_cache(self, batch: int) -> ort.OrtValue:
         m = self.manifest
         shape = [batch, m.kv_heads, 0, m.head_dim]
-        return ort.OrtValue.ortvalue_from_shape_and_type(shape, self._kv_dtype, self._device, 0)
+        return ort.OrtValue.ortvalue_from_shape_and_type(shape, self.cache_dtype, self._device, 0)
 
 
 def _routes_experts(config: Any) -> bool:

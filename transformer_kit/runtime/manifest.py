@@ -1,6 +1,8 @@
-"""The manifest of an exported model: what each graph is, its inputs/outputs, the config, versions.
+"""The manifest of an exported model: what each graph is, its inputs/outputs, the config, versions;
+and the checks that an export folder's files are what it says, inside the folder.
 
-Read by :class:`transformer_kit.export.OnnxModel`; needs neither torch nor the plugins.
+Written by the export, read by :class:`~transformer_kit.runtime.OnnxModel`; needs neither torch
+nor the plugins.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import onnx
+from onnx.external_data_helper import uses_external_data
+
 from transformer_kit.core.config_files import read_json_object
 from transformer_kit.core.errors import ArtifactError, missing_path
-from transformer_kit.export.weights import inside
 
 MANIFEST_FILE = "manifest.json"
 FORMAT = "transformer_kit.onnx"
@@ -104,3 +108,43 @@ class Manifest:
                     f"Graph {name!r} of {str(folder)!r} is missing: {graph.file} does not exist."
                 )
         return manifest
+
+
+def inside(folder: Path, relative: str) -> bool:
+    """Whether ``relative`` names a path within ``folder`` (no absolute path, no ``..`` out,
+    no link leading elsewhere)."""
+    if not relative or Path(relative).is_absolute():
+        return False
+    root = folder.resolve()
+    return (root / relative).resolve().is_relative_to(root)
+
+
+def check_graph(folder: Path, file: str, inputs: list[str], outputs: list[str]) -> None:
+    """Read graph ``file`` of ``folder`` (without its weights) and refuse it, with an
+    :class:`ArtifactError`, when it is unreadable, its inputs or outputs are not ``inputs``
+    and ``outputs``, or any of its external data lies outside ``folder``."""
+    try:
+        proto = onnx.load(str(folder / file), load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError and others
+        raise ArtifactError(f"onnxruntime cannot load {str(folder / file)!r}: it is not a readable "
+                            f"ONNX graph ({type(exc).__name__}). The file may be truncated or corrupt; "
+                            "export the model again.") from None
+    graph = proto.graph
+    initializers = {t.name for t in graph.initializer}
+    found_inputs = [i.name for i in graph.input if i.name not in initializers]
+    found_outputs = [o.name for o in graph.output]
+    if found_inputs != inputs or found_outputs != outputs:
+        raise ArtifactError(
+            f"{file} does not match the manifest: the graph has inputs {found_inputs} and "
+            f"outputs {found_outputs}, the manifest lists {inputs} and {outputs}. "
+            "Export the model again.")
+    tensors = list(graph.initializer) + [
+        a.t for n in graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+    for tensor in tensors:
+        if not uses_external_data(tensor):
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if not inside(folder, location):
+            raise ArtifactError(
+                f"{file} in {str(folder)!r} reads tensor {tensor.name!r} from {location!r}, outside "
+                "the export folder; refusing to load it. Export the model again.")

@@ -22,11 +22,11 @@ import transformer_kit as tk
 from tests.combinations import tiny_config
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
-from transformer_kit.export import Int4, OnnxModel, export_onnx
-from transformer_kit.export.batch_steps import BatchDecoder
-from transformer_kit.export.onnx_steps import PREFILL_CHUNK
+from transformer_kit.export import Int4, export_onnx
 from transformer_kit.export.quantize import quantize_graph
-from transformer_kit.runtime import Engine
+from transformer_kit.runtime import Engine, OnnxModel
+from transformer_kit.runtime.batch_decoder import BatchDecoder
+from transformer_kit.runtime.onnx_steps import PREFILL_CHUNK
 
 VOCAB, NEW = 256, 12
 KINDS = {"float32": None, "int8": "int8", "int4": Int4(), "int4-level-1": Int4(accuracy_level=1)}

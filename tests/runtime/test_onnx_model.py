@@ -16,7 +16,8 @@ import torch
 
 import transformer_kit as tk
 from tests.combinations import tiny_config
-from transformer_kit.export import OnnxModel, export_onnx
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import OnnxModel
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +130,8 @@ def test_explicit_providers_and_session_options_pass_through(decoder_export):
     options.intra_op_num_threads = 1
     om = OnnxModel(folder, providers=["CPUExecutionProvider"], session_options=options)
     assert om.provider == "CPUExecutionProvider"
-    assert om._session("model").get_session_options().intra_op_num_threads == 1
-    assert om._session("decoder_step").get_session_options().intra_op_num_threads == 1
+    assert om.session("model").get_session_options().intra_op_num_threads == 1
+    assert om.session("decoder_step").get_session_options().intra_op_num_threads == 1
     with pytest.raises(tk.ProviderError, match=r"'NoSuchExecutionProvider' is not available"):
         OnnxModel(folder, providers=["NoSuchExecutionProvider"])
     with pytest.raises(tk.InputError, match=r"not one of 'auto', 'cpu', 'cuda'"):
@@ -151,14 +152,14 @@ def test_auto_providers_fall_back_quietly_and_torch_is_not_needed(decoder_export
         import sys
         sys.modules["torch"] = None  # any import of torch now fails
         import numpy as np
-        from transformer_kit.export import OnnxModel
+        from transformer_kit.runtime import OnnxModel
         om = OnnxModel({str(folder)!r})
         print(om.provider)
         print(om.generate(np.array({ids.tolist()}), max_new_tokens=6).tolist())
     """)
     assert result.returncode == 0, result.stderr
     provider, tokens = result.stdout.strip().splitlines()
-    from transformer_kit.export.providers import cuda_works
+    from transformer_kit.runtime.providers import cuda_works
 
     assert provider == ("CUDAExecutionProvider" if cuda_works() else "CPUExecutionProvider")
     assert json.loads(tokens) == expected.tolist()
@@ -220,7 +221,7 @@ def test_the_public_binding_path_decodes_as_the_native_one(decoder_export, seq2s
                                                            architecture):
     """Decoding binds through onnxruntime's native binding object where it exists; the public
     IOBinding path (used where it does not) gives the same tokens, beams included."""
-    from transformer_kit.export import onnx_steps
+    from transformer_kit.runtime import onnx_steps
 
     model, folder = decoder_export if architecture == "decoder" else seq2seq_export
     ids = np.array([[3, 4, 5, 6], [7, 8, 9, 10]])

@@ -9,8 +9,9 @@ import torch
 
 import transformer_kit as tk
 from tests.combinations import tiny_config
-from transformer_kit.export import OnnxModel, export_onnx
-from transformer_kit.export.cache_ops import CacheOps
+from transformer_kit.export import export_onnx
+from transformer_kit.runtime import OnnxModel
+from transformer_kit.runtime.cache_ops import CacheOps
 
 
 def _values(arrays):
