@@ -44,7 +44,7 @@ def test_pad_adds_zero_columns_on_either_side_as_numpy_does():
 def test_rows_joining_and_leaving_decode_as_each_alone(tmp_path):
     """Without batch invariance: rows prefilled together (left-padded), alone, or picked out of
     a prefilled block join a running batch at any step and leave it; each gets the tokens it
-    gets alone (this model has no near-ties; tests/export/test_batch_invariance.py has the
+    gets alone (this model has no near-ties; tests/runtime/test_batch_invariance.py has the
     bit-for-bit layout)."""
     torch.manual_seed(0)
     export_onnx(tk.build_model(tiny_config("decoder", positional="rotary")), tmp_path / "onnx")

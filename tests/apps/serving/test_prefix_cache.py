@@ -4,7 +4,7 @@ without a cache; entries are bounded by bytes, least recently used out first.
 
 The cache's mechanics at the granularity of single tokens, on the export without batch
 invariance (``onnx_model`` here; a batch-invariant one reuses whole 16-token chunks:
-tests/export/test_batch_invariance.py and test_prefix_cache_http.py)."""
+tests/runtime/test_batch_invariance.py and test_prefix_cache_http.py)."""
 
 from __future__ import annotations
 
