@@ -95,7 +95,7 @@ def worker(folder: str, drafts: int, assistant: str | None, assistant_tokens: in
     import onnxruntime as ort
 
     from transformer_kit.runtime import OnnxModel
-    from transformer_kit.runtime.onnx_steps import OnnxStepper
+    from transformer_kit.runtime.stepper import LayoutStepper
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = THREADS
@@ -103,19 +103,19 @@ def worker(folder: str, drafts: int, assistant: str | None, assistant_tokens: in
     helper = OnnxModel(assistant, providers="cpu", session_options=options) if assistant else None
     steps, first = [0], []
     for method in ("next", "verify"):
-        original = getattr(OnnxStepper, method)
+        original = getattr(LayoutStepper, method)
 
         def counted(*args, original=original):
             steps[0] += 1
             return original(*args)
-        setattr(OnnxStepper, method, counted)
-    prompt_run = OnnxStepper.first
+        setattr(LayoutStepper, method, counted)
+    prompt_run = LayoutStepper.first
 
     def timed_first(*args):
         logits = prompt_run(*args)
         first.append(time.perf_counter())  # the model's own comes first (an assistant's later)
         return logits
-    OnnxStepper.first = timed_first
+    LayoutStepper.first = timed_first
     lookup = {"prompt_lookup_num_tokens": drafts} if drafts else {}
     if helper is not None:
         lookup = {"assistant_model": helper, "num_assistant_tokens": assistant_tokens}

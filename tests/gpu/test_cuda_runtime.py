@@ -5,7 +5,8 @@ on the CPU, and the key/value cache kept on the device between steps.
 
 How "no host copies per token" is checked: decoding binds each step's ``present.*`` outputs to
 device memory and hands them to the next step as its ``past_key_values.*`` (IO binding); the
-test steps the public :class:`BatchDecoder` (what ``generate`` and the server's engine use) and
+test steps the public cache layout (``OnnxModel.batch_decoder()``: what ``generate`` and the
+server's engine use) and
 asserts, after the prefill and after every step, that every cached tensor lives on the GPU
 (``device_name() == "cuda"``). What crosses to the host each step is the new token ids (rows x
 1), the attention mask (rows x length int64) and the logits (rows x vocab), nothing per layer.

@@ -1,7 +1,7 @@
 """A row computes the same numbers alone as in a batch: the int8 export quantizes each row's
 activations with its own scale (``row_activations.py``), so its products, like float32's and
 int4's ``MatMulNBits`` at accuracy level 4, are bit for bit those of the row alone; a decoding
-row keeps its cache columns' remainders modulo 16 (``onnx_steps.ALIGNMENT``), so its logits at
+row keeps its cache columns' remainders modulo 16 (``left_padded.ALIGNMENT``), so its logits at
 every step are those it gets alone, bit for bit, whichever rows it shares the batch with and
 whenever it joins; greedy decoding of prompts of different lengths gives the same tokens alone,
 in one batch and through the server under 16 concurrent clients."""
@@ -25,8 +25,8 @@ from transformer_kit.apps.serving.http import serve_in_thread as running
 from transformer_kit.export import Int4, export_onnx
 from transformer_kit.export.quantize import quantize_graph
 from transformer_kit.runtime import Engine, OnnxModel
-from transformer_kit.runtime.batch_decoder import BatchDecoder
-from transformer_kit.runtime.onnx_steps import PREFILL_CHUNK
+from transformer_kit.runtime.cache_layout import CacheLayout
+from transformer_kit.runtime.left_padded import PREFILL_CHUNK
 
 VOCAB, NEW = 256, 12
 KINDS = {"float32": None, "int8": "int8", "int4": Int4(), "int4-level-1": Int4(accuracy_level=1)}
@@ -97,7 +97,7 @@ def test_rows_of_one_length_give_the_logits_they_give_alone_bit_for_bit(exports,
         assert np.array_equal(model(ids[i:i + 1])[0], batch[i])
 
 
-def _decode(batch: BatchDecoder, prompts: list[list[int]], arrivals: list[int], steps: int
+def _decode(batch: CacheLayout, prompts: list[list[int]], arrivals: list[int], steps: int
             ) -> list[list[np.ndarray]]:
     """Each prompt's next-token logits (vocab,) after its prompt and after each of ``steps``
     greedy tokens; prompt i is prefilled (alone: their lengths differ) at step ``arrivals[i]``
@@ -214,7 +214,7 @@ def test_greedy_tokens_alone_equal_those_in_a_batch_and_through_the_server(expor
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_prompt_continuing_cached_chunks_computes_what_it_computes_from_scratch(exports, kind):
-    """A prompt is prefilled in chunks of 16 tokens (``onnx_steps.PREFILL_CHUNK``), so one that
+    """A prompt is prefilled in chunks of 16 tokens (``left_padded.PREFILL_CHUNK``), so one that
     continues whole chunks of another prompt's cache (a prefix cache's hit) gets the
     logits and the cache of its prefill from scratch, bit for bit."""
     decoder = exports[kind].batch_decoder()

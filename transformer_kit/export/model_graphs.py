@@ -31,7 +31,7 @@ from transformer_kit.core.model import TransformerModel
 from transformer_kit.core.stacks import Stack
 from transformer_kit.export.attention_lowering import keys_values
 from transformer_kit.export.graph_builder import BOOL, INT64, GraphBuilder
-from transformer_kit.runtime.onnx_steps import LOGIT_POSITIONS
+from transformer_kit.runtime.step_graph import LOGIT_POSITIONS
 
 #: Far past any sequence: a slice's open end.
 _END = 2**62

@@ -13,7 +13,7 @@ from transformer_kit.core.errors import ExportError
 from transformer_kit.core.model import TransformerModel
 from transformer_kit.export.weight_writer import WeightSource
 from transformer_kit.runtime.onnx_model import OnnxModel
-from transformer_kit.runtime.onnx_steps import LAST_POSITION, LOGIT_POSITIONS
+from transformer_kit.runtime.step_graph import LAST_POSITION, LOGIT_POSITIONS
 
 #: Shapes (batch, length) of the forward graph checked after every export.
 VERIFY_SHAPES = ((3, 7), (1, 4))

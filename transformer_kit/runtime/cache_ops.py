@@ -10,8 +10,6 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from transformer_kit.runtime.onnx_steps import Binding
-
 _ONNX_TYPES = {"tensor(float)": 1, "tensor(float16)": 10, "tensor(int64)": 7}  # TensorProto ids
 
 
@@ -70,7 +68,7 @@ class CacheOps:
         self.providers, self.device = providers, device
         self.sessions: dict[tuple[str, tuple[str, ...]], ort.InferenceSession] = {}
 
-    def _binding(self, kind: str, values: list[Any]) -> Binding:
+    def _binding(self, kind: str, values: list[Any]) -> _Run:
         types = tuple(v.data_type() for v in values)
         session = self.sessions.get((kind, types))
         if session is None:
@@ -80,10 +78,11 @@ class CacheOps:
             options.intra_op_num_threads = 1
             session = self.sessions[kind, types] = ort.InferenceSession(
                 _helper_graph(kind, types), options, providers=self.providers)
-        binding = Binding(session, self.device)
-        binding.input_values([f"t{i}" for i in range(len(values))], values)
-        binding.outputs_on_device([f"o{i}" for i in range(len(values))])
-        return binding
+        run = _Run(session, self.device)
+        for i, value in enumerate(values):
+            run.io.bind_ortvalue_input(f"t{i}", value)
+            run.io.bind_output(f"o{i}", self.device)
+        return run
 
     def gather(self, values: list[Any], rows: np.ndarray) -> list[Any]:
         """values[i][rows] for each value (rows (n,) int64 indices along axis 0)."""
@@ -126,3 +125,20 @@ class CacheOps:
         return binding.run()
 
 
+class _Run:
+    """One run of a helper graph: its binding (values on the device, small index arrays from
+    numpy, kept alive until the run)."""
+
+    def __init__(self, session: ort.InferenceSession, device: str) -> None:
+        self.session, self.io, self.arrays = session, session.io_binding(), []
+
+    def input_array(self, name: str, array: np.ndarray) -> None:
+        self.arrays.append(array)
+        self.io.bind_cpu_input(name, array)
+
+    def input_value(self, name: str, value: Any) -> None:
+        self.io.bind_ortvalue_input(name, value)
+
+    def run(self) -> list[Any]:
+        self.session.run_with_iobinding(self.io)
+        return self.io.get_outputs()

@@ -1,14 +1,14 @@
 """Continuous batching of generation requests: many prompts decoded together in one running batch.
 
 Waiting requests are prefilled together, those of one prompt length in one run (all of them,
-left-padded, when the model is not ``batch_invariant``), and join the running batch at a step
-boundary in one copy: the next one whose length keeps their columns' remainders
-(``BatchDecoder.can_join``, every 16th step; the first token is streamed meanwhile). Each
-streams its tokens as they are chosen and leaves the batch when it ends (an eos id, a stop
-string, ``max_new_tokens``) or when its caller cancels it. The batch keeps the step graph's
-layout (left padding and an attention mask: ``BatchDecoder``), so a greedy request gets the
-tokens ``OnnxModel.generate`` gives it alone, bit for bit (docs/export.md, "Batch
-invariance"), and a sampled one with a seed the same draws.
+left-padded, in a :class:`~transformer_kit.runtime.left_padded.LeftPadded` layout), and join the
+running batch at a step boundary: the next one its cache layout lets them join at
+(``CacheLayout.can_join``: every 16th step in an aligned layout; the first token is streamed
+meanwhile). Each streams its tokens as they are chosen and leaves the batch when it ends (an eos
+id, a stop string, ``max_new_tokens``) or when its caller cancels it. The batch is the model's
+cache layout (:mod:`.cache_layout`), so a greedy request gets the tokens ``OnnxModel.generate``
+gives it alone, bit for bit (docs/export.md, "Batch invariance"), and a sampled one with a seed
+the same draws.
 
 With a prefix cache (:mod:`.prefix_cache`), a prompt that starts with a cached one's tokens
 prefills only the rest; with prompt lookup (:mod:`.speculation`), a request decoding alone
@@ -56,11 +56,9 @@ class ContinuousBatch:
                  adapter: str | None = None) -> None:
         self.model, self.stats, self.adapter = model, stats, adapter
         self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
-        #: The running batch's step graph and cache (a ``BatchDecoder``; a new one after a failure).
+        #: The running batch in the model's cache layout (a new one after a failure).
         self.decoder = model.batch_decoder(adapter)
-        self.prefix_cache = (PrefixCache(prefix_cache_bytes, self.decoder.cache_ops,
-                                         self.decoder.prefill_chunk)  # hits of whole chunks
-                             if prefix_cache_bytes else None)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes, self.decoder) if prefix_cache_bytes else None
         self.prompt_lookup_num_tokens = default_lookup(prompt_lookup_num_tokens, self.decoder)
         self.rows: list[Row] = []
         self.taken: list[Row] = []  # out of the queue by the admission running now
@@ -116,7 +114,7 @@ class ContinuousBatch:
         cache = self.prefix_cache
         keys = {id(r): block_keys(r.prompt) if cache is not None else [] for r in rows}
         admitted: list[Row] = []
-        same_length = self.decoder.alignment > 1
+        same_length = not self.decoder.pads_prompts
         while rows:
             group, hit = next_group(rows, self.prefill_tokens, cache, keys, same_length)
             admitted.extend(group)
@@ -226,4 +224,6 @@ class ContinuousBatch:
         """After a failed step: no rows, a new batch."""
         self.rows, self.taken, self.parked = [], [], []
         self.decoder = self.model.batch_decoder(self.adapter)
+        if self.prefix_cache is not None:
+            self.prefix_cache.layout = self.decoder
         self.stats.batch_size = 0

@@ -35,11 +35,12 @@ from transformer_kit.core.embedding.api import DEFAULT_BATCH_TOKENS
 from transformer_kit.core.errors import ArtifactError, ConfigError, InputError
 from transformer_kit.core.id_checks import check_id_array, check_positions
 from transformer_kit.runtime.adapters import adapter_names, read_adapter_values
-from transformer_kit.runtime.batch_decoder import BatchDecoder
-from transformer_kit.runtime.cache_ops import CacheOps
+from transformer_kit.runtime.cache_layout import CacheLayout, one_row_exact
+from transformer_kit.runtime.left_padded import PREFILL_CHUNK, Aligned, LeftPadded
 from transformer_kit.runtime.manifest import Manifest, check_graph
-from transformer_kit.runtime.onnx_steps import ALIGNMENT, PREFILL_CHUNK, OnnxStepper, one_row_exact
 from transformer_kit.runtime.providers import CUDA, exact_float32, resolve_providers
+from transformer_kit.runtime.step_graph import StepGraph
+from transformer_kit.runtime.stepper import LayoutStepper
 from transformer_kit.tokenizer import TextTokenizer
 
 #: Graph inputs made from the ids' mask rather than given as ids.
@@ -107,7 +108,14 @@ class OnnxModel:
         self._device = "cuda" if self.provider == CUDA else "cpu"
         #: The numpy dtype of the key/value cache (the export's float type).
         self.cache_dtype = _NUMPY_DTYPES[self.manifest.dtype]
-        self._cache_ops = CacheOps(self._providers, self._device)
+        #: The decoder step graph (None: a model that does not generate).
+        self.step_graph = None
+        if "decoder_step" in self._sessions:
+            m = self.manifest
+            self.step_graph = StepGraph(self._sessions["decoder_step"], m.graphs["decoder_step"],
+                                        vocab=m.tgt_vocab, kv_heads=m.kv_heads, head_dim=m.head_dim,
+                                        dtype=self.cache_dtype, device=self._device,
+                                        providers=self._providers)
         #: The tokenizer exported with the model (text in, text out), or None.
         self.tokenizer = TextTokenizer.from_folder(self.path) if self.manifest.tokenizer else None
         #: The checkpoint's sampling defaults (its generation_config.json's, kept by the export):
@@ -117,15 +125,13 @@ class OnnxModel:
         #: ``embed``/``encode``, ``score`` and ``rerank``, run through this export's batches.
         self.sentences = SentenceTasks(self)
         self._adapter_cache: dict[str, dict[str, np.ndarray]] = {}
-        #: The columns a decoding row keeps its remainder modulo (1: rows are not aligned).
-        self.alignment = ALIGNMENT if batch_invariant else 1
+        #: Whether a decoder's rows decode bit for bit as alone, in a batch of any size.
+        self.batch_invariant = batch_invariant
         self._fewest: int | None = None
-        #: The tokens an aligned prompt is prefilled in, so that a prefix cache's hit computes
-        #: what a whole prefill does. A mixture of experts prefills in one run: its experts'
-        #: products change with the rows routed to them, so chunks would not make a hit exact,
-        #: and each chunk would read the experts again.
+        #: A mixture of experts (a component with ``num_experts``): its experts' products change
+        #: with the rows routed to them, so neither prefill chunks nor lone-row copies make its
+        #: rows invariant (docs/export.md), and each chunk would read the experts again.
         self._mixture = _routes_experts(self.manifest.config)
-        self._prefill_chunk = None if self._mixture else PREFILL_CHUNK
 
     def session(self, name: str) -> ort.InferenceSession:
         """The onnxruntime session of graph ``name`` of the manifest (``model``,
@@ -336,10 +342,10 @@ class OnnxModel:
 
     def _plan(self, ids: Any, attention_mask: Any, options: GenerationConfig, stop_matcher,
               assistant: OnnxModel | None = None, adapter: str | None = None
-              ) -> tuple[OnnxStepper, DecodingCall, Any]:
+              ) -> tuple[LayoutStepper, DecodingCall, Any]:
         m = self.manifest
         check_stop(options, stop_matcher)
-        if "decoder_step" not in m.graphs:
+        if self.step_graph is None:
             raise InputError(f"generate needs a decoder; this model's architecture is {m.architecture!r}.")
         is_decoder = m.architecture == "decoder"
         if not is_decoder and m.bos_id is None:
@@ -351,14 +357,15 @@ class OnnxModel:
             bos_id=m.bos_id, vocab=m.tgt_vocab, context_length=self.context_length,
             source_positions=None if is_decoder else m.max_positions, stop_matcher=stop_matcher,
             forced_bos_id=m.config.get("forced_bos_id"), tokenizer=self.tokenizer)
-        fixed = {} if is_decoder else self._encode(ids, real)
         if assistant is not None:
             call.assistant = self._assistant_stepper(assistant, call.prompt_ids, real)
-        stepper = self._stepper(fixed, call.prompt_ids, real if is_decoder else None,
-                                self._adapter_values(adapter))
-        return stepper, call, pipeline
+        if is_decoder:
+            layout = self.cache_layout(adapter)
+        else:
+            layout = LeftPadded(self.step_graph, self._adapter_values(adapter), fixed=self._encode(ids, real))
+        return LayoutStepper(layout, call.prompt_ids, call.prompt_real), call, pipeline
 
-    def _assistant_stepper(self, assistant: Any, prompt_ids: np.ndarray, real: np.ndarray) -> OnnxStepper:
+    def _assistant_stepper(self, assistant: Any, prompt_ids: np.ndarray, real: np.ndarray) -> LayoutStepper:
         """``assistant``'s stepper over the same prompt, once it can draft for this model."""
         if not isinstance(assistant, OnnxModel) or assistant.manifest.architecture != "decoder":
             raise InputError("assistant_model must be an OnnxModel of a decoder, got "
@@ -366,9 +373,9 @@ class OnnxModel:
         if (vocab := assistant.manifest.tgt_vocab) != self.manifest.tgt_vocab:
             raise InputError(f"The assistant model's vocabulary has {vocab} tokens and this model's "
                              f"{self.manifest.tgt_vocab}; an assistant drafts with the same tokenizer.")
-        return assistant._stepper({}, prompt_ids, real)
+        return LayoutStepper(assistant.cache_layout(), prompt_ids, real)
 
-    def batch_decoder(self, adapter: str | None = None) -> BatchDecoder:
+    def batch_decoder(self, adapter: str | None = None) -> CacheLayout:
         """An empty running batch over this model's step graph, for continuous batching (a
         server's engine): rows join after their own prefill and leave when they finish. A
         decoder's only; one caller at a time (the engine's loop). ``adapter``: every row
@@ -376,34 +383,34 @@ class OnnxModel:
         if self.manifest.architecture != "decoder":
             raise InputError("Continuous batching serves decoder models; this model's architecture "
                              f"is {self.manifest.architecture!r}. Export a decoder to serve it.")
-        return BatchDecoder(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
-                            self._empty_cache, self.manifest.tgt_vocab,
-                            _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device,
-                            self._adapter_values(adapter), self.alignment, self._fewest_rows(),
-                            self._prefill_chunk)
+        return self.cache_layout(adapter)
 
-    def _stepper(self, fixed: dict[str, Any], first_ids: np.ndarray, real: np.ndarray | None,
-                 adapter: dict[str, ort.OrtValue] | None = None) -> OnnxStepper:
-        return OnnxStepper(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
-                           fixed, first_ids, real, self._empty_cache, self.manifest.tgt_vocab,
-                           _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device, adapter,
-                           self.alignment, self._fewest_rows(), self._prefill_chunk)
+    def cache_layout(self, adapter: str | None = None, *, fewest_rows: int | None = None) -> CacheLayout:
+        """An empty batch of a decoder's rows in this model's cache layout (docs/export.md,
+        "Cache layouts"): ``batch_invariant``, an :class:`Aligned` one, else a
+        :class:`LeftPadded` one. ``adapter``: its rows decode with that LoRA adapter;
+        ``fewest_rows``: a lone row's token runs as that many copies (default: as this CPU
+        needs for invariance, :meth:`fewest_rows`)."""
+        values = self._adapter_values(adapter)
+        if not self.batch_invariant:
+            return LeftPadded(self.step_graph, values)
+        fewest = self.fewest_rows() if fewest_rows is None else fewest_rows
+        return Aligned(self.step_graph, values, fewest, None if self._mixture else PREFILL_CHUNK)
 
-    def _fewest_rows(self) -> int:
+    def fewest_rows(self) -> int:
         """The fewest rows a decoder's batch-invariant step multiplies: 2 where one token of one
         row gets other logits than in a batch of two (``one_row_exact``, checked once), else 1.
         A mixture of experts' rows stay 1: its experts' products change with the rows routed to
         them whatever a lone row does (docs/export.md), so copies would cost without a gain."""
         if self._fewest is None:
-            exact = (self.alignment == 1 or self.manifest.architecture != "decoder" or self._mixture
-                     or one_row_exact(self._sessions["decoder_step"], self.manifest.graphs["decoder_step"],
-                                      self._empty_cache, self.manifest.tgt_vocab,
-                                      _NUMPY_DTYPES[self.manifest.dtype], self._cache_ops, self._device))
+            exact = (not self.batch_invariant or self.manifest.architecture != "decoder" or self._mixture
+                     or one_row_exact(lambda: self.cache_layout(fewest_rows=1)))
             self._fewest = 1 if exact else 2
         return self._fewest
 
-    def _encode(self, src_ids: np.ndarray, real: np.ndarray) -> dict[str, Any]:
-        """Run the encoder once: encoder_attention_mask and every layer's cross keys/values."""
+    def _encode(self, src_ids: np.ndarray, real: np.ndarray) -> list[Any]:
+        """Run the encoder once: the step graph's inputs it gives (encoder_attention_mask and
+        every layer's cross keys/values), in the step graph's order."""
         session = self._sessions["encoder"]
         graph = self.manifest.graphs["encoder"]
         io = session.io_binding()
@@ -413,12 +420,8 @@ class OnnxModel:
         for name in graph.outputs:
             io.bind_output(name, self._device)
         session.run_with_iobinding(io)
-        return dict(zip(graph.outputs, io.get_outputs(), strict=True))
-
-    def _empty_cache(self, batch: int) -> ort.OrtValue:
-        m = self.manifest
-        shape = [batch, m.kv_heads, 0, m.head_dim]
-        return ort.OrtValue.ortvalue_from_shape_and_type(shape, self.cache_dtype, self._device, 0)
+        outputs = dict(zip(graph.outputs, io.get_outputs(), strict=True))
+        return [outputs[name] for name in self.step_graph.fixed_names]
 
 
 def _routes_experts(config: Any) -> bool:

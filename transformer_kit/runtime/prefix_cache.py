@@ -2,9 +2,8 @@
 so that a later prompt starting with the same tokens (a system prompt, few-shot examples, a chat's
 history) prefills only the tokens after them.
 
-After its prefill, each prompt's cache is kept as one entry: its token ids and, per
-``past_key_values.*`` input of the step graph, one onnxruntime value (1, kv_heads, length,
-head_dim) holding only its real columns. A new prompt reuses the longest run of leading tokens
+After its prefill, each prompt's cache is kept as one entry: its token ids and its cache as
+the batch's layout keeps an entry (``CacheLayout.prefix_entry``: its real columns). A new prompt reuses the longest run of leading tokens
 it shares with an entry (exact token ids, compared in full), except its last token: that one is
 always computed, for its logits. Lookup goes through hashes of block-aligned prefixes (one per
 :data:`BLOCK` tokens, each chained on the one before) to the entries that share the most whole
@@ -25,11 +24,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from transformer_kit.core.errors import InputError
-from transformer_kit.runtime.cache_ops import CacheOps
-from transformer_kit.runtime.onnx_steps import native_value
 
 if TYPE_CHECKING:
-    from transformer_kit.runtime.batch_decoder import PrefilledRows
+    from transformer_kit.runtime.cache_layout import CacheLayout
     from transformer_kit.runtime.requests import Row
 
 #: Tokens per hashed block: the shortest prefix reused, and the step of the lookup's hashes.
@@ -48,11 +45,11 @@ def block_keys(prompt: np.ndarray) -> list[int]:
 
 @dataclass(eq=False)
 class Entry:
-    """One cached prompt: ``tokens`` (length,) int64 and ``values``, one per past input, each
-    (1, kv_heads, length, head_dim); ``nbytes``: the values' size; ``keys``: its block hashes."""
+    """One cached prompt: ``tokens`` (length,) int64 and ``values``, its cache as the layout
+    keeps it; ``nbytes``: the values' size; ``keys``: its block hashes."""
 
     tokens: np.ndarray
-    values: list[Any]
+    values: Any
     nbytes: int
     keys: list[int]
 
@@ -74,21 +71,21 @@ def common_length(a: np.ndarray, b: np.ndarray) -> int:
 
 class PrefixCache:
     """Prompts' caches kept for reuse, at most ``max_bytes`` of them (least recently used out
-    first); ``ops`` copies rows and columns of cache values (the model's :class:`CacheOps`).
+    first), entries as ``layout`` (the batch's :class:`CacheLayout`) makes and reads them.
 
     Counters (for metrics): ``hits``, ``misses`` (requests admitted with and without a cached
     prefix), ``reused_tokens`` (prompt tokens not prefilled again), ``evictions``; ``nbytes``:
     bytes held now.
     """
 
-    def __init__(self, max_bytes: int, ops: CacheOps, granule: int = 1) -> None:
-        """``granule``: a hit reuses a multiple of this many tokens (a batch-invariant decoder
-        prefills in chunks of ``onnx_steps.PREFILL_CHUNK``, so that a prompt continuing a cached
-        prefix computes what it computes from scratch)."""
+    def __init__(self, max_bytes: int, layout: CacheLayout) -> None:
+        """A hit reuses a multiple of ``layout.prefill_chunk`` tokens (an aligned layout prefills
+        in chunks, so that a prompt continuing a cached prefix computes what it computes from
+        scratch)."""
         if max_bytes < 1:
             raise InputError(f"A prefix cache needs a bound of at least 1 byte, got {max_bytes}; "
                              "leave it out (0) to cache no prefixes.")
-        self.max_bytes, self.ops, self.granule = max_bytes, ops, granule
+        self.max_bytes, self.layout, self.granule = max_bytes, layout, layout.prefill_chunk
         self.entries: OrderedDict[int, Entry] = OrderedDict()  # id -> entry, least recent first
         self.index: dict[int, dict[int, None]] = {}  # block key -> ids of its entries, in order
         self.nbytes = self.hits = self.misses = self.reused_tokens = self.evictions = 0
@@ -130,18 +127,14 @@ class PrefixCache:
             self.entries.move_to_end(id(hit.entry))
         return hit.tokens
 
-    def past(self, hit: Hit, rows: int) -> list[Any]:
-        """The cached prefix as the past of ``rows`` rows: one value per past input, (rows,
-        kv_heads, hit.tokens, head_dim); the entry's own values when they are just that."""
-        values = hit.entry.values
-        if rows == 1 and hit.tokens == len(hit.entry.tokens):
-            return values
-        return self.ops.take(values, np.zeros(rows, np.int64), np.arange(hit.tokens))
+    def past(self, hit: Hit, rows: int) -> Any:
+        """The cached prefix as the past of a prefill of ``rows`` rows (``CacheLayout.prefill``)."""
+        return self.layout.prefix_past(hit.entry.values, rows, hit.tokens)
 
-    def store(self, tokens: np.ndarray, block: PrefilledRows, row: int) -> None:
-        """Keep prompt ``tokens`` (length,) whose cache is row ``row`` of ``block`` (its real
-        columns, in order, are the prompt's), unless a prompt this short cannot be reused, an
-        entry holds the same tokens (it becomes the most recent), or it is over the bound."""
+    def store(self, tokens: np.ndarray, block: Any, row: int) -> None:
+        """Keep prompt ``tokens`` (length,) whose cache is row ``row`` of prefilled rows
+        ``block``, unless a prompt this short cannot be reused, an entry holds the same tokens
+        (it becomes the most recent), or it is over the bound."""
         if len(tokens) < BLOCK:
             return
         keys = block_keys(tokens)
@@ -154,12 +147,7 @@ class PrefixCache:
                 self.entries.move_to_end(id(held))
                 return
             self._drop(held)  # a prefix of this prompt: this entry does all it did
-        real = block.mask[row] != 0
-        if len(block.mask) == 1 and real.all():
-            values = block.cache
-        else:
-            values = self.ops.take(block.cache, np.array([row], np.int64), np.flatnonzero(real))
-        nbytes = sum(native_value(v).tensor_size_in_bytes() for v in values)
+        values, nbytes = self.layout.prefix_entry(block, row)
         if nbytes > self.max_bytes:
             return
         while self.nbytes + nbytes > self.max_bytes:

@@ -18,7 +18,7 @@ import numpy as np
 from transformer_kit.core.decoding import GenerationConfig
 from transformer_kit.core.decoding.speculative import prompt_lookup
 from transformer_kit.core.errors import InputError
-from transformer_kit.runtime.batch_decoder import BatchDecoder
+from transformer_kit.runtime.cache_layout import CacheLayout
 from transformer_kit.runtime.stats import EngineStats
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class Drafting:
 MOST_DRAFTED = 64
 
 
-def default_lookup(count: int | None, batch: BatchDecoder) -> int | None:
+def default_lookup(count: int | None, batch: CacheLayout) -> int | None:
     """An engine's prompt lookup for requests that set none: ``count`` checked (1..64, and an
     export whose step checks drafts); None stays None."""
     if count is None:
@@ -64,7 +64,7 @@ _OLD_EXPORT = ("prompt_lookup_num_tokens needs an export whose step gives severa
                "option out.")
 
 
-def drafting_for(options: GenerationConfig, eos_ids: list[int], batch: BatchDecoder) -> Drafting | None:
+def drafting_for(options: GenerationConfig, eos_ids: list[int], batch: CacheLayout) -> Drafting | None:
     """A request's prompt lookup, when its options ask for it; an InputError for an export
     whose step cannot check drafts."""
     if options.prompt_lookup_num_tokens is None:
@@ -74,7 +74,7 @@ def drafting_for(options: GenerationConfig, eos_ids: list[int], batch: BatchDeco
     return Drafting(options.prompt_lookup_num_tokens, options.max_matching_ngram_size, eos_ids)
 
 
-def speculative_step(batch: BatchDecoder, row: Row, drafts: np.ndarray, stats: EngineStats) -> bool:
+def speculative_step(batch: CacheLayout, row: Row, drafts: np.ndarray, stats: EngineStats) -> bool:
     """Check ``drafts`` (k,) after the row's last token in one step of ``batch`` (its only row):
     each token chosen as plain decoding chooses it and streamed, the first drafted token that
     differs ending the check and the rejected drafts dropped from the cache. Counts the step,

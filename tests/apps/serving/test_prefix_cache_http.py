@@ -19,7 +19,7 @@ from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
 from transformer_kit.export import export_onnx
 from transformer_kit.runtime import Engine, OnnxModel
-from transformer_kit.runtime.onnx_steps import PREFILL_CHUNK
+from transformer_kit.runtime.left_padded import PREFILL_CHUNK
 
 
 def _client(url: str) -> openai.OpenAI:
@@ -72,7 +72,7 @@ def chat_export(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("invariant", [True, False], ids=["batch-invariant", "token-granular"])
 def test_chats_sharing_a_system_prompt_reuse_it_in_replies_and_streams(chat_export, invariant):
     """With batch invariance (the default) a hit reuses whole chunks of 16 tokens
-    (``onnx_steps.PREFILL_CHUNK``), without it every shared token."""
+    (``left_padded.PREFILL_CHUNK``), without it every shared token."""
     chat_model = OnnxModel(chat_export, providers="cpu", batch_invariant=invariant)
     system = {"role": "system", "content": "You answer questions about the weather in the cities "
               "of France, briefly and in plain words, without lists or tables. You give the "

@@ -23,7 +23,7 @@ from transformer_kit.core.decoding.speculative import (
 )
 from transformer_kit.core.decoding.torch_steps import DecoderStepper
 from transformer_kit.core.errors import InputError
-from transformer_kit.runtime.onnx_steps import OnnxStepper
+from transformer_kit.runtime.stepper import LayoutStepper
 
 #: Prompts that repeat themselves, so that prompt lookup finds drafts from the first step.
 REPEATING = [[5, 9, 12, 7, 5, 9, 12, 7, 5, 9], [3, 4, 30, 31, 32, 33, 3, 4, 30, 31, 32, 33, 3, 4],
@@ -94,7 +94,7 @@ class _Counting:
 
     def __init__(self, monkeypatch) -> None:
         self.verified, self.steps = 0, 0
-        for cls in (OnnxStepper, DecoderStepper):
+        for cls in (LayoutStepper, DecoderStepper):
             verify, step = cls.verify, cls.next
 
             def counted_verify(stepper, tokens, verify=verify):
@@ -299,17 +299,17 @@ def test_the_same_assistant_drafts_every_token_right(runtimes):
     ids = np.array([REPEATING[1]])
     plain = onnx_model.generate(ids, 25, min_new_tokens=25)
     calls = []
-    original = OnnxStepper.verify
+    original = LayoutStepper.verify
 
     def verify(stepper, tokens):
         calls.append(len(tokens))
         return original(stepper, tokens)
-    OnnxStepper.verify = verify
+    LayoutStepper.verify = verify
     try:
         ours = onnx_model.generate(ids, 25, min_new_tokens=25, assistant_model=onnx_model,
                                    num_assistant_tokens=4)
     finally:
-        OnnxStepper.verify = original
+        LayoutStepper.verify = original
     np.testing.assert_array_equal(ours, plain)
     # the model checks the last token and 4 drafts; the assistant then runs the 4th draft and
     # the model's next token in one step of its own (its 3 first drafts stood in its cache)
