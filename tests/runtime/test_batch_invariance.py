@@ -1,10 +1,12 @@
 """A row computes the same numbers alone as in a batch: the int8 export quantizes each row's
 activations with its own scale (``row_activations.py``), so its products, like float32's and
-int4's ``MatMulNBits`` at accuracy level 4, are bit for bit those of the row alone; a decoding
-row keeps its cache columns' remainders modulo 16 (``left_padded.ALIGNMENT``), so its logits at
-every step are those it gets alone, bit for bit, whichever rows it shares the batch with and
-whenever it joins; greedy decoding of prompts of different lengths gives the same tokens alone,
-in one batch and through the server under 16 concurrent clients."""
+int4's ``MatMulNBits`` at accuracy level 4, are bit for bit those of the row alone; in both
+batch-invariant cache layouts (left-padded with each row's cache columns keeping their
+remainders modulo 16, ``left_padded.ALIGNMENT``; one buffer shared by past and present, each
+row at its own first columns) a decoding row's logits at every step are those it gets alone,
+bit for bit, whichever rows it shares the batch with and whenever it joins; greedy decoding of
+prompts of different lengths gives the same tokens alone, in one batch and through the server
+under 16 concurrent clients."""
 
 from __future__ import annotations
 
@@ -26,21 +28,38 @@ from transformer_kit.export import Int4, export_onnx
 from transformer_kit.export.quantize import quantize_graph
 from transformer_kit.runtime import Engine, OnnxModel
 from transformer_kit.runtime.cache_layout import CacheLayout
-from transformer_kit.runtime.left_padded import PREFILL_CHUNK
+from transformer_kit.runtime.left_padded import PREFILL_CHUNK, PaddedRows
 
 VOCAB, NEW = 256, 12
 KINDS = {"float32": None, "int8": "int8", "int4": Int4(), "int4-level-1": Int4(accuracy_level=1)}
 LENGTHS = (3, 17, 5, 30, 9, 24, 1, 12)
 
 
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory):
+def _exports(root, attention: str) -> dict[str, OnnxModel]:
     torch.manual_seed(0)
     model = tk.build_model(tiny_config("decoder", vocab_size=VOCAB, d_model=128, d_ff=256, num_layers=3,
-                                       pad_id=0, max_len=128, positional="rotary", norm="rmsnorm")).eval()
-    root = tmp_path_factory.mktemp("invariance")
-    return {name: OnnxModel(export_onnx(model, root / name, quantize=q).path, providers="cpu")
-            for name, q in KINDS.items()}
+                                       pad_id=0, max_len=128, positional="rotary", norm="rmsnorm",
+                                       attention=attention)).eval()
+    layout = "left_padded" if attention == "matmul" else "shared_buffer"
+    return {name: OnnxModel(export_onnx(model, root / name, quantize=q).path, providers="cpu",
+                            cache_layout=layout) for name, q in KINDS.items()}
+
+
+@pytest.fixture(scope="module")
+def aligned_exports(tmp_path_factory):
+    """The left-padded layout, aligned (the matmul kernel exports no shared step graph)."""
+    return _exports(tmp_path_factory.mktemp("invariance"), "matmul")
+
+
+@pytest.fixture(scope="module")
+def shared_exports(tmp_path_factory):
+    """One cache buffer shared by past and present (sdpa: GroupQueryAttention)."""
+    return _exports(tmp_path_factory.mktemp("invariance-shared"), "sdpa")
+
+
+@pytest.fixture(params=["aligned", "shared_buffer"])
+def exports(request, aligned_exports, shared_exports):
+    return aligned_exports if request.param == "aligned" else shared_exports
 
 
 def _prompts() -> list[list[int]]:
@@ -133,16 +152,18 @@ def test_a_decoding_row_gets_its_lone_logits_bit_for_bit_whenever_it_joins(expor
     several rows' (accuracy level 1 on every CPU, int4 on AVX2 ones) a lone row's token runs as
     two copies (``one_row_exact`` decides, per model)."""
     prompts, arrivals = _prompts(), [0, 0, 3, 5, 6, 11, 17, 21]
-    alone = {invariant: [_decode(OnnxModel(exports[kind].path, providers="cpu",
-                                           batch_invariant=invariant).batch_decoder(), [p], [0], NEW)[0]
-                         for p in prompts] for invariant in (True, False)}
-    together = _decode(exports[kind].batch_decoder(), prompts, arrivals, NEW)
-    for row, expected in zip(together, alone[True], strict=True):
+    model = exports[kind]
+    alone = [_decode(model.batch_decoder(), [p], [0], NEW)[0] for p in prompts]
+    together = _decode(model.batch_decoder(), prompts, arrivals, NEW)
+    for row, expected in zip(together, alone, strict=True):
         assert all(np.array_equal(a, b) for a, b in zip(row, expected, strict=True))
-    padded = _decode(OnnxModel(exports[kind].path, providers="cpu", batch_invariant=False).batch_decoder(),
-                     prompts, arrivals, NEW)
-    assert not all(np.array_equal(a, b) for row, expected in zip(padded, alone[False], strict=True)
-                   for a, b in zip(row, expected, strict=True))
+    if model.step_name == "decoder_step":  # left-padded without the alignment: other sums
+        left_padded = OnnxModel(model.path, providers="cpu", batch_invariant=False,
+                                cache_layout="left_padded")
+        padded = _decode(left_padded.batch_decoder(), prompts, arrivals, NEW)
+        lone = [_decode(left_padded.batch_decoder(), [p], [0], NEW)[0] for p in prompts]
+        assert not all(np.array_equal(a, b) for row, expected in zip(padded, lone, strict=True)
+                       for a, b in zip(row, expected, strict=True))
 
 
 def test_one_row_exact_tells_which_exports_multiply_one_row_by_a_kernel_of_its_own(exports):
@@ -166,14 +187,14 @@ def test_a_mixture_of_experts_runs_its_lone_rows_and_prompts_whole(tmp_path):
                                        pad_id=0, max_len=128, positional="rotary", norm="rmsnorm",
                                        feedforward={"name": "moe", "num_experts": 8, "top_k": 2,
                                                     "expert_d_ff": 64})).eval()
-    moe = OnnxModel(export_onnx(model, tmp_path / "moe").path, providers="cpu")
+    moe = OnnxModel(export_onnx(model, tmp_path / "moe").path, providers="cpu", cache_layout="left_padded")
     one_token = np.arange(1, 3)[:, None]
     assert not np.array_equal(moe(one_token[:1])[0], moe(one_token)[0])  # one row apart from two
     assert moe.batch_decoder().fewest_rows == 1
     # and its prompt runs whole (chunks would read the experts again for no exact hit): its
     # prefill gives the logits of the left-padded layout's one run, bit for bit
     prompt = np.random.default_rng(2).integers(1, VOCAB, 40)
-    padded = OnnxModel(moe.path, providers="cpu", batch_invariant=False)
+    padded = OnnxModel(moe.path, providers="cpu", batch_invariant=False, cache_layout="left_padded")
     whole = [m.batch_decoder().prefill([prompt])[1] for m in (moe, padded)]
     assert np.array_equal(whole[0], whole[1]) and moe.batch_decoder().prefill_chunk == 1
 
@@ -212,21 +233,36 @@ def test_greedy_tokens_alone_equal_those_in_a_batch_and_through_the_server(expor
     assert answers == [expected[i % 8] for i in range(16)]
 
 
+def _cache_arrays(rows) -> list[np.ndarray]:
+    """Prefilled rows' cache as arrays: the mask and each value (left-padded), or each row's
+    length and its columns of each buffer (a shared buffer)."""
+    if isinstance(rows, PaddedRows):
+        return [rows.mask, *(value.numpy() for value in rows.cache)]
+    return [rows.lengths, *(b[:, :, :int(rows.lengths.max())] for b in rows.buffers)]
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_prompt_continuing_cached_chunks_computes_what_it_computes_from_scratch(exports, kind):
-    """A prompt is prefilled in chunks of 16 tokens (``left_padded.PREFILL_CHUNK``), so one that
-    continues whole chunks of another prompt's cache (a prefix cache's hit) gets the
-    logits and the cache of its prefill from scratch, bit for bit."""
+    """A prompt continuing another prompt's cached prefix (a prefix cache's hit) gets the
+    logits and the cache of its prefill from scratch, bit for bit: in the aligned layout a
+    prompt is prefilled in chunks of 16 tokens (``left_padded.PREFILL_CHUNK``) and the hit
+    reuses whole chunks; in the shared buffer a prompt runs whole and a hit leaves at least
+    ``prefix_room`` tokens to compute."""
     decoder = exports[kind].batch_decoder()
     rng = np.random.default_rng(5)
     prefix = rng.integers(1, VOCAB, 70)
     first, second = (np.concatenate([prefix, rng.integers(1, VOCAB, n)]) for n in (6, 9))
     cached, _ = decoder.prefill([first])
-    reused = 4 * PREFILL_CHUNK  # 64 of the 70 shared tokens
-    past = decoder.cache_ops.take(cached.cache, np.zeros(1, np.int64), np.arange(reused))
-    continued, logits = decoder.prefill([second[reused:]], past, reused)
-    whole, expected = decoder.prefill([second])
-    assert np.array_equal(logits, expected)
-    assert np.array_equal(continued.mask, whole.mask)
-    for mine, theirs in zip(continued.cache, whole.cache, strict=True):
-        assert np.array_equal(mine.numpy(), theirs.numpy())
+    entry, _ = decoder.prefix_entry(cached, 0)
+    # 64 of the 70 shared tokens; all 70 that a hit may reuse; the first prompt asked again
+    most = len(first) - decoder.prefix_room
+    cases = {(4 * PREFILL_CHUNK, 1), (70 - 70 % decoder.prefill_chunk, 1),
+             (most - most % decoder.prefill_chunk, 0)}
+    for reused, which in sorted(cases):
+        prompt = (first, second)[which]
+        past = decoder.prefix_past(entry, 1, reused)
+        continued, logits = decoder.prefill([prompt[reused:]], past, reused)
+        whole, expected = decoder.prefill([prompt])
+        assert np.array_equal(logits, expected), reused
+        for mine, theirs in zip(_cache_arrays(continued), _cache_arrays(whole), strict=True):
+            assert np.array_equal(mine, theirs), reused

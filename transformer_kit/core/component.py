@@ -21,7 +21,8 @@ KINDS: tuple[str, ...] = (*MODEL_KINDS, "logits_processor")
 #: Fused lowerings the export layer knows, by kind (see ``Component.lowerings``).
 LOWERINGS: dict[str, frozenset[str]] = {"attention": frozenset({"attention"}),
                                         "positional": frozenset({"rotary"}),
-                                        "feedforward": frozenset({"gate_up"})}
+                                        "feedforward": frozenset({"gate_up"}),
+                                        "mask": frozenset({"causal"})}
 
 #: What a lowering may write, by kind: the interface's calls (``transformer_kit.core.interfaces``).
 LOWERING_METHODS: dict[str, tuple[str, ...]] = {
@@ -61,6 +62,11 @@ class Component:
             ``"gate_up"`` (feed-forward): the module has ``nn.Linear`` ``gate`` and ``up`` over the
             same input and ``forward(x) == gated(gate(x), up(x))``, so a generating model's
             graphs compute gate and up as one product over the concatenated weights.
+            ``"causal"`` (masks): a query sees exactly the keys at its position and before, the
+            last ``window`` of them when the mask's ``window`` is set
+            (``AttentionMask.window``), so a decoder's step graph over one cache buffer shared by
+            past and present leaves the restriction to its attention op (onnxruntime's
+            ``GroupQueryAttention``).
             Export verification checks every claim.
     """
 

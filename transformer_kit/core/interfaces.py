@@ -61,6 +61,9 @@ class AttentionInputs:
     positional: the encoding whose ``rotate`` applies to q and k (self-attention only).
     memory: (batch, src_len, d_model) encoder output, for cross-attention.
     cache: this layer's cache, or None for uncached calls.
+    restriction: the mask component of self-attention where ``mask`` is None because the
+        attention op applies what it declares itself (an export's step graph over a shared
+        cache buffer: the mask's ``causal`` lowering).
     """
 
     mask: Tensor | None
@@ -70,6 +73,7 @@ class AttentionInputs:
     positional: PositionalEncoding | None = None
     memory: Tensor | None = None
     cache: LayerCache | None = None
+    restriction: AttentionMask | None = None
 
 
 class AttentionKernel(nn.Module):
@@ -120,6 +124,10 @@ class PositionalEncoding(nn.Module):
 class AttentionMask:
     """Self-attention mask from positions: (batch, q_len), (batch, k_len) -> (batch, 1, q_len,
     k_len) bool (True = may attend), or None for no restriction. Padding is added by the core."""
+
+    #: A mask that declares the ``causal`` lowering (``Component.lowerings``) lets each query see
+    #: the keys at its own position and the ``window - 1`` before it (None: every earlier one).
+    window: int | None = None
 
     def __call__(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
         raise NotImplementedError  # pragma: no cover - interface

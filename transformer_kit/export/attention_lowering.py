@@ -2,7 +2,9 @@
 grouped KV heads and the kernel (its own lowering), as ``MultiHeadAttention.forward`` computes
 them; or, where the kernel declares the ``attention`` lowering, one ONNX ``Attention`` op per
 layer on packed heads (batch, len, heads * head_dim) with the cache concatenated inside it and
-rotary positions as ``RotaryEmbedding`` ops.
+rotary positions as ``RotaryEmbedding`` ops; or, in a step graph over one cache buffer shared
+by past and present (``g.cache_lengths`` set), onnxruntime's ``GroupQueryAttention`` writing
+the new keys and values into the buffer in place, the mask's ``causal`` lowering applied by it.
 
 Shapes: x (batch, len, d_model); q, k, v (batch, heads, len, head_dim); masks (batch, 1,
 q_len | 1, k_len) bool; caches (batch, kv_heads, past, head_dim).
@@ -13,7 +15,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from transformer_kit.core.attention import MultiHeadAttention
-from transformer_kit.core.interfaces import AttentionInputs, PositionalEncoding
+from transformer_kit.core.interfaces import AttentionInputs, AttentionMask, LayerCache, PositionalEncoding
 from transformer_kit.core.registry_entries import component_of
 from transformer_kit.export.graph_builder import GraphBuilder
 from transformer_kit.plugins.positional import rotary_cos_sin
@@ -72,6 +74,18 @@ def packs_attention(g: GraphBuilder, attention: MultiHeadAttention, inputs: Atte
             and declares(attention.kernel, "attention")
             and getattr(attention.kernel, "sinks", None) is None
             and (not _rotates(inputs.positional) or declares(inputs.positional, "rotary")))
+
+
+def shares_buffer(attention: MultiHeadAttention, positional: PositionalEncoding,
+                  mask: AttentionMask) -> bool:
+    """Whether self-attention can run over one cache buffer shared by past and present
+    (``GroupQueryAttention``): it packs (as :func:`packs_attention`, with no score bias at all)
+    and its mask declares the ``causal`` lowering."""
+    no_bias = type(positional).score_bias is PositionalEncoding.score_bias
+    return (not attention.is_cross and no_bias and declares(mask, "causal")
+            and declares(attention.kernel, "attention")
+            and getattr(attention.kernel, "sinks", None) is None
+            and (not _rotates(positional) or declares(positional, "rotary")))
 
 
 def multi_head_attention_onnx(g: GraphBuilder, attention: MultiHeadAttention, x: ir.Value,
@@ -137,6 +151,10 @@ def _packed_attention(g: GraphBuilder, attention: MultiHeadAttention, x: ir.Valu
     scale = attention.kernel.scale if attention.kernel.scale is not None else dim ** -0.5
     softcap = getattr(attention.kernel, "softcap", None) or 0.0
     cache = inputs.cache
+    batch, q_len = shape_of(x)[:2]
+    if g.cache_lengths is not None:
+        out = _shared_buffer_attention(g, q, k, v, cache, inputs, heads, kv_heads, scale, softcap)
+        return g.linear(attention.o_proj, g.shaped(out, [batch, q_len, heads * dim], g.float_type))
     attributes = {"q_num_heads": heads, "kv_num_heads": kv_heads, "scale": float(scale),
                   "softcap": float(softcap)}
     if cache is None:
@@ -148,5 +166,23 @@ def _packed_attention(g: GraphBuilder, attention: MultiHeadAttention, x: ir.Valu
         # attends to a padding key, and a step's logits are real positions'
     if has_key is not None and cache is None:
         out = g.op.Where(g.op.Not(g.op.Squeeze(has_key, [1])), g.constant(0.0), out)
-    batch, q_len = shape_of(x)[:2]
     return g.linear(attention.o_proj, g.shaped(out, [batch, q_len, heads * dim], g.float_type))
+
+
+def _shared_buffer_attention(g: GraphBuilder, q: ir.Value, k: ir.Value, v: ir.Value, cache: LayerCache,
+                             inputs: AttentionInputs, heads: int, kv_heads: int, scale: float,
+                             softcap: float) -> ir.Value:
+    """``GroupQueryAttention`` over the layer's buffers (batch, kv_heads, capacity, head_dim),
+    which it reads and writes in place when past and present are bound to one value: each
+    row's tokens at its first ``seqlens_k + 1`` columns (its new ones last), causal within the
+    row, within the mask's window. q (batch, new, heads * head_dim), k and v (batch, new,
+    kv_heads * head_dim), rotated already -> (batch, new, heads * head_dim)."""
+    window = inputs.restriction.window if inputs.restriction is not None else None
+    lengths, buffer = g.cache_lengths, shape_of(cache.key)
+    out, cache.key, cache.value = g.op.GroupQueryAttention(
+        q, k, v, cache.key, cache.value, lengths.seqlens, lengths.total, _domain="com.microsoft",
+        _outputs=3, num_heads=heads, kv_num_heads=kv_heads, scale=float(scale), softcap=float(softcap),
+        local_window_size=-1 if window is None else window)  # the keys a query sees, its own among them
+    for value in (cache.key, cache.value):
+        g.shaped(value, buffer, g.float_type)
+    return out

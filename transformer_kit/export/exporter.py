@@ -114,7 +114,7 @@ def _build_and_write(model: TransformerModel, dtype: str, writer: WeightWriter, 
                             fallback=tracer.call, core=kit_lowerings.find)
 
     graphs: dict[str, GraphInfo] = {}
-    for name in model_graphs.graph_names(model):
+    for name in model_graphs.graph_names(model, opset):
         report_progress(f"building {name}", 0, 1)
         built = model_graphs.build_graph(name, model, builder)
         finish(built.model)
@@ -122,7 +122,7 @@ def _build_and_write(model: TransformerModel, dtype: str, writer: WeightWriter, 
         writer.write(built.model, "", staging / file,
                      functools.partial(report_progress, f"writing the weights of {name}"))
         graphs[name] = GraphInfo(file, built.inputs, built.outputs)
-    order = ["model", "encoder", "decoder_step"]
+    order = ["model", "encoder", "decoder_step", "decoder_step_shared"]
     return {name: graphs[name] for name in sorted(graphs, key=order.index)}
 
 

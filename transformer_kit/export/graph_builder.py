@@ -35,6 +35,7 @@ import contextlib
 import functools
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,7 @@ from transformer_kit.core.registry import Registry
 from transformer_kit.core.registry_entries import RegisteredLowering, component_of
 
 FLOAT, FLOAT16, INT64, BOOL = ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.INT64, ir.DataType.BOOL
+INT32 = ir.DataType.INT32
 #: The ONNX IR version each opset needs (the oldest that holds it: onnxruntime reads them all).
 IR_VERSIONS = {18: 8, 19: 9, 20: 9, 21: 10, 22: 10, 23: 11}
 _TORCH_TYPES = {torch.float32: FLOAT, torch.float16: FLOAT16, torch.bfloat16: FLOAT,
@@ -75,6 +77,15 @@ def _broadcast(shapes: list[ir.Shape | None]) -> list | None:
             return None
         result.append(dims.pop() if dims else 1)
     return result
+
+
+@dataclass(frozen=True)
+class CacheLengths:
+    """A step graph's row lengths over a cache buffer shared by past and present: ``seqlens``
+    (batch,) int32, each row's length after the step - 1, and ``total`` () int32, the longest."""
+
+    seqlens: ir.Value
+    total: ir.Value
 
 
 #: A lowering of the kit's own: ``function(g, obj, *inputs)``.
@@ -129,6 +140,9 @@ class GraphBuilder:
         self._paths = {id(m): path for path, m in model.named_modules(remove_duplicate=False)}
         # a tied weight by its last name (the output head's, as torch's exporter names it)
         self._parameter_names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+        #: The rows' lengths where the graph's cache is one buffer shared by past and present
+        #: (its attention writes the new columns in place), else None.
+        self.cache_lengths: CacheLengths | None = None
         self._scope = ""
         self._counts: Counter[str] = Counter()
         self._values: dict[tuple, ir.Value] = {}  # weights and constants, written once each

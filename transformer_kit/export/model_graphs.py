@@ -11,6 +11,11 @@ written by its lowering) and names its outputs:
   head_dim)); a zero-length past makes one graph serve the prompt and every later token. A
   decoder's gives the logits of the new positions ``logit_positions`` lists (``[-1]``: the last),
   row ``b * n + j`` for row b's position j; an encoder-decoder's the last position's.
+- ``decoder_step_shared`` (a decoder whose every self-attention can: :func:`shares_buffers`):
+  the same step over one buffer per cache tensor shared by past and present (batch, kv_heads,
+  capacity, head_dim), each row's tokens at its first columns: ``seqlens_k`` (batch,) int32
+  (each row's length after the step - 1) and ``total_sequence_length`` () int32 (the longest)
+  instead of a mask; its positions are the columns.
 - ``encoder`` (encoder_decoder): the source mask and every decoder layer's cross-attention keys
   and values (``cross.{i}.key/value``), computed once per input.
 
@@ -29,10 +34,12 @@ import onnx_ir as ir
 from transformer_kit.core.interfaces import AttentionInputs, AttentionMask, LayerCache, PositionalEncoding
 from transformer_kit.core.model import TransformerModel
 from transformer_kit.core.stacks import Stack
-from transformer_kit.export.attention_lowering import keys_values
-from transformer_kit.export.graph_builder import BOOL, INT64, GraphBuilder
+from transformer_kit.export.attention_lowering import PACKED_ATTENTION_OPSET, keys_values, shares_buffer
+from transformer_kit.export.graph_builder import BOOL, INT32, INT64, CacheLengths, GraphBuilder
 from transformer_kit.runtime.step_graph import LOGIT_POSITIONS
 
+#: ``GroupQueryAttention`` takes heads whose width is a multiple of this.
+GQA_HEAD_MULTIPLE = 8
 #: Far past any sequence: a slice's open end.
 _END = 2**62
 
@@ -167,6 +174,60 @@ def decoder_step(g: GraphBuilder, model: TransformerModel) -> None:
         g.output(cache.value, f"present.{i}.value")
 
 
+def _variant_parts(stack: Stack, positional: PositionalEncoding, mask: AttentionMask
+                   ) -> list[tuple[PositionalEncoding, AttentionMask]]:
+    """Each layer's positional encoding and mask (its variant's own where it has one)."""
+    variants = stack.variants
+    if variants is None:
+        return [(positional, mask)] * len(stack.layers)
+    positionals = dict(variants.positionals.items())
+    return [(positionals.get(name) or positional, variants.masks.get(name) or mask)
+            for name in variants.layer_types]
+
+
+def shares_buffers(model: TransformerModel, opset: int) -> bool:
+    """Whether a decoder gets a step graph over cache buffers shared by past and present
+    (``decoder_step_shared``): every layer's self-attention can (``shares_buffer``), its heads
+    a multiple of 8 wide (as onnxruntime's ``GroupQueryAttention`` takes them)."""
+    if (model.architecture != "decoder" or opset < PACKED_ATTENTION_OPSET
+            or model.config.attention_head_dim % GQA_HEAD_MULTIPLE):
+        return False
+    parts = _variant_parts(model.decoder, model.embed.positional, model.mask)
+    return all(shares_buffer(layer.self_attention, positional, mask)
+               for layer, (positional, mask) in zip(model.decoder.layers, parts, strict=True))
+
+
+def decoder_step_shared(g: GraphBuilder, model: TransformerModel) -> None:
+    ids = g.input("input_ids", INT64, ["batch", "new"])
+    seqlens = g.input("seqlens_k", INT32, ["batch"])
+    total = g.input("total_sequence_length", INT32, [])
+    buffers = _caches(g, model, "past_key_values", "capacity")
+    positions = g.input(LOGIT_POSITIONS, INT64, ["kept"])
+    g.cache_lengths = CacheLengths(seqlens, total)
+    with g.scope("positions"):  # a row's new tokens are its last: columns seqlens_k + 1 - new ..
+        new = g.op.Squeeze(g.op.Shape(ids, start=1, end=2), [0])
+        first = g.op.Sub(g.op.Add(g.op.Cast(seqlens, to=INT64), [1]), g.op.Unsqueeze(new, [0]))
+        offsets = g.op.Range(g.constant(np.array(0, np.int64)), new, g.constant(np.array(1, np.int64)))
+        q_positions = g.shaped(g.op.Add(g.op.Unsqueeze(first, [1]), g.op.Unsqueeze(offsets, [0])),
+                               ["batch", "new"], INT64)
+    parts = _variant_parts(model.decoder, model.embed.positional, model.mask)
+    inputs = [AttentionInputs(None, q_positions, positional=positional, restriction=mask)
+              for positional, mask in parts]
+    caches = [LayerCache(k, v) for k, v in _pairs(buffers)]
+    x = g.call(model.embed, ids, q_positions)
+    x = g.call(model.decoder, x, inputs, None, caches)
+    with g.scope(LOGIT_POSITIONS):
+        x = g.shaped(g.op.Gather(x, positions, axis=1), ["batch", "kept", model.config.d_model],
+                     g.float_type)
+    logits = g.call(model.head, x)
+    with g.scope("head"):
+        logits = g.op.Reshape(logits, [-1, model.config.tgt_vocab])
+    g.output(logits, "logits")
+    for i, cache in enumerate(caches):
+        g.output(cache.key, f"present.{i}.key")
+        g.output(cache.value, f"present.{i}.value")
+
+
 # -- encoders --------------------------------------------------------------------------------------
 def encoder_model(g: GraphBuilder, model: TransformerModel) -> None:
     ids = g.input("input_ids", INT64, ["batch", "len"])
@@ -263,7 +324,8 @@ def seq2seq_step(g: GraphBuilder, model: TransformerModel) -> None:
 
 #: Per architecture, its graphs in the order they are built (the step first).
 GRAPHS: dict[str, dict[str, Callable[[GraphBuilder, TransformerModel], None]]] = {
-    "decoder": {"decoder_step": decoder_step, "model": decoder_model},
+    "decoder": {"decoder_step": decoder_step, "decoder_step_shared": decoder_step_shared,
+                "model": decoder_model},
     "encoder": {"model": encoder_model},
     "encoder_decoder": {"decoder_step": seq2seq_step, "encoder": seq2seq_encoder, "model": seq2seq_model},
 }
@@ -277,6 +339,9 @@ def build_graph(name: str, model: TransformerModel, make_builder: Callable[[str]
     return BuiltGraph(g.model_ir(), [v.name for v in g.graph.inputs], [v.name for v in g.graph.outputs])
 
 
-def graph_names(model: TransformerModel) -> list[str]:
-    """The graphs ``model`` exports, in the order they are built."""
-    return list(GRAPHS[model.architecture])
+def graph_names(model: TransformerModel, opset: int) -> list[str]:
+    """The graphs ``model`` exports at ``opset``, in the order they are built."""
+    names = list(GRAPHS[model.architecture])
+    if "decoder_step_shared" in names and not shares_buffers(model, opset):
+        names.remove("decoder_step_shared")
+    return names

@@ -12,7 +12,7 @@ from transformer_kit.core.decoding.prompts import left_align, real_from_pad
 from transformer_kit.core.errors import ExportError
 from transformer_kit.core.model import TransformerModel
 from transformer_kit.export.weight_writer import WeightSource
-from transformer_kit.runtime.onnx_model import OnnxModel
+from transformer_kit.runtime.onnx_model import SHARED_STEP, OnnxModel
 from transformer_kit.runtime.step_graph import LAST_POSITION, LOGIT_POSITIONS
 
 #: Shapes (batch, length) of the forward graph checked after every export.
@@ -164,6 +164,38 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
 
 
 @torch.no_grad()
+def check_shared_step(model: TransformerModel, om: OnnxModel, seed: int = 0) -> float:
+    """Relative error of the step graph over shared cache buffers against PyTorch's forward:
+    three prompts of different lengths prefilled and joined, two steps of the three rows, then
+    three tokens of the first row in one run (``verify``, where the graph gives them)."""
+    layout = om.cache_layout(fewest_rows=1)
+    cfg, errors = model.config, []
+
+    def ids(length: int, offset: int) -> np.ndarray:
+        return random_ids(1, length, cfg.vocab_size, cfg.pad_id, seed + offset, pad_rows=False)[0].numpy()
+
+    def expected(row: np.ndarray, count: int = 1) -> np.ndarray:
+        return model(torch.from_numpy(row[None]))[0, -count:].float().numpy()
+
+    rows = [ids(_fit(n, model, room=6), i) for i, n in enumerate((PROMPT_LEN, 3, 8))]
+    for row in rows:
+        prefilled, logits = layout.prefill([row])
+        layout.join(prefilled)
+        errors.append(relative_error(logits[0], expected(row)[0]))
+    for step in range(2):
+        tokens = ids(len(rows), 10 + step)
+        logits = layout.step(tokens)
+        rows = [np.append(row, token) for row, token in zip(rows, tokens, strict=True)]
+        errors.extend(relative_error(logits[i], expected(row)[0]) for i, row in enumerate(rows))
+    if layout.verifies:
+        layout.keep(np.array([0]))
+        drafted = ids(3, 20)
+        logits = layout.verify(drafted)
+        errors.append(relative_error(logits, expected(np.concatenate([rows[0], drafted]), 3)))
+    return max(errors)
+
+
+@torch.no_grad()
 def top1_agreement(model: TransformerModel, om: OnnxModel, prompts: int = TOP1_PROMPTS[0],
                    length: int = TOP1_PROMPTS[1], seed: int = 11) -> float | None:
     """Share of positions of random prompts (prompts, length) whose most likely token in ``om``
@@ -228,6 +260,10 @@ def verify_export(model: TransformerModel, om: OnnxModel, tolerance: float | Non
         errors["sentence outputs"] = check_sentence_outputs(model, om)
     if "decoder_step" in om.manifest.graphs:
         errors["decoder_step"] = check_decoder_step(model, om)
+    if SHARED_STEP in om.manifest.graphs:
+        shared = om if om.step_name == SHARED_STEP else OnnxModel(om.path, providers="cpu",
+                                                                  cache_layout="shared_buffer")
+        errors[SHARED_STEP] = check_shared_step(model, shared)
     generates = model.architecture == "decoder" or (
         model.architecture == "encoder_decoder" and model.config.bos_id is not None)
     if generates:

@@ -48,13 +48,15 @@ class CacheLayout(ABC):
     #: The tokens a prompt's prefill runs in (a prefix cache's hit reuses a multiple of them,
     #: so that a prompt continuing a cached prefix computes what it computes from scratch).
     prefill_chunk: int = 1
+    #: The fewest tokens a prompt continuing a cached prefix computes (its last among them).
+    prefix_room: int = 1
 
     def __init__(self, graph: StepGraph, adapter: dict[str, Any] | None = None, fewest_rows: int = 1) -> None:
         self.graph, self.fewest_rows = graph, fewest_rows
         self.binding = graph.bind(adapter)
         #: Whether a step gives several positions' logits (drafts checked in one step).
         self.verifies = graph.verifies
-        self._buffers: dict[tuple[int, int], np.ndarray] = {}
+        self._logits_arrays: dict[tuple[int, int], np.ndarray] = {}
 
     @property
     @abstractmethod
@@ -151,9 +153,9 @@ class CacheLayout(ABC):
     def logits_buffer(self, rows: int, positions: int = 1) -> np.ndarray:
         """A (rows x positions, vocab) array for a run's logits, the same one for the same
         shape (a binding's output stays bound to it); the caller's until the next run."""
-        buffer = self._buffers.get((rows, positions))
+        buffer = self._logits_arrays.get((rows, positions))
         if buffer is None:
-            buffer = self._buffers[rows, positions] = np.empty((rows * positions, self.graph.vocab),
+            buffer = self._logits_arrays[rows, positions] = np.empty((rows * positions, self.graph.vocab),
                                                                 self.graph.dtype)
         return buffer
 

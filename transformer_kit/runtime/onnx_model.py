@@ -6,6 +6,7 @@ state). On CUDA the key/value cache stays on the device between steps (IO bindin
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -38,7 +39,8 @@ from transformer_kit.runtime.adapters import adapter_names, read_adapter_values
 from transformer_kit.runtime.cache_layout import CacheLayout, one_row_exact
 from transformer_kit.runtime.left_padded import PREFILL_CHUNK, Aligned, LeftPadded
 from transformer_kit.runtime.manifest import Manifest, check_graph
-from transformer_kit.runtime.providers import CUDA, exact_float32, resolve_providers
+from transformer_kit.runtime.providers import CPU, CUDA, exact_float32, resolve_providers
+from transformer_kit.runtime.shared_buffer import SharedBuffer
 from transformer_kit.runtime.step_graph import StepGraph
 from transformer_kit.runtime.stepper import LayoutStepper
 from transformer_kit.tokenizer import TextTokenizer
@@ -46,6 +48,8 @@ from transformer_kit.tokenizer import TextTokenizer
 #: Graph inputs made from the ids' mask rather than given as ids.
 _MASK_INPUTS = ("attention_mask", "pooling_mask", "token_type_ids")
 _NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
+#: The step graph over cache buffers shared by past and present.
+SHARED_STEP = "decoder_step_shared"
 #: onnxruntime optimizers skipped on the CPU by default (see ``OnnxModel``).
 CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 
@@ -73,16 +77,22 @@ class OnnxModel:
             on CUDA the fusion is kept. Pass ``()`` to keep every optimizer.
         batch_invariant: a decoder's rows decode bit for bit as alone, in a batch of any size
             (``generate`` of several prompts, the server's engine): prompts of one length run
-            together, each row's cache keeps its columns' remainder modulo 16 and rows join a
-            running batch every 16th step, and where this CPU multiplies one row by a kernel of
-            its own (checked once, on the first decoding call) a lone row's token runs as two
-            copies (docs/export.md, "Batch invariance"). False: prompts are left-padded into one
-            run and rows join at the next step.
+            together, and where this CPU multiplies one row by a kernel of its own (checked
+            once, on the first decoding call) a lone row's token runs as two copies; in a
+            left-padded cache each row's columns also keep their remainder modulo 16 and rows
+            join a running batch every 16th step (docs/export.md, "Batch invariance"). False:
+            prompts are left-padded into one run and rows join at the next step.
+        cache_layout: where a decoder's keys and values sit (docs/export.md, "Cache layouts"):
+            ``"shared_buffer"``, one buffer per cache tensor read and written in place by the
+            step (an export with a ``decoder_step_shared`` graph, on the CPU); ``"left_padded"``,
+            a new cache of past + new columns each step (every export); ``"auto"`` (default):
+            the shared buffer where it can run, else left-padded.
     """
 
     def __init__(self, path: str | Path, providers: str | Sequence = "auto", *,
                  session_options: ort.SessionOptions | None = None,
-                 disabled_optimizers: str | Sequence[str] = "auto", batch_invariant: bool = True) -> None:
+                 disabled_optimizers: str | Sequence[str] = "auto", batch_invariant: bool = True,
+                 cache_layout: str = "auto") -> None:
         self.path = Path(path)
         self.manifest = Manifest.read(self.path)
         self._providers = exact_float32(resolve_providers(providers), self.manifest.dtype)
@@ -93,14 +103,23 @@ class OnnxModel:
             self._options = ort.SessionOptions()
             self._options.log_severity_level = 3
         if disabled_optimizers == "auto":
-            names = [p[0] if isinstance(p, (tuple, list)) else p for p in self._providers]
+            names = [_provider_name(p) for p in self._providers]
             disabled_optimizers = () if CUDA in names else CPU_DISABLED_OPTIMIZERS
         self._disabled_optimizers = list(disabled_optimizers)
         # The forward graph of a generating model is loaded on its first call only: decoding
         # runs on the step graph, and a session holds its own packed copy of the weights.
         for graph in self.manifest.graphs.values():  # every graph is checked now, loaded when used
             check_graph(self.path, graph.file, graph.inputs, graph.outputs)
-        eager = [n for n in self.manifest.graphs if n != "model" or len(self.manifest.graphs) == 1]
+        #: The step graph decoding runs on (None: a model that does not generate).
+        self.step_name = self._step_graph_name(cache_layout)
+        if self.step_name == SHARED_STEP:
+            # GroupQueryAttention's flash kernel splits a long row's keys over threads when a batch
+            # has fewer rows x heads than threads, so a row's sums would depend on the batch; its
+            # other kernel never splits a row (read when a session is made)
+            os.environ.setdefault("ORT_GQA_DISABLE_FLASH_ATTENTION", "1")
+        steps = {"decoder_step", SHARED_STEP} - {self.step_name}
+        eager = [n for n in self.manifest.graphs
+                 if n not in steps and (n != "model" or len(self.manifest.graphs) == 1)]
         self._sessions = {name: self._load(name) for name in eager}
         self._lock = threading.Lock()
         #: The execution provider the sessions really run on.
@@ -110,9 +129,9 @@ class OnnxModel:
         self.cache_dtype = _NUMPY_DTYPES[self.manifest.dtype]
         #: The decoder step graph (None: a model that does not generate).
         self.step_graph = None
-        if "decoder_step" in self._sessions:
+        if self.step_name is not None:
             m = self.manifest
-            self.step_graph = StepGraph(self._sessions["decoder_step"], m.graphs["decoder_step"],
+            self.step_graph = StepGraph(self._sessions[self.step_name], m.graphs[self.step_name],
                                         vocab=m.tgt_vocab, kv_heads=m.kv_heads, head_dim=m.head_dim,
                                         dtype=self.cache_dtype, device=self._device,
                                         providers=self._providers)
@@ -132,6 +151,25 @@ class OnnxModel:
         #: with the rows routed to them, so neither prefill chunks nor lone-row copies make its
         #: rows invariant (docs/export.md), and each chunk would read the experts again.
         self._mixture = _routes_experts(self.manifest.config)
+
+    def _step_graph_name(self, cache_layout: str) -> str | None:
+        """The step graph of ``cache_layout`` (the class says how ``"auto"`` chooses)."""
+        layouts = ("auto", "shared_buffer", "left_padded")
+        if cache_layout not in layouts:
+            raise InputError(f"cache_layout={cache_layout!r} is not one of {', '.join(map(repr, layouts))}.")
+        graphs = self.manifest.graphs
+        if "decoder_step" not in graphs:
+            return None
+        on_cpu = _provider_name(self._providers[0]) == CPU
+        if cache_layout == "shared_buffer" and (SHARED_STEP not in graphs or not on_cpu):
+            why = ("it has no decoder_step_shared graph (its attention or its export's opset cannot "
+                   "share a buffer; docs/export.md)" if SHARED_STEP not in graphs
+                   else "the shared buffer runs on the CPU provider")
+            raise InputError(f"cache_layout='shared_buffer' cannot run {str(self.path)!r}: {why}. "
+                             "Use cache_layout='auto'.")
+        if cache_layout == "left_padded" or SHARED_STEP not in graphs or not on_cpu:
+            return "decoder_step"
+        return SHARED_STEP
 
     def session(self, name: str) -> ort.InferenceSession:
         """The onnxruntime session of graph ``name`` of the manifest (``model``,
@@ -387,14 +425,17 @@ class OnnxModel:
 
     def cache_layout(self, adapter: str | None = None, *, fewest_rows: int | None = None) -> CacheLayout:
         """An empty batch of a decoder's rows in this model's cache layout (docs/export.md,
-        "Cache layouts"): ``batch_invariant``, an :class:`Aligned` one, else a
+        "Cache layouts"): a :class:`SharedBuffer` over ``decoder_step_shared``; over
+        ``decoder_step``, an :class:`Aligned` one when ``batch_invariant``, else a
         :class:`LeftPadded` one. ``adapter``: its rows decode with that LoRA adapter;
         ``fewest_rows``: a lone row's token runs as that many copies (default: as this CPU
         needs for invariance, :meth:`fewest_rows`)."""
         values = self._adapter_values(adapter)
-        if not self.batch_invariant:
+        if not self.batch_invariant and self.step_name != SHARED_STEP:
             return LeftPadded(self.step_graph, values)
         fewest = self.fewest_rows() if fewest_rows is None else fewest_rows
+        if self.step_name == SHARED_STEP:
+            return SharedBuffer(self.step_graph, values, fewest)
         return Aligned(self.step_graph, values, fewest, None if self._mixture else PREFILL_CHUNK)
 
     def fewest_rows(self) -> int:
@@ -422,6 +463,11 @@ class OnnxModel:
         session.run_with_iobinding(io)
         outputs = dict(zip(graph.outputs, io.get_outputs(), strict=True))
         return [outputs[name] for name in self.step_graph.fixed_names]
+
+
+def _provider_name(entry: Any) -> str:
+    """A provider's name, given as a name or a (name, options) pair."""
+    return entry[0] if isinstance(entry, (tuple, list)) else entry
 
 
 def _routes_experts(config: Any) -> bool:

@@ -3,9 +3,10 @@ so that a later prompt starting with the same tokens (a system prompt, few-shot 
 history) prefills only the tokens after them.
 
 After its prefill, each prompt's cache is kept as one entry: its token ids and its cache as
-the batch's layout keeps an entry (``CacheLayout.prefix_entry``: its real columns). A new prompt reuses the longest run of leading tokens
-it shares with an entry (exact token ids, compared in full), except its last token: that one is
-always computed, for its logits. Lookup goes through hashes of block-aligned prefixes (one per
+the batch's layout keeps an entry (``CacheLayout.prefix_entry``: its real columns). A new
+prompt reuses the longest run of leading tokens it shares with an entry (exact token ids,
+compared in full), except its last token: that one is always computed, for its logits.
+Lookup goes through hashes of block-aligned prefixes (one per
 :data:`BLOCK` tokens, each chained on the one before) to the entries that share the most whole
 blocks, then compares tokens; a match shorter than one block is not used. Entries are bounded by
 bytes (their values' sizes); past the bound the least recently used go first. An entry whose
@@ -94,12 +95,13 @@ class PrefixCache:
         return len(self.entries)
 
     def find(self, prompt: np.ndarray, keys: list[int]) -> Hit | None:
-        """The longest cached prefix of ``prompt`` (length,), at most length - 1 tokens (its
-        last is computed for the logits), of at least one block; None without one. ``keys``:
-        ``block_keys(prompt)``. Changes nothing (see :meth:`use`)."""
+        """The longest cached prefix of ``prompt`` (length,), leaving at least the layout's
+        ``prefix_room`` tokens to compute (the last one for the logits), of at least one block;
+        None without one. ``keys``: ``block_keys(prompt)``. Changes nothing (see :meth:`use`)."""
         best: Hit | None = None
+        room = self.layout.prefix_room
         for entry in self._sharing(keys):  # the most recent first: it wins a tie
-            common = min(common_length(entry.tokens, prompt), len(prompt) - 1)
+            common = min(common_length(entry.tokens, prompt), len(prompt) - room)
             common -= common % self.granule
             if common >= max(BLOCK - 1, self.granule) and (best is None or common > best.tokens):
                 best = Hit(entry, common)

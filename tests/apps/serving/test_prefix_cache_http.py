@@ -69,11 +69,14 @@ def chat_export(tmp_path_factory) -> Path:
     return folder / "onnx"
 
 
-@pytest.mark.parametrize("invariant", [True, False], ids=["batch-invariant", "token-granular"])
-def test_chats_sharing_a_system_prompt_reuse_it_in_replies_and_streams(chat_export, invariant):
-    """With batch invariance (the default) a hit reuses whole chunks of 16 tokens
-    (``left_padded.PREFILL_CHUNK``), without it every shared token."""
-    chat_model = OnnxModel(chat_export, providers="cpu", batch_invariant=invariant)
+@pytest.mark.parametrize(("layout", "invariant"), [("left_padded", True), ("left_padded", False),
+                                                   ("shared_buffer", True)],
+                         ids=["batch-invariant", "token-granular", "shared-buffer"])
+def test_chats_sharing_a_system_prompt_reuse_it_in_replies_and_streams(chat_export, layout, invariant):
+    """A left-padded cache with batch invariance reuses whole chunks of 16 tokens
+    (``left_padded.PREFILL_CHUNK``), without it every shared token; a shared buffer (the
+    default) every shared token too, batch invariant."""
+    chat_model = OnnxModel(chat_export, providers="cpu", batch_invariant=invariant, cache_layout=layout)
     system = {"role": "system", "content": "You answer questions about the weather in the cities "
               "of France, briefly and in plain words, without lists or tables. You give the "
               "temperature in degrees Celsius, the wind in kilometres an hour and the chance of "
@@ -93,7 +96,8 @@ def test_chats_sharing_a_system_prompt_reuse_it_in_replies_and_streams(chat_expo
     engine.close()
     shared = next(i for i, (a, b) in enumerate(zip(*prompts, strict=False)) if a != b)
     assert shared > 64  # the system prompt, rendered, is longer than a few chunks
-    reused = shared - shared % PREFILL_CHUNK if invariant else shared
+    aligned = invariant and layout == "left_padded"
+    reused = shared - shared % PREFILL_CHUNK if aligned else shared
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == reused == with_cache
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
