@@ -11,7 +11,9 @@ layout is batch invariant without padding or alignment. The buffer grows (its wi
 when a row outgrows it; rows that leave are compacted by copying their columns.
 
 onnxruntime runs a step of several tokens after a cache (a prompt continuing a cached prefix,
-drafts checked at once) for one row at a time, so such prefills run row by row.
+drafts checked at once) for one row at a time, so such prefills run row by row, and so do long
+prompts: in chunks of :data:`PREFILL_CHUNK` tokens, whose attention scores (heads x chunk x
+length) stay small where a whole prompt's would grow with its square.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from transformer_kit.runtime.step_graph import LAST_POSITION, StepGraph
 
 #: A buffer's width grows in multiples of this many columns.
 WIDTH_STEP = 64
+#: A prompt longer than this runs in chunks of this many tokens (none of one token: a last
+#: token left alone joins the chunk before it).
+PREFILL_CHUNK = 256
 
 
 @dataclass
@@ -132,15 +137,15 @@ class SharedBuffer(CacheLayout):
     # -- the layout's operations -------------------------------------------------------------
     def prefill(self, prompts: list[np.ndarray], past: BufferRows | None = None,
                 past_length: int = 0) -> tuple[BufferRows, np.ndarray]:
-        """Prompts of one length from scratch run together; after a cached prefix, or of
-        several lengths, each runs alone (onnxruntime's constraint, the module says)."""
+        """Prompts of one length from scratch, up to :data:`PREFILL_CHUNK` tokens, run
+        together; others each alone (onnxruntime's constraint, the module says)."""
         logits = np.empty((len(prompts), self.graph.vocab), self.graph.dtype)
-        if past is None and len({len(p) for p in prompts}) == 1:
+        if past is None and len({len(p) for p in prompts}) == 1 and len(prompts[0]) <= PREFILL_CHUNK:
             rows, logits[:] = self._prefill_together(np.stack(prompts))
             return rows, logits
         parts = []
         for i, prompt in enumerate(prompts):
-            part, logits[i] = self._prefill_after(prompt, past, past_length)
+            part, logits[i] = self._prefill_row(prompt, past, past_length)
             parts.append(part)
         width = max(p.buffers[0].shape[2] for p in parts)
         buffers = self._new_buffers(len(parts), width)
@@ -157,19 +162,24 @@ class SharedBuffer(CacheLayout):
         logits = self._run(buffers, ids[np.arange(runs) % rows], np.full(runs, n, np.int64), fresh=True)
         return BufferRows([b[:rows] for b in buffers], np.full(rows, n, np.int64)), logits[:rows]
 
-    def _prefill_after(self, prompt: np.ndarray, past: BufferRows | None,
-                       past_length: int) -> tuple[BufferRows, np.ndarray]:
-        """One prompt (n,) after the first ``past_length`` columns of ``past`` (its one row)."""
-        if past is None or not past_length:
-            rows, logits = self._prefill_together(prompt[None])
-            return rows, logits[0]
+    def _prefill_row(self, prompt: np.ndarray, past: BufferRows | None,
+                     past_length: int) -> tuple[BufferRows, np.ndarray]:
+        """One prompt (n,) after the first ``past_length`` columns of ``past`` (its one row,
+        None: from scratch), in chunks."""
         total = past_length + len(prompt)
         runs = self.fewest_rows if len(prompt) < self.fewest_rows else 1
         buffers = self._new_buffers(runs, total)
-        for buffer, cached in zip(buffers, past.buffers, strict=True):
-            buffer[:, :, :past_length] = cached[:1, :, :past_length]
-        logits = self._run(buffers, np.tile(prompt[None], (runs, 1)), np.full(runs, total, np.int64),
-                           fresh=True)
+        if past_length:
+            for buffer, cached in zip(buffers, past.buffers, strict=True):
+                buffer[:, :, :past_length] = cached[:1, :, :past_length]
+        done, logits = past_length, None
+        while done < total:
+            end = min(done + PREFILL_CHUNK, total)
+            end = total if total - end == 1 else end
+            piece = prompt[done - past_length:end - past_length]
+            logits = self._run(buffers, np.tile(piece[None], (runs, 1)), np.full(runs, end, np.int64),
+                               fresh=True)
+            done = end
         return BufferRows([b[:1] for b in buffers], np.array([total], np.int64)), logits[0]
 
     def join(self, prefilled: BufferRows) -> None:
