@@ -13,6 +13,7 @@ nothing here imports them (the contracts in pyproject.toml check it).
 from transformer_kit.core.component import KINDS, MODEL_KINDS, CheckpointFamily, Component, Lowering
 from transformer_kit.core.config import ComponentSpec, ModelConfig, load_config
 from transformer_kit.core.decoding import GenerationConfig, LogitsProcessor
+from transformer_kit.core.dependencies import needing_torch
 from transformer_kit.core.errors import (
     ArtifactError,
     ChatTemplateError,
@@ -20,6 +21,7 @@ from transformer_kit.core.errors import (
     ComponentError,
     ConfigError,
     ContextLengthError,
+    DependencyError,
     ExportError,
     InputError,
     MaskError,
@@ -42,51 +44,39 @@ __version__ = "0.1.0"
 
 def build_model(config, registry=None):
     """Assemble a model from a config; see :func:`transformer_kit.core.assembly.build_model`."""
-    from transformer_kit.core.assembly import build_model as _build
-
-    return _build(config, registry)
+    return needing_torch("transformer_kit.core.assembly", "build_model")(config, registry)
 
 
 def load_model(path):
     """Load a model saved with ``model.save(path)``: see
     :func:`transformer_kit.checkpoints.saved.load_model`."""
-    from transformer_kit.checkpoints.saved import load_model as _load
-
-    return _load(path)
+    return needing_torch("transformer_kit.checkpoints.saved", "load_model")(path)
 
 
 def from_hf(path, **overrides):
     """Load a local Hugging Face checkpoint folder; see :func:`transformer_kit.checkpoints.from_hf`."""
-    from transformer_kit.checkpoints import from_hf as _from_hf
-
-    return _from_hf(path, **overrides)
+    return needing_torch("transformer_kit.checkpoints", "from_hf")(path, **overrides)
 
 
 def config_from_hf(path, **overrides):
     """The config of a Hugging Face checkpoint folder; see :mod:`transformer_kit.checkpoints`."""
-    from transformer_kit.checkpoints import config_from_hf as _config_from_hf
-
-    return _config_from_hf(path, **overrides)
+    return needing_torch("transformer_kit.checkpoints", "config_from_hf")(path, **overrides)
 
 
 def from_gguf(path, **overrides):
     """Load a GGUF file (llama.cpp); see :func:`transformer_kit.checkpoints.gguf.from_gguf`."""
-    from transformer_kit.checkpoints.gguf import from_gguf as _from_gguf
-
-    return _from_gguf(path, **overrides)
+    return needing_torch("transformer_kit.checkpoints.gguf", "from_gguf")(path, **overrides)
 
 
 def config_from_gguf(path, **overrides):
     """The config of a GGUF file; see :func:`transformer_kit.checkpoints.gguf.config_from_gguf`."""
-    from transformer_kit.checkpoints.gguf import config_from_gguf as _config_from_gguf
-
-    return _config_from_gguf(path, **overrides)
+    return needing_torch("transformer_kit.checkpoints.gguf", "config_from_gguf")(path, **overrides)
 
 
 __all__ = [
     "KINDS", "MODEL_KINDS", "ArtifactError", "ChatTemplateError", "CheckpointError",
     "CheckpointFamily", "Component",
-    "ComponentError", "ComponentSpec", "ConfigError", "ContextLengthError", "ExportError",
+    "ComponentError", "ComponentSpec", "ConfigError", "ContextLengthError", "DependencyError", "ExportError",
     "GenerationConfig",
     "InputError", "LogitsProcessor", "Lowering", "MaskError", "ModelConfig", "PluginError", "ProviderError",
     "Registry", "TransformerKitError", "UnknownComponentError", "__version__", "build_model",

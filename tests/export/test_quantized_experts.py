@@ -24,7 +24,7 @@ from tests.plugins.families import parity
 from transformer_kit.checkpoints.gguf.blocks import GgufBlocks
 from transformer_kit.export import Int4, export_onnx
 from transformer_kit.export.quantized_experts import ExpertBits, expert_bits
-from transformer_kit.plugins import MixtureOfExperts
+from transformer_kit.plugins.mixture_of_experts import MixtureOfExperts
 
 HIDDEN, INNER, EXPERTS, TOP_K = 32, 48, 8, 3
 

@@ -15,7 +15,7 @@ import torch
 import transformer_kit as tk
 from transformer_kit.export import Int4, export_onnx
 from transformer_kit.export.verify import relative_error
-from transformer_kit.plugins import MixtureOfExperts
+from transformer_kit.plugins.mixture_of_experts import MixtureOfExperts
 from transformer_kit.runtime import OnnxModel
 
 D_MODEL = 12

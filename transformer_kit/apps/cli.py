@@ -16,7 +16,8 @@ from typing import Annotated
 import typer
 
 from transformer_kit.apps import commands
-from transformer_kit.apps.terminal import end_process, fit_to_terminal, settings, warn
+from transformer_kit.apps.terminal import end_process, error, fit_to_terminal, settings, warn
+from transformer_kit.core.dependencies import TORCH_EXTRA, TORCH_INSTALL
 
 
 def command_modules() -> list[str]:
@@ -47,7 +48,14 @@ app = build_app()
 
 def main() -> None:
     try:
-        app()
+        try:
+            app()
+        except ModuleNotFoundError as exc:  # a command that needs the torch extra, where it is not installed
+            if exc.name not in TORCH_EXTRA or settings["debug"]:
+                raise
+            error(f"this command needs the torch extra ({exc.name} is not installed): {TORCH_INSTALL}. "
+                  "Running and serving an export does not.")
+            raise SystemExit(1) from None
     except SystemExit as done:
         if settings["exit_without_teardown"]:
             end_process(done.code)

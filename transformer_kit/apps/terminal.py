@@ -9,6 +9,7 @@ from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 console = Console()
 errors = Console(stderr=True)
@@ -52,10 +53,15 @@ def fail(exc: BaseException | str) -> NoReturn:
     ``--debug``)."""
     if settings["debug"] and isinstance(exc, BaseException):
         raise exc
-    errors.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    error(str(exc))
     raise typer.Exit(1)
+
+
+def error(message: str) -> None:
+    """Print ``error: <message>`` on one line to stderr (the message as written: brackets stay)."""
+    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
 
 
 def warn(message: str) -> None:
     """Print ``warning: <message>`` to stderr, in bold, so it is not missed."""
-    errors.print(f"[bold yellow]warning:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    errors.print(f"[bold yellow]warning:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)

@@ -10,19 +10,22 @@ here (:class:`Weights`, :func:`copy_linear`, ...) are what a family's mapping is
 
 from __future__ import annotations
 
-from transformer_kit.checkpoints.loading import config_from_hf, from_hf
-from transformer_kit.checkpoints.mapping import (
-    StateDict,
-    copy_attention,
-    copy_linear,
-    first_id,
-    put_linear,
-    require,
-)
-from transformer_kit.checkpoints.reader import Weights, read_hf_config, read_hf_weights
+import importlib
+from typing import Any
+
 from transformer_kit.core.errors import CheckpointError
 
-__all__ = [
-    "CheckpointError", "StateDict", "Weights", "config_from_hf", "copy_attention", "copy_linear",
-    "first_id", "from_hf", "put_linear", "read_hf_config", "read_hf_weights", "require",
-]
+#: Each public name and the module it lives in, imported when first read: reading checkpoints
+#: needs torch, naming one (``checkpoints.hub``, a served export's source) does not.
+_NAMES = {"config_from_hf": "loading", "from_hf": "loading", "StateDict": "mapping",
+          "copy_attention": "mapping", "copy_linear": "mapping", "first_id": "mapping",
+          "put_linear": "mapping", "require": "mapping", "Weights": "reader",
+          "read_hf_config": "reader", "read_hf_weights": "reader"}
+
+__all__ = ["CheckpointError", *sorted(_NAMES)]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module 'transformer_kit.checkpoints' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)

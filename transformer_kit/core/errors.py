@@ -89,6 +89,11 @@ class ProviderError(TransformerKitError):
     """An onnxruntime execution provider that was asked for cannot run on this machine."""
 
 
+class DependencyError(TransformerKitError, ImportError):
+    """What was asked for needs a package this install lacks (building, importing or exporting a
+    model needs torch: ``pip install 'transformer-kit[torch]'``)."""
+
+
 def did_you_mean(given: str, allowed: Iterable[str]) -> str:
     """A ' Did you mean 'x'?' suffix when ``given`` is close to one of ``allowed``, else ''."""
     close = difflib.get_close_matches(given, list(allowed), n=1, cutoff=0.6)

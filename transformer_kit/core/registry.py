@@ -23,6 +23,7 @@ import pluggy
 
 from transformer_kit.core import hookspecs
 from transformer_kit.core.component import KINDS, CheckpointFamily, Component, Lowering
+from transformer_kit.core.dependencies import TORCH_EXTRA, TORCH_INSTALL
 from transformer_kit.core.errors import (
     CheckpointError,
     ComponentError,
@@ -48,7 +49,8 @@ ENTRY_POINT_GROUP = "transformer_kit"
 DISABLE_AUTOLOAD_ENV = "TRANSFORMER_KIT_DISABLE_PLUGIN_AUTOLOAD"
 BLOCK_ENV = "TRANSFORMER_KIT_BLOCK_PLUGINS"
 #: Plugins that ship with the kit: plugin name -> module path.
-BUILTIN_PLUGINS: Mapping[str, str] = {"builtin": "transformer_kit.plugins"}
+BUILTIN_PLUGINS: Mapping[str, str] = {"builtin": "transformer_kit.plugins.builtin",
+                                      "builtin.decoding": "transformer_kit.plugins.decoding"}
 
 
 class Registry:
@@ -190,9 +192,10 @@ class Registry:
             return self._components[(kind, name)]
         except KeyError:
             allowed = self.names(kind)
+            unloaded = "".join(f" Plugin {f.plugin!r} was not loaded: {f.error}." for f in self.failures)
             raise UnknownComponentError(
                 f"Unknown {kind} component {name!r}.{did_you_mean(name, allowed)} "
-                f"Registered {kind} components: {', '.join(allowed) or '(none)'}. "
+                f"Registered {kind} components: {', '.join(allowed) or '(none)'}.{unloaded} "
                 "Install or register the plugin that provides it."
             ) from None
 
@@ -283,8 +286,18 @@ def create_default_registry() -> Registry:
     """A registry with the built-in plugins and, unless disabled, the entry-point plugins."""
     registry = Registry(blocked=_blocked_from_env())
     for name, module in BUILTIN_PLUGINS.items():
-        if not registry.plugin_manager.is_blocked(name):
-            registry.register_plugin(importlib.import_module(module), name=name)
+        if registry.plugin_manager.is_blocked(name):
+            continue
+        try:
+            plugin = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name not in TORCH_EXTRA:
+                raise
+            # an install without torch (running exports only): the model's components are not there
+            registry.failures.append(PluginFailure(name, None, f"needs torch, which is not installed; "
+                                                   f"{TORCH_INSTALL} to build or export models"))
+            continue
+        registry.register_plugin(plugin, name=name)
     if not _autoload_disabled():
         registry.load_entry_points()
     return registry

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from safetensors import SafetensorError
-from safetensors.torch import load_model as load_weights
-from safetensors.torch import save_model as save_weights
-from torch import nn
 
 from transformer_kit.core.config import ModelConfig, config_from_dict
 from transformer_kit.core.config_files import read_json_object
 from transformer_kit.core.errors import CheckpointError, missing_path
+
+if TYPE_CHECKING:  # reading the format needs no torch; saving and loading weights do
+    from torch import nn
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -31,6 +31,8 @@ def save_model(model: Any, path: str | Path) -> Path:
     if getattr(model, "generation_defaults", None):  # the checkpoint's sampling defaults
         config["generation_defaults"] = dict(model.generation_defaults)
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    from safetensors.torch import save_model as save_weights
+
     save_weights(model, str(folder / WEIGHTS_FILE))  # handles tied weights
     if getattr(model, "tokenizer", None) is not None:
         model.tokenizer.save(folder)
@@ -74,6 +76,8 @@ def load_saved_weights(model: nn.Module, path: str | Path) -> nn.Module:
     if not weights_path.exists():
         raise CheckpointError(missing_path(weights_path, "a safetensors file of the model's weights"))
     try:
+        from safetensors.torch import load_model as load_weights
+
         missing, unexpected = load_weights(model, str(weights_path), strict=False)
     except (SafetensorError, RuntimeError, OSError) as exc:
         raise CheckpointError(

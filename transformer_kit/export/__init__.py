@@ -16,28 +16,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from transformer_kit.core.dependencies import needing_torch
+
 __all__ = ["ExportReport", "Int4", "Manifest", "OnnxModel", "export_onnx"]
 
 
+#: Each name and the module it lives in, imported when first read.
+_NAMES = {"export_onnx": "transformer_kit.export.exporter", "ExportReport": "transformer_kit.export.report",
+          "Int4": "transformer_kit.export.quantize", "OnnxModel": "transformer_kit.runtime.onnx_model",
+          "Manifest": "transformer_kit.runtime.manifest"}
+
+
 def __getattr__(name: str) -> Any:
-    if name == "export_onnx":
-        from transformer_kit.export.exporter import export_onnx
-
-        return export_onnx
-    if name == "ExportReport":
-        from transformer_kit.export.report import ExportReport
-
-        return ExportReport
-    if name == "Int4":
-        from transformer_kit.export.quantize import Int4
-
-        return Int4
-    if name == "OnnxModel":
-        from transformer_kit.runtime.onnx_model import OnnxModel
-
-        return OnnxModel
-    if name == "Manifest":
-        from transformer_kit.runtime.manifest import Manifest
-
-        return Manifest
-    raise AttributeError(f"module 'transformer_kit.export' has no attribute {name!r}")
+    if name not in _NAMES:
+        raise AttributeError(f"module 'transformer_kit.export' has no attribute {name!r}")
+    return needing_torch(_NAMES[name], name)

@@ -16,7 +16,7 @@ import transformers as hf
 import transformer_kit as tk
 from tests.plugins.families import parity
 from transformer_kit.export import export_onnx
-from transformer_kit.plugins import MixtureOfExperts
+from transformer_kit.plugins.mixture_of_experts import MixtureOfExperts
 
 
 def check_greedy_tokens(reference, model) -> None:

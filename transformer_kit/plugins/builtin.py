@@ -1,0 +1,237 @@
+"""The built-in plugin ``builtin``: the model's components, their ONNX lowerings and checkpoint
+families, contributed through the same hooks as any third-party plugin (needs torch)."""
+
+from __future__ import annotations
+
+from transformer_kit import CheckpointFamily, Component, Lowering, hookimpl
+from transformer_kit.plugins.attention import (
+    EinsumAttention,
+    MatmulAttention,
+    SdpaAttention,
+    attention_onnx,
+)
+from transformer_kit.plugins.blocks import (
+    ParallelBlock,
+    PostNormBlock,
+    PostSublayerNormBlock,
+    PreNormBlock,
+    SandwichBlock,
+    parallel_onnx,
+    post_norm_onnx,
+    post_sublayer_norm_onnx,
+    pre_norm_onnx,
+    sandwich_onnx,
+)
+from transformer_kit.plugins.families import builtin_families
+from transformer_kit.plugins.feedforward import (
+    GeGLU,
+    SwiGLU,
+    feedforward_onnx,
+    gated_onnx,
+    gelu_feedforward,
+    relu_feedforward,
+    silu_feedforward,
+)
+from transformer_kit.plugins.masks import (
+    CausalMask,
+    NoMask,
+    SlidingWindowMask,
+    causal_onnx,
+    no_mask_onnx,
+    sliding_window_onnx,
+)
+from transformer_kit.plugins.mixture_of_experts import MixtureOfExperts, moe_onnx
+from transformer_kit.plugins.norms import (
+    QKNorm,
+    layer_norm,
+    layer_norm_onnx,
+    per_head_rms_norm,
+    projection_rms_norm,
+    qk_norm_onnx,
+    rms_norm,
+    rms_norm_onnx,
+)
+from transformer_kit.plugins.pooling import (
+    ClsPooling,
+    LastTokenPooling,
+    MaxPooling,
+    MeanPooling,
+    WeightedMeanPooling,
+    cls_onnx,
+    last_token_onnx,
+    max_onnx,
+    mean_onnx,
+    mean_sqrt_len_pooling,
+    weighted_mean_onnx,
+)
+from transformer_kit.plugins.positional import (
+    ALiBiPositions,
+    LearnedPositions,
+    NoPositions,
+    RelativePositionBias,
+    RotaryPositions,
+    SinusoidalPositions,
+    alibi_onnx,
+    learned_onnx,
+    no_positions_onnx,
+    relative_bias_onnx,
+    rotary_onnx,
+    sinusoidal_onnx,
+)
+
+__all__ = [
+    "ALiBiPositions",
+    "CausalMask",
+    "ClsPooling",
+    "EinsumAttention",
+    "GeGLU",
+    "LastTokenPooling",
+    "LearnedPositions",
+    "MatmulAttention",
+    "MaxPooling",
+    "MeanPooling",
+    "MixtureOfExperts",
+    "NoMask",
+    "NoPositions",
+    "ParallelBlock",
+    "PostNormBlock",
+    "PostSublayerNormBlock",
+    "PreNormBlock",
+    "QKNorm",
+    "RelativePositionBias",
+    "RotaryPositions",
+    "SandwichBlock",
+    "SdpaAttention",
+    "SinusoidalPositions",
+    "SlidingWindowMask",
+    "SwiGLU",
+    "WeightedMeanPooling",
+    "gelu_feedforward",
+    "layer_norm",
+    "mean_sqrt_len_pooling",
+    "per_head_rms_norm",
+    "projection_rms_norm",
+    "relu_feedforward",
+    "rms_norm",
+    "silu_feedforward",
+    "transformer_kit_checkpoint_families",
+    "transformer_kit_components",
+    "transformer_kit_lowerings",
+]
+
+_BIAS = frozenset({"score_bias"})
+_CAUSAL = frozenset({"causal"})
+
+
+@hookimpl
+def transformer_kit_components() -> list[Component]:
+    return [
+        Component("attention", "matmul", MatmulAttention, provides=_BIAS,
+                  description="softmax(q k^T / sqrt(d)) v by matrix products (the paper's formula)"),
+        Component("attention", "einsum", EinsumAttention, provides=_BIAS,
+                  description="the same formula written with einsum on (batch, len, heads, dim)"),
+        Component("attention", "sdpa", SdpaAttention, provides=_BIAS, lowerings={"attention"},
+                  description="torch scaled_dot_product_attention (fused; one ONNX Attention op)"),
+        Component("positional", "sinusoidal", SinusoidalPositions,
+                  description="fixed sin/cos added to embeddings (the paper), any length"),
+        Component("positional", "learned", LearnedPositions,
+                  description="a trained table of max_len positions"),
+        Component("positional", "rotary", RotaryPositions, lowerings={"rotary"},
+                  description="rotates q and k by position (RoFormer, Llama; one ONNX RotaryEmbedding op)"),
+        Component("positional", "relative_bias", RelativePositionBias, requires=_BIAS,
+                  description="T5's learned bias per bucket of key - query distance on the scores "
+                  "(bidirectional in an encoder, causal in a decoder)"),
+        Component("positional", "alibi", ALiBiPositions, requires=_BIAS,
+                  description="linear distance bias on the scores (ALiBi)"),
+        Component("positional", "none", NoPositions, description="no position information"),
+        Component("mask", "causal", CausalMask, provides=_CAUSAL, lowerings={"causal"},
+                  description="look-ahead: each position sees itself and earlier ones"),
+        Component("mask", "sliding_window", SlidingWindowMask, provides=_CAUSAL, lowerings={"causal"},
+                  description="causal, limited to the last `window` positions"),
+        Component("mask", "none", NoMask, description="no restriction besides padding"),
+        Component("block", "post_norm", PostNormBlock,
+                  description="Add & Norm after each sub-layer (the paper)"),
+        Component("block", "pre_norm", PreNormBlock,
+                  description="norm before each sub-layer, final norm after the stack"),
+        Component("block", "parallel", ParallelBlock,
+                  description="attention and feed-forward both read the block's input (GPT-NeoX)"),
+        Component("block", "post_sublayer_norm", PostSublayerNormBlock,
+                  description="x + norm(sublayer(x)): the norm on each sub-layer's output (OLMo2)"),
+        Component("block", "sandwich", SandwichBlock,
+                  description="x + norm(sublayer(norm(x))): norms before and after (Gemma 2, 3)"),
+        Component("feedforward", "relu", relu_feedforward, description="Linear-ReLU-Linear (the paper)"),
+        Component("feedforward", "gelu", gelu_feedforward,
+                  description="Linear-GELU-Linear (approximate: none | tanh)"),
+        Component("feedforward", "silu", silu_feedforward,
+                  description="Linear-SiLU-Linear (swish; Marian)"),
+        Component("feedforward", "swiglu", SwiGLU, lowerings={"gate_up"},
+                  description="SiLU-gated linear unit (Llama; gate and up one product in ONNX)"),
+        Component("feedforward", "geglu", GeGLU, lowerings={"gate_up"},
+                  description="GELU-gated linear unit (T5 v1.1, Flan-T5 gated-gelu; approximate: "
+                  "tanh | none)"),
+        Component("feedforward", "moe", MixtureOfExperts,
+                  description="mixture of experts: top-k routed gated experts (Mixtral, Qwen-MoE, "
+                  "OLMoE), an optional shared expert; ONNX: onnxruntime's fused MoE op (softmax "
+                  "routers, swiglu experts)"),
+        Component("norm", "layernorm", layer_norm, description="LayerNorm (the paper)"),
+        Component("norm", "rmsnorm", rms_norm, description="RMSNorm (Llama)"),
+        Component("qk_norm", "per_head_rmsnorm", per_head_rms_norm,
+                  description="RMSNorm of each query and key head before rotary, weights shared "
+                  "by the heads (Qwen3, Gemma 3)"),
+        Component("qk_norm", "rmsnorm", projection_rms_norm,
+                  description="RMSNorm of the whole q and k projections before rotary (OLMo2)"),
+        *_POOLINGS,
+    ]
+
+
+_POOLINGS = [
+    Component("pooling", "cls", ClsPooling, description="the first token's hidden state ([CLS])"),
+    Component("pooling", "mean", MeanPooling, description="the mean over real tokens"),
+    Component("pooling", "max", MaxPooling, description="the feature-wise maximum over real tokens"),
+    Component("pooling", "mean_sqrt_len", mean_sqrt_len_pooling,
+              description="the sum over real tokens / sqrt(their count)"),
+    Component("pooling", "weightedmean", WeightedMeanPooling,
+              description="the mean weighted by position (later tokens weigh more; SGPT)"),
+    Component("pooling", "lasttoken", LastTokenPooling,
+              description="the last real token's hidden state (decoder-style embedders)"),
+]
+
+
+
+
+@hookimpl
+def transformer_kit_lowerings() -> list[Lowering]:
+    """How each built-in component writes its ONNX nodes (each beside its component)."""
+    return [
+        *[Lowering("attention", name, forward=attention_onnx) for name in ("matmul", "einsum", "sdpa")],
+        Lowering("positional", "sinusoidal", embed=sinusoidal_onnx),
+        Lowering("positional", "learned", embed=learned_onnx),
+        Lowering("positional", "rotary", rotate=rotary_onnx),
+        Lowering("positional", "relative_bias", score_bias=relative_bias_onnx),
+        Lowering("positional", "alibi", score_bias=alibi_onnx),
+        Lowering("positional", "none", embed=no_positions_onnx),
+        Lowering("mask", "causal", forward=causal_onnx),
+        Lowering("mask", "sliding_window", forward=sliding_window_onnx),
+        Lowering("mask", "none", forward=no_mask_onnx),
+        Lowering("block", "post_norm", forward=post_norm_onnx),
+        Lowering("block", "pre_norm", forward=pre_norm_onnx),
+        Lowering("block", "parallel", forward=parallel_onnx),
+        Lowering("block", "post_sublayer_norm", forward=post_sublayer_norm_onnx),
+        Lowering("block", "sandwich", forward=sandwich_onnx),
+        *[Lowering("feedforward", name, forward=feedforward_onnx) for name in ("relu", "gelu", "silu")],
+        *[Lowering("feedforward", name, forward=gated_onnx) for name in ("swiglu", "geglu")],
+        Lowering("feedforward", "moe", forward=moe_onnx),
+        Lowering("norm", "layernorm", forward=layer_norm_onnx),
+        Lowering("norm", "rmsnorm", forward=rms_norm_onnx),
+        *[Lowering("qk_norm", name, forward=qk_norm_onnx) for name in ("per_head_rmsnorm", "rmsnorm")],
+        Lowering("pooling", "cls", forward=cls_onnx),
+        Lowering("pooling", "lasttoken", forward=last_token_onnx),
+        *[Lowering("pooling", name, forward=mean_onnx) for name in ("mean", "mean_sqrt_len")],
+        Lowering("pooling", "weightedmean", forward=weighted_mean_onnx),
+        Lowering("pooling", "max", forward=max_onnx),
+    ]
+
+
+@hookimpl
+def transformer_kit_checkpoint_families() -> list[CheckpointFamily]:
+    return builtin_families()
