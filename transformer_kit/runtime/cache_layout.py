@@ -79,6 +79,15 @@ class CacheLayout(ABC):
         """Whether prefilled rows may join now."""
         return True
 
+    @abstractmethod
+    def cache_bytes(self, rows: int, columns: int) -> int:
+        """The most bytes the layout holds for ``rows`` rows of at most ``columns`` columns each
+        (what a bound on the cache's memory admits rows by)."""
+
+    #: The most columns a row is expected to take (the longest prompt + max_new_tokens of the
+    #: rows admitted): a layout that allocates ahead allocates no further (None: unbounded).
+    columns_bound: int | None = None
+
     @property
     @abstractmethod
     def length(self) -> int:

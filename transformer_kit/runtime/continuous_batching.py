@@ -49,19 +49,26 @@ class ContinuousBatch:
         prompt_lookup_num_tokens: drafts (1..64) for requests that set none.
         adapter: the LoRA adapter (exported beside the base) every row decodes with; None: the
             base. The prefix cache is this batch's own, so caches never mix adapters.
+        max_cache_bytes: most bytes the running batch's cache may come to hold (each row counted
+            at its prompt and every token it may add, ``CacheLayout.cache_bytes``): a request
+            waits until the rows that would pass it leave, so a row admitted never runs out; one
+            that alone would pass it is refused.
     """
 
     def __init__(self, model: OnnxModel, stats: EngineStats, *, max_batch: int, prefill_tokens: int,
                  prefix_cache_bytes: int, prompt_lookup_num_tokens: int | None,
-                 adapter: str | None = None) -> None:
+                 adapter: str | None = None, max_cache_bytes: int) -> None:
         self.model, self.stats, self.adapter = model, stats, adapter
-        self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
+        self.max_batch, self.prefill_tokens, self.max_cache_bytes = max_batch, prefill_tokens, max_cache_bytes
         #: The running batch in the model's cache layout (a new one after a failure).
         self.decoder = model.batch_decoder(adapter)
         self.prefix_cache = PrefixCache(prefix_cache_bytes, self.decoder) if prefix_cache_bytes else None
         self.prompt_lookup_num_tokens = default_lookup(prompt_lookup_num_tokens, self.decoder)
         self.rows: list[Row] = []
         self.taken: list[Row] = []  # out of the queue by the admission running now
+        #: A waiting row taken from the queue whose cache the bound had no room for yet: the
+        #: first admitted when rows leave.
+        self.held: Row | None = None
         #: Prefilled rows waiting for the batch to reach a length they may join at.
         self.parked: list[tuple[list[Row], Any]] = []
 
@@ -87,15 +94,25 @@ class ContinuousBatch:
                                     vocab=m.tgt_vocab, context_length=self.model.context_length,
                                     stop_matcher=stop_matcher, tokenizer=self.model.tokenizer)
         request = GenerationRequest(prompt=prompt[0], options=opts, timeout=timeout)
-        return Row(request, SequenceSearch(call, opts, pipeline),
-                   drafting_for(opts, call.eos_ids, self.decoder))
+        drafting = drafting_for(opts, call.eos_ids, self.decoder)
+        row = Row(request, SequenceSearch(call, opts, pipeline), drafting)
+        needed = self.decoder.cache_bytes(1, row.columns)
+        if needed > self.max_cache_bytes:
+            raise InputError(f"This request's cache may take {needed / 2**20:.1f} MiB ({len(row.prompt)} "
+                             f"prompt tokens and max_new_tokens {opts.max_new_tokens}), more than the "
+                             f"engine's bound of {self.max_cache_bytes / 2**20:.1f} MiB; lower "
+                             "max_new_tokens or shorten the prompt, or raise the bound (serve "
+                             "--max-cache-bytes).")
+        return row
 
     @property
     def running(self) -> list[Any]:
-        """The requests in the batch and those being admitted."""
+        """The requests in the batch and those being admitted (a held one among them)."""
         rows = {id(row) for row in self.rows}
         parked = [row for group, _ in self.parked for row in group]
-        return [row.request for row in [*self.rows, *parked, *(r for r in self.taken if id(r) not in rows)]]
+        held = [self.held] if self.held is not None else []
+        return [row.request for row in [*self.rows, *parked, *(r for r in self.taken if id(r) not in rows),
+                                        *held]]
 
     def iterate(self, waiting: WaitingQueue, finish: Finish) -> list[Any]:
         """Admit waiting requests, then one step of the batch; the requests to wake."""
@@ -123,19 +140,28 @@ class ContinuousBatch:
         return admitted
 
     def _take(self, waiting: WaitingQueue, finish: Finish) -> list[Row]:
-        """The waiting rows the batch has room for (those that ended while waiting end now)."""
+        """The waiting rows the batch has room for, in rows and in the cache's bound (those
+        that ended while waiting end now)."""
         rows: list[Row] = []
-        parked = sum(len(group) for group, _ in self.parked)
-        while len(self.rows) + parked + len(rows) < self.max_batch:
-            try:
-                wait = not self.rows and not rows and not parked
-                row = waiting.get(timeout=0.05) if wait else waiting.get_nowait()
-            except queue.Empty:
-                break
+        parked = [row for group, _ in self.parked for row in group]
+        while len(self.rows) + len(parked) + len(rows) < self.max_batch:
+            row, self.held = self.held, None
+            if row is None:
+                try:
+                    wait = not self.rows and not rows and not parked
+                    row = waiting.get(timeout=0.05) if wait else waiting.get_nowait()
+                except queue.Empty:
+                    break
             if row.request.ending is not None:
                 finish(row.request, row.request.ending, None)
-            else:
-                rows.append(row)
+                continue
+            admitted = [*self.rows, *parked, *rows, row]
+            columns = max(r.columns for r in admitted)
+            if self.decoder.cache_bytes(len(admitted), columns) > self.max_cache_bytes:
+                self.held = row
+                break
+            self.decoder.columns_bound = columns
+            rows.append(row)
         return rows
 
     def _prefill(self, group: list[Row], hit: Any, finish: Finish) -> None:
@@ -221,8 +247,8 @@ class ContinuousBatch:
         self.stats.batch_size = len(self.rows)
 
     def reset(self) -> None:
-        """After a failed step: no rows, a new batch."""
-        self.rows, self.taken, self.parked = [], [], []
+        """After a failed step (the engine ended every :attr:`running` request): no rows, a new batch."""
+        self.rows, self.taken, self.parked, self.held = [], [], [], None
         self.decoder = self.model.batch_decoder(self.adapter)
         if self.prefix_cache is not None:
             self.prefix_cache.layout = self.decoder

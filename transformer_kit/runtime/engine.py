@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import threading
 from typing import Any
@@ -33,6 +34,11 @@ from transformer_kit.runtime.requests import (
     wake_all,
 )
 from transformer_kit.runtime.stats import EngineStats
+
+
+def default_cache_bytes() -> int:
+    """A quarter of this machine's memory: the running batch's cache bound where none is given."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
 
 
 class QueueFull(TransformerKitError):
@@ -64,19 +70,26 @@ class Engine:
         adapter: generation: the LoRA adapter exported beside the base (``OnnxModel.adapters``)
             every request of this engine decodes with; its rows are batched together. One
             engine per adapter over the same ``OnnxModel`` serves several (its sessions shared).
+        max_cache_bytes: generation: most bytes the running batch's key/value cache may come to
+            hold (requests wait for room; one that alone needs more is refused); None: a
+            quarter of this machine's memory.
     """
 
     def __init__(self, model: OnnxModel | str, *, max_batch: int = 16, max_queue: int = 64,
                  prefill_tokens: int = 4096, prefix_cache_bytes: int = 0,
                  prompt_lookup_num_tokens: int | None = None,
                  max_batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = 64,
-                 max_wait_s: float = 0.002, start: bool = True, adapter: str | None = None) -> None:
+                 max_wait_s: float = 0.002, start: bool = True, adapter: str | None = None,
+                 max_cache_bytes: int | None = None) -> None:
         if min(max_batch, max_queue, prefill_tokens, max_batch_tokens, batch_size) < 1 or min(
                 prefix_cache_bytes, max_wait_s) < 0:
             raise InputError(f"max_batch, max_queue, prefill_tokens, max_batch_tokens and batch_size "
                              f"must be at least 1, prefix_cache_bytes and max_wait_s at least 0; got "
                              f"{max_batch}, {max_queue}, {prefill_tokens}, {max_batch_tokens}, "
                              f"{batch_size}, {prefix_cache_bytes} and {max_wait_s}.")
+        if max_cache_bytes is not None and (isinstance(max_cache_bytes, bool) or max_cache_bytes < 1):
+            raise InputError(f"max_cache_bytes must be at least 1 byte (None: a quarter of this "
+                             f"machine's memory), got {max_cache_bytes!r}.")
         self.model = model if isinstance(model, OnnxModel) else OnnxModel(model)
         self.kind: Kind = model_kind(self.model)
         self.max_queue = max_queue
@@ -91,7 +104,8 @@ class Engine:
             self.generation = ContinuousBatch(
                 self.model, self.stats, max_batch=max_batch, prefill_tokens=prefill_tokens,
                 prefix_cache_bytes=prefix_cache_bytes, prompt_lookup_num_tokens=prompt_lookup_num_tokens,
-                adapter=adapter)
+                adapter=adapter,
+                max_cache_bytes=default_cache_bytes() if max_cache_bytes is None else max_cache_bytes)
         else:
             self.pooling = PoolingCalls(self.model, self.kind, self.stats,
                                         max_batch_tokens=max_batch_tokens, batch_size=batch_size,
@@ -155,6 +169,14 @@ class Engine:
     def prefix_cache(self) -> Any:
         """The generation side's prefix cache (a :class:`.PrefixCache`), or None."""
         return None if self.generation is None else self.generation.prefix_cache
+
+    @property
+    def cache_bytes(self) -> tuple[int, int]:
+        """The running batch's key/value cache: (bytes held now, the bound); (0, 0) for a
+        pooling engine."""
+        if self.generation is None:
+            return 0, 0
+        return self.generation.decoder.nbytes, self.generation.max_cache_bytes
 
     def start(self) -> None:
         if self._thread is None:

@@ -62,6 +62,10 @@ class LeftPadded(CacheLayout):
     def nbytes(self) -> int:
         return self.mask.size * self.graph.token_bytes
 
+    def cache_bytes(self, rows: int, columns: int) -> int:
+        """A step reads one cache and writes the next: twice the rows' columns."""
+        return 2 * rows * columns * self.graph.token_bytes
+
     @property
     def pads_prompts(self) -> bool:
         return True

@@ -230,6 +230,8 @@ class Row:
     def __init__(self, request: GenerationRequest, search: SequenceSearch, drafting: Any = None) -> None:
         self.request, self.search, self.drafting = request, search, drafting
         self.last = int(request.prompt[-1])
+        #: The cache columns the row may come to hold: its prompt and every token it may add.
+        self.columns = len(request.prompt) + request.options.max_new_tokens
 
     @property
     def prompt(self) -> np.ndarray:

@@ -80,6 +80,9 @@ class SharedBuffer(CacheLayout):
     def nbytes(self) -> int:
         return sum(buffer.nbytes for buffer in self.buffers)
 
+    def cache_bytes(self, rows: int, columns: int) -> int:
+        return rows * _width(columns) * self.graph.token_bytes
+
     # -- running the graph ------------------------------------------------------------------
     def _run(self, buffers: list[np.ndarray], ids: np.ndarray, lengths: np.ndarray,
              positions: np.ndarray | None = None, fresh: bool = False) -> np.ndarray:
@@ -110,13 +113,18 @@ class SharedBuffer(CacheLayout):
         return [np.zeros(shape, self.graph.dtype) for _ in self.graph.past_names]
 
     def _fit(self, rows: int, columns: int) -> None:
-        """Room for ``rows`` slots of ``columns`` columns each (the held rows' columns kept)."""
+        """Room for ``rows`` slots of ``columns`` columns each (the held rows' columns kept): the
+        width doubles, up to :attr:`columns_bound` where it is set; the slots grow to what is
+        asked (rows join a few at a time, and each slot costs a whole width)."""
         shape = self.buffers[0].shape if self.buffers else (0, 0, 0, 0)
         have_rows, have_width = shape[0], shape[2]
         if rows <= have_rows and columns <= have_width:
             return
-        new_rows = max(rows, 2 * have_rows if rows > have_rows else have_rows, 1)
-        width = _width(max(columns, 2 * have_width if columns > have_width else have_width))
+        new_rows = max(rows, have_rows, 1)
+        width = max(columns, 2 * have_width if columns > have_width else have_width)
+        if self.columns_bound is not None:
+            width = max(columns, min(width, self.columns_bound))
+        width = _width(width)
         grown = self._new_buffers(new_rows, width)
         used, longest = min(max(self.rows, self.fewest_rows), have_rows), self.length  # a mirror too
         for old, new in zip(self.buffers, grown, strict=False):  # none held before the first

@@ -14,6 +14,24 @@ def onnx_model(exported) -> OnnxModel:
 
 
 @pytest.fixture(scope="session")
+def shared_model(tmp_path_factory) -> OnnxModel:
+    """A tiny decoder whose heads are 8 wide: its export has the step graph over a cache buffer
+    shared by past and present, the default layout on the CPU."""
+    import torch
+
+    import transformer_kit as tk
+    from tests.combinations import tiny_config
+    from transformer_kit.export import export_onnx
+
+    torch.manual_seed(0)
+    model = tk.build_model(tiny_config("decoder", attention="sdpa", d_model=32, d_ff=48, max_len=256))
+    folder = export_onnx(model, tmp_path_factory.mktemp("shared") / "onnx").path
+    om = OnnxModel(folder, providers="cpu")
+    assert om.step_name == "decoder_step_shared"
+    return om
+
+
+@pytest.fixture(scope="session")
 def padded_model(exported) -> OnnxModel:
     """The same export without batch invariance: waiting prompts left-padded into one run."""
     _, folder = exported

@@ -32,7 +32,14 @@ def _same_as_alone(tokens: list[int], alone: np.ndarray) -> None:
     np.testing.assert_array_equal(tokens, alone[:len(tokens)])
 
 
-def test_concurrent_greedy_requests_get_the_tokens_of_generate_alone(onnx_model):
+@pytest.fixture(params=["aligned", "shared_buffer"])
+def either_model(request, onnx_model, shared_model) -> OnnxModel:
+    """The tiny decoder in a left-padded, aligned cache, and one in a shared buffer."""
+    return onnx_model if request.param == "aligned" else shared_model
+
+
+def test_concurrent_greedy_requests_get_the_tokens_of_generate_alone(either_model):
+    onnx_model = either_model
     cases = _prompts(12, onnx_model.manifest.src_vocab)
     with Engine(onnx_model, max_batch=5) as engine:
         requests: list = [None] * len(cases)
@@ -266,3 +273,42 @@ def test_waiting_prompts_sharing_a_chunk_wait_for_one_hit_then_run_together(onnx
         engine.close()
     for prompt, tokens in zip(prompts, results, strict=True):
         _same_as_alone(tokens, _alone(onnx_model, prompt, max_new_tokens=4))
+
+
+def test_the_cache_bound_holds_requests_back_until_rows_leave(either_model):
+    """A bound with room for two rows of the longest request: five concurrent requests run at
+    most two at a time, each gets the tokens of generate alone, and the cache never passed it."""
+    model = either_model
+    cases = _prompts(5, model.manifest.src_vocab, seed=3)
+    probe = model.batch_decoder()
+    columns = max(len(p) + n for p, n in cases)
+    bound = probe.cache_bytes(2, columns)
+    held = []
+    with Engine(model, max_batch=8, max_cache_bytes=bound) as engine:
+        step = engine.generation.step
+
+        def watched(*args):
+            step(*args)
+            held.append(engine.generation.decoder.nbytes)
+        engine.generation.step = watched
+        requests = [engine.submit(p, max_new_tokens=n) for p, n in cases]
+        results = [request.result() for request in requests]
+        assert engine.stats.max_batch_size == 2
+        assert engine.cache_bytes[1] == bound
+    assert max(held) <= bound
+    for (prompt, new), tokens in zip(cases, results, strict=True):
+        _same_as_alone(tokens, _alone(model, prompt, max_new_tokens=new))
+
+
+def test_a_request_whose_cache_alone_passes_the_bound_is_refused(either_model):
+    """The bound admits a row of 15 columns; one of 40 (a shared buffer: 110, its width
+    growing by 64 columns) is refused at submit, and the engine goes on."""
+    model = either_model
+    bound = model.batch_decoder().cache_bytes(1, 15)
+    new = 100 if model.step_name == "decoder_step_shared" else 30
+    with Engine(model, max_cache_bytes=bound) as engine:
+        with pytest.raises(InputError, match=r"cache may take .* MiB .*more than the engine's bound"):
+            engine.submit(np.arange(1, 11), max_new_tokens=new)
+        assert engine.submit(np.arange(1, 11), max_new_tokens=5).result()  # it goes on serving
+    with pytest.raises(InputError, match="max_cache_bytes must be at least 1"):
+        Engine(model, max_cache_bytes=0)

@@ -74,6 +74,10 @@ def serve(
                                             "the same tokens (a system prompt, a chat's history) "
                                             "prefill only the rest; least recently used out first. "
                                             "0: off. Default: 256 MiB.")] = DEFAULT_PREFIX_CACHE_BYTES,
+    max_cache_bytes: Annotated[int | None, _Opt(
+        min=1, help="A decoder's running batch: most bytes its key/value cache may come to hold, "
+        "each request counted at its prompt and max_tokens; requests wait for room, and one that "
+        "alone needs more gets 400. Default: a quarter of this machine's memory.")] = None,
     prompt_lookup_num_tokens: Annotated[int | None, _Opt(
         min=1, max=64, help="A decoder's prompt lookup (speculative decoding, docs/serving.md) for "
         "every request that sets no prompt_lookup_num_tokens of its own: at most this many tokens "
@@ -128,10 +132,11 @@ def serve(
     try:
         engine = Engine(open_export(folder, provider, batch_invariant), max_batch=max_batch, max_queue=max_queue,
                         max_batch_tokens=batch_tokens, prefix_cache_bytes=prefix_cache_bytes,
-                        prompt_lookup_num_tokens=prompt_lookup_num_tokens)
+                        prompt_lookup_num_tokens=prompt_lookup_num_tokens, max_cache_bytes=max_cache_bytes)
         adapters = {each: Engine(engine.model, max_batch=max_batch, max_queue=max_queue,
                                  prefix_cache_bytes=prefix_cache_bytes,
-                                 prompt_lookup_num_tokens=prompt_lookup_num_tokens, adapter=each)
+                                 prompt_lookup_num_tokens=prompt_lookup_num_tokens, adapter=each,
+                                 max_cache_bytes=max_cache_bytes)
                     for each in adapter_names(folder)}
     except TransformerKitError as exc:
         fail(exc)

@@ -144,9 +144,10 @@ class ServerMetrics:
 
 
 class _PrefixCacheMetrics:
-    """The engine's prefix cache, read when /metrics is: requests with and without a cached
-    prefix, prompt tokens reused, entries evicted (counters), bytes held and the bound (gauges);
-    all 0 when the engine keeps none. And prompt lookup's drafted and accepted tokens."""
+    """The engine's caches, read when /metrics is: of the prefix cache, requests with and without
+    a cached prefix, prompt tokens reused, entries evicted (counters), bytes held and the bound
+    (gauges), all 0 when the engine keeps none; the running batch's cache bytes and its bound.
+    And prompt lookup's drafted and accepted tokens."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -169,6 +170,11 @@ class _PrefixCacheMetrics:
                                 value=read("nbytes"))
         yield GaugeMetricFamily(f"{name}_max_bytes", "The prefix cache's bound in bytes (0: off)",
                                 value=read("max_bytes"))
+        held, bound = self.engine.cache_bytes
+        yield GaugeMetricFamily("transformer_kit_cache_bytes", "Bytes the running batch's key/value "
+                                "cache holds", value=held)
+        yield GaugeMetricFamily("transformer_kit_cache_max_bytes", "The running batch's cache bound in "
+                                "bytes (requests wait for room)", value=bound)
         stats = self.engine.stats
         yield CounterMetricFamily("transformer_kit_drafted_tokens", "Tokens prompt lookup drafted "
                                   "(requests with prompt_lookup_num_tokens, decoding alone)",
