@@ -30,6 +30,7 @@ from transformer_kit.core.errors import (
     TransformerKitError,
     UnknownComponentError,
 )
+from transformer_kit.core.graph_writer import GraphWriter
 from transformer_kit.core.hookspecs import hookimpl, hookspec
 from transformer_kit.core.registry import (
     Registry,
@@ -77,7 +78,7 @@ __all__ = [
     "KINDS", "MODEL_KINDS", "ArtifactError", "ChatTemplateError", "CheckpointError",
     "CheckpointFamily", "Component",
     "ComponentError", "ComponentSpec", "ConfigError", "ContextLengthError", "DependencyError", "ExportError",
-    "GenerationConfig",
+    "GenerationConfig", "GraphWriter",
     "InputError", "LogitsProcessor", "Lowering", "MaskError", "ModelConfig", "PluginError", "ProviderError",
     "Registry", "TransformerKitError", "UnknownComponentError", "__version__", "build_model",
     "config_from_gguf", "config_from_hf", "from_gguf", "from_hf", "get_registry", "hookimpl",

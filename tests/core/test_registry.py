@@ -318,7 +318,15 @@ def _lowering_plugin(*lowerings, name="lowering_plugin"):
     return module
 
 
+def _component_plugin(*components, name="component_plugin"):
+    module = types.ModuleType(name)
+    module.transformer_kit_components = tk.hookimpl(lambda: list(components))
+    return module
+
+
 def test_lowerings_come_from_plugins_and_leave_with_them(fresh_registry):
+    tk.register_plugin(_component_plugin(tk.Component("norm", "someone_elses", torch.nn.Identity)),
+                       name="someone")
     lowering = tk.Lowering("norm", "someone_elses", forward=_writes_nothing)
     assert fresh_registry.lowering("norm", "someone_elses") is None
     tk.register_plugin(_lowering_plugin(lowering), name="lowers")
@@ -335,6 +343,27 @@ def test_two_lowerings_of_one_component_name_both_plugins(fresh_registry):
                                              r"plugin 'builtin' and plugin 'clashing'"):
         tk.register_plugin(_lowering_plugin(clash), name="clashing")
     assert "clashing" not in fresh_registry.plugins()
+
+
+def test_a_lowering_whose_component_no_plugin_provides_is_refused_with_a_sentence(fresh_registry):
+    """A typo in a lowering's name would send the component to tracing unnoticed."""
+    typo = tk.Lowering("norm", "rms_norm", forward=_writes_nothing)
+    with pytest.raises(tk.PluginError, match=r"lowers norm 'rms_norm', which no registered plugin "
+                                             r"provides\. Did you mean 'rmsnorm'\?.*Register the component"):
+        tk.register_plugin(_lowering_plugin(typo), name="typo")
+    assert "typo" not in fresh_registry.plugins()
+
+
+def test_a_components_own_lowering_registers_with_it_and_names_nothing_else(fresh_registry):
+    component = tk.Component("norm", "mine", torch.nn.Identity, lowering=tk.Lowering(forward=_writes_nothing))
+    assert (component.lowering.kind, component.lowering.name) == ("norm", "mine")
+    tk.register_plugin(_component_plugin(component), name="mine")
+    assert fresh_registry.lowering("norm", "mine").lowering.forward is _writes_nothing
+    with pytest.raises(ValueError, match=r"its lowering names attention/other; leave the lowering's"):
+        tk.Component("norm", "x", torch.nn.Identity, lowering=tk.Lowering("attention", "other",
+                                                                          forward=_writes_nothing))
+    with pytest.raises(ValueError, match=r"a norm lowering writes forward; got rotate"):
+        tk.Component("norm", "x", torch.nn.Identity, lowering=tk.Lowering(rotate=_writes_nothing))
 
 
 def test_a_lowering_hook_returning_the_wrong_type_is_named(fresh_registry):

@@ -68,6 +68,9 @@ class Component:
             past and present leaves the restriction to its attention op (onnxruntime's
             ``GroupQueryAttention``).
             Export verification checks every claim.
+        lowering: how the component writes its ONNX nodes (a :class:`Lowering` whose kind and
+            name are this component's: ``lowering=tk.Lowering(forward=my_onnx)``), registered
+            with it; None: the export traces it (or another plugin's lowering writes it).
     """
 
     kind: str
@@ -80,6 +83,7 @@ class Component:
     provides: frozenset[str] = field(default_factory=frozenset)
     requires: frozenset[str] = field(default_factory=frozenset)
     lowerings: frozenset[str] = field(default_factory=frozenset)
+    lowering: Lowering | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -106,6 +110,16 @@ class Component:
                 f"Component {self.kind}/{self.name}: lowerings {sorted(unknown)} are not known for "
                 f"kind {self.kind!r}; known: {known}."
             )
+        if self.lowering is not None:
+            if not isinstance(self.lowering, Lowering):
+                raise TypeError(f"Component {self.kind}/{self.name}: lowering must be a tk.Lowering, got "
+                                f"{type(self.lowering).__name__}.")
+            if self.lowering.kind not in ("", self.kind) or self.lowering.name not in ("", self.name):
+                raise ValueError(f"Component {self.kind}/{self.name}: its lowering names "
+                                 f"{self.lowering.kind}/{self.lowering.name}; leave the lowering's kind "
+                                 "and name out (they are the component's).")
+            methods = self.lowering.methods(all_kinds=True)
+            object.__setattr__(self, "lowering", Lowering(self.kind, self.name, **methods))
 
 
 @dataclass(frozen=True)
@@ -122,20 +136,23 @@ class Lowering:
     (``transformer_kit.export.graph_builder.GraphBuilder``; docs/plugins.md has a worked example).
 
     Args:
-        kind, name: the component lowered (registered by this plugin or another one).
+        kind, name: the component lowered (registered by this plugin or another one, before
+            this lowering); left out on a lowering given to its own ``Component(lowering=...)``.
         forward: the module's call (every kind but ``positional``; a mask's ``__call__``).
         embed, rotate, score_bias: a positional encoding's three points, each optional: leave
             out a point the encoding does not act at (its inherited method does nothing).
     """
 
-    kind: str
-    name: str
+    kind: str = ""
+    name: str = ""
     forward: Callable[..., Any] | None = None
     embed: Callable[..., Any] | None = None
     rotate: Callable[..., Any] | None = None
     score_bias: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
+        if not self.kind and not self.name:  # its component's: checked when given to it
+            return
         if self.kind not in LOWERING_METHODS:
             raise ValueError(f"Lowering kind {self.kind!r} is not one of {', '.join(LOWERING_METHODS)}; "
                              "name the kind of the component it lowers.")
@@ -154,9 +171,11 @@ class Lowering:
                 raise TypeError(f"Lowering {self.kind}/{self.name}: {method} must be callable, got "
                                 f"{type(function).__name__}.")
 
-    def methods(self) -> dict[str, Callable[..., Any]]:
-        """The calls this lowering writes, by the interface method's name."""
-        return {m: f for m in LOWERING_METHODS[self.kind] if (f := getattr(self, m)) is not None}
+    def methods(self, all_kinds: bool = False) -> dict[str, Callable[..., Any]]:
+        """The calls this lowering writes, by the interface method's name (``all_kinds``: every
+        one given, whatever its kind writes)."""
+        names = ("forward", "embed", "rotate", "score_bias") if all_kinds else LOWERING_METHODS[self.kind]
+        return {m: f for m in names if (f := getattr(self, m)) is not None}
 
 
 @dataclass(frozen=True)

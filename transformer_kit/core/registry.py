@@ -99,6 +99,8 @@ class Registry:
             new_components = index_contributions(self._components, components,
                                                  lambda c: (c.kind, c.name), lambda c: f"{c.kind} {c.name!r}",
                                                  RegisteredComponent, name, distribution)
+            self._check_lowerings(where, lowerings, new_components)
+            lowerings += [c.lowering for c in components if c.lowering is not None]
             new_lowerings = index_contributions(self._lowerings, lowerings, lambda lo: (lo.kind, lo.name),
                                                 lambda lo: f"the lowering of {lo.kind} {lo.name!r}",
                                                 RegisteredLowering, name, distribution)
@@ -112,6 +114,23 @@ class Registry:
         self._lowerings.update(new_lowerings)
         self._families.update(new_families)
         return name
+
+    def _check_lowerings(self, where: str, lowerings: list[Lowering], new: Mapping) -> None:
+        """Refuse a lowering (of the ``transformer_kit_lowerings`` hook) whose component is
+        registered neither before nor by the same plugin (``new``): a typo would otherwise send
+        the component to tracing unnoticed."""
+        for lowering in lowerings:
+            key = (lowering.kind, lowering.name)
+            if not lowering.kind:
+                raise PluginError(f"{where}: a lowering of transformer_kit_lowerings names no component; "
+                                  "give its kind and name, or pass it to its Component(lowering=...).")
+            if key not in self._components and key not in new:
+                names = sorted(n for k, n in [*self._components, *new] if k == lowering.kind)
+                raise PluginError(
+                    f"{where} lowers {lowering.kind} {lowering.name!r}, which no registered plugin "
+                    f"provides.{did_you_mean(lowering.name, names)} Registered {lowering.kind} "
+                    f"components: {', '.join(names) or '(none)'}. Register the component first (its "
+                    "plugin), or give the lowering to its Component(lowering=...).")
 
     def unregister_plugin(self, name: str) -> None:
         """Remove a plugin and everything it contributed."""

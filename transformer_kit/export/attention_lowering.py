@@ -16,9 +16,9 @@ import onnx_ir as ir
 
 from transformer_kit.core.attention import MultiHeadAttention
 from transformer_kit.core.interfaces import AttentionInputs, AttentionMask, LayerCache, PositionalEncoding
+from transformer_kit.core.layer_lowerings import rotary_cos_sin
 from transformer_kit.core.registry_entries import component_of
 from transformer_kit.export.graph_builder import GraphBuilder
-from transformer_kit.plugins.positional import rotary_cos_sin
 
 #: The first opset with ONNX's ``Attention`` and ``RotaryEmbedding`` ops.
 PACKED_ATTENTION_OPSET = 23

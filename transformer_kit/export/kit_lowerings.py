@@ -19,14 +19,11 @@ from torch import nn
 from transformer_kit.core.attention import MultiHeadAttention
 from transformer_kit.core.embedding.heads import ClassifierHead, DenseActivation, SentenceHead
 from transformer_kit.core.interfaces import AttentionInputs, PositionalEncoding
+from transformer_kit.core.layer_lowerings import gelu_onnx, layer_norm_onnx, rms_norm_onnx, silu_onnx
 from transformer_kit.core.masks import NoMask
 from transformer_kit.core.stacks import Embedder, OutputHead, Stack
 from transformer_kit.export.attention_lowering import declares, multi_head_attention_onnx, shape_of
 from transformer_kit.export.graph_builder import FLOAT, GraphBuilder
-from transformer_kit.plugins.feedforward import gelu_onnx, silu_onnx
-from transformer_kit.plugins.masks import no_mask_onnx
-from transformer_kit.plugins.norms import UnitOffsetRMSNorm, layer_norm_onnx, rms_norm_onnx
-from transformer_kit.plugins.positional import no_positions_onnx
 
 
 # -- torch's layers --------------------------------------------------------------------------------
@@ -139,7 +136,6 @@ _BY_TYPE: dict[tuple[type, str], Callable[..., Any]] = {
     (nn.Softmax, "forward"): softmax_onnx,
     (nn.LayerNorm, "forward"): layer_norm_onnx,
     (nn.RMSNorm, "forward"): rms_norm_onnx,
-    (UnitOffsetRMSNorm, "forward"): rms_norm_onnx,
     (MultiHeadAttention, "forward"): multi_head_attention_onnx,
     (Embedder, "forward"): embedder_onnx,
     (Stack, "forward"): stack_onnx,
@@ -147,12 +143,12 @@ _BY_TYPE: dict[tuple[type, str], Callable[..., Any]] = {
     (DenseActivation, "forward"): dense_onnx,
     (SentenceHead, "forward"): sentence_head_onnx,
     (ClassifierHead, "forward"): classifier_onnx,
-    (NoMask, "forward"): no_mask_onnx,
+    (NoMask, "forward"): lambda g, mask, q_positions, k_positions: None,
 }
 
 #: A positional encoding's points it does not act at (the interface's inherited methods).
 _INHERITED: dict[str, Callable[..., Any]] = {
-    "embed": no_positions_onnx,
+    "embed": lambda g, positional, x, positions: x,
     "rotate": lambda g, positional, x, positions: x,
     "score_bias": lambda g, positional, q_positions, k_positions: None,
 }

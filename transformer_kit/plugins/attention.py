@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer_kit.core.graph_writer import GraphWriter
 from transformer_kit.core.interfaces import AttentionKernel
 from transformer_kit.core.masks import check_mask, masked_softmax
 
@@ -118,7 +119,7 @@ class SdpaAttention(_ScaledKernel):
 
 
 # -- ONNX ------------------------------------------------------------------------------------------
-def attention_onnx(g, kernel: _ScaledKernel, q, k, v, mask=None, bias=None):
+def attention_onnx(g: GraphWriter, kernel: _ScaledKernel, q, k, v, mask=None, bias=None):
     """The lowering of the three kernels (one formula): q (batch, heads, q_len, dim), k and v
     (batch, heads, k_len, dim), mask (batch, 1, q_len | 1, k_len) bool (True = may attend),
     bias (batch, heads, q_len, k_len) -> (batch, heads, q_len, dim). Scores, softmax and the

@@ -16,6 +16,7 @@ import math
 
 from torch import Tensor, nn
 
+from transformer_kit.core.graph_writer import GraphWriter
 from transformer_kit.core.interfaces import AttentionInputs, Block, NormFactory
 
 
@@ -126,11 +127,11 @@ class SandwichBlock(_Layer):
 
 
 # -- ONNX: each block's arrangement as the export writes it (dropout is the identity there) --------
-def _scaled(g, block: _Layer, x):
+def _scaled(g: GraphWriter, block: _Layer, x):
     return x if block.residual_scale == 1.0 else g.op.Mul(x, block.residual_scale)
 
 
-def post_norm_onnx(g, block: PostNormBlock, x, self_inputs, cross_inputs=None):
+def post_norm_onnx(g: GraphWriter, block: PostNormBlock, x, self_inputs, cross_inputs=None):
     x = g.call(block.self_norm, g.op.Add(x, _scaled(g, block, g.call(block.self_attention, x, self_inputs))))
     if block.cross_attention is not None:
         attended = g.call(block.cross_attention, x, cross_inputs)
@@ -138,7 +139,7 @@ def post_norm_onnx(g, block: PostNormBlock, x, self_inputs, cross_inputs=None):
     return g.call(block.ff_norm, g.op.Add(x, _scaled(g, block, g.call(block.feedforward, x))))
 
 
-def pre_norm_onnx(g, block: PreNormBlock, x, self_inputs, cross_inputs=None):
+def pre_norm_onnx(g: GraphWriter, block: PreNormBlock, x, self_inputs, cross_inputs=None):
     attended = g.call(block.self_attention, g.call(block.self_norm, x), self_inputs)
     x = g.op.Add(x, _scaled(g, block, attended))
     if block.cross_attention is not None:
@@ -147,7 +148,7 @@ def pre_norm_onnx(g, block: PreNormBlock, x, self_inputs, cross_inputs=None):
     return g.op.Add(x, _scaled(g, block, g.call(block.feedforward, g.call(block.ff_norm, x))))
 
 
-def parallel_onnx(g, block: ParallelBlock, x, self_inputs, cross_inputs=None):
+def parallel_onnx(g: GraphWriter, block: ParallelBlock, x, self_inputs, cross_inputs=None):
     out = g.op.Add(x, _scaled(g, block, g.call(block.self_attention, g.call(block.self_norm, x),
                                                self_inputs)))
     if block.cross_attention is not None:
@@ -156,7 +157,7 @@ def parallel_onnx(g, block: ParallelBlock, x, self_inputs, cross_inputs=None):
     return g.op.Add(out, _scaled(g, block, g.call(block.feedforward, g.call(block.ff_norm, x))))
 
 
-def post_sublayer_norm_onnx(g, block: PostSublayerNormBlock, x, self_inputs, cross_inputs=None):
+def post_sublayer_norm_onnx(g: GraphWriter, block: PostSublayerNormBlock, x, self_inputs, cross_inputs=None):
     attended = g.call(block.self_norm, g.call(block.self_attention, x, self_inputs))
     x = g.op.Add(x, _scaled(g, block, attended))
     if block.cross_attention is not None:
@@ -165,7 +166,7 @@ def post_sublayer_norm_onnx(g, block: PostSublayerNormBlock, x, self_inputs, cro
     return g.op.Add(x, _scaled(g, block, g.call(block.ff_norm, g.call(block.feedforward, x))))
 
 
-def sandwich_onnx(g, block: SandwichBlock, x, self_inputs, cross_inputs=None):
+def sandwich_onnx(g: GraphWriter, block: SandwichBlock, x, self_inputs, cross_inputs=None):
     attended = g.call(block.self_attention, g.call(block.self_norm, x), self_inputs)
     x = g.op.Add(x, _scaled(g, block, g.call(block.self_post_norm, attended)))
     if block.cross_attention is not None:

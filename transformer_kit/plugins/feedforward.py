@@ -9,6 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer_kit.core.graph_writer import GraphWriter
+from transformer_kit.core.layer_lowerings import gelu_onnx, silu_onnx
+
 
 class FeedForward(nn.Module):
     """linear(d_model -> d_ff) -> activation -> dropout -> linear(d_ff -> d_model)."""
@@ -132,28 +135,12 @@ def feedforward_for_activation(activation: str, model_type: str) -> dict:
 
 
 # -- ONNX ------------------------------------------------------------------------------------------
-def gelu_onnx(g, x, approximate: str = "none"):
-    """GELU of x: one ``Gelu`` op from opset 20; before it, its formula (erf, or tanh's)."""
-    if g.opset >= 20:
-        return g.op.Gelu(x, approximate=approximate)
-    if approximate == "tanh":
-        inner = g.op.Mul(g.op.Add(x, g.op.Mul(g.op.Mul(g.op.Mul(x, x), x), 0.044715)),
-                         math.sqrt(2.0 / math.pi))
-        return g.op.Mul(g.op.Mul(x, 0.5), g.op.Add(g.op.Tanh(inner), 1.0))
-    return g.op.Mul(g.op.Mul(x, 0.5), g.op.Add(g.op.Erf(g.op.Mul(x, 1.0 / math.sqrt(2.0))), 1.0))
-
-
-def silu_onnx(g, x):
-    """SiLU (swish) of x: x * sigmoid(x)."""
-    return g.op.Mul(x, g.op.Sigmoid(x))
-
-
-def feedforward_onnx(g, ff: FeedForward, x):
+def feedforward_onnx(g: GraphWriter, ff: FeedForward, x):
     """linear2(activation(linear1(x))): x (batch, len, d_model) -> same."""
     return g.linear(ff.linear2, g.call(ff.activation, g.linear(ff.linear1, x)))
 
 
-def clamped_swiglu_onnx(g, ff: SwiGLU, gate, up):
+def clamped_swiglu_onnx(g: GraphWriter, ff: SwiGLU, gate, up):
     """The clamped SwiGLU's product before ``down``: min(gate, limit) * sigmoid(alpha * it)
     * (clamp(up, -limit, limit) + up_offset)."""
     if ff.limit is not None:
@@ -163,7 +150,7 @@ def clamped_swiglu_onnx(g, ff: SwiGLU, gate, up):
     return g.op.Mul(activated, g.op.Add(up, g.constant(ff.up_offset)) if ff.up_offset else up)
 
 
-def gated_onnx(g, ff: SwiGLU, x):
+def gated_onnx(g: GraphWriter, ff: SwiGLU, x):
     """down(activation(gate(x)) * up(x)), gate and up one product in a generating model."""
     gate, up = g.linears([ff.gate, ff.up], x)
     if isinstance(ff, GeGLU):

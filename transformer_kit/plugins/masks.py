@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from transformer_kit.core.graph_writer import GraphWriter
 from transformer_kit.core.interfaces import AttentionMask
 from transformer_kit.core.masks import NoMask
 
@@ -33,17 +34,17 @@ class SlidingWindowMask(AttentionMask):
 
 
 # -- ONNX ------------------------------------------------------------------------------------------
-def causal_onnx(g, mask: CausalMask, q_positions, k_positions):
+def causal_onnx(g: GraphWriter, mask: CausalMask, q_positions, k_positions):
     """(batch, 1, q_len, k_len) bool: k_pos <= q_pos."""
     return g.op.LessOrEqual(g.op.Unsqueeze(k_positions, [1, 2]), g.op.Unsqueeze(q_positions, [1, 3]))
 
 
-def sliding_window_onnx(g, mask: SlidingWindowMask, q_positions, k_positions):
+def sliding_window_onnx(g: GraphWriter, mask: SlidingWindowMask, q_positions, k_positions):
     """(batch, 1, q_len, k_len) bool: 0 <= q_pos - k_pos < window."""
     distance = g.op.Sub(g.op.Unsqueeze(q_positions, [1, 3]), g.op.Unsqueeze(k_positions, [1, 2]))
     return g.op.And(g.op.GreaterOrEqual(distance, [0]), g.op.Less(distance, [mask.window]))
 
 
-def no_mask_onnx(g, mask: AttentionMask, q_positions, k_positions):
+def no_mask_onnx(g: GraphWriter, mask: AttentionMask, q_positions, k_positions):
     """No restriction besides padding."""
     return None

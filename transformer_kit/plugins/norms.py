@@ -4,9 +4,11 @@ projection as OLMo2); with their ONNX lowerings."""
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from transformer_kit.core import layer_lowerings
+from transformer_kit.core.graph_writer import GraphWriter
 
 
 def _check_eps(eps: float) -> None:
@@ -81,44 +83,19 @@ def projection_rms_norm(head_dim: int, num_heads: int, num_kv_heads: int,
 
 
 # -- ONNX ------------------------------------------------------------------------------------------
-def layer_norm_onnx(g, norm: nn.LayerNorm, x):
-    """LayerNorm over the last axis: one ``LayerNormalization`` op (statistics in float32)."""
-    scale = (g.weight(norm, "weight") if norm.weight is not None
-             else g.constant(torch.ones(norm.normalized_shape[-1]).numpy(), g.float_type))
-    bias = g.weight(norm, "bias") if norm.bias is not None else None
-    return g.op.LayerNormalization(x, scale, bias, epsilon=norm.eps, axis=-1)
+def rms_norm_onnx(g: GraphWriter, norm: nn.RMSNorm, x):
+    """RMSNorm over the last axis (Gemma's (1 + weight) for a :class:`UnitOffsetRMSNorm`)."""
+    return layer_lowerings.rms_norm_onnx(g, norm, x, unit_offset=isinstance(norm, UnitOffsetRMSNorm))
 
 
-def rms_norm_onnx(g, norm: nn.RMSNorm, x):
-    """RMSNorm over the last axis: one ``RMSNormalization`` op from opset 23 (float32 statistics;
-    Gemma's (1 + weight), in float32 as Gemma computes it), its formula before."""
-    eps = norm.eps if norm.eps is not None else float(torch.finfo(torch.float16 if g.float_type == g.FLOAT16
-                                                                  else torch.float32).eps)
-    offset = isinstance(norm, UnitOffsetRMSNorm)
-    half = g.float_type != g.FLOAT
-    scale = g.weight(norm, "weight", g.FLOAT if offset else None)
-    if offset:
-        scale = g.op.Add(scale, g.constant(1.0, g.FLOAT))
-        if half:
-            x = g.op.Cast(x, to=g.FLOAT)
-    if g.opset >= 23:
-        y = g.op.RMSNormalization(x, scale, epsilon=eps, axis=-1)
-    else:
-        wide = g.op.Cast(x, to=g.FLOAT) if half and not offset else x
-        mean = g.op.ReduceMean(g.op.Mul(wide, wide), [-1], keepdims=1)
-        y = g.op.Div(wide, g.op.Sqrt(g.op.Add(mean, g.constant(eps, g.FLOAT))))
-        y = g.op.Mul(y if not half or offset else g.op.Cast(y, to=g.float_type), scale)
-    return g.op.Cast(y, to=g.float_type) if offset and half else y
-
-
-def qk_norm_onnx(g, norm: QKNorm, q, k):
+def qk_norm_onnx(g: GraphWriter, norm: QKNorm, q, k):
     """q (batch, len, num_heads * head_dim), k (batch, len, num_kv_heads * head_dim), each
     normalised per head (Qwen3) or over the whole projection (OLMo2)."""
 
     def one(inner: nn.RMSNorm, x):
         if norm.head_dim is None:
-            return g.call(inner, x)
+            return rms_norm_onnx(g, inner, x)
         heads = g.op.Reshape(x, [0, 0, -1, norm.head_dim])
-        return g.op.Reshape(g.call(inner, heads), [0, 0, -1])
+        return g.op.Reshape(rms_norm_onnx(g, inner, heads), [0, 0, -1])
 
     return one(norm.q_norm, q), one(norm.k_norm, k)

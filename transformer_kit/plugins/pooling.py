@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from transformer_kit.core.graph_writer import GraphWriter
+
 
 def _weights(real: Tensor, like: Tensor) -> Tensor:
     """real (batch, len) bool -> (batch, len, 1) float32 (1 where kept)."""
@@ -82,24 +84,24 @@ def mean_sqrt_len_pooling() -> MeanPooling:
 
 
 # -- ONNX: hidden (batch, len, d_model), keep (batch, len) bool -> (batch, d_model) ---------------
-def _kept_weights(g, real):
+def _kept_weights(g: GraphWriter, real):
     """(batch, len, 1) float32, 1 where kept."""
     return g.op.Unsqueeze(g.op.Cast(real, to=g.FLOAT), [-1])
 
 
-def _pick(g, hidden, index):
+def _pick(g: GraphWriter, hidden, index):
     """Row b's hidden state at position index[b] (batch,) int64 -> (batch, d_model)."""
     width = g.op.Shape(hidden, start=2, end=3)
     index = g.op.Expand(g.op.Unsqueeze(index, [1, 2]), g.op.Concat([1, 1], width, axis=0))
     return g.op.Squeeze(g.op.GatherElements(hidden, index, axis=1), [1])
 
 
-def cls_onnx(g, pooling: ClsPooling, hidden, real):
+def cls_onnx(g: GraphWriter, pooling: ClsPooling, hidden, real):
     first = g.op.ArgMax(g.op.Cast(real, to=g.FLOAT), axis=1, keepdims=0)
     return _pick(g, hidden, first)
 
 
-def last_token_onnx(g, pooling: LastTokenPooling, hidden, real):
+def last_token_onnx(g: GraphWriter, pooling: LastTokenPooling, hidden, real):
     flipped = g.op.Slice(g.op.Cast(real, to=g.FLOAT), [-1], [-(2**62)], [1], [-1])
     found = g.op.ReduceMax(flipped, [1], keepdims=0)
     last = g.op.Sub(g.op.Sub(g.op.Shape(real, start=1, end=2), [1]),
@@ -111,7 +113,7 @@ def last_token_onnx(g, pooling: LastTokenPooling, hidden, real):
                                                      to=g.float_type), [1]))
 
 
-def mean_onnx(g, pooling: MeanPooling, hidden, real):
+def mean_onnx(g: GraphWriter, pooling: MeanPooling, hidden, real):
     weights = _kept_weights(g, real)
     product = g.op.Mul(hidden, g.op.Cast(weights, to=g.float_type))
     total = g.op.ReduceSum(g.op.Cast(product, to=g.FLOAT), [1], keepdims=0)
@@ -120,7 +122,7 @@ def mean_onnx(g, pooling: MeanPooling, hidden, real):
     return mean if g.float_type == g.FLOAT else g.op.Cast(mean, to=g.float_type)
 
 
-def weighted_mean_onnx(g, pooling: WeightedMeanPooling, hidden, real):
+def weighted_mean_onnx(g: GraphWriter, pooling: WeightedMeanPooling, hidden, real):
     weights = _kept_weights(g, real)
     length = g.op.Cast(g.op.Squeeze(g.op.Shape(real, start=1, end=2), [0]), to=g.FLOAT)
     position = g.op.Range(g.constant(1.0, g.FLOAT), g.op.Add(length, g.constant(1.0, g.FLOAT)),
@@ -133,7 +135,7 @@ def weighted_mean_onnx(g, pooling: WeightedMeanPooling, hidden, real):
     return mean if g.float_type == g.FLOAT else g.op.Cast(mean, to=g.float_type)
 
 
-def max_onnx(g, pooling: MaxPooling, hidden, real):
+def max_onnx(g: GraphWriter, pooling: MaxPooling, hidden, real):
     lowest = float(torch.finfo(torch.float16 if g.float_type == g.FLOAT16 else torch.float32).min)
     best = g.op.ReduceMax(g.op.Where(g.op.Unsqueeze(real, [-1]), hidden, g.constant(lowest)), [1],
                           keepdims=0)

@@ -10,7 +10,9 @@ import torch
 from torch import Tensor, nn
 
 from transformer_kit.core.errors import InputError
+from transformer_kit.core.graph_writer import GraphWriter
 from transformer_kit.core.interfaces import PositionalEncoding
+from transformer_kit.core.layer_lowerings import rotary_cos_sin
 from transformer_kit.plugins.rope_scaling import frequencies
 
 
@@ -226,12 +228,12 @@ class RelativePositionBias(PositionalEncoding):
 
 
 # -- ONNX: each encoding's points as the export writes them ---------------------------------------
-def no_positions_onnx(g, positional: PositionalEncoding, x, positions):
+def no_positions_onnx(g: GraphWriter, positional: PositionalEncoding, x, positions):
     """``none`` (and every encoding's inherited ``embed``): the embeddings as they are."""
     return x
 
 
-def sinusoidal_onnx(g, positional: SinusoidalPositions, x, positions):
+def sinusoidal_onnx(g: GraphWriter, positional: SinusoidalPositions, x, positions):
     """x (batch, len, d_model) + the sin/cos table of positions (batch, len), in float32."""
     angles = g.op.Mul(g.op.Unsqueeze(g.op.Cast(positions, to=g.FLOAT), [-1]),
                       g.weight(positional, "inv_freq", g.FLOAT))
@@ -239,7 +241,7 @@ def sinusoidal_onnx(g, positional: SinusoidalPositions, x, positions):
     return g.op.Add(x, table if g.float_type == g.FLOAT else g.op.Cast(table, to=g.float_type))
 
 
-def learned_onnx(g, positional: LearnedPositions, x, positions, token_types=None):
+def learned_onnx(g: GraphWriter, positional: LearnedPositions, x, positions, token_types=None):
     """x (batch, len, d_model) + the table's rows of ``positions`` (+ offset) and the token-type
     rows of ``token_types`` (batch, len; row 0 everywhere when None)."""
     rows = g.op.Add(positions, [positional.offset]) if positional.offset else positions
@@ -250,27 +252,7 @@ def learned_onnx(g, positional: LearnedPositions, x, positions, token_types=None
     return g.op.Add(x, g.op.Gather(g.weight(positional.token_type, "weight"), types, axis=0))
 
 
-def rotary_cos_sin(g, positional: PositionalEncoding, positions):
-    """cos, sin (batch, len, rotary_dim / 2) in the activations' type of ``positions`` (batch,
-    len) times the encoding's ``inv_freq`` (the ``rotary`` lowering's contract), computed in
-    float32: with longrope's long frequencies for a call whose positions pass ``original`` and
-    the ``attention_factor`` of yarn and longrope when the encoding has them."""
-    inv_freq = g.weight(positional, "inv_freq", g.FLOAT)
-    if getattr(positional, "long_inv_freq", None) is not None:
-        longest = g.op.Add(g.op.ReduceMax(positions, keepdims=0), [1])
-        inv_freq = g.op.Where(g.op.Greater(longest, [positional.original]),
-                              g.weight(positional, "long_inv_freq", g.FLOAT), inv_freq)
-    angles = g.op.Mul(g.op.Unsqueeze(g.op.Cast(positions, to=g.FLOAT), [-1]), inv_freq)
-    cos, sin = g.op.Cos(angles), g.op.Sin(angles)
-    factor = getattr(positional, "attention_factor", 1.0)
-    if factor != 1.0:
-        cos, sin = (g.op.Mul(t, g.constant(factor, g.FLOAT)) for t in (cos, sin))
-    if g.float_type != g.FLOAT:
-        cos, sin = g.op.Cast(cos, to=g.float_type), g.op.Cast(sin, to=g.float_type)
-    return cos, sin
-
-
-def rotary_onnx(g, positional: RotaryPositions, x, positions):
+def rotary_onnx(g: GraphWriter, positional: RotaryPositions, x, positions):
     """x (batch, heads, len, head_dim) turned by position: one ``RotaryEmbedding`` op from opset
     23, the halves' turn in elementwise ops before it."""
     cos, sin = rotary_cos_sin(g, positional, positions)
@@ -287,7 +269,7 @@ def rotary_onnx(g, positional: RotaryPositions, x, positions):
     return g.op.Concat(*turned, rest, axis=3)
 
 
-def alibi_onnx(g, positional: ALiBiPositions, q_positions, k_positions):
+def alibi_onnx(g: GraphWriter, positional: ALiBiPositions, q_positions, k_positions):
     """(batch, heads, q_len, k_len) float32: -slope_h * |q_pos - k_pos|."""
     distance = g.op.Cast(g.op.Abs(g.op.Sub(g.op.Unsqueeze(q_positions, [2]),
                                            g.op.Unsqueeze(k_positions, [1]))), to=g.FLOAT)
@@ -295,7 +277,7 @@ def alibi_onnx(g, positional: ALiBiPositions, q_positions, k_positions):
     return g.op.Mul(slopes, g.op.Unsqueeze(distance, [1]))
 
 
-def relative_bias_onnx(g, positional: RelativePositionBias, q_positions, k_positions):
+def relative_bias_onnx(g: GraphWriter, positional: RelativePositionBias, q_positions, k_positions):
     """(batch, heads, q_len, k_len) float32: the table's row of each key's distance bucket
     (T5's ``_relative_position_bucket``, term for term)."""
     relative = g.op.Sub(g.op.Unsqueeze(k_positions, [1]), g.op.Unsqueeze(q_positions, [2]))

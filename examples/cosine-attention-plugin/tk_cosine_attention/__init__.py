@@ -3,8 +3,8 @@
 
 Two components, to show both ways a component reaches ONNX:
 
-- ``attention: cosine`` brings its own lowering (``tk.Lowering``): the export writes its nodes
-  from :func:`cosine_attention_onnx` in milliseconds.
+- ``attention: cosine`` brings its own lowering (``tk.Lowering``, registered with its
+  component): the export writes its nodes from :func:`cosine_attention_onnx` in milliseconds.
 - ``qk_norm: l2_heads`` brings none: the export traces its module alone, once, and inlines the
   traced nodes in every layer (the export's report names it).
 """
@@ -21,8 +21,7 @@ import transformer_kit as tk
 from transformer_kit.core.interfaces import AttentionKernel
 from transformer_kit.core.masks import masked_softmax
 
-__all__ = ["CosineAttention", "L2HeadNorm", "cosine_attention_onnx", "transformer_kit_components",
-           "transformer_kit_lowerings"]
+__all__ = ["CosineAttention", "L2HeadNorm", "cosine_attention_onnx", "transformer_kit_components"]
 
 
 class CosineAttention(AttentionKernel):
@@ -49,7 +48,7 @@ class CosineAttention(AttentionKernel):
         return (self.weights(q, k, mask, bias) @ v.float()).to(v.dtype)
 
 
-def cosine_attention_onnx(g, kernel: CosineAttention, q, k, v, mask=None, bias=None):
+def cosine_attention_onnx(g: tk.GraphWriter, kernel: CosineAttention, q, k, v, mask=None, bias=None):
     """The kernel as ONNX nodes, op for op as ``forward`` computes it (in float32): q, k, v
     (batch, heads, len, head_dim) graph values, mask (batch, 1, q_len | 1, k_len) bool,
     bias (batch, heads, q_len, k_len) -> (batch, heads, q_len, head_dim)."""
@@ -92,12 +91,8 @@ class L2HeadNorm(torch.nn.Module):
 def transformer_kit_components() -> list[tk.Component]:
     return [
         tk.Component("attention", "cosine", CosineAttention, provides={"score_bias"},
+                     lowering=tk.Lowering(forward=cosine_attention_onnx),
                      description="cosine-similarity attention with a learned temperature"),
         tk.Component("qk_norm", "l2_heads", L2HeadNorm,
                      description="each query and key head at unit length, times a learned gain"),
     ]
-
-
-@tk.hookimpl
-def transformer_kit_lowerings() -> list[tk.Lowering]:
-    return [tk.Lowering("attention", "cosine", forward=cosine_attention_onnx)]
