@@ -11,10 +11,13 @@ completions, the Responses API whole (each response then read again with ``GET
 First each distinct request is sent alone (one client) and its answer kept. Then ``--clients``
 threads send the requests in turn (each client starting at its own place in the list) for
 ``--minutes``; each answer is compared with the lone one (the text, the tokens; ``/metrics`` and
-``/health`` by their status). Every minute: the server's resident memory, the requests answered
-in it and the p50 / p99 latency of each kind. Reported: a table per minute, the totals (sent,
+``/health`` by their status). Every minute: the server's resident memory, the bytes of its
+caches (the running batch's key/value cache and the prefix cache, read from ``/metrics``; the
+rest of the memory is the weights and onnxruntime's buffers), the requests answered in it and
+the p50 / p99 latency of each kind. Reported: a table per minute, the totals (sent,
 answered, failed, different from the lone answer: nothing may be lost or differ), RSS growth
-after the first minute (the target: under 5 %), and a plot (``--plot``, benchmarks/soak.png).
+after the first minute (the targets: under 5 %, and at most 1.0 GB), and a plot (``--plot``,
+benchmarks/soak.png).
 
     pip install -e ".[serve,bench]"
     python benchmarks/soak.py [--minutes 10] [--clients 64] [--plot benchmarks/soak.png]
@@ -165,6 +168,17 @@ def export(workdir: Path) -> Path:
     return folder
 
 
+def cache_megabytes(url: str) -> dict[str, float]:
+    """The server's cache gauges now (``/metrics``): the running batch's and the prefix cache's MB."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    found = {}
+    for name, key in (("transformer_kit_cache_bytes", "cache_mb"),
+                      ("transformer_kit_prefix_cache_bytes", "prefix_cache_mb")):
+        line = next((row for row in text.splitlines() if row.startswith(name + " ")), None)
+        found[key] = float(line.split()[1]) / 1e6 if line else float("nan")
+    return found
+
+
 def plot(path: Path, minutes: list[dict], clients: int) -> None:
     import matplotlib
 
@@ -173,8 +187,11 @@ def plot(path: Path, minutes: list[dict], clients: int) -> None:
 
     x = [m["minute"] for m in minutes]
     fig, (memory, latency) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    memory.plot(x, [m["rss_mb"] for m in minutes], marker="o")
-    memory.set_ylabel("server RSS (MB)")
+    memory.plot(x, [m["rss_mb"] for m in minutes], marker="o", label="resident memory")
+    memory.plot(x, [m["cache_mb"] for m in minutes], marker="s", label="the running batch's cache")
+    memory.plot(x, [m["prefix_cache_mb"] for m in minutes], marker="^", label="the prefix cache")
+    memory.set_ylabel("server MB")
+    memory.legend(fontsize=7)
     memory.set_title(f"transformer-kit serve, SmolLM2-135M int4, {clients} clients, every endpoint")
     for kind in ("chat", "chat stream", "responses", "completion"):
         latency.plot(x, [m["p50"].get(kind, np.nan) for m in minutes], marker="o", label=f"{kind} p50")
@@ -208,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         threads = [threading.Thread(target=soak.client, args=(n,)) for n in range(args.clients)]
         for thread in threads:
             thread.start()
-        memory = []
+        memory, caches = [], []
         total = int(np.ceil(args.minutes))
         with Progress(TextColumn("{task.description}"), BarColumn(),
                       TextColumn("{task.completed}/{task.total} min"), TimeElapsedColumn(),
@@ -217,27 +234,30 @@ def main(argv: list[str] | None = None) -> int:
             for minute in range(1, total + 1):
                 time.sleep(max(0.0, start + 60 * min(minute, args.minutes) - time.monotonic()))
                 memory.append(rss(process.pid))
+                caches.append(cache_megabytes(url))
                 progress.update(task, completed=minute, description=f"soak: {soak.answered} answered")
         for thread in threads:
             thread.join()
     minutes = []
     for minute, resident in enumerate(memory):
         kinds = soak.latency.get(minute, {})
-        minutes.append({"minute": minute + 1, "rss_mb": resident / 1e6,
+        minutes.append({"minute": minute + 1, "rss_mb": resident / 1e6, **caches[minute],
                         "answered": sum(len(v) for v in kinds.values()),
                         "p50": {k: float(np.percentile(v, 50)) for k, v in kinds.items()},
                         "p99": {k: float(np.percentile(v, 99)) for k, v in kinds.items()}})
     shown = ("chat", "chat stream", "chat json", "completion", "responses", "responses stream", "tokenize")
     print(f"\n{args.clients} clients, {args.minutes:g} minutes, {len(plan)} distinct requests\n")
-    print("| minute | RSS (MB) | answered | " + " | ".join(f"{k} p50 / p99 (s)" for k in shown) + " |")
-    print("| ---: | ---: | ---: | " + " | ".join("---:" for _ in shown) + " |")
+    print("| minute | RSS (MB) | cache / prefix cache (MB) | answered | "
+          + " | ".join(f"{k} p50 / p99 (s)" for k in shown) + " |")
+    print("| ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in shown) + " |")
     for m in minutes:
         cells = [f"{m['p50'][k]:.2f} / {m['p99'][k]:.2f}" if k in m["p50"] else "-" for k in shown]
-        print(f"| {m['minute']} | {m['rss_mb']:.0f} | {m['answered']} | " + " | ".join(cells) + " |")
+        print(f"| {m['minute']} | {m['rss_mb']:.0f} | {m['cache_mb']:.0f} / {m['prefix_cache_mb']:.0f} | "
+              f"{m['answered']} | " + " | ".join(cells) + " |")
     growth = 100 * (memory[-1] - memory[0]) / memory[0]
     print(f"\nsent {soak.sent}, answered {soak.answered}, failed {len(soak.failed)}, different from the "
           f"lone answer {len(soak.different)}; RSS after minute 1: {memory[0] / 1e6:.0f} MB -> "
-          f"{memory[-1] / 1e6:.0f} MB ({growth:+.1f} %, target < 5 %)")
+          f"{memory[-1] / 1e6:.0f} MB ({growth:+.1f} %, target < 5 %; at most 1,000 MB)")
     if soak.different_by_kind:
         by_kind = sorted(soak.different_by_kind.items())
         print("different by kind: " + ", ".join(f"{k} {n}" for k, n in by_kind))

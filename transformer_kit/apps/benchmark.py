@@ -60,8 +60,8 @@ def interleaved(runners: list[Runner], rounds: int, probes: dict[str, Callable[[
                 progress: Callable[[str], None] | None = None,
                 settle: bool = False) -> tuple[list[Timing], dict[str, list[float]]]:
     """Time each runner once per round, in turn, after one warm-up call each. The order
-    rotates from round to round, so no runner always follows the same one (the runner timed
-    right after another runtime measured up to 20 % slower here).
+    rotates from round to round, so no runner always follows the same one (a runner timed
+    right after another runtime runs slower, whichever it is).
 
     With ``settle``, each timed call follows an untimed call of the same runner, so that the
     worker threads a previous runtime leaves spinning (onnxruntime's and PyTorch's both do)

@@ -17,7 +17,7 @@ errors = Console(stderr=True)
 #: debug: re-raise errors with their traceback. exit_without_teardown: set by a command whose
 #: process has nothing left to clean up when it returns (an export's files are closed and in
 #: place), so the process ends after its exit handlers without Python's teardown of torch's and
-#: onnxruntime's modules (about 2 s after exporting a 0.5B model).
+#: onnxruntime's modules, which is slow after an export.
 settings = {"debug": False, "exit_without_teardown": False}
 
 

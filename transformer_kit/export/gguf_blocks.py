@@ -17,8 +17,8 @@ Q6_K     8     16     d sc (int8 sub-block scale)           none (q stored as q 
 =======  ====  =====  ====================================  ===============================
 
 Why offsets and not float zero points: onnxruntime 1.31's CPU ``MatMulNBits`` accepts float
-zero points for 4 bits only, and then dequantizes the whole matrix to float32 on every call
-(about 20x a float32 MatMul for one token of a 576 x 1536 matrix); for 8 bits it refuses them
+zero points for 4 bits only, and then dequantizes the whole matrix to float32 on every call;
+for 8 bits it refuses them
 ("Only 2b and 4b quantization is supported for unpacked compute for now"), and
 ``GatherBlockQuantized`` takes zero points of the data's integer type only. A block's offset
 is instead added as ``(block sums of x) @ offsets.T`` after a symmetric ``MatMulNBits``
@@ -46,8 +46,8 @@ from transformer_kit.export.weight_exprs import Expr, name_of
 
 #: Types written in 8 bits: onnxruntime 1.31's CPU MatMulNBits computes 8 bits on its packed
 #: kernel only at accuracy_level 4 (int8 activations); below, it dequantizes the whole matrix
-#: on every call (measured 18x a float32 MatMul for one token), so their products are written
-#: as float32 MatMuls of the same (exact) values there; their embedding table stays 8 bits.
+#: on every call, so their products are written as float32 MatMuls of the same (exact) values
+#: there; their embedding table stays 8 bits.
 EIGHT_BITS = ("Q5_0", "Q5_1", "Q8_0", "Q6_K")
 #: type name -> (bytes per block, weights per block)
 BLOCK_BYTES = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q5_0": (22, 32), "Q5_1": (24, 32),

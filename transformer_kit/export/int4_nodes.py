@@ -28,7 +28,7 @@ from transformer_kit.core.errors import ExportError
 #: Rows quantized per kernel call (the kernel wants them transposed: one chunk's copy at a time).
 CHUNK_ROWS = 4096
 #: Weights a thread searches at once: its working arrays (a few times that many floats) stay in
-#: the core's cache, where one chunk of 4M weights ran 3x slower from memory.
+#: the core's cache instead of streaming from memory.
 SEARCH_CHUNK = 1 << 18
 
 
@@ -86,9 +86,8 @@ def quantize_rows(rows: np.ndarray, block_size: int, symmetric: bool, bits: int 
 
 #: Scales tried per block by ``rounding="search"``, as multiples of the nearest-rounding scale
 #: (both signs for symmetric blocks: the largest magnitude may land on -8 or on +7). Three, not
-#: more: on SmolLM2 the default recipe gave 1.073x float32's perplexity with these against 1.083x
-#: with the seven 0.8, 0.85, ..., 1.1, and 1.077x against 1.089x on a second held text (more
-#: candidates lower each block's weighted error and fit the calibration text; BENCHMARKS.md).
+#: more: more candidates lower each block's weighted error but fit the calibration text, and
+#: held text's perplexity gets worse (docs/benchmarks/history.md).
 SEARCH_FACTORS = (0.9, 1.0, 1.1)
 
 

@@ -2,10 +2,9 @@
 
 A streamed (or bfloat16) model's reference reads each large layer's weights as it runs and
 drops them after, so every pass of the verification (two forward shapes, decoding steps,
-generation, top-1 agreement) read and converted the whole checkpoint again: about a second
-and a half per pass for a 0.5B model. :class:`KeptWeights` keeps what it reads, while a budget
-of bytes allows, as read (float32: a kept bfloat16 copy would be converted again on every
-pass, which costs a third of what reading does); later passes use them as they are.
+generation, top-1 agreement) would read and convert the whole checkpoint again.
+:class:`KeptWeights` keeps what it reads, while a budget of bytes allows, as read (float32: a
+kept bfloat16 copy would be converted again on every pass); later passes use them as they are.
 The budget is half the memory that the export's estimated peak leaves free, so keeping never
 makes an export that fits not fit.
 """

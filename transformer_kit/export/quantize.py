@@ -39,10 +39,8 @@ EIGHT_BIT_ROLES = {"embedding": "the token embedding table (and a tied head, whi
 
 
 #: The most tokens of the default calibration text (or of random ids) the model runs; a user's
-#: text runs whole. On SmolLM2 (benchmarks/int4_quality.py's held text) three slices of 512
-#: tokens of the default text gave 1.082-1.090x float32's perplexity and its first 2,048 tokens
-#: 1.091x, at a quarter of the products: what the weighting finds is settled by a few hundred
-#: tokens (BENCHMARKS.md).
+#: text runs whole. What the weighting finds is settled by a few hundred tokens, so more would
+#: only cost products (docs/benchmarks/history.md, "4-bit weights that keep their quality").
 DEFAULT_TOKENS = 512
 
 
@@ -56,10 +54,9 @@ class Int4:
             (fastest on x86, as onnxruntime-genai's int4 models), 1 = float32, 0 = the
             kernel's default. CUDA ignores it.
         symmetric: a scale per block (zero point 8, the default) rather than a scale and a zero
-            point. Calibrated, asymmetric blocks are a little better (with the 8-bit table and
-            down projections, 1.066x float32's perplexity against 1.085x on SmolLM2-135M) but
-            onnxruntime's kernels run them 16-36 % slower per product on AVX2 CPUs (the same
-            speed with AVX-512 VNNI). 8-bit blocks are always symmetric.
+            point. Calibrated, asymmetric blocks are a little better but onnxruntime's kernels
+            run them slower on AVX2 CPUs (at the same speed with AVX-512 VNNI). 8-bit blocks are
+            always symmetric.
         head: also quantize the output head (the vocabulary projection). It is the largest
             single matrix of small models; onnxruntime-genai quantizes it too.
         embedding: also quantize the token embedding (``GatherBlockQuantized``, blocks along
@@ -67,8 +64,7 @@ class Int4:
             reads the same 4-bit bytes. False keeps the table in float32.
         rounding: ``"search"`` (each block's scale chosen among candidates for the least
             squared error, the integers refitted: never worse than nearest rounding, block by
-            block, at no cost when running) or ``"nearest"`` (onnxruntime's quantizer, the
-            kit's int4 before this option).
+            block, at no cost when running) or ``"nearest"`` (onnxruntime's quantizer).
         eight_bit: roles of weights kept in 8-bit blocks (symmetric, same block size) instead of
             4: any of ``"embedding"``, ``"head"``, ``"value"``, ``"down"``, ``"early"`` (see
             :data:`EIGHT_BIT_ROLES`), or ``()`` for 4 bits everywhere. A packed q/k/v product
@@ -84,16 +80,15 @@ class Int4:
             column alike). Only ``rounding="search"`` weighs; with ``"nearest"`` the default
             means None.
 
-    The defaults are the measured best trade on SmolLM2-135M-Instruct (BENCHMARKS.md, "4-bit
-    weights that keep their quality"): perplexity 1.073x float32's (nearest rounding in 4 bits
-    everywhere, the first int4: 1.39x), folder 0.20x float32's (0.16x), decoding 1.08x
-    onnxruntime-genai int4's tokens/s in a 30-round pair run (an AVX2 machine). The first
-    eighth of the layers adds 7 % to the folder of ``eight_bit=("embedding",)`` and buys nearly
-    what every down projection does (``eight_bit=("embedding", "down")``: 1.085x, 13 % more,
-    0.98x genai's speed): an error in the first layers reaches every later one.
-    ``eight_bit=("embedding", "value", "down")`` is better (1.058x) and slower;
-    ``eight_bit=("embedding",)`` faster (1.14x) and at 1.105x. ``Int4(rounding="nearest",
-    eight_bit=())`` is the first int4.
+    The defaults (blocks of 32, accuracy level 4, symmetric, head and embedding quantized,
+    ``rounding="search"``, ``eight_bit=("embedding", "early")``, the default calibration) are
+    the best trade of perplexity, folder size and decoding speed found on SmolLM2-135M-Instruct;
+    each option's figures are in BENCHMARKS.md and docs/benchmarks/history.md ("4-bit weights
+    that keep their quality"). The first eighth of the layers in 8 bits buys nearly what every
+    down projection does, in fewer bytes: an error in the first layers reaches every later one.
+    ``eight_bit=("embedding", "value", "down")`` is better and slower, ``eight_bit=("embedding",)``
+    faster and worse; ``Int4(rounding="nearest", eight_bit=())`` is plain nearest rounding in 4
+    bits everywhere.
     """
 
     block_size: int = 32
@@ -222,8 +217,8 @@ def quantize_graph(path: Path, external: bool) -> None:
         # activations by int8 weights with VPMADDUBSW, which sums adjacent pairs into int16 and
         # saturates above 32767 (255 * (127 + 127) would); with 7-bit weights a pair stays at
         # or below 255 * 128 = 32640, so every CPU computes the same exact integer products.
-        # A scale per output column wins back the bit (top-1 agreement with float32 on the
-        # GPT-2-shape benchmark model: 92 % against 91 % for full-range per-tensor weights).
+        # A scale per output column wins back the bit: 7-bit weights so scaled agree with
+        # float32 at least as well as full-range per-tensor ones.
         quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8, reduce_range=True,
                          per_channel=True, op_types_to_quantize=["MatMul", "Gemm"],
                          nodes_to_exclude=routers, use_external_data_format=external)

@@ -451,8 +451,8 @@ class WeightWriter:
     def _placed_stack(self, blocks: StackedBlocks, floats: ir.DataType) -> dict:
         """``blocks`` written: part -> (offset, length, shape, type). The scales in ``floats``,
         the activations' type: float16 scales beside float32 activations (a GGUF file's hold in
-        float16) cost onnxruntime 1.31's CPU QMoE more memory than they save on disk (it keeps a
-        float32 copy: the 30B-A3B shape's session passed 23 GB and was killed)."""
+        float16) cost onnxruntime 1.31's CPU QMoE more memory than they save on disk (its session
+        keeps a float32 copy of them as well)."""
         scales = blocks.scales.astype(floats.numpy(), copy=False)
         parts = {"packed": (blocks.packed, ir.DataType.UINT8), "scales": (scales, floats),
                  "zero_points": (blocks.zero_points, ir.DataType.UINT8)}

@@ -74,7 +74,7 @@ class CacheOps:
         if session is None:
             options = ort.SessionOptions()
             # the calling thread alone: a thread pool of its own would spin after each gather and
-            # take the cores from the decoder step that follows (measured: +2.5 ms a step)
+            # take the cores from the decoder step that follows
             options.intra_op_num_threads = 1
             session = self.sessions[kind, types] = ort.InferenceSession(
                 _helper_graph(kind, types), options, providers=self.providers)

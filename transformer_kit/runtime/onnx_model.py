@@ -72,8 +72,7 @@ class OnnxModel:
         session_options: an ``onnxruntime.SessionOptions`` used for every graph.
         disabled_optimizers: onnxruntime graph optimizers to skip. ``"auto"`` skips
             ``SkipLayerNormFusion`` on the CPU: onnxruntime's CPU SkipLayerNormalization kernel
-            was measured slower than the LayerNormalization and Add it replaces (without the
-            fusion a BERT-shaped forward at 4 x 128 ran 5 % faster, GPT-2-shaped decoding 4 %);
+            is slower than the LayerNormalization and Add it replaces (docs/benchmarks/history.md);
             on CUDA the fusion is kept. Pass ``()`` to keep every optimizer.
         batch_invariant: a decoder's rows decode bit for bit as alone, in a batch of any size
             (``generate`` of several prompts, the server's engine): prompts of one length run

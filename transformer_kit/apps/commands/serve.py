@@ -26,9 +26,9 @@ _Opt = typer.Option
 #: runs longer has lost a client with default settings anyway (a stream keeps its client, and is
 #: bounded the same, so that no request holds a batch row for ever).
 DEFAULT_MAX_REQUEST_SECONDS = 600.0
-#: --prefix-cache-bytes by default, 256 MiB: a 500-token prefix of SmolLM2-135M in float32 takes
-#: 23 MB, of a GPT-2-small shape 37 MB, of an 8B Llama with 8 key/value heads in float16 66 MB, so
-#: a few system prompts or conversations stay, at a small part of the memory of the model itself.
+#: --prefix-cache-bytes by default, 256 MiB: a 500-token prefix's cache is 23 MB for SmolLM2-135M
+#: in float32 and 66 MB for an 8B Llama in float16, so a few system prompts or conversations stay,
+#: at a small part of the memory of the model itself.
 DEFAULT_PREFIX_CACHE_BYTES = 256 * 2**20
 #: --drain-seconds by default: how long a server told to stop (SIGTERM) finishes the requests it
 #: holds; Kubernetes' grace period before SIGKILL is 30 s.

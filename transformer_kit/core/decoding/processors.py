@@ -60,9 +60,9 @@ class LogitsProcessor:
     """
 
     #: Whether the processor reads ``state.ids`` or ``state.real``. When no processor of a
-    #: pipeline does (only ``new_tokens``), the decoding loop keeps no history of the tokens
-    #: (about 40 us a token less: min_new_tokens alone, the sampling warpers). A plain callable
-    #: counts as one that reads them.
+    #: pipeline does (only ``new_tokens``: min_new_tokens alone, the sampling warpers), the
+    #: decoding loop keeps no history of the tokens, which spares every token its upkeep. A
+    #: plain callable counts as one that reads them.
     reads_tokens: bool = True
 
     def __call__(self, scores: np.ndarray, state: DecodingState) -> np.ndarray:  # pragma: no cover

@@ -141,7 +141,7 @@ def _grammar(key: str) -> str | None:
 def guidance_tokenizer(tokenizer: Any, eos_ids: list[int], vocab_size: int) -> Any:
     """llguidance's tokenizer of ``tokenizer`` (a ``TextTokenizer``) ending at ``eos_ids``,
     over ``vocab_size`` columns of logits; built once per tokenizer and end ids (building one
-    of a 49k vocabulary takes ~150 ms) and kept on it."""
+    goes over the whole vocabulary, too long to repeat per request) and kept on it."""
     from llguidance import LLTokenizer
 
     key = (tuple(eos_ids), vocab_size)

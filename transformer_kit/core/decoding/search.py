@@ -49,8 +49,8 @@ def stream_tokens(stepper: Stepper, call: DecodingCall, options: GenerationConfi
     ended or after ``max_new_tokens``.
 
     Without processors the loop keeps no history and chooses from the runtime's logits as
-    they are: after a 1 ms int4 step has left the caches cold, every small numpy call costs
-    microseconds, and the processors' state, the copy and the eos check cost about 40 us a token.
+    they are: after a short int4 step has left the caches cold, every small numpy call is
+    slow, so the processors' state, the copy and the eos check are a cost worth skipping.
     With ``prompt_lookup_num_tokens`` or an assistant model:
     :func:`~transformer_kit.core.decoding.speculative.speculative_tokens`.
     """
