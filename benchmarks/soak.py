@@ -12,8 +12,9 @@ First each distinct request is sent alone (one client) and its answer kept. Then
 threads send the requests in turn (each client starting at its own place in the list) for
 ``--minutes``; each answer is compared with the lone one (the text, the tokens; ``/metrics`` and
 ``/health`` by their status). Every minute: the server's resident memory, the bytes of its
-caches (the running batch's key/value cache and the prefix cache, read from ``/metrics``; the
-rest of the memory is the weights and onnxruntime's buffers), the requests answered in it and
+caches (the running batch's key/value cache and the prefix cache, read from ``/metrics``), the
+rest (the weights, onnxruntime's arena and buffers, Python: onnxruntime reports no figure of its
+arena, so it is this difference), the requests answered in it and
 the p50 / p99 latency of each kind. Reported: a table per minute, the totals (sent,
 answered, failed, different from the lone answer: nothing may be lost or differ), RSS growth
 after the first minute (the targets: under 5 %, and at most 1.0 GB), and a plot (``--plot``,
@@ -190,6 +191,8 @@ def plot(path: Path, minutes: list[dict], clients: int) -> None:
     memory.plot(x, [m["rss_mb"] for m in minutes], marker="o", label="resident memory")
     memory.plot(x, [m["cache_mb"] for m in minutes], marker="s", label="the running batch's cache")
     memory.plot(x, [m["prefix_cache_mb"] for m in minutes], marker="^", label="the prefix cache")
+    memory.plot(x, [m["rest_mb"] for m in minutes], marker="v",
+                label="the rest: weights, onnxruntime's arena and buffers, Python")
     memory.set_ylabel("server MB")
     memory.legend(fontsize=7)
     memory.set_title(f"transformer-kit serve, SmolLM2-135M int4, {clients} clients, every endpoint")
@@ -241,18 +244,20 @@ def main(argv: list[str] | None = None) -> int:
     minutes = []
     for minute, resident in enumerate(memory):
         kinds = soak.latency.get(minute, {})
-        minutes.append({"minute": minute + 1, "rss_mb": resident / 1e6, **caches[minute],
+        rest = resident / 1e6 - caches[minute]["cache_mb"] - caches[minute]["prefix_cache_mb"]
+        minutes.append({"minute": minute + 1, "rss_mb": resident / 1e6, **caches[minute], "rest_mb": rest,
                         "answered": sum(len(v) for v in kinds.values()),
                         "p50": {k: float(np.percentile(v, 50)) for k, v in kinds.items()},
                         "p99": {k: float(np.percentile(v, 99)) for k, v in kinds.items()}})
     shown = ("chat", "chat stream", "chat json", "completion", "responses", "responses stream", "tokenize")
     print(f"\n{args.clients} clients, {args.minutes:g} minutes, {len(plan)} distinct requests\n")
-    print("| minute | RSS (MB) | cache / prefix cache (MB) | answered | "
+    print("| minute | RSS (MB) | cache / prefix cache / rest (MB) | answered | "
           + " | ".join(f"{k} p50 / p99 (s)" for k in shown) + " |")
     print("| ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in shown) + " |")
     for m in minutes:
         cells = [f"{m['p50'][k]:.2f} / {m['p99'][k]:.2f}" if k in m["p50"] else "-" for k in shown]
-        print(f"| {m['minute']} | {m['rss_mb']:.0f} | {m['cache_mb']:.0f} / {m['prefix_cache_mb']:.0f} | "
+        print(f"| {m['minute']} | {m['rss_mb']:.0f} | {m['cache_mb']:.0f} / {m['prefix_cache_mb']:.0f} / "
+              f"{m['rest_mb']:.0f} | "
               f"{m['answered']} | " + " | ".join(cells) + " |")
     growth = 100 * (memory[-1] - memory[0]) / memory[0]
     print(f"\nsent {soak.sent}, answered {soak.answered}, failed {len(soak.failed)}, different from the "

@@ -56,7 +56,8 @@ class CacheLayout(ABC):
         self.binding = graph.bind(adapter)
         #: Whether a step gives several positions' logits (drafts checked in one step).
         self.verifies = graph.verifies
-        self._logits_arrays: dict[tuple[int, int], np.ndarray] = {}
+        self._logits_store = np.empty((0, graph.vocab), graph.dtype)  # the most rows asked for yet
+        self._logits = self._logits_store  # the view the last run's logits were asked for
 
     @property
     @abstractmethod
@@ -160,13 +161,16 @@ class CacheLayout(ABC):
                              f"several positions' logits; this batch has {self.rows} rows.")
 
     def logits_buffer(self, rows: int, positions: int = 1) -> np.ndarray:
-        """A (rows x positions, vocab) array for a run's logits, the same one for the same
-        shape (a binding's output stays bound to it); the caller's until the next run."""
-        buffer = self._logits_arrays.get((rows, positions))
-        if buffer is None:
-            buffer = self._logits_arrays[rows, positions] = np.empty((rows * positions, self.graph.vocab),
-                                                                self.graph.dtype)
-        return buffer
+        """A (rows x positions, vocab) array for a run's logits, the caller's until the next run:
+        the same array while the shape stays (a binding's output stays bound to it), every shape
+        a view of one store as large as the most rows yet (a store per batch size would hold
+        tens of megabytes each under a server's changing batch)."""
+        count = rows * positions
+        if len(self._logits) != count:
+            if len(self._logits_store) < count:
+                self._logits_store = np.empty((count, self.graph.vocab), self.graph.dtype)
+            self._logits = self._logits_store[:count]
+        return self._logits
 
 
 def prefill_in_chunks(ids: np.ndarray, past: Any, past_length: int,

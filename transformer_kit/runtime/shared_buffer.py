@@ -109,8 +109,11 @@ class SharedBuffer(CacheLayout):
         return self._values[1]
 
     def _new_buffers(self, rows: int, width: int) -> list[np.ndarray]:
-        shape = (rows, self.graph.kv_heads, width, self.graph.head_dim)
-        return [np.zeros(shape, self.graph.dtype) for _ in self.graph.past_names]
+        """Zeroed buffers (rows, kv_heads, width, head_dim), one per cache input, as views of one
+        allocation: a large one is mapped and unmapped whole, so the memory of a buffer that grew
+        goes back to the system instead of staying in the allocator's heaps."""
+        shape = (len(self.graph.past_names), rows, self.graph.kv_heads, width, self.graph.head_dim)
+        return list(np.zeros(shape, self.graph.dtype))
 
     def _fit(self, rows: int, columns: int) -> None:
         """Room for ``rows`` slots of ``columns`` columns each (the held rows' columns kept): the
@@ -244,9 +247,13 @@ class SharedBuffer(CacheLayout):
         return BufferRows([b[rows] for b in prefilled.buffers], prefilled.lengths[rows])
 
     def prefix_entry(self, prefilled: BufferRows, row: int) -> tuple[BufferRows, int]:
-        """The row's columns, copied out of the prefill's buffers (one row, its length wide)."""
+        """The row's columns (one row, its length wide): the prefill's buffers themselves when
+        they are just that, else a copy (a view would keep every row's buffers alive, beyond the
+        bytes the prefix cache counts)."""
         length = int(prefilled.lengths[row])
-        buffers = [np.ascontiguousarray(b[row:row + 1, :, :length]) for b in prefilled.buffers]
+        if len(prefilled.lengths) == 1 and prefilled.buffers[0].shape[2] == length:
+            return prefilled, length * self.graph.token_bytes
+        buffers = [b[row:row + 1, :, :length].copy() for b in prefilled.buffers]
         return BufferRows(buffers, np.array([length], np.int64)), length * self.graph.token_bytes
 
     def prefix_past(self, entry: BufferRows, rows: int, tokens: int) -> BufferRows:
