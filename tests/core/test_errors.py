@@ -17,7 +17,7 @@ ROOT = Path(__file__).parent.parent.parent
 def test_every_error_type_is_exported_and_documented():
     types = [obj for _, obj in inspect.getmembers(errors, inspect.isclass)
              if issubclass(obj, tk.TransformerKitError)]
-    assert len(types) == 13
+    assert len(types) == 14
     for error in types:
         assert getattr(tk, error.__name__) is error
         assert error.__doc__

@@ -21,6 +21,8 @@ ExportError            an ONNX export failed or did not verify
 ArtifactError          an export folder cannot be loaded: missing, another format or version, or
                        damaged files
 ProviderError          an onnxruntime execution provider that was asked for cannot run here
+DependencyError        the work needs an extra that is not installed (torch, to build or export
+                       a model): its install command
 =====================  ========================================================================
 """
 

@@ -3,8 +3,9 @@
 Components and their lowerings are indexed by (kind, name), checkpoint families by ``model_type``. A plugin's
 contributions are read when it is registered, by calling its hooks through pluggy (a subset
 hook caller holding just that plugin, so each contribution's plugin is known and a conflict
-names both). Built-ins are an ordinary plugin (``builtin``, loaded by name from a table, as
-pytest loads its default plugins); third-party plugins come from the entry-point group
+names both). Built-ins are ordinary plugins (loaded by name from a table, as pytest loads its
+default plugins; each imported when one of its kinds is first asked for, so that decoding with a
+logits processor imports no torch); third-party plugins come from the entry-point group
 ``transformer_kit``. ``TRANSFORMER_KIT_DISABLE_PLUGIN_AUTOLOAD=1`` skips entry points and
 ``TRANSFORMER_KIT_BLOCK_PLUGINS=name,other`` blocks plugins by name (as pytest's ``-p no:``).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import os
+import threading
 import warnings
 from collections.abc import Iterable, Mapping
 from importlib import metadata
@@ -22,7 +24,7 @@ from typing import Any
 import pluggy
 
 from transformer_kit.core import hookspecs
-from transformer_kit.core.component import KINDS, CheckpointFamily, Component, Lowering
+from transformer_kit.core.component import KINDS, MODEL_KINDS, CheckpointFamily, Component, Lowering
 from transformer_kit.core.dependencies import TORCH_EXTRA, TORCH_INSTALL
 from transformer_kit.core.errors import (
     CheckpointError,
@@ -48,25 +50,75 @@ from transformer_kit.core.registry_entries import (
 ENTRY_POINT_GROUP = "transformer_kit"
 DISABLE_AUTOLOAD_ENV = "TRANSFORMER_KIT_DISABLE_PLUGIN_AUTOLOAD"
 BLOCK_ENV = "TRANSFORMER_KIT_BLOCK_PLUGINS"
-#: Plugins that ship with the kit: plugin name -> module path.
-BUILTIN_PLUGINS: Mapping[str, str] = {"builtin": "transformer_kit.plugins.builtin",
-                                      "builtin.decoding": "transformer_kit.plugins.decoding"}
+#: Plugins that ship with the kit: plugin name -> (module path, the component kinds it contributes).
+BUILTIN_PLUGINS: Mapping[str, tuple[str, tuple[str, ...]]] = {
+    "builtin": ("transformer_kit.plugins.builtin", MODEL_KINDS),
+    "builtin.decoding": ("transformer_kit.plugins.decoding", ("logits_processor",)),
+}
 
 
 class Registry:
     """Every registered component, by kind and name, and every checkpoint family."""
 
     def __init__(self, blocked: Iterable[str] = ()) -> None:
-        self.plugin_manager = pluggy.PluginManager(hookspecs.PROJECT)
-        self.plugin_manager.add_hookspecs(hookspecs)
+        self._pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self._pm.add_hookspecs(hookspecs)
         for name in blocked:
-            self.plugin_manager.set_blocked(name)
+            self._pm.set_blocked(name)
         self._components: dict[tuple[str, str], RegisteredComponent] = {}
         self._lowerings: dict[tuple[str, str], RegisteredLowering] = {}
         self._families: dict[str, RegisteredFamily] = {}
-        self.failures: list[PluginFailure] = []
+        self._failures: list[PluginFailure] = []
+        #: plugins to import when first needed: name -> (module path, the kinds it contributes)
+        self._deferred: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._loading = threading.RLock()
+
+    @property
+    def plugin_manager(self) -> pluggy.PluginManager:
+        """The pluggy plugin manager, every deferred plugin registered in it."""
+        self._load_deferred()
+        return self._pm
+
+    @property
+    def failures(self) -> list[PluginFailure]:
+        """The plugins that could not be loaded, each with the reason."""
+        self._load_deferred()
+        return self._failures
+
+    @property
+    def deferred(self) -> list[str]:
+        """The plugins deferred and not registered yet (:meth:`defer_plugin`), sorted."""
+        return sorted(self._deferred)
 
     # -- plugins ---------------------------------------------------------------------------
+    def defer_plugin(self, name: str, module: str, kinds: Iterable[str]) -> None:
+        """Register the plugin module ``module`` as ``name`` when it is first needed: when a
+        component of one of ``kinds`` is looked up, or lowerings, checkpoint families, the
+        plugin list or another plugin's registration (whose contributions may name its own).
+        A module that needs torch, where torch is not installed, is recorded in ``failures``."""
+        if not self._pm.is_blocked(name):
+            self._deferred[name] = (module, tuple(kinds))
+
+    def _load_deferred(self, kind: str | None = None) -> None:
+        """Register the deferred plugins contributing ``kind`` (None: all of them)."""
+        if not self._deferred:
+            return
+        with self._loading:  # a server's threads may ask at once: each plugin is loaded once
+            for name, (module, kinds) in list(self._deferred.items()):
+                if kind is not None and kind not in kinds:
+                    continue
+                del self._deferred[name]
+                try:
+                    plugin = importlib.import_module(module)
+                except ModuleNotFoundError as exc:
+                    if exc.name not in TORCH_EXTRA:
+                        raise
+                    # an install without torch (running exports only): the model's components are not there
+                    self._failures.append(PluginFailure(name, None, f"needs torch, which is not installed; "
+                                                        f"{TORCH_INSTALL} to build or export models"))
+                    continue
+                self._register(plugin, name, None)
+
     def register_plugin(
         self, plugin: object, name: str | None = None, *, distribution: str | None = None
     ) -> str | None:
@@ -77,7 +129,11 @@ class Registry:
         Raises :class:`PluginError` naming the plugin when registration, a hook, or a name
         conflict fails; the plugin is then left unregistered.
         """
-        pm = self.plugin_manager
+        self._load_deferred()  # first: this plugin's contributions may name theirs
+        return self._register(plugin, name, distribution)
+
+    def _register(self, plugin: object, name: str | None, distribution: str | None) -> str | None:
+        pm = self._pm
         name = name or pm.get_canonical_name(plugin)
         if pm.is_blocked(name):
             return None
@@ -134,6 +190,8 @@ class Registry:
 
     def unregister_plugin(self, name: str) -> None:
         """Remove a plugin and everything it contributed."""
+        if self._deferred.pop(name, None) is not None:
+            return
         if self.plugin_manager.get_plugin(name) is None:
             raise PluginError(
                 f"No plugin named {name!r} is registered; registered: "
@@ -151,7 +209,7 @@ class Registry:
     def plugin_hook(self, name: str, hook: str) -> pluggy.HookCaller:
         """A pluggy hook caller for ``hook`` that calls only the plugin ``name``'s
         implementations (``subset_hook_caller``: tracing and that plugin's wrappers apply)."""
-        pm = self.plugin_manager
+        pm = self._pm
         others = [p for n, p in pm.list_name_plugin() if n != name and p is not None]
         return pm.subset_hook_caller(hook, remove_plugins=others)
 
@@ -159,7 +217,7 @@ class Registry:
         """Load third-party plugins from an entry-point group; failures are recorded and warned."""
         for ep in metadata.entry_points(group=group):
             dist = ep.dist.name if ep.dist is not None else None
-            if self.plugin_manager.is_blocked(ep.name) or self.plugin_manager.has_plugin(ep.name):
+            if self._pm.is_blocked(ep.name) or self._pm.has_plugin(ep.name):
                 continue
             try:
                 plugin = ep.load()
@@ -172,7 +230,7 @@ class Registry:
                 self._fail(ep.name, dist, str(exc))
 
     def _fail(self, plugin: str, dist: str | None, error: str) -> None:
-        self.failures.append(PluginFailure(plugin, dist, error))
+        self._failures.append(PluginFailure(plugin, dist, error))
         warnings.warn(
             f"transformer_kit: {origin(plugin, dist)} was not loaded: {error}",
             RuntimeWarning,
@@ -201,12 +259,14 @@ class Registry:
     def names(self, kind: str, pattern: str | None = None) -> list[str]:
         """Sorted names of the components of ``kind``, optionally filtered by a glob pattern."""
         _check_kind(kind)
+        self._load_deferred(kind)
         names = sorted(name for k, name in self._components if k == kind)
         return [n for n in names if fnmatch.fnmatchcase(n, pattern)] if pattern else names
 
     def entry(self, kind: str, name: str) -> RegisteredComponent:
         """The component with its plugin and distribution; raises UnknownComponentError."""
         _check_kind(kind)
+        self._load_deferred(kind)
         try:
             return self._components[(kind, name)]
         except KeyError:
@@ -226,6 +286,7 @@ class Registry:
         """All registered components (of one kind), sorted by kind then name."""
         if kind is not None:
             _check_kind(kind)
+        self._load_deferred(kind)
         items = sorted(self._components.items())
         return [e for (k, _), e in items if kind is None or k == kind]
 
@@ -257,19 +318,23 @@ class Registry:
     # -- lowerings ---------------------------------------------------------------------------
     def lowering(self, kind: str, name: str) -> RegisteredLowering | None:
         """How component ``kind``/``name`` writes its ONNX nodes, or None (the export traces it)."""
+        self._load_deferred(kind)
         return self._lowerings.get((kind, name))
 
     def lowerings(self) -> list[RegisteredLowering]:
         """Every registered lowering, sorted by kind then name."""
+        self._load_deferred()
         return [e for _, e in sorted(self._lowerings.items())]
 
     # -- checkpoint families ---------------------------------------------------------------
     def model_types(self) -> list[str]:
         """The Hugging Face ``model_type``s some plugin can load, sorted."""
+        self._load_deferred()
         return sorted(self._families)
 
     def family(self, model_type: str) -> RegisteredFamily:
         """The family loading ``model_type``; raises :class:`CheckpointError` listing the others."""
+        self._load_deferred()
         try:
             return self._families[model_type]
         except (KeyError, TypeError):
@@ -304,19 +369,8 @@ def _autoload_disabled() -> bool:
 def create_default_registry() -> Registry:
     """A registry with the built-in plugins and, unless disabled, the entry-point plugins."""
     registry = Registry(blocked=_blocked_from_env())
-    for name, module in BUILTIN_PLUGINS.items():
-        if registry.plugin_manager.is_blocked(name):
-            continue
-        try:
-            plugin = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name not in TORCH_EXTRA:
-                raise
-            # an install without torch (running exports only): the model's components are not there
-            registry.failures.append(PluginFailure(name, None, f"needs torch, which is not installed; "
-                                                   f"{TORCH_INSTALL} to build or export models"))
-            continue
-        registry.register_plugin(plugin, name=name)
+    for name, (module, kinds) in BUILTIN_PLUGINS.items():
+        registry.defer_plugin(name, module, kinds)
     if not _autoload_disabled():
         registry.load_entry_points()
     return registry

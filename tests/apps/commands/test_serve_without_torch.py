@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,6 +114,21 @@ def test_generate_without_torch_takes_the_options_that_build_logits_processors(s
     assert run.returncode == 0, run.stderr
     expected = OnnxModel(chat_export, providers="cpu").generate(np.array(ids), **options)
     assert json.loads(run.stdout) == expected.tolist()
+
+
+def test_logits_processors_import_no_torch_where_it_is_installed(chat_export):
+    """The full install loads the model components' plugin (and torch) only when they are asked
+    for: decoding an export with processors and a JSON schema leaves torch unimported."""
+    options = {"max_new_tokens": 10, "repetition_penalty": 1.3, "do_sample": True,
+               "top_k": 20, "seed": 3,
+               "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA}}}
+    code = ("import json, sys; from transformer_kit.runtime import OnnxModel; "
+            "om = OnnxModel(sys.argv[1], providers='cpu'); "
+            "om.generate([[5, 9, 11, 40]], **json.loads(sys.argv[2])); print('torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code, str(chat_export), json.dumps(options)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False"]
 
 
 def test_an_install_without_torch_serves_embeddings(slim_python, embedding_export):
