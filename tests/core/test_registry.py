@@ -227,6 +227,38 @@ def test_a_component_without_cache_support_refuses_cached_generation(fresh_regis
     assert torch.equal(model.generate(ids, 3, use_cache=False), reference.generate(ids, 3))
 
 
+def test_a_component_s_export_refusal_refuses_the_configurations_it_names(fresh_registry):
+    """Component.export_refusal reads the module the factory made: one configuration exports,
+    the other is refused naming the component and giving its sentence."""
+    def refusal(kernel) -> str:
+        return "a scale above 1 is not exported: use one below." if kernel.scale > 1 else ""
+
+    comp = tk.Component("attention", "picky", MatmulAttention, provides={"score_bias"},
+                        export_refusal=refusal)
+    tk.register_plugin(_plugin(comp), name="picky_plugin")
+    low = tk.build_model(tiny_config("decoder", attention={"name": "picky", "scale": 0.5}))
+    high = tk.build_model(tiny_config("decoder", attention={"name": "picky", "scale": 2.0}))
+    assert low.unexportable == [] and low.unexportable_reasons == []
+    assert high.unexportable == ["attention 'picky' (plugin 'picky_plugin')"]
+    assert high.unexportable_reasons == ["a scale above 1 is not exported: use one below."]
+
+
+def test_the_model_components_plugin_loads_when_a_model_kind_is_asked_for(fresh_registry):
+    """The built-in plugins register when first needed: the logits processors' alone for a
+    processor, the model components' for a model's kind (or every listing)."""
+    registry = tk.core.registry.Registry()
+    for name, (module, kinds) in tk.core.registry.BUILTIN_PLUGINS.items():
+        registry.defer_plugin(name, module, kinds)
+    assert "repetition_penalty" in registry.names("logits_processor")
+    assert registry.plugins() == ["builtin", "builtin.decoding"]  # the listing loads the rest
+    again = tk.core.registry.Registry()
+    for name, (module, kinds) in tk.core.registry.BUILTIN_PLUGINS.items():
+        again.defer_plugin(name, module, kinds)
+    again.names("logits_processor")
+    assert again.deferred == ["builtin"]
+    assert "sdpa" in again.names("attention") and again.deferred == []
+
+
 def test_hooks_are_called_through_pluggy_so_tracing_sees_them(fresh_registry):
     calls = []
     undo = fresh_registry.plugin_manager.add_hookcall_monitoring(

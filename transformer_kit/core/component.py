@@ -44,9 +44,10 @@ class Component:
         description: one line shown in listings.
         exportable: False when the component cannot be exported to ONNX.
         unexportable_reason: with ``exportable`` False, the sentences ``export_onnx`` adds to
-            its refusal: why, and what to do instead. (A component that exports only some of
-            its configurations stays exportable and gives the module it makes a non-empty
-            ``export_refusal`` string where it cannot: ``moe`` with a sigmoid router.)
+            its refusal: why, and what to do instead.
+        export_refusal: for a component that exports only some of its configurations (it stays
+            ``exportable``): the module it made -> why that one cannot be exported, "" when it
+            can (``moe`` with a sigmoid router and no normalizing); None: every one can.
         supports_cache: False when cached decoding would not give the uncached result.
         provides: capabilities this component offers to others (e.g. ``"score_bias"`` for an
             attention kernel that accepts an additive bias, ``"causal"`` for a causal mask).
@@ -79,6 +80,7 @@ class Component:
     description: str = ""
     exportable: bool = True
     unexportable_reason: str = ""
+    export_refusal: Callable[[Any], str] | None = None
     supports_cache: bool = True
     provides: frozenset[str] = field(default_factory=frozenset)
     requires: frozenset[str] = field(default_factory=frozenset)

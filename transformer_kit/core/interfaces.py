@@ -98,6 +98,27 @@ class AttentionKernel(nn.Module):
     ) -> Tensor:
         raise NotImplementedError
 
+    def sink_logits(self) -> Tensor | None:
+        """A learned logit per query head (num_heads,) joining each softmax's denominator as a
+        key without a value (gpt-oss's attention sinks), or None: the fused attention lowering
+        has no such key, so a kernel with sinks exports by its own lowering."""
+        return None
+
+
+@dataclass(frozen=True)
+class RotaryScaling:
+    """What the ``"rotary"`` lowering reads of a rotary encoding besides ``rotary_dim`` and
+    ``inv_freq``: how its frequencies and angles are stretched past the training length.
+
+    Args:
+        long_from: longrope: a call whose positions pass this many uses the module's
+            ``long_inv_freq`` buffer (rotary_dim / 2,) instead of ``inv_freq``; None: no switch.
+        attention_factor: cos and sin are multiplied by it (yarn, longrope); 1.0: plain.
+    """
+
+    long_from: int | None = None
+    attention_factor: float = 1.0
+
 
 class PositionalEncoding(nn.Module):
     """Position information, at up to three points; each method is optional.
@@ -119,6 +140,16 @@ class PositionalEncoding(nn.Module):
     def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
         """Additive score bias (batch, heads, q_len, k_len) from positions (ALiBi), or None."""
         return None
+
+    def token_type_table(self) -> nn.Embedding | None:
+        """BERT's token-type embeddings (types, d_model), whose rows of a call's token types
+        ``embed`` adds (row 0 where it is given none), or None: the model takes no types."""
+        return None
+
+    def rotary_scaling(self) -> RotaryScaling:
+        """An encoding declaring the ``"rotary"`` lowering: its frequencies' stretch (plain by
+        default)."""
+        return RotaryScaling()
 
 
 class AttentionMask:

@@ -67,16 +67,17 @@ def silu_onnx(g: GraphWriter, x: Value) -> Value:
 def rotary_cos_sin(g: GraphWriter, positional: PositionalEncoding, positions: Value) -> tuple[Value, Value]:
     """cos, sin (batch, len, rotary_dim / 2) in the activations' type of ``positions`` (batch,
     len) times the encoding's ``inv_freq`` (the ``rotary`` lowering's contract), computed in
-    float32: with longrope's long frequencies for a call whose positions pass ``original`` and
+    float32: with longrope's long frequencies for a call whose positions pass its ``long_from`` and
     the ``attention_factor`` of yarn and longrope when the encoding has them."""
+    scaling = positional.rotary_scaling()
     inv_freq = g.weight(positional, "inv_freq", g.FLOAT)
-    if getattr(positional, "long_inv_freq", None) is not None:
+    if scaling.long_from is not None:
         longest = g.op.Add(g.op.ReduceMax(positions, keepdims=0), [1])
-        inv_freq = g.op.Where(g.op.Greater(longest, [positional.original]),
+        inv_freq = g.op.Where(g.op.Greater(longest, [scaling.long_from]),
                               g.weight(positional, "long_inv_freq", g.FLOAT), inv_freq)
     angles = g.op.Mul(g.op.Unsqueeze(g.op.Cast(positions, to=g.FLOAT), [-1]), inv_freq)
     cos, sin = g.op.Cos(angles), g.op.Sin(angles)
-    factor = getattr(positional, "attention_factor", 1.0)
+    factor = scaling.attention_factor
     if factor != 1.0:
         cos, sin = (g.op.Mul(t, g.constant(factor, g.FLOAT)) for t in (cos, sin))
     if g.float_type != g.FLOAT:

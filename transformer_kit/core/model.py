@@ -50,6 +50,9 @@ class TransformerModel(nn.Module):
         #: a call does not set them and kept by save and export; {} for none (set it to {} to
         #: ignore them, or pass ``use_generation_defaults=False`` to one call).
         self.generation_defaults: dict[str, Any] = {}
+        #: ``from_hf(..., adapters={name: folder})``: each LoRA adapter's factors by parameter,
+        #: kept apart from the weights and exported beside them; {} for none.
+        self.adapters: dict[str, Any] = {}
         #: ``from_hf(..., stream=True)``: the weights, read from the checkpoint when needed
         #: (the parameters are on the meta device); None for a model in memory.
         self.streamed_weights: Any = None
@@ -71,30 +74,30 @@ class TransformerModel(nn.Module):
         return self._lacking("supports_cache")
 
     def _refusing_instances(self) -> dict[str, list[str]]:
-        """The modules whose configuration export refuses (a non-empty ``export_refusal``
-        attribute: a component that exports only some of its configurations), by their
-        component named with its plugin: their reasons."""
+        """The modules whose configuration export refuses (their component's
+        ``export_refusal`` says why), by their component named with its plugin: their reasons."""
         found: dict[str, list[str]] = {}
         for module in self.modules():
-            reason = getattr(module, "export_refusal", "")
-            if not isinstance(reason, str) or not reason:
-                continue
             entry = component_of(module)
-            name = (f"{entry.component.kind} {entry.component.name!r} (plugin {entry.plugin!r})"
-                    if entry is not None else type(module).__name__)
-            found.setdefault(name, []).append(reason)
+            if entry is None or entry.component.export_refusal is None:
+                continue
+            reason = entry.component.export_refusal(module)
+            if reason:
+                name = f"{entry.component.kind} {entry.component.name!r} (plugin {entry.plugin!r})"
+                found.setdefault(name, []).append(reason)
         return found
 
     @property
     def unexportable(self) -> list[str]:
         """Components that declared ``exportable=False``, or whose configuration here refuses
-        export (a module's ``export_refusal``), named with their plugin."""
+        export (their ``Component.export_refusal``), named with their plugin."""
         return list(dict.fromkeys([*self._lacking("exportable"), *self._refusing_instances()]))
 
     @property
     def unexportable_reasons(self) -> list[str]:
         """What the components that declared ``exportable=False`` say of it
-        (``Component.unexportable_reason``), and the refusing modules' ``export_refusal``, each once."""
+        (``Component.unexportable_reason``), and what ``Component.export_refusal`` says of the
+        refusing modules, each once."""
         entries = [*self.components.values(),
                    *(e for kinds in self.layer_components.values() for e in kinds.values())]
         reasons = [e.component.unexportable_reason for e in entries
@@ -382,7 +385,7 @@ class EncoderTransformer(TransformerModel):
     def run_scores(self, ids: np.ndarray, real: np.ndarray, types: np.ndarray) -> np.ndarray:
         """One padded batch: ids, real, token types (batch, len) -> scores (batch, num_labels)
         float32, as :meth:`run_embedding`."""
-        segments = getattr(self.embed.positional, "token_type", None) is not None  # BERT's types
+        segments = self.embed.positional.token_type_table() is not None  # BERT's types
         ids_t, real_t, types_t = self._tensors(ids, real, types)
         with eval_mode(self), torch.inference_mode():
             _, scores = self.classify(ids_t, real_t, types_t if segments else None)

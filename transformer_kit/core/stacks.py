@@ -46,12 +46,12 @@ class Embedder(nn.Module):
             x = x * self.scale
         if token_types is None:
             x = self.positional.embed(x, positions)
-        elif getattr(self.positional, "token_type", None) is None:
+        elif (table := self.positional.token_type_table()) is None:
             raise InputError(f"token_type_ids were given, but positional "
                              f"{type(self.positional).__name__} has no token-type table; give "
                              "none (a BERT-style 'learned' encoding with token_types takes them).")
         else:
-            types = check_token_ids(token_types, self.positional.token_type.num_embeddings,
+            types = check_token_ids(token_types, table.num_embeddings,
                                     "token_type_ids")
             x = self.positional.embed(x, positions, token_types=types)
         return self.dropout(self.norm(x) if self.norm is not None else x)

@@ -72,7 +72,7 @@ def packs_attention(g: GraphBuilder, attention: MultiHeadAttention, inputs: Atte
     op each)."""
     return (not attention.is_cross and g.opset >= PACKED_ATTENTION_OPSET and inputs.bias is None
             and declares(attention.kernel, "attention")
-            and getattr(attention.kernel, "sinks", None) is None
+            and attention.kernel.sink_logits() is None
             and (not _rotates(inputs.positional) or declares(inputs.positional, "rotary")))
 
 
@@ -84,7 +84,7 @@ def shares_buffer(attention: MultiHeadAttention, positional: PositionalEncoding,
     no_bias = type(positional).score_bias is PositionalEncoding.score_bias
     return (not attention.is_cross and no_bias and declares(mask, "causal")
             and declares(attention.kernel, "attention")
-            and getattr(attention.kernel, "sinks", None) is None
+            and attention.kernel.sink_logits() is None
             and (not _rotates(positional) or declares(positional, "rotary")))
 
 

@@ -158,7 +158,7 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
     opset = DEFAULT_OPSET if opset is None else opset
     quantize = quantization(quantize)
     _check_arguments(model, opset, dtype, quantize)
-    adapters = getattr(model, "adapters", None) or {}
+    adapters = model.adapters
     if adapters and model.architecture != "decoder":
         raise ExportError(f"Adapters kept apart (from_hf(..., adapters=...)) export for decoders; this "
                           f"model is an {model.architecture}. Merge the adapter instead "

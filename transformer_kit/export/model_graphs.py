@@ -57,7 +57,7 @@ def scores_are_logits(model: TransformerModel) -> bool:
 
 def takes_token_types(model: TransformerModel) -> bool:
     """Whether an encoder's embedding has a token-type table of more than one row (BERT's)."""
-    table = getattr(model.embed.positional, "token_type", None)
+    table = model.embed.positional.token_type_table()
     return table is not None and table.num_embeddings > 1
 
 

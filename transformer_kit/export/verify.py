@@ -211,7 +211,7 @@ def top1_agreement(model: TransformerModel, om: OnnxModel, prompts: int = TOP1_P
 
 def in_memory_float32(model: TransformerModel) -> bool:
     """Whether ``model`` runs as it is for the reference: float32 weights in memory."""
-    return getattr(model, "streamed_weights", None) is None and all(
+    return model.streamed_weights is None and all(
         p.dtype == torch.float32 for p in model.parameters())
 
 

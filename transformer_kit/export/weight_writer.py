@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from transformer_kit.core.errors import ExportError
+from transformer_kit.core.model import TransformerModel
 from transformer_kit.export.gguf_blocks import FileBlocks
 from transformer_kit.export.int4_nodes import (
     QuantizedRows,
@@ -82,11 +83,10 @@ class ModelWeights:
         return self.tensors[name]
 
 
-def weight_source(model: torch.nn.Module) -> WeightSource:
+def weight_source(model: TransformerModel) -> WeightSource:
     """Where ``model``'s weights are read from: its checkpoint when it was loaded with
     ``stream=True``, else its parameters."""
-    streamed = getattr(model, "streamed_weights", None)
-    return streamed if streamed is not None else ModelWeights(model)
+    return model.streamed_weights if model.streamed_weights is not None else ModelWeights(model)
 
 
 def _numpy(tensor: Tensor) -> np.ndarray:

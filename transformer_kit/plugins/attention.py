@@ -49,6 +49,9 @@ class _ScaledKernel(AttentionKernel):
         # (num_heads,): each head's sink logit, read from a checkpoint (zeros until then)
         self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None
 
+    def sink_logits(self) -> Tensor | None:
+        return self.sinks
+
     def _scale_for(self, q: Tensor) -> float:
         return self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])
 

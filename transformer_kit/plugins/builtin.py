@@ -191,7 +191,7 @@ def transformer_kit_components() -> list[Component]:
                   description="GELU-gated linear unit (T5 v1.1, Flan-T5 gated-gelu; approximate: "
                   "tanh | none)"),
         Component("feedforward", "moe", MixtureOfExperts,
-                  lowering=Lowering(forward=moe_onnx),
+                  lowering=Lowering(forward=moe_onnx), export_refusal=MixtureOfExperts.refusal,
                   description="mixture of experts: top-k routed gated experts (Mixtral, Qwen-MoE, "
                   "OLMoE), an optional shared expert; ONNX: onnxruntime's fused MoE op (softmax "
                   "routers, swiglu experts)"),

@@ -122,8 +122,7 @@ class MixtureOfExperts(nn.Module):
         self.shared_expert = make_expert(expert, d_model, shared, dropout) if shared else None
         self.shared_expert_gate = nn.Linear(d_model, 1, bias=False) if shared else None
 
-    @property
-    def export_refusal(self) -> str:
+    def refusal(self) -> str:
         """Why this configuration cannot be exported to onnxruntime's ``MoE`` op; "" when it
         can (a softmax or softmax_topk router, or sigmoid with normalize; SwiGLU experts, with
         or without biases, plain or clamped: the op's fc1/fc2 biases and its activation_alpha,
@@ -223,14 +222,14 @@ def moe_onnx(g: Any, moe: MixtureOfExperts, x: Any) -> Any:
     expert stacked (fc1 (E, 2 * expert_d_ff, d_model), gate/up rows interleaved; fc2 (E,
     d_model, expert_d_ff); their biases (E, 2 * expert_d_ff) and (E, d_model) when the experts
     have them), plus the shared expert gated by a sigmoid."""
-    if moe.export_refusal:
-        raise ExportError(moe.export_refusal)
+    if refusal := moe.refusal():
+        raise ExportError(refusal)
     d_model = moe.router.in_features
     first = moe.experts[0]
     # the token count left unnamed: one name would claim the encoder's and the decoder's equal
     flat = g.shaped(g.op.Reshape(x, [-1, d_model]), [None, d_model], g.float_type)
     logits = g.linear(moe.router, flat)  # (tokens, num_experts)
-    if moe.routing == "sigmoid":  # with normalize (export_refusal): log(sigmoid(l)) = -softplus(-l),
+    if moe.routing == "sigmoid":  # with normalize (see refusal): log(sigmoid(l)) = -softplus(-l),
         # whose softmax over all experts, renormalised over the top-k, is sigmoid(l_i) / sum of the k
         logits = g.shaped(g.op.Neg(g.op.Softplus(g.op.Neg(logits))), [None, moe.num_experts],
                           g.float_type)

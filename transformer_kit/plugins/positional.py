@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from transformer_kit.core.errors import InputError
 from transformer_kit.core.graph_writer import GraphWriter
-from transformer_kit.core.interfaces import PositionalEncoding
+from transformer_kit.core.interfaces import PositionalEncoding, RotaryScaling
 from transformer_kit.core.layer_lowerings import rotary_cos_sin
 from transformer_kit.plugins.rope_scaling import frequencies
 
@@ -77,6 +77,9 @@ class LearnedPositions(PositionalEncoding):
         if self.token_type is not None:
             nn.init.normal_(self.token_type.weight, std=0.02)
 
+    def token_type_table(self) -> nn.Embedding | None:
+        return self.token_type
+
     def embed(self, x: Tensor, positions: Tensor, token_types: Tensor | None = None) -> Tensor:
         """x (batch, len, d_model) + the rows of ``positions`` (batch, len) + the token-type
         rows of ``token_types`` (batch, len; row 0 everywhere when None)."""
@@ -124,6 +127,10 @@ class RotaryPositions(PositionalEncoding):
         self.register_buffer("inv_freq", scaled.inv_freq, persistent=False)
         self.register_buffer("long_inv_freq", scaled.long_inv_freq, persistent=False)  # or None
         self.original, self.attention_factor = scaled.original, scaled.attention_factor
+
+    def rotary_scaling(self) -> RotaryScaling:
+        return RotaryScaling(self.original if self.long_inv_freq is not None else None,
+                             self.attention_factor)
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """positions (batch, len) -> cos, sin (batch, len, rotary_dim / 2) float32 of the angles
