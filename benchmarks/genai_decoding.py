@@ -23,9 +23,10 @@ float32 runner slower), each timed call after an untimed one (the previous runne
 threads, cold caches). Tokens/s are medians over rounds, ratios the
 median of the per-round ratios kit / genai at the same precision.
 
-``--baseline CHECKOUT`` adds, for every kit runner, the same weights exported by another checkout
-of the kit (an earlier commit: its export in a process with ``PYTHONPATH`` at it), decoded by this
-checkout's runtime in the same rounds: a second table gives this checkout's graphs against those.
+``--baseline CHECKOUT`` adds, for every kit runner, the same weights exported and decoded by another
+checkout of the kit (an earlier commit: its export and its own worker in processes with
+``PYTHONPATH`` at it) in the same rounds: a second table gives this checkout's graphs and runtime
+against those.
 ``--left-padded`` adds, for every kit runner, the same export decoded with
 ``OnnxModel(batch_invariant=False)`` (the layout before batch-invariant decoding: no masked
 columns after the prompt, one prefill of the whole prompt): a table gives the default's cost.
@@ -144,9 +145,10 @@ def genai_build(python: str, source: Path, out: Path, precision: str, workdir: P
     return out
 
 
-def with_kit() -> dict[str, str]:
-    """A worker's environment: this checkout first on its path (whichever interpreter)."""
-    return {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+def with_kit(checkout: Path = ROOT) -> dict[str, str]:
+    """A worker's environment: ``checkout`` (this one by default) first on its path (whichever
+    interpreter)."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(checkout), os.environ.get("PYTHONPATH")) if p)}
 
 
 def genai_interpreter(given: str | None) -> str | None:
@@ -159,8 +161,9 @@ def genai_interpreter(given: str | None) -> str | None:
 def measure(name: str, workdir: Path, genai_python: str | None, rounds: int,
             baseline: Path | None = None, left_padded: bool = False) -> dict:
     """Every runner of model ``name`` timed in interleaved rounds: {runner: seconds per round}
-    (onnxruntime-genai's left out without ``genai_python``; the ``baseline`` checkout's exports
-    with it; each kit export also decoded without batch invariance with ``left_padded``)."""
+    (onnxruntime-genai's left out without ``genai_python``; the ``baseline`` checkout's exports,
+    each decoded by its own runtime, with it; each kit export also decoded without batch
+    invariance with ``left_padded``)."""
     from testbed.peers import ProcessPeer
 
     source = checkpoint(name, workdir)
@@ -171,22 +174,22 @@ def measure(name: str, workdir: Path, genai_python: str | None, rounds: int,
         say(f"{name}: exporting {variant}")
         slug = "".join(c if c.isalnum() else "-" for c in variant)
         folder = kit_export(source, workdir / f"{name}-kit-{slug}", options)
-        folders[f"kit {variant}"] = ("kit", sys.executable, folder)
+        folders[f"kit {variant}"] = ("kit", sys.executable, folder, ROOT)
         if left_padded:
-            folders[f"left-padded {variant}"] = ("kit-left-padded", sys.executable, folder)
+            folders[f"left-padded {variant}"] = ("kit-left-padded", sys.executable, folder, ROOT)
         if baseline is not None:
             say(f"{name}: the baseline's {variant}")
             folder = baseline_export(baseline, source, workdir / f"{name}-baseline-{slug}", options)
-            folders[f"baseline {variant}"] = ("kit", sys.executable, folder)
+            folders[f"baseline {variant}"] = ("kit", sys.executable, folder, baseline)
     for precision in PRECISIONS if genai_python else ():
         say(f"{name}: onnxruntime-genai's {precision}")
         folder = genai_build(genai_python, source, workdir / f"{name}-genai-{precision}", precision, workdir)
-        folders[f"genai {precision}"] = ("genai", genai_python, folder)
+        folders[f"genai {precision}"] = ("genai", genai_python, folder, ROOT)
     peers = []
-    for runner, (kind, python, folder) in folders.items():
-        command = [python, __file__, "--worker", kind, "--folder", str(folder),
-                   "--new-tokens", str(new_tokens)]
-        peers.append(ProcessPeer(runner, command, prompt, with_kit()))
+    for runner, (kind, python, folder, checkout) in folders.items():
+        command = [python, str(checkout / "benchmarks" / Path(__file__).name), "--worker", kind,
+                   "--folder", str(folder), "--new-tokens", str(new_tokens)]
+        peers.append(ProcessPeer(runner, command, prompt, with_kit(checkout)))
     try:
         order = random.Random(0)  # a seeded shuffle a round: no runner always follows the same one
         for index in range(rounds):
@@ -230,7 +233,7 @@ def report(results: dict, rounds: int) -> None:
                          "yes" if result["agree"][variant] else "no"]
             print(f"| {TITLES[name]}, {result['prompt']} + {new} tokens | {variant} | "
                   f"{new / statistics.median(kit):.0f} | {' | '.join(cells)} |")
-    comparison(results, "baseline", "same_as_baseline", "this checkout's graphs", "the baseline's",
+    comparison(results, "baseline", "same_as_baseline", "this checkout", "the baseline",
                "this / baseline")
     comparison(results, "left-padded", "same_as_left_padded", "batch invariant (the default)",
                "`batch_invariant=False`", "invariant / not")
@@ -264,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small", action="store_true", help="a tiny random Llama (the smoke test)")
     parser.add_argument("--json", type=Path, default=None, help="also write the timings here")
     parser.add_argument("--baseline", type=Path, default=None,
-                        help="another checkout of the kit whose exports of the same weights run too")
+                        help="another checkout of the kit: its exports of these weights, by its runtime")
     parser.add_argument("--left-padded", action="store_true",
                         help="also decode every kit export with batch_invariant=False")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
