@@ -246,14 +246,16 @@ def test_a_component_s_export_refusal_refuses_the_configurations_it_names(fresh_
 def test_the_model_components_plugin_loads_when_a_model_kind_is_asked_for(fresh_registry):
     """The built-in plugins register when first needed: the logits processors' alone for a
     processor, the model components' for a model's kind (or every listing)."""
-    registry = tk.core.registry.Registry()
-    for name, (module, kinds) in tk.core.registry.BUILTIN_PLUGINS.items():
-        registry.defer_plugin(name, module, kinds)
+    def deferring() -> tk.core.registry.Registry:
+        registry = tk.core.registry.Registry()
+        for name, (module, kinds) in tk.core.registry.BUILTIN_PLUGINS.items():
+            registry.defer_plugin(name, module, kinds)
+        return registry
+
+    registry = deferring()
     assert "repetition_penalty" in registry.names("logits_processor")
     assert registry.plugins() == ["builtin", "builtin.decoding"]  # the listing loads the rest
-    again = tk.core.registry.Registry()
-    for name, (module, kinds) in tk.core.registry.BUILTIN_PLUGINS.items():
-        again.defer_plugin(name, module, kinds)
+    again = deferring()
     again.names("logits_processor")
     assert again.deferred == ["builtin"]
     assert "sdpa" in again.names("attention") and again.deferred == []
