@@ -72,10 +72,12 @@ class ContinuousBatch:
         #: Prefilled rows waiting for the batch to reach a length they may join at.
         self.parked: list[tuple[list[Row], Any]] = []
 
-    def work(self, ids: Any, stop_matcher: Any, timeout: float | None, options: dict) -> Row:
-        """A prompt (length,) or (1, length) of token ids with its generation options, checked
-        and planned: the row to queue. Raises InputError for a bad prompt or option and a
-        ContextLengthError for a prompt that leaves no room for ``max_new_tokens``."""
+    def work(self, ids: Any, stop_matcher: Any, timeout: float | None, options: dict,
+             prompt_logprobs: int | None = None) -> Row:
+        """A prompt (length,) or (1, length) of token ids with its generation options (and how
+        many of the most likely tokens to report at each prompt position, None: no report),
+        checked and planned: the row to queue. Raises InputError for a bad prompt or option and
+        a ContextLengthError for a prompt that leaves no room for ``max_new_tokens``."""
         if options.get("prompt_lookup_num_tokens") is None:  # the engine's default, if any
             options["prompt_lookup_num_tokens"] = self.prompt_lookup_num_tokens
         opts = generation_config(None, **options)
@@ -93,7 +95,10 @@ class ContinuousBatch:
                                     pad_id=m.pad_id, eos_id=m.eos_id, bos_id=m.bos_id,
                                     vocab=m.tgt_vocab, context_length=self.model.context_length,
                                     stop_matcher=stop_matcher, tokenizer=self.model.tokenizer)
-        request = GenerationRequest(prompt=prompt[0], options=opts, timeout=timeout)
+        if prompt_logprobs is not None:
+            self.model.check_prompt_logprobs(prompt.shape[1], prompt_logprobs)
+        request = GenerationRequest(prompt=prompt[0], options=opts, timeout=timeout,
+                                    prompt_top=prompt_logprobs)
         drafting = drafting_for(opts, call.eos_ids, self.decoder)
         row = Row(request, SequenceSearch(call, opts, pipeline), drafting)
         needed = self.decoder.cache_bytes(1, row.columns)
@@ -167,6 +172,9 @@ class ContinuousBatch:
     def _prefill(self, group: list[Row], hit: Any, finish: Finish) -> None:
         """Prefill ``group`` in one run (after the cached prefix ``hit``, if any); its first
         tokens chosen, the rows that go on joining the batch."""
+        group = self._report_prompts(group, finish)
+        if not group:
+            return
         cache = self.prefix_cache
         skip = 0 if hit is None else hit.tokens
         past = None if hit is None else cache.past(hit, len(group))
@@ -188,6 +196,22 @@ class ContinuousBatch:
                 prefilled = self.decoder.select(prefilled, np.array(keep, np.int64))
             self.parked.append(([group[i] for i in keep], prefilled))
             self._join_parked(finish)
+
+    def _report_prompts(self, group: list[Row], finish: Finish) -> list[Row]:
+        """The prompt reports of the rows that asked for them (``prompt_logprobs``), from the
+        model's logits over the whole prompt; those that generate nothing (``max_new_tokens``
+        0) end here. The rows left to prefill."""
+        rest = []
+        for row in group:
+            request = row.request
+            if request.prompt_top is not None:
+                request.prompt_logprobs = self.model.prompt_logprobs(row.prompt, request.prompt_top,
+                                                                     adapter=self.adapter)
+            if request.options.max_new_tokens == 0:
+                finish(request, "length", None)
+            else:
+                rest.append(row)
+        return rest
 
     def _join_parked(self, finish: Finish) -> None:
         """Prefilled rows join the batch if it may take them now (those that ended while

@@ -120,11 +120,14 @@ class Engine:
 
     # -- the caller's side ------------------------------------------------------------------
     def submit(self, ids: Any, *, stop_matcher: Any = None, timeout: float | None = None,
-               **options: Any) -> GenerationRequest:
+               prompt_logprobs: int | None = None, **options: Any) -> GenerationRequest:
         """Queue a prompt (length,) of token ids with generation options (greedy search or
         sampling: ``max_new_tokens``, ``do_sample``, ``temperature``, ``top_p``, ``seed``, ...).
         ``timeout``: most seconds from now to its last token (None: no bound); past it the
         request ends with ``finish_reason`` ``"timeout"`` and the tokens it had.
+        ``prompt_logprobs``: report each prompt token's log probability and this many of the
+        most likely tokens at its position (``request.prompt_logprobs``; None: no report); with
+        ``max_new_tokens=0`` the request ends after that report.
 
         Raises InputError for a bad prompt or option (at once, nothing queued), a
         :class:`~transformer_kit.core.errors.ContextLengthError` (an InputError) for a prompt that
@@ -133,7 +136,8 @@ class Engine:
         """
         self._check_open("generate", timeout)
         assert self.generation is not None
-        return self._queue(self.generation.work(ids, stop_matcher, timeout, options)).request
+        return self._queue(self.generation.work(ids, stop_matcher, timeout, options,
+                                                prompt_logprobs)).request
 
     def submit_pooling(self, tokens: list[list[int]], extras: list[list[int]], *,
                        timeout: float | None = None) -> PoolingRequest:

@@ -23,6 +23,13 @@ from transformer_kit.core.decoding import (
     text,
 )
 from transformer_kit.core.decoding.defaults import call_config
+from transformer_kit.core.decoding.logprobs import (
+    MAX_TOP_LOGPROBS,
+    Generation,
+    TokenLogprob,
+    prompt_logprobs,
+    row_reports,
+)
 from transformer_kit.core.decoding.prompts import (
     as_array,
     check_stop,
@@ -50,6 +57,8 @@ _MASK_INPUTS = ("attention_mask", "pooling_mask", "token_type_ids")
 _NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
 #: The step graph over cache buffers shared by past and present.
 SHARED_STEP = "decoder_step_shared"
+#: Most bytes of float32 logits a prompt's log probabilities may take (``prompt_logprobs``).
+MAX_PROMPT_LOGITS_BYTES = 1 << 30
 #: onnxruntime optimizers skipped on the CPU by default (see ``OnnxModel``).
 CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 
@@ -250,6 +259,37 @@ class OnnxModel:
         feeds.update({k: v for k, v in self._adapter_arrays(adapter).items() if k in accepted})
         return session.run(None, feeds)[0]
 
+    def prompt_logprobs(self, ids: Any, top: int = 0, *, adapter: str | None = None
+                        ) -> list[TokenLogprob | None]:
+        """Each token's log probability given the tokens before it, as vLLM's
+        ``prompt_logprobs`` and OpenAI's ``echo`` report them: ``ids`` (length,) one decoder
+        prompt; ``top`` how many of the most likely tokens to list at each position (0..20).
+        The first token has none (None). Runs the forward graph (loaded on first use) over the
+        whole prompt; InputError for a prompt whose logits would pass
+        :data:`MAX_PROMPT_LOGITS_BYTES`."""
+        prompt = check_ids(np.reshape(ids, (1, -1)), self.manifest.src_vocab, "prompt")
+        self.check_prompt_logprobs(prompt.shape[1], top)
+        logits = self(prompt, adapter=adapter)[0]  # (length, vocab)
+        return prompt_logprobs(logits, prompt[0], top)
+
+    def check_prompt_logprobs(self, length: int, top: int) -> None:
+        """Refuse, with a sentence, a prompt report this model cannot give: not a decoder, a
+        ``top`` outside 0..20, or a prompt whose logits would take more than
+        :data:`MAX_PROMPT_LOGITS_BYTES`."""
+        m = self.manifest
+        if m.architecture != "decoder":
+            raise InputError(f"Prompt log probabilities are a decoder's; this model is "
+                             f"{m.architecture!r}.")
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise InputError(f"prompt_logprobs is {top!r}; give how many of the most likely tokens "
+                             f"to list at each prompt position, 0 to {MAX_TOP_LOGPROBS}.")
+        if (need := length * m.tgt_vocab * 4) > MAX_PROMPT_LOGITS_BYTES:
+            most = MAX_PROMPT_LOGITS_BYTES // (m.tgt_vocab * 4)
+            raise InputError(f"Log probabilities of a {length}-token prompt take the logits of every "
+                             f"position ({need / 2**30:.1f} GiB over a vocabulary of {m.tgt_vocab}); "
+                             f"this model reports them for prompts of at most {most} tokens. Split "
+                             "the prompt, or leave out echo / prompt_logprobs.")
+
     # -- sentence tasks (SentenceTasks over this export's runs) -----------------------------
     def encode(self, inputs: Any, *, normalize: bool | None = None, prompt_name: str | None = None,
                prompt: str | None = None, dimensions: int | None = None, batch_size: int = 32,
@@ -333,7 +373,9 @@ class OnnxModel:
         ``add_special_tokens`` is False (a rendered chat holds its own). ``assistant_model``: a
         smaller export of the same vocabulary drafting tokens (docs/generation.md).
         ``adapter``: the name of a LoRA adapter exported beside the base (:attr:`adapters`),
-        bound for this call; None: the base."""
+        bound for this call; None: the base. With the option ``logprobs``: a
+        :class:`~transformer_kit.core.decoding.logprobs.Generation` of the tokens and each row's
+        log probability reports (text prompts: each reply's ``logprobs``)."""
         if max_new_tokens is not None:
             options["max_new_tokens"] = max_new_tokens
         opts = call_config(self.generation_defaults, generation_config, options)
@@ -345,9 +387,10 @@ class OnnxModel:
         stepper, call, pipeline = self._plan(ids, attention_mask, opts, stop_matcher, assistant_model,
                                              adapter)
         tokens = generate_tokens(stepper, call, opts, pipeline)
+        reports = None if opts.logprobs is None else row_reports(call.logprobs, len(tokens))
         if prompts is None:
-            return tokens
-        out = text.row_texts(tokenizer, tokens, opts.eos_ids(self.manifest.eos_id), opts.stop)
+            return tokens if reports is None else Generation(tokens, reports)
+        out = text.row_texts(tokenizer, tokens, opts.eos_ids(self.manifest.eos_id), opts.stop, reports)
         return out[0] if prompts[1] and len(out) == 1 else out
 
     def stream(self, ids: Any, max_new_tokens: int | None = None, *, attention_mask: Any = None,

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from transformer_kit.core.decoding import GenerationConfig, SequenceSearch
+from transformer_kit.core.decoding.logprobs import TokenLogprob
 
 END = object()  # put on a generation request's stream after its last token
 
@@ -150,11 +151,19 @@ class GenerationRequest(Request):
     cached_tokens: int = 0  # prompt tokens whose cache came from the engine's prefix cache
     tokens: list[int] = field(default_factory=list)
     stream: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, repr=False)
+    #: With the option ``logprobs``: each new token's report, ``logprobs[i]`` of ``tokens[i]``.
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    #: How many of the most likely tokens to report at each prompt position (None: no report).
+    prompt_top: int | None = None
+    #: With ``prompt_top``: each prompt token's report (the first None), set at prefill.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
-    def deliver(self, token: int) -> None:
-        """The engine's new token for this request."""
+    def deliver(self, token: int, report: TokenLogprob | None = None) -> None:
+        """The engine's new token for this request (``report``: its log probability report)."""
         if self.first_token_s is None:
             self.first_token_s = time.perf_counter() - self.submitted
+        if report is not None:
+            self.logprobs.append(report)  # before the token is streamed: a reader finds both
         self.tokens.append(token)
         self.stream.put(token)
 
@@ -241,7 +250,7 @@ class Row:
         """Choose and stream the next token from logits (vocab,) (``draft``: the token drafted
         for this position, if any); whether the request ended (its finish reason set)."""
         token, reason = self.search.choose(logits, draft)
-        self.request.deliver(token)
+        self.request.deliver(token, self.search.report)
         self.last = token
         self.request.finish_reason = reason
         return reason is not None

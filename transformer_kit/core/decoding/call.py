@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
+from transformer_kit.core.decoding.logprobs import TokenLogprob
 from transformer_kit.core.decoding.options import GenerationConfig
 from transformer_kit.core.decoding.processors import DecodingState
 
@@ -39,6 +40,8 @@ class DecodingCall:
         just completed; or None.
     assistant: an assistant model's :class:`Stepper` over the same prompt (speculative decoding
         with a draft model), or None.
+    logprobs: with the option ``logprobs``, each step's reports, one per row (None for a row
+        that had ended).
     """
 
     prompt_ids: np.ndarray
@@ -47,6 +50,7 @@ class DecodingCall:
     fill_id: int
     stop: Callable[[np.ndarray], np.ndarray] | None = None
     assistant: Stepper | None = None
+    logprobs: list[list[TokenLogprob | None]] = field(default_factory=list)
 
 
 def _probabilities(scores: np.ndarray) -> np.ndarray:

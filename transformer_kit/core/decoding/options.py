@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from transformer_kit.core.config import ComponentSpec
+from transformer_kit.core.decoding.logprobs import MAX_TOP_LOGPROBS
 from transformer_kit.core.decoding.response_format import grammar_of
 from transformer_kit.core.errors import InputError
 
@@ -66,6 +67,14 @@ class GenerationConfig(BaseModel):
     num_assistant_tokens: int = Field(
         5, ge=1, description="Speculative decoding with an assistant model (generate's "
         "assistant_model): the most tokens it drafts a step.")
+    logprobs: int | None = Field(
+        None, ge=0, le=MAX_TOP_LOGPROBS, description="Report each new token's log probability "
+        "and this many of the most likely tokens at its step (0: the chosen token's alone; "
+        "None: no report).")
+    logprobs_mode: Literal["raw", "processed"] = Field(
+        "raw", description="What the reported log probabilities are of: 'raw', the model's "
+        "logits (vLLM's raw_logprobs); 'processed', the scores the token was chosen from, after "
+        "penalties, the grammar and the sampling warpers (vLLM's processed_logprobs).")
     response_format: dict[str, Any] | None = Field(
         None, description="Structured output: {'type': 'json_object' | 'json_schema' | 'regex' | "
         "'choice' | 'grammar' | 'text', ...} (see transformer_kit.core.decoding.response_format).")
@@ -73,7 +82,7 @@ class GenerationConfig(BaseModel):
     @field_validator("max_new_tokens", "min_new_tokens", "top_k", "no_repeat_ngram_size",
                      "num_beams", "num_return_sequences", "seed", "temperature", "top_p",
                      "min_p", "repetition_penalty", "length_penalty", "prompt_lookup_num_tokens",
-                     "max_matching_ngram_size", "num_assistant_tokens", mode="before")
+                     "max_matching_ngram_size", "num_assistant_tokens", "logprobs", mode="before")
     @classmethod
     def _numbers_are_not_booleans(cls, value: Any) -> Any:
         if isinstance(value, bool):
@@ -110,6 +119,10 @@ class GenerationConfig(BaseModel):
             raise ValueError(f"num_return_sequences={self.num_return_sequences} with greedy decoding "
                              "would return the same row several times; set do_sample=True or "
                              "num_beams >= num_return_sequences")
+        if self.logprobs is not None and self.num_beams > 1:
+            raise ValueError(f"logprobs are reported for greedy search and sampling; beam search "
+                             f"(num_beams={self.num_beams}) reorders rows as it goes. Use "
+                             "num_beams=1 or leave logprobs out")
         self._check_prompt_lookup()
         self._check_response_format()
         if not self.do_sample:

@@ -21,6 +21,7 @@ from transformer_kit.core.decoding.call import (
     sample_rows,
     stopped,
 )
+from transformer_kit.core.decoding.logprobs import log_softmax, pick, top_indices
 from transformer_kit.core.decoding.options import GenerationConfig
 from transformer_kit.core.decoding.processors import DecodingState, Pipeline
 from transformer_kit.core.decoding.speculative import speculative_tokens
@@ -69,7 +70,10 @@ def stream_tokens(stepper: Stepper, call: DecodingCall, options: GenerationConfi
     if options.max_new_tokens == 0:
         return
     logits = stepper.first()[source]
+    reports, raw = options.logprobs, options.logprobs_mode == "raw"
     for step in range(options.max_new_tokens):
+        if reports is not None and raw:  # before the processors change the logits in place
+            logprobs = log_softmax(logits)
         # the stepper's logits are ours to change until the next step: processors work in place
         if processing:
             state = (history.state(width) if history is not None
@@ -81,6 +85,10 @@ def stream_tokens(stepper: Stepper, call: DecodingCall, options: GenerationConfi
         token = (np.where(finished, call.fill_id, chosen) if some_finished else chosen
                  ).astype(np.int64, copy=False)
         new.append(token)
+        if reports is not None:  # None for a row that ended before this step
+            picked = pick(logprobs if raw else log_softmax(scores), token, reports)
+            call.logprobs.append([None if gone else p for p, gone in zip(picked, finished.tolist(),
+                                                                          strict=True)])
         ended = stopped(call, options, token, eos, new)
         if ended is not None:
             finished |= ended
@@ -101,20 +109,6 @@ def generate_tokens(stepper: Stepper, call: DecodingCall, options: GenerationCon
     rows = len(call.prompt_ids) * options.num_return_sequences
     steps = list(stream_tokens(stepper, call, options, pipeline))
     return np.stack(steps, axis=1) if steps else np.zeros((rows, 0), dtype=np.int64)
-
-
-def _top(x: np.ndarray, k: int) -> np.ndarray:
-    """(rows, k) indices of each row's k largest values, largest first, ties by lower index
-    (what a stable argsort of -x gives), without sorting the whole row."""
-    if 4 * k >= x.shape[-1]:
-        return np.argsort(-x, axis=-1, kind="stable")[:, :k]
-    n = x.shape[-1]
-    kth = np.partition(x, n - k, axis=-1)[:, n - k:n - k + 1]  # each row's k-th largest
-    rows = []
-    for values, bound in zip(x, kth, strict=True):
-        candidates = np.flatnonzero(values >= bound)  # the k largest and any tie at the k-th
-        rows.append(candidates[np.argsort(-values[candidates], kind="stable")[:k]])
-    return np.stack(rows)
 
 
 def _gather(x: np.ndarray, index: np.ndarray) -> np.ndarray:
@@ -167,7 +161,7 @@ def _candidates(accumulated: np.ndarray, keep_k: int, rng: np.random.Generator |
     """(batch, keep_k) indices into each row of ``accumulated`` (batch, beams x vocab): the
     largest scores, or drawn without replacement by their probabilities when sampling."""
     if rng is None:
-        return _top(accumulated, keep_k)
+        return top_indices(accumulated, keep_k)
     probs = _probabilities(accumulated)
     return np.stack([rng.choice(accumulated.shape[-1], keep_k, replace=False, p=p) for p in probs])
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from transformer_kit.core.decoding.logprobs import TokenLogprob, log_softmax, pick
 from transformer_kit.core.decoding.options import GenerationConfig
 from transformer_kit.core.decoding.processors import Pipeline
 from transformer_kit.core.decoding.search import DecodingCall, History, sample_rows, stopped
@@ -22,13 +23,18 @@ class SequenceSearch:
         self.eos = frozenset(call.eos_ids)
         self.history = History(call.prompt_ids, call.prompt_real) if len(pipeline) else None
         self.new: list[np.ndarray] = []
+        #: The last token's log probability report, with the option ``logprobs`` (else None).
+        self.report: TokenLogprob | None = None
 
     def choose(self, logits: np.ndarray, draft: int | None = None) -> tuple[int, str | None]:
         """The next token from logits (vocab,), which processors may change in place, and why
         the sequence ends with it: "stop" (an eos id, a stop string), "length" or None.
         ``draft``: a token prompt lookup drafted for this position (sampling keeps it with its
-        probability, else draws from the rest: speculative sampling, docs/generation.md)."""
+        probability, else draws from the rest: speculative sampling, docs/generation.md). With the
+        option ``logprobs``, :attr:`report` is the token's log probability report."""
         scores = logits[None]
+        top, raw = self.options.logprobs, self.options.logprobs_mode == "raw"
+        logprobs = log_softmax(scores) if top is not None and raw else None  # before the processors
         if self.history is not None:
             width = self.call.prompt_ids.shape[1]
             scores = self.pipeline(scores.astype(np.float32, copy=False), self.history.state(width))
@@ -37,6 +43,8 @@ class SequenceSearch:
         else:
             token = (sample_rows(scores, self.rng) if self.rng is not None
                      else scores.argmax(axis=-1)).astype(np.int64, copy=False)
+        if top is not None:
+            self.report = pick(logprobs if raw else log_softmax(scores), token, top)[0]
         if self.history is not None:
             self.history.append(token)
         self.new.append(token)

@@ -86,6 +86,9 @@ def check_speculative(stepper, call, options: GenerationConfig) -> None:
     if options.num_beams > 1 or options.num_return_sequences > 1 or options.response_format:
         raise InputError(f"{which} drafts one row's tokens, so it cannot run with num_beams, "
                          "num_return_sequences above 1 or response_format; leave one of them out.")
+    if options.logprobs is not None:  # the serving engine reports them with drafts; generate does not
+        raise InputError(f"generate reports logprobs without drafts; leave out {which} or logprobs "
+                         "(a served request reports them with prompt lookup too).")
     for role, runner in (("The model", stepper), ("The assistant model", assistant)):
         if runner is not None and not getattr(runner, "verifies", False):
             raise InputError(f"{role} cannot check drafted tokens: speculative decoding needs a "

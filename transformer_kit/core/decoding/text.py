@@ -60,23 +60,27 @@ class Reply(str):
     model's context ran out first: the text was cut), as OpenAI's field."""
 
     finish_reason: str
+    #: With the option ``logprobs``: the reports of the row's new tokens (end token included).
+    logprobs: list | None
 
-    def __new__(cls, text: str, finish_reason: str) -> Reply:
+    def __new__(cls, text: str, finish_reason: str, logprobs: list | None = None) -> Reply:
         reply = super().__new__(cls, text)
-        reply.finish_reason = finish_reason
+        reply.finish_reason, reply.logprobs = finish_reason, logprobs
         return reply
 
 
 def row_texts(tokenizer: Tokenizer, tokens: np.ndarray, eos_ids: list[int],
-              stops: list[str]) -> list[Reply]:
+              stops: list[str], logprobs: list[list] | None = None) -> list[Reply]:
     """Each row's text: tokens up to its first eos id, decoded, cut before a stop string; a
-    row with neither was cut (finish_reason "length")."""
+    row with neither was cut (finish_reason "length"). ``logprobs``: each row's reports, kept
+    on its reply."""
     texts = []
-    for row in np.asarray(tokens):
+    for i, row in enumerate(np.asarray(tokens)):
         ends = np.flatnonzero(np.isin(row, eos_ids))
         whole = tokenizer.decode(row[:ends[0]] if len(ends) else row)
         text = cut_at_stop(whole, stops)
-        texts.append(Reply(text, "stop" if len(ends) or text != whole else "length"))
+        texts.append(Reply(text, "stop" if len(ends) or text != whole else "length",
+                           None if logprobs is None else logprobs[i]))
     return texts
 
 
@@ -196,7 +200,10 @@ def chat_reply(runtime: Any, messages: list[dict], *, tools: list[dict] | None =
                  chat_template=chat_template,
                  template_kwargs=_switched(template_kwargs, enable_thinking, reasoning_effort))
     reply = runtime.generate(turn.prompt, add_special_tokens=False, **turn.options)
-    return with_finish_reason(turn.message(reply), getattr(reply, "finish_reason", "stop"))
+    message = with_finish_reason(turn.message(reply), getattr(reply, "finish_reason", "stop"))
+    if getattr(reply, "logprobs", None) is not None:  # the option logprobs: the tokens' reports
+        message["logprobs"] = reply.logprobs
+    return message
 
 
 def with_finish_reason(message: dict[str, Any], reason: str) -> dict[str, Any]:

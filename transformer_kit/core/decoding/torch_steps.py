@@ -20,6 +20,7 @@ from transformer_kit.core.decoding import (
     text,
 )
 from transformer_kit.core.decoding.defaults import call_config
+from transformer_kit.core.decoding.logprobs import Generation, row_reports
 from transformer_kit.core.decoding.prompts import check_stop, prepare_call
 from transformer_kit.core.errors import ConfigError, InputError
 from transformer_kit.core.inputs import check_token_ids
@@ -171,14 +172,16 @@ def generate(model, ids: Tensor, *, attention_mask: Any = None,
                           stop_matcher=tokenizer.stop_matcher(opts.stop) if opts.stop else None,
                           assistant_model=assistant_model,
                           use_generation_defaults=False)  # opts holds them already
+        tokens, reports = tokens if opts.logprobs is not None else (tokens, None)
         out = text.row_texts(tokenizer, tokens.cpu().numpy(), opts.eos_ids(model.config.eos_id),
-                             opts.stop)
+                             opts.stop, reports)
         return out[0] if prompts[1] and len(out) == 1 else out
     with eval_mode(model):
         stepper, call, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher,
                                            assistant_model)
         tokens = generate_tokens(stepper, call, opts, pipeline)
-    return torch.from_numpy(tokens).to(ids.device)
+    out = torch.from_numpy(tokens).to(ids.device)
+    return out if opts.logprobs is None else Generation(out, row_reports(call.logprobs, len(tokens)))
 
 
 def stream(model, ids: Tensor, *, attention_mask: Any = None,
