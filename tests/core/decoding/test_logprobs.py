@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from tests.core.decoding.conftest import VOCAB
 from transformer_kit.core.decoding.logprobs import log_softmax, pick, prompt_logprobs, top_indices
 from transformer_kit.core.errors import InputError
 
@@ -83,4 +82,3 @@ def test_logprobs_refused_with_beams_and_out_of_bounds(runtimes, prompts):
         om.generate(prompts, max_new_tokens=2, num_beams=2, logprobs=1)
     with pytest.raises(InputError, match="logprobs"):
         om.generate(prompts, max_new_tokens=2, logprobs=21)
-    assert VOCAB == om.manifest.tgt_vocab

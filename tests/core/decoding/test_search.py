@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from transformer_kit.core.decoding.search import _top, sample_rows
+from transformer_kit.core.decoding.logprobs import top_indices
+from transformer_kit.core.decoding.search import sample_rows
 
 
 @pytest.mark.parametrize("vocab", [10, 100, 32000])
@@ -15,7 +16,7 @@ def test_top_equals_a_stable_sort(vocab, k):
     x = np.random.default_rng(vocab + k).standard_normal((3, vocab)).astype(np.float32)
     x[0, :vocab // 2] = x[0, 0]  # a run of ties
     x[1, 5:] = -np.inf  # fewer finite scores than k
-    np.testing.assert_array_equal(_top(x, k), np.argsort(-x, axis=-1, kind="stable")[:, :k])
+    np.testing.assert_array_equal(top_indices(x, k), np.argsort(-x, axis=-1, kind="stable")[:, :k])
 
 
 def test_the_sampler_never_draws_a_removed_token():
