@@ -153,6 +153,22 @@ class TextTokenizer:
         return self.backend.decode([int(t) for t in tokens if int(t) not in self.skipped],
                                    skip_special_tokens=False)
 
+    def token_bytes(self, ids: Iterable[int]) -> list[bytes]:
+        """Each id's bytes as the token writes them (a byte-level piece of a character is its
+        own bytes; a special token its text), as OpenAI's logprobs report a token's ``bytes``:
+        llguidance's reading of the vocabulary where it can read it, else the UTF-8 of the
+        id's text."""
+        from transformer_kit.core.decoding.response_format import guidance_tokenizer
+
+        size = self.backend.get_vocab_size(with_added_tokens=True)
+        ids = [int(i) for i in ids]
+        try:
+            vocabulary = guidance_tokenizer(self, [], size)
+        except InputError:  # a tokenizer llguidance cannot read: each id's text
+            vocabulary = None
+        return [vocabulary.decode_bytes([i]) if vocabulary is not None and i < size
+                else self.backend.decode([i], skip_special_tokens=False).encode() for i in ids]
+
     def stop_matcher(self, stops: list[str]) -> Callable[[np.ndarray], np.ndarray]:
         """new tokens (rows, n) -> (rows,) True where the text of the last few tokens holds a
         stop string (only a string the last token completed can be there: the row would have

@@ -178,6 +178,16 @@ class GenerationRequest(Request):
                 return
             yield item
 
+    async def prefilled(self) -> None:
+        """Wait, in an asyncio task, until the prompt's reports are in (``prompt_top``), its
+        first token came, or it ended."""
+        event = self.listen()  # before the first look: no wake-up missed
+        while self.prompt_logprobs is None and not self.tokens and not self.done:
+            event.clear()
+            if self.prompt_logprobs is not None or self.tokens or self.done:
+                break
+            await event.wait()
+
     def result(self) -> list[int]:
         """Every new token, after waiting for the end."""
         for _ in self:

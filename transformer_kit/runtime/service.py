@@ -199,9 +199,14 @@ class Service:
     def complete(self, prompt: str | list[int], *, max_tokens: int | None = 16,
                  temperature: float | None = None, top_p: float | None = None,
                  seed: int | None = None, stop: str | list[str] | None = None,
-                 prompt_lookup_num_tokens: int | None = None) -> TextStream:
+                 prompt_lookup_num_tokens: int | None = None, logprobs: int | None = None,
+                 prompt_logprobs: int | None = None, logprobs_mode: str | None = None) -> TextStream:
         """Continue ``prompt`` (text, with the export's tokenizer, or token ids) by at most
-        ``max_tokens`` tokens (None: generation's default, 32)."""
+        ``max_tokens`` tokens (None: generation's default, 32; 0: none, with
+        ``prompt_logprobs`` the prompt's report alone). ``logprobs``: report each new token's
+        log probability and this many of the most likely (``logprobs_mode`` "raw" or
+        "processed", :class:`~transformer_kit.core.decoding.GenerationConfig`);
+        ``prompt_logprobs``: the same for each prompt token."""
         stops = _stops(stop)
         ids = self._prompt_ids(prompt)
         self.limits.check_prompt(len(ids))
@@ -210,28 +215,31 @@ class Service:
             options["max_new_tokens"] = max_tokens
         if prompt_lookup_num_tokens is not None:
             options["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
+        options.update(_reports(logprobs, logprobs_mode))
         if stops and self.tokenizer is None:
             raise InputError("stop strings need the model's tokenizer, and this export has none; "
                              "leave stop out.")
-        return self._submit(ids, stops, options)
+        return self._submit(ids, stops, options, prompt_logprobs=prompt_logprobs)
 
     def chat(self, messages: list[dict[str, Any]], *, max_tokens: int | None = None,
              temperature: float | None = None, top_p: float | None = None,
              seed: int | None = None, stop: str | list[str] | None = None, tools: list[dict] | None = None,
              tool_choice: str | dict | None = None, response_format: dict | None = None,
              template_kwargs: dict | None = None,
-             prompt_lookup_num_tokens: int | None = None) -> TextStream:
+             prompt_lookup_num_tokens: int | None = None, logprobs: int | None = None,
+             logprobs_mode: str | None = None) -> TextStream:
         """The assistant's reply to OpenAI-style ``messages``, rendered by the export's chat
         template (with ``tools``, ``tool_choice``, ``response_format`` and the template's own
         keyword arguments); ``max_tokens`` None: 256 or the room the context has left
-        (:func:`~transformer_kit.chat.conversation.reply_budget`)."""
+        (:func:`~transformer_kit.chat.conversation.reply_budget`). ``logprobs``,
+        ``logprobs_mode``: as for :meth:`complete`."""
         stops = _stops(stop)
         if self.tokenizer is None:
             raise InputError("This export has no tokenizer (no tokenizer.json came with it), so it "
                              "cannot render a chat; export a checkpoint that holds its tokenizer, or "
                              "send token ids to /v1/completions.")
         options = {**sampling(temperature, top_p, seed, self.generation_defaults),
-                   "response_format": response_format}
+                   "response_format": response_format, **_reports(logprobs, logprobs_mode)}
         if prompt_lookup_num_tokens is not None:
             options["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
         turn = ChatTurn(self.tokenizer, template_messages(messages), tools=tools, tool_choice=tool_choice,
@@ -277,10 +285,10 @@ class Service:
         return [int(t) for t in prompt]
 
     def _submit(self, ids: list[int], stops: list[str], options: dict,
-                turn: ChatTurn | None = None) -> TextStream:
+                turn: ChatTurn | None = None, prompt_logprobs: int | None = None) -> TextStream:
         tokenizer = self.tokenizer
         matcher = tokenizer.stop_matcher(stops) if stops and tokenizer is not None else None
-        request = self.engine.submit(ids, stop_matcher=matcher,
+        request = self.engine.submit(ids, stop_matcher=matcher, prompt_logprobs=prompt_logprobs,
                                      timeout=self.limits.max_request_seconds, **options)
         pieces = None
         if tokenizer is not None:
@@ -338,6 +346,13 @@ class Service:
     def _serves(self, kind: str) -> None:
         if self.kind != kind:
             raise InputError(f"This model serves {self.kind}, not {kind}.")
+
+
+def _reports(logprobs: int | None, mode: str | None) -> dict[str, Any]:
+    """The generation options of a request's log probability reports ({}: none asked for)."""
+    if logprobs is None:
+        return {}
+    return {"logprobs": logprobs, **({"logprobs_mode": mode} if mode is not None else {})}
 
 
 def _stops(stop: str | list[str] | None) -> list[str]:

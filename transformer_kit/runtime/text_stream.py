@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from transformer_kit.core.decoding.logprobs import TokenLogprob
 from transformer_kit.core.decoding.text import TextPieces
 from transformer_kit.runtime.requests import Failure, GenerationRequest
 
@@ -18,6 +19,8 @@ class Delta:
 
     text: str
     token_id: int
+    #: The token's log probability report, when the request asked for them (else None).
+    logprob: TokenLogprob | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class TextStream:
                  turn: Any = None) -> None:
         self.request, self.pieces, self.turn = request, pieces, turn
         self.prompt_tokens = prompt_tokens
+        self._read = 0  # tokens turned into deltas so far
 
     @property
     def held(self) -> bool:
@@ -51,8 +55,10 @@ class TextStream:
         return self.turn is not None and bool(self.turn.names)
 
     def _deltas(self, tokens: list[int]) -> list[Delta]:
-        pieces = self.pieces
-        return [Delta(pieces.add(t) if pieces is not None else "", t) for t in tokens]
+        pieces, reports = self.pieces, self.request.logprobs
+        first, self._read = self._read, self._read + len(tokens)
+        return [Delta(pieces.add(t) if pieces is not None else "", t,
+                      reports[first + i] if reports else None) for i, t in enumerate(tokens)]
 
     async def arrivals(self) -> AsyncIterator[list[Delta]]:
         """The deltas of the tokens that came since the last look (one while the reader keeps
@@ -96,6 +102,20 @@ class TextStream:
     @property
     def token_ids(self) -> list[int]:
         return list(self.request.tokens)
+
+    @property
+    def logprobs(self) -> list[TokenLogprob]:
+        """The new tokens' log probability reports so far ([]: none asked for)."""
+        return list(self.request.logprobs)
+
+    @property
+    def prompt_logprobs(self) -> list[TokenLogprob | None] | None:
+        """The prompt tokens' reports (the first None), when the request asked for them."""
+        return self.request.prompt_logprobs
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.request.prompt.tolist()
 
     def cancel(self) -> None:
         """Stop decoding (no-op once ended): its row leaves the batch at the next step."""

@@ -20,13 +20,14 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from transformer_kit.apps.serving.lifecycle import CLIENT_LEFT, unless_client_leaves
+from transformer_kit.apps.serving.logprobs import TokenWriter, chat_logprobs
 from transformer_kit.apps.serving.openai_api import (
     ServerMetrics,
     failure_event,
@@ -34,6 +35,7 @@ from transformer_kit.apps.serving.openai_api import (
     unknown_model,
     usage,
 )
+from transformer_kit.core.decoding.logprobs import TokenLogprob
 from transformer_kit.core.errors import InputError
 from transformer_kit.runtime import QueueFull, Service
 from transformer_kit.runtime.text_stream import TextStream
@@ -87,9 +89,23 @@ class ChatCompletionRequest(BaseModel):
     #: gpt-oss's thinking budget, the harmony template's ``reasoning_effort`` (refused, 400, for a
     #: template without it).
     reasoning_effort: str | None = None
+    #: Each reply token's log probability, with ``top_logprobs`` of the most likely (0-20).
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    #: What the reports are of: "raw" (the model's logits, the default) or "processed" (the
+    #: scores the token was chosen from; vLLM's server-wide ``--logprobs-mode``, per request).
+    logprobs_mode: Literal["raw", "processed"] | None = None
     #: An extension (as vLLM's extra parameters; the openai client sends it in ``extra_body``):
     #: speculative decoding with prompt lookup while the request decodes alone.
     prompt_lookup_num_tokens: int | None = Field(None, ge=1, le=64)
+
+
+def _reported(body: ChatCompletionRequest) -> int | None:
+    """How many alternatives each token's report lists (None: no reports)."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InputError(f"top_logprobs ({body.top_logprobs}) needs logprobs: true; set logprobs "
+                         "or leave top_logprobs out.")
+    return (body.top_logprobs or 0) if body.logprobs else None
 
 
 def _checked(body: ChatCompletionRequest) -> ChatCompletionRequest:
@@ -146,13 +162,15 @@ class ChatServer:
                 temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop,
                 tools=body.tools, tool_choice=body.tool_choice, response_format=body.response_format,
                 template_kwargs=_template_kwargs(body),
-                prompt_lookup_num_tokens=body.prompt_lookup_num_tokens)
+                prompt_lookup_num_tokens=body.prompt_lookup_num_tokens, logprobs=_reported(body),
+                logprobs_mode=body.logprobs_mode)
         except (QueueFull, InputError) as exc:
             return metrics.refused(exc)
         reply = _Reply(f"chatcmpl-{uuid.uuid4().hex}", name)
         if body.stream:
             include = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(_events(stream, reply, metrics, include),
+            writer = TokenWriter(self.service.tokenizer) if body.logprobs else None
+            return StreamingResponse(_events(stream, reply, metrics, include, writer),
                                      media_type="text/event-stream")
         answered, text = await unless_client_leaves(request.receive, stream.text())
         stream.cancel()  # no-op when it ended; a client that left stops its decoding here
@@ -162,8 +180,10 @@ class ChatServer:
         if (failed := failure_response(stream.failure)) is not None:
             return failed
         message = _with_alias(stream.message(text))
+        reports = (chat_logprobs(TokenWriter(self.service.tokenizer), stream.logprobs)
+                   if body.logprobs else None)
         return {**reply.head("chat.completion"),
-                "choices": [{"index": 0, "message": message, "logprobs": None,
+                "choices": [{"index": 0, "message": message, "logprobs": reports,
                              "finish_reason": stream.finish_reason(message)}],
                 "usage": usage(stream.usage)}
 
@@ -207,14 +227,20 @@ def _last(stream: TextStream, held: str, splitter: Any) -> dict[str, Any]:
 
 
 async def _events(stream: TextStream, reply: _Reply, metrics: ServerMetrics,
-                  include_usage: bool) -> AsyncIterator[str]:
+                  include_usage: bool, writer: TokenWriter | None = None) -> AsyncIterator[str]:
     """Server-sent ``chat.completion.chunk`` events, then [DONE]; a request that failed (its
     time ran out, decoding failed) ends with an error event instead of the finish reason. A
     client that goes away closes this generator: its request is cancelled, its row leaves the
-    batch."""
+    batch. With ``writer`` (the request asked for logprobs) a chunk carries the reports of the
+    tokens whose text it brings (text held back: with the chunk that brings it)."""
+    pending: list[TokenLogprob] = []
 
     def chunk(delta: dict[str, Any] | None, reason: str | None = None, usage: Any = None) -> str:
-        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
+        reports = None
+        if writer is not None and delta is not None and (pending or reason is not None):
+            reports = chat_logprobs(writer, pending)
+            pending.clear()
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": reports,
                                              "finish_reason": reason}]
         event = {**reply.head("chat.completion.chunk"), "choices": choices}
         if include_usage:
@@ -226,6 +252,7 @@ async def _events(stream: TextStream, reply: _Reply, metrics: ServerMetrics,
         text = []
         splitter = None if stream.held or stream.turn is None else stream.turn.splitter()
         async for deltas in stream.arrivals():  # several tokens' text in one event
+            pending.extend(d.logprob for d in deltas if d.logprob is not None)
             piece = "".join(d.text for d in deltas)
             if stream.held:  # the model may call tools: the text is read at the end
                 text.append(piece)

@@ -27,38 +27,31 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import socket
 import threading
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import PlainTextResponse
 from prometheus_client import Gauge, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
 
 from transformer_kit.apps.serving import page
 from transformer_kit.apps.serving.chat import ChatCompletionRequest, ChatServer
+from transformer_kit.apps.serving.completions import CompletionRequest, CompletionServer
 from transformer_kit.apps.serving.embeddings import EmbeddingRequest, EmbeddingServer
 from transformer_kit.apps.serving.guard import DEFAULT_BODY_SECONDS, DEFAULT_MAX_BODY_BYTES, OPEN_PATHS, Guard
 from transformer_kit.apps.serving.lifecycle import (
-    CLIENT_LEFT,
     Admission,
     AdmissionGate,
-    unless_client_leaves,
 )
 from transformer_kit.apps.serving.openai_api import (
     ERROR_RESPONSES,
     ServerMetrics,
     error_response,
-    failure_event,
-    failure_response,
     install_error_handlers,
     unknown_model,
-    usage,
 )
 from transformer_kit.apps.serving.rerank import RerankRequest, RerankServer
 from transformer_kit.apps.serving.response_store import DEFAULT_STORED_RESPONSES, ResponseStore
@@ -70,34 +63,12 @@ from transformer_kit.apps.serving.tokenization import (
 )
 from transformer_kit.core.decoding.defaults import GENERATION_CONFIG_MODES
 from transformer_kit.core.errors import InputError
-from transformer_kit.runtime import Engine, Limits, QueueFull, Service
-from transformer_kit.runtime.text_stream import TextStream
+from transformer_kit.runtime import Engine, Limits, Service
 
 
-class CompletionRequest(BaseModel):
-    """The body of ``POST /v1/completions``: OpenAI's fields this server honours; any other
-    field is refused (400), so a client never believes an option took effect when it did not."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int = Field(16, ge=1)
-    #: None: the checkpoint's default (its generation_config.json), else OpenAI's 1.
-    temperature: float | None = Field(None, ge=0.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
-    n: Literal[1] = 1
-    user: str | None = None
-    #: An extension (as vLLM's extra parameters; the openai client sends it in ``extra_body``):
-    #: speculative decoding with prompt lookup while the request decodes alone.
-    prompt_lookup_num_tokens: int | None = Field(None, ge=1, le=64)
-
-
-class CompletionServer:
-    """The endpoints' work over one service, routed by ``create_app`` (which each replica of the
+class ModelServer:
+    """What every endpoint of one served model shares (its service, metrics, health and
+    model list), and the endpoints' work over it, routed by ``create_app`` (which each replica of the
     Ray Serve deployment in :mod:`.ray_serve` serves too)."""
 
     def __init__(self, service: Service, model_name: str) -> None:
@@ -122,34 +93,6 @@ class CompletionServer:
     async def prometheus(self) -> PlainTextResponse:
         return PlainTextResponse(generate_latest(self.metrics.registry).decode(),
                                  media_type="text/plain; version=0.0.4")
-
-    async def completions(self, body: CompletionRequest, request: Request) -> Any:
-        metrics = self.metrics
-        if body.model != self.model_name:
-            return unknown_model(body.model, self.model_name)
-        try:
-            stream = self.service.complete(
-                _one_prompt(body.prompt), max_tokens=body.max_tokens, temperature=body.temperature,
-                top_p=body.top_p, seed=body.seed, stop=body.stop,
-                prompt_lookup_num_tokens=body.prompt_lookup_num_tokens)
-        except (QueueFull, InputError) as exc:
-            return metrics.refused(exc)
-        ident = f"cmpl-{uuid.uuid4().hex}"
-        if body.stream:
-            return StreamingResponse(_events(stream, ident, self.model_name, metrics),
-                                     media_type="text/event-stream")
-        answered, text = await unless_client_leaves(request.receive, stream.text())
-        stream.cancel()  # no-op when it ended; a client that left stops its decoding here
-        metrics.finished(stream)
-        if not answered:
-            return Response(status_code=CLIENT_LEFT)
-        if (failed := failure_response(stream.failure)) is not None:
-            return failed
-        return {"id": ident, "object": "text_completion", "created": int(time.time()),
-                "model": self.model_name,
-                "choices": [{"index": 0, "text": text, "token_ids": stream.token_ids, "logprobs": None,
-                             "finish_reason": stream.finish_reason()}],
-                "usage": usage(stream.usage)}
 
 
 #: What each kind of model is, as the wrong endpoint's answer names it, and the paths it serves.
@@ -194,7 +137,7 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
                          f"{', '.join(GENERATION_CONFIG_MODES)}.")
     auto = generation_config == "auto"
     service = Service(engine, limits, generation_defaults=auto)
-    served = {f"{model_name}:{name}": CompletionServer(Service(other, limits, generation_defaults=auto),
+    served = {f"{model_name}:{name}": ModelServer(Service(other, limits, generation_defaults=auto),
                                                        f"{model_name}:{name}")
               for name, other in (adapters or {}).items()}
     app = FastAPI(title="transformer-kit", docs_url=None, redoc_url=None, responses=ERROR_RESPONSES)
@@ -208,7 +151,7 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
                                  "/v1/responses": ResponsesRequest,
                                  "/v1/embeddings": EmbeddingRequest, "/rerank": RerankRequest,
                                  "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest})
-    server = CompletionServer(service, model_name)
+    server = ModelServer(service, model_name)
     Gauge("transformer_kit_http_requests_in_flight", "HTTP requests being answered (a stream "
           "until its last event)", registry=server.metrics.registry
           ).set_function(lambda: app.state.admission.in_flight)
@@ -256,11 +199,11 @@ def _by_model(base: Any, handlers: dict[str, dict[str, Any]], path: str) -> Any:
     return routed
 
 
-def _endpoints(server: CompletionServer, store: ResponseStore) -> dict[str, Any]:
+def _endpoints(server: ModelServer, store: ResponseStore) -> dict[str, Any]:
     """The handlers of the service's kind, by path (``store``: the Responses API's)."""
     service, name, metrics = server.service, server.model_name, server.metrics
     if service.kind == "generate":
-        return {"/v1/completions": server.completions,
+        return {"/v1/completions": CompletionServer(service, name, metrics).completions,
                 "/v1/chat/completions": ChatServer(service, name, metrics).chat_completions,
                 "/v1/responses": ResponsesServer(service, name, metrics, store).create}
     if service.kind == "embeddings":
@@ -278,43 +221,6 @@ def _wrong_endpoint(model_name: str, what: str, serves: tuple[str, ...]) -> Any:
                               "there, or serve a model of the kind this endpoint needs.")
 
     return wrong
-
-
-def _one_prompt(prompt: Any) -> str | list[int]:
-    """The request's one prompt (text or ids): a list of one prompt is that prompt."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        raise InputError(f"This server takes one prompt per request; got {len(prompt)}. Send one "
-                         "request per prompt (they are batched together on the server).")
-    return prompt
-
-
-async def _events(stream: TextStream, ident: str, model_name: str,
-                  metrics: ServerMetrics) -> AsyncIterator[str]:
-    """Server-sent events: a chunk per token, the last with the finish reason, then [DONE]; a
-    request that failed (its time ran out, decoding failed) ends with an error event instead of
-    the last chunk. A client that goes away closes this generator: its request is cancelled,
-    its row leaves."""
-    head = json.dumps({"id": ident, "object": "text_completion", "created": int(time.time()),
-                       "model": model_name})[:-1]
-
-    def chunk(text: str, ids: list[int], reason: str | None) -> str:
-        choice = json.dumps([{"index": 0, "text": text, "token_ids": ids, "logprobs": None,
-                              "finish_reason": reason}])
-        return f'data: {head}, "choices": {choice}}}\n\n'
-
-    try:
-        async for deltas in stream.arrivals():  # the events of several tokens in one write
-            yield "".join(chunk(d.text, [d.token_id], None) for d in deltas)
-        if (failed := failure_event(stream.failure)) is not None:
-            yield failed
-        else:
-            yield chunk(stream.rest(), [], stream.finish_reason())
-        yield "data: [DONE]\n\n"
-    finally:
-        stream.cancel()  # no-op when it ended; frees the row when the client left mid-stream
-        metrics.finished(stream)  # still running: counted as cancelled, the engine ends it next
 
 
 @contextlib.contextmanager

@@ -1,0 +1,269 @@
+"""``POST /v1/completions`` in OpenAI's convention over the runtime's
+:meth:`~transformer_kit.runtime.Service.complete`: a prompt (text, token ids, or a list of
+either: a choice per prompt, each with its ``index``), continued by the engine.
+
+With ``logprobs`` (0-5) each choice carries the legacy ``logprobs`` object (``tokens``,
+``token_logprobs``, ``top_logprobs``, ``text_offset``); with ``echo`` the prompt comes first,
+its text and, with ``logprobs``, its tokens' reports (the first ``null``), and ``max_tokens: 0``
+answers the prompt alone: what lm-evaluation-harness's ``local-completions`` scores
+multiple-choice tasks with. vLLM's ``prompt_logprobs`` adds the prompt's reports in vLLM's
+shape. Each choice also carries ``token_ids``, the ids behind its text (a streamed chunk: the
+ids of that chunk).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from transformer_kit.apps.serving.lifecycle import CLIENT_LEFT, unless_client_leaves
+from transformer_kit.apps.serving.logprobs import (
+    TokenWriter,
+    completion_logprobs,
+    joined,
+    prompt_report,
+)
+from transformer_kit.apps.serving.openai_api import (
+    ServerMetrics,
+    failure_event,
+    failure_response,
+    unknown_model,
+    usage,
+)
+from transformer_kit.core.errors import InputError
+from transformer_kit.runtime import QueueFull, Service
+from transformer_kit.runtime.text_stream import TextStream, Usage
+
+#: Most prompts one request may list (each is a request of the engine's).
+MAX_PROMPTS = 256
+
+
+class CompletionRequest(BaseModel):
+    """The body of ``POST /v1/completions``: OpenAI's fields this server honours; any other
+    field is refused (400), so a client never believes an option took effect when it did not."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    prompt: str | list[int] | list[str] | list[list[int]]
+    #: None: 16, OpenAI's default; 0: no new token (with ``echo``, the prompt alone).
+    max_tokens: int | None = Field(16, ge=0)
+    #: None: the checkpoint's default (its generation_config.json), else OpenAI's 1.
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    n: Literal[1] | None = 1
+    user: str | None = None
+    #: Each token's log probability and this many of the most likely (OpenAI's bound, 5).
+    logprobs: int | None = Field(None, ge=0, le=5)
+    #: The prompt before the reply, in the text and (with ``logprobs``) in the reports.
+    echo: bool | None = False
+    #: vLLM's: each prompt token's log probability and this many of the most likely.
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    #: What the reports are of: "raw" (the model's logits, the default) or "processed" (the
+    #: scores the token was chosen from; vLLM's server-wide ``--logprobs-mode``, per request).
+    logprobs_mode: Literal["raw", "processed"] | None = None
+    #: An extension (as vLLM's extra parameters; the openai client sends it in ``extra_body``):
+    #: speculative decoding with prompt lookup while the request decodes alone.
+    prompt_lookup_num_tokens: int | None = Field(None, ge=1, le=64)
+
+
+def prompts_of(prompt: Any) -> list[str | list[int]]:
+    """The request's prompts: text, ids, or a list of texts or of id lists (InputError for an
+    empty one or more than :data:`MAX_PROMPTS`)."""
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return [prompt]
+    if not prompt:
+        raise InputError("prompt is an empty list; give text, token ids, or a list of either.")
+    if len(prompt) > MAX_PROMPTS:
+        raise InputError(f"prompt lists {len(prompt)} prompts; this server takes at most "
+                         f"{MAX_PROMPTS} per request. Split them over several requests.")
+    empty = [i for i, p in enumerate(prompt) if not p]
+    if empty:
+        raise InputError(f"prompt[{empty[0]}] is empty; every prompt needs some text or ids.")
+    return list(prompt)
+
+
+def _prompt_top(body: CompletionRequest) -> int | None:
+    """How many alternatives the prompt's reports list: echo's (``logprobs``) or vLLM's
+    ``prompt_logprobs``, the more of the two (None: no report)."""
+    wanted = [body.prompt_logprobs, body.logprobs if body.echo else None]
+    given = [k for k in wanted if k is not None]
+    return max(given) if given else None
+
+
+class _Choice:
+    """One prompt's choice: its stream and what it writes before and around the reply's text."""
+
+    def __init__(self, index: int, prompt: str | list[int], stream: TextStream,
+                 body: CompletionRequest, writer: TokenWriter) -> None:
+        self.index, self.stream, self.body, self.writer = index, stream, body, writer
+        tokenizer = writer.tokenizer
+        self.echoed = "" if not body.echo else prompt if isinstance(prompt, str) else (
+            "" if tokenizer is None else tokenizer.decode(prompt))
+
+    def prompt_reports(self) -> dict[str, Any] | None:
+        """The echoed prompt's legacy reports (None: not asked for)."""
+        if not self.body.echo or self.body.logprobs is None:
+            return None
+        stream = self.stream
+        return completion_logprobs(self.writer, stream.prompt_ids, stream.prompt_logprobs or [])
+
+    def reports(self, ids: list[int], reports: list, offset: int) -> dict[str, Any] | None:
+        if self.body.logprobs is None:
+            return None
+        return completion_logprobs(self.writer, ids, reports, offset)
+
+    def extras(self) -> dict[str, Any]:
+        """vLLM's ``prompt_logprobs`` and ``prompt_token_ids``, when asked for."""
+        if self.body.prompt_logprobs is None:
+            return {}
+        stream = self.stream
+        return {"prompt_logprobs": prompt_report(self.writer, stream.prompt_logprobs or []),
+                "prompt_token_ids": stream.prompt_ids}
+
+    def whole(self, text: str) -> dict[str, Any]:
+        stream = self.stream
+        reports = self.reports(stream.token_ids, stream.logprobs, len(self.echoed))
+        if reports is not None:
+            reports = joined(self.prompt_reports(), reports)
+        return {"index": self.index, "text": self.echoed + text, "token_ids": stream.token_ids,
+                "logprobs": reports, "finish_reason": stream.finish_reason(), **self.extras()}
+
+
+class CompletionServer:
+    """``/v1/completions`` over ``service`` serving the model ``model_name`` (the metrics
+    shared with the other endpoints)."""
+
+    def __init__(self, service: Service, model_name: str, metrics: ServerMetrics) -> None:
+        self.service, self.model_name, self.metrics = service, model_name, metrics
+
+    def _submit(self, body: CompletionRequest) -> list[_Choice]:
+        """Every prompt's request, or none (a refusal cancels those already submitted)."""
+        prompts, choices = prompts_of(body.prompt), []
+        writer = TokenWriter(self.service.tokenizer)
+        try:
+            for i, prompt in enumerate(prompts):
+                stream = self.service.complete(
+                    prompt, max_tokens=16 if body.max_tokens is None else body.max_tokens,
+                    temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop,
+                    prompt_lookup_num_tokens=body.prompt_lookup_num_tokens, logprobs=body.logprobs,
+                    prompt_logprobs=_prompt_top(body), logprobs_mode=body.logprobs_mode)
+                choices.append(_Choice(i, prompt, stream, body, writer))
+        except BaseException:
+            for choice in choices:
+                choice.stream.cancel()
+            raise
+        return choices
+
+    async def completions(self, body: CompletionRequest, request: Request) -> Any:
+        metrics = self.metrics
+        if body.model != self.model_name:
+            return unknown_model(body.model, self.model_name)
+        try:
+            choices = self._submit(body)
+        except (QueueFull, InputError) as exc:
+            return metrics.refused(exc)
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                "created": int(time.time()), "model": self.model_name}
+        if body.stream:
+            return StreamingResponse(_events(choices, head, metrics), media_type="text/event-stream")
+        texts = asyncio.gather(*(c.stream.text() for c in choices))
+        answered, replies = await unless_client_leaves(request.receive, texts)
+        for choice in choices:
+            choice.stream.cancel()  # no-op when it ended; a client that left stops its decoding here
+            metrics.finished(choice.stream)
+        if not answered:
+            return Response(status_code=CLIENT_LEFT)
+        for choice in choices:
+            if (failed := failure_response(choice.stream.failure)) is not None:
+                return failed
+        counts = [c.stream.usage for c in choices]
+        total = Usage(sum(u.prompt_tokens for u in counts), sum(u.completion_tokens for u in counts),
+                      sum(u.cached_tokens for u in counts))
+        return {**head, "choices": [c.whole(text) for c, text in zip(choices, replies, strict=True)],
+                "usage": usage(total)}
+
+
+async def _choice_events(choice: _Choice, head: str) -> AsyncIterator[str]:
+    """One choice's chunks: its echoed prompt (if any), a chunk per token, the last with the
+    finish reason; a request that failed ends with an error event instead of the last chunk."""
+    stream = choice.stream
+
+    def chunk(text: str, ids: list[int], reports: dict | None, reason: str | None = None,
+              extras: dict | None = None) -> str:
+        body = json.dumps([{"index": choice.index, "text": text, "token_ids": ids, "logprobs": reports,
+                            "finish_reason": reason, **(extras or {})}])
+        return f'data: {head}, "choices": {body}}}\n\n'
+
+    offset = len(choice.echoed)
+    if choice.echoed or choice.body.prompt_logprobs is not None:
+        if stream.request.prompt_top is not None:
+            await stream.request.prefilled()  # the prompt's reports come with its prefill
+        yield chunk(choice.echoed, [], choice.prompt_reports(), extras=choice.extras())
+    async for deltas in stream.arrivals():  # the events of several tokens in one write
+        parts = []
+        for d in deltas:
+            parts.append(chunk(d.text, [d.token_id], choice.reports([d.token_id], [d.logprob], offset)))
+            offset += len(choice.writer.text(d.token_id)) if choice.body.logprobs is not None else 0
+        yield "".join(parts)
+    if (failed := failure_event(stream.failure)) is not None:
+        yield failed
+    else:
+        yield chunk(stream.rest(), [], None, stream.finish_reason())
+
+
+async def _events(choices: list[_Choice], fields: dict[str, Any],
+                  metrics: ServerMetrics) -> AsyncIterator[str]:
+    """Server-sent events of every choice (several prompts' interleaved as their tokens come),
+    then [DONE]. A client that goes away closes this generator: its requests are cancelled,
+    their rows leave."""
+    head = json.dumps(fields)[:-1]
+    try:
+        if len(choices) == 1:
+            async for event in _choice_events(choices[0], head):
+                yield event
+        else:
+            async for event in _merged([_choice_events(c, head) for c in choices]):
+                yield event
+        yield "data: [DONE]\n\n"
+    finally:
+        for choice in choices:
+            choice.stream.cancel()  # no-op when it ended; frees the row when the client left
+            metrics.finished(choice.stream)  # still running: counted as cancelled
+
+
+async def _merged(sources: list[AsyncIterator[str]]) -> AsyncIterator[str]:
+    """The items of several async iterators as each comes."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(source: AsyncIterator[str]) -> None:
+        try:
+            async for item in source:
+                await queue.put(item)
+        finally:
+            await queue.put(done)
+
+    tasks = [asyncio.create_task(pump(source)) for source in sources]
+    try:
+        left = len(tasks)
+        while left:
+            item = await queue.get()
+            if item is done:
+                left -= 1
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
