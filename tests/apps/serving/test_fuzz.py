@@ -182,7 +182,7 @@ REFUSED = [
     *[("/v1/chat/completions", {"chat_template_kwargs": {name: 1}}, f"may not set '{name}'")
       for name in ("messages", "tools", "chat_template", "template", "special_tokens")],
     ("/v1/chat/completions", {"n": -3}, "got n=-3. Leave n out."),
-    ("/v1/completions", {"max_tokens": 0}, "greater than or equal to 1"),
+    ("/v1/completions", {"max_tokens": -1}, "greater than or equal to 0"),
 ]
 
 

@@ -95,7 +95,7 @@ def test_concurrent_streaming_clients_each_get_their_sequential_tokens(server, o
     (b'{"model": "tiny", "prompt": [1, 2], "max_tokens": 63}', 400, "context length is 64"),
     (b'{"model": "tiny", "prompt": [1, 99], "max_tokens": 2}', 400, "99"),
     (b'{"model": "tiny", "prompt": "some text", "max_tokens": 2}', 400, "no tokenizer"),
-    (b'{"model": "tiny", "prompt": [[1], [2]], "max_tokens": 2}', 400, "one prompt per request"),
+    (b'{"model": "tiny", "prompt": [], "max_tokens": 2}', 400, "empty list"),
     (b'{"model": "other", "prompt": [1, 2]}', 404, "'other' does not exist"),
 ])
 def test_bad_requests_get_a_status_and_a_sentence_and_the_server_keeps_serving(server, body, status,

@@ -30,6 +30,7 @@ from transformer_kit.apps.serving.lifecycle import CLIENT_LEFT, unless_client_le
 from transformer_kit.apps.serving.logprobs import TokenWriter, chat_logprobs
 from transformer_kit.apps.serving.openai_api import (
     ServerMetrics,
+    UsageBody,
     failure_event,
     failure_response,
     unknown_model,
@@ -98,6 +99,71 @@ class ChatCompletionRequest(BaseModel):
     #: An extension (as vLLM's extra parameters; the openai client sends it in ``extra_body``):
     #: speculative decoding with prompt lookup while the request decodes alone.
     prompt_lookup_num_tokens: int | None = Field(None, ge=1, le=64)
+
+
+class TopLogprob(BaseModel):
+    """A token at a position: its text, log probability and bytes."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ContentLogprob(TopLogprob):
+    """A reply token's report: the token and the most likely at its position."""
+
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    """A choice's (a chunk's) ``logprobs``."""
+
+    content: list[ContentLogprob] | None
+    refusal: list[ContentLogprob] | None = None
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    """A call of one of the request's tools."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class AssistantMessage(BaseModel):
+    """The reply: its text (None when it only calls tools), its tool calls, and with a
+    reasoning template its thinking (``reasoning_content`` and ``reasoning``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int = Field(ge=0)
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None
+    finish_reason: Literal["stop", "length", "tool_calls"]
+
+
+class ChatCompletion(BaseModel):
+    """The answer of ``POST /v1/chat/completions`` (a ``chat.completion``)."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageBody
 
 
 def _reported(body: ChatCompletionRequest) -> int | None:

@@ -33,6 +33,7 @@ from transformer_kit.apps.serving.logprobs import (
 )
 from transformer_kit.apps.serving.openai_api import (
     ServerMetrics,
+    UsageBody,
     failure_event,
     failure_response,
     unknown_model,
@@ -76,6 +77,47 @@ class CompletionRequest(BaseModel):
     #: An extension (as vLLM's extra parameters; the openai client sends it in ``extra_body``):
     #: speculative decoding with prompt lookup while the request decodes alone.
     prompt_lookup_num_tokens: int | None = Field(None, ge=1, le=64)
+
+
+class LegacyLogprobs(BaseModel):
+    """A choice's ``logprobs`` (OpenAI's legacy completions shape): per token its text, log
+    probability (None: a prompt's first), the most likely tokens and its offset in the text."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class PromptTokenLogprob(BaseModel):
+    """One token of vLLM's ``prompt_logprobs`` at a position."""
+
+    logprob: float
+    rank: int = Field(ge=1)
+    decoded_token: str
+
+
+class CompletionChoice(BaseModel):
+    """One prompt's answer (a streamed chunk: its piece, ``finish_reason`` on the last)."""
+
+    index: int = Field(ge=0)
+    text: str
+    token_ids: list[int]
+    logprobs: LegacyLogprobs | None
+    finish_reason: Literal["stop", "length"] | None
+    prompt_logprobs: list[dict[str, PromptTokenLogprob] | None] | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class Completion(BaseModel):
+    """The answer of ``POST /v1/completions`` (a ``text_completion``)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageBody
 
 
 def prompts_of(prompt: Any) -> list[str | list[int]]:

@@ -38,8 +38,8 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import Gauge, generate_latest
 
 from transformer_kit.apps.serving import page
-from transformer_kit.apps.serving.chat import ChatCompletionRequest, ChatServer
-from transformer_kit.apps.serving.completions import CompletionRequest, CompletionServer
+from transformer_kit.apps.serving.chat import ChatCompletion, ChatCompletionRequest, ChatServer
+from transformer_kit.apps.serving.completions import Completion, CompletionRequest, CompletionServer
 from transformer_kit.apps.serving.embeddings import EmbeddingRequest, EmbeddingServer
 from transformer_kit.apps.serving.guard import DEFAULT_BODY_SECONDS, DEFAULT_MAX_BODY_BYTES, OPEN_PATHS, Guard
 from transformer_kit.apps.serving.lifecycle import (
@@ -49,6 +49,7 @@ from transformer_kit.apps.serving.lifecycle import (
 from transformer_kit.apps.serving.openai_api import (
     ERROR_RESPONSES,
     ServerMetrics,
+    answers,
     error_response,
     install_error_handlers,
     unknown_model,
@@ -101,8 +102,12 @@ _KINDS = {"generate": ("a text generator", ("/v1/completions", "/v1/chat/complet
           "embeddings": ("a sentence-embedding model", ("/v1/embeddings",)),
           "rerank": ("a cross-encoder", ("/v1/rerank", "/rerank"))}
 
-#: A generating endpoint's answer in the OpenAPI schema: JSON, or server-sent events (``stream``).
-_STREAMS: dict[int | str, dict] = {200: {"content": {"text/event-stream": {}}}}
+#: Each endpoint's answer in the OpenAPI schema: its JSON body, and server-sent events when it
+#: streams (the generating ones).
+_ANSWERS: dict[str, dict[int | str, dict]] = {
+    "/v1/completions": answers(Completion),
+    "/v1/chat/completions": answers(ChatCompletion),
+    "/v1/responses": {200: {"content": {"text/event-stream": {}}}}}
 
 
 def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
@@ -166,7 +171,7 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
     store = ResponseStore(stored_responses)
     handlers = {name: _endpoints(each, store) for name, each in served.items()}
     for path, handler in handlers[model_name].items():
-        app.post(path, response_model=None, responses=_STREAMS if path in _KINDS["generate"][1] else None)(
+        app.post(path, response_model=None, responses=_ANSWERS.get(path))(
             _by_model(handler, handlers, path) if adapters else handler)
     if service.kind == "generate":
         stored = StoredResponses(store, server.metrics)  # one store for the base and its adapters

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -181,6 +182,30 @@ class _PrefixCacheMetrics:
                                   value=stats.drafted_tokens)
         yield CounterMetricFamily("transformer_kit_accepted_tokens", "Drafted tokens that were the "
                                   "model's own choice: each saved a step", value=stats.accepted_tokens)
+
+
+class PromptTokensDetails(BaseModel):
+    """Of the prompt's tokens, those whose cache came from the server's prefix cache."""
+
+    cached_tokens: int = Field(ge=0)
+
+
+class UsageBody(BaseModel):
+    """A reply's ``usage`` (:func:`usage`)."""
+
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+    prompt_tokens_details: PromptTokensDetails
+
+
+def answers(model: type[BaseModel], streams: bool = True) -> dict[int | str, dict]:
+    """An endpoint's 200 answer in the OpenAPI schema: ``model`` as JSON, and server-sent events
+    when it ``streams`` (the fuzz test checks every answer against it)."""
+    answer: dict[str, Any] = {"model": model}
+    if streams:
+        answer["content"] = {"text/event-stream": {}}
+    return {200: answer}
 
 
 def usage(counts: Usage) -> dict:
