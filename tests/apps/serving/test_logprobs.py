@@ -24,14 +24,15 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    """(client, transformers' model, its tokenizer)."""
+    """(client, transformers' model, its tokenizer, the export)."""
     folder = write_chat_checkpoint(tmp_path_factory.mktemp("logprobs") / "qwen2")
     export_onnx(tk.from_hf(folder), folder / "onnx")
-    engine = Engine(OnnxModel(folder / "onnx", providers="cpu"))
+    om = OnnxModel(folder / "onnx", providers="cpu")
+    engine = Engine(om)
     model = hf.AutoModelForCausalLM.from_pretrained(folder).eval()
     with running(create_app(engine, "m")) as url:
         yield (openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120), model,
-               hf.AutoTokenizer.from_pretrained(folder))
+               hf.AutoTokenizer.from_pretrained(folder), om)
     engine.close()
 
 
@@ -49,7 +50,7 @@ def _chat_ids(tokenizer, messages) -> list[int]:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat_logprobs_equal_transformers(setup, stream):
-    client, model, tokenizer = setup
+    client, model, tokenizer, _ = setup
     asked = dict(model="m", messages=QUESTION, max_tokens=12, temperature=0, logprobs=True,
                  top_logprobs=3)
     if stream:
@@ -82,7 +83,7 @@ def test_chat_logprobs_equal_transformers(setup, stream):
 def test_completions_echo_scores_a_prompt_as_lm_eval_does(setup):
     """lm-eval's loglikelihood request: token ids, echo, logprobs 1, max_tokens 1, several
     prompts in one request: each choice's prompt reports are transformers' log-softmax."""
-    client, model, tokenizer = setup
+    client, model, tokenizer, _ = setup
     prompts = [tokenizer("The capital of France is Paris").input_ids,
                tokenizer("Two plus two").input_ids]
     answer = client.completions.create(model="m", prompt=prompts, echo=True, logprobs=1, max_tokens=1,
@@ -105,7 +106,7 @@ def test_completions_echo_scores_a_prompt_as_lm_eval_does(setup):
 
 
 def test_max_tokens_zero_answers_the_prompt_and_prompt_logprobs(setup):
-    client, model, tokenizer = setup
+    client, model, tokenizer, _ = setup
     text = "Hello there, café"
     answer = client.completions.create(model="m", prompt=text, echo=True, logprobs=2, max_tokens=0,
                                        extra_body={"prompt_logprobs": 2})
@@ -125,7 +126,7 @@ def test_max_tokens_zero_answers_the_prompt_and_prompt_logprobs(setup):
 
 
 def test_streamed_completion_logprobs_equal_whole(setup):
-    client, _, _ = setup
+    client, _, _, _ = setup
     asked = dict(model="m", prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=3,
                  echo=True)
     whole = client.completions.create(**asked).choices[0]
@@ -142,7 +143,7 @@ def test_streamed_completion_logprobs_equal_whole(setup):
 
 def test_processed_logprobs_are_of_the_sampled_distribution(setup):
     """logprobs_mode "processed" reports the log-softmax of the logits over the temperature."""
-    client, model, tokenizer = setup
+    client, model, tokenizer, _ = setup
     choice = client.chat.completions.create(
         model="m", messages=QUESTION, max_tokens=4, temperature=0.5, seed=3, logprobs=True,
         extra_body={"logprobs_mode": "processed"}).choices[0]
@@ -160,10 +161,28 @@ def test_processed_logprobs_are_of_the_sampled_distribution(setup):
     ("completions", {"prompt_logprobs": -1}, "prompt_logprobs"),
 ])
 def test_bad_logprobs_get_a_sentence(setup, endpoint, body, says):
-    client, _, _ = setup
+    client, _, _, _ = setup
     with pytest.raises(openai.BadRequestError, match=says):
         if endpoint == "chat":
             client.chat.completions.create(model="m", messages=QUESTION, max_tokens=2, extra_body=body)
         else:
             client.completions.create(model="m", prompt="Hi", max_tokens=2, extra_body=body)
     assert client.completions.create(model="m", prompt="Hi", max_tokens=1).choices[0].text is not None
+
+
+def test_python_chat_and_prompt_logprobs_equal_transformers(setup):
+    """In Python: ``OnnxModel.chat(..., logprobs=k)`` gives the message its tokens' reports, and
+    ``OnnxModel.prompt_logprobs`` a prompt's, both transformers' log-softmax."""
+    _, model, tokenizer, om = setup
+    message = om.chat(QUESTION, max_new_tokens=6, logprobs=2)
+    prompt = _chat_ids(tokenizer, QUESTION)
+    ids = [r.token_id for r in message["logprobs"]]
+    reference = _reference(model, prompt + ids)[len(prompt) - 1:]
+    np.testing.assert_allclose([r.logprob for r in message["logprobs"]],
+                               reference[np.arange(len(ids)), ids], atol=1e-4)
+    reports = om.prompt_logprobs(prompt, 1)
+    reference = _reference(model, prompt)
+    assert reports[0] is None
+    np.testing.assert_allclose([r.logprob for r in reports[1:]],
+                               reference[np.arange(len(prompt) - 1), prompt[1:]], atol=1e-4)
+    assert all(r.top[0][0] == int(np.argmax(reference[i])) for i, r in enumerate(reports[1:]))
