@@ -33,6 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -67,10 +68,12 @@ from transformer_kit.apps.serving.tokenization import (
     DetokenizeRequest,
     TokenizationServer,
     TokenizeRequest,
+    max_model_len,
 )
 from transformer_kit.core.decoding.defaults import GENERATION_CONFIG_MODES
 from transformer_kit.core.errors import InputError
 from transformer_kit.runtime import Engine, Limits, QueueFull, Service
+from transformer_kit.runtime.adapters import ADAPTER_FOLDER
 from transformer_kit.runtime.text_stream import TextStream
 
 
@@ -105,19 +108,21 @@ class CompletionServer:
         self.engine = service.engine
         self.metrics = ServerMetrics(service.engine)
         self.created = int(time.time())
-        #: Every model name the app serves (the base's, then its adapters': ``create_app``).
-        self.served = [model_name]
+        #: Every model the app serves, name -> its service (the base's, then its adapters':
+        #: ``create_app``).
+        self.served: dict[str, Service] = {model_name: service}
 
     async def health(self) -> dict:
         return {"status": "ok"}
 
     async def models(self) -> dict:
-        """The served models; ``generation_defaults``: the checkpoint's sampling defaults that a
-        request's missing fields take ({}: none, or ``--generation-config ignore``)."""
+        """The served models, each as vLLM lists it (:func:`_model_card`), with
+        ``generation_defaults``: the checkpoint's sampling defaults that a request's missing
+        fields take ({}: none, or ``--generation-config ignore``)."""
         defaults = self.service.generation_defaults
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": self.created,
-                                            "owned_by": "transformer-kit",
-                                            "generation_defaults": defaults} for name in self.served]}
+        return {"object": "list", "data": [
+            {**_model_card(name, each, self.model_name, self.created), "generation_defaults": defaults}
+            for name, each in self.served.items()]}
 
     async def prometheus(self) -> PlainTextResponse:
         return PlainTextResponse(generate_latest(self.metrics.registry).decode(),
@@ -152,11 +157,23 @@ class CompletionServer:
                 "usage": usage(stream.usage)}
 
 
+def _model_card(name: str, service: Service, base: str, created: int) -> dict[str, Any]:
+    """One entry of ``GET /v1/models`` in vLLM's shape: ``root`` the export folder this server
+    loaded (vLLM: the model's path), or for a LoRA adapter its file in that folder (vLLM: the
+    adapter's path) with ``parent`` the base model's name; ``max_model_len`` as /tokenize gives
+    it (:func:`.tokenization.max_model_len`)."""
+    folder = Path(service.model.path).resolve()
+    adapter = service.engine.adapter
+    return {"id": name, "object": "model", "created": created, "owned_by": "transformer-kit",
+            "root": str(folder if adapter is None else folder / ADAPTER_FOLDER / f"{adapter}.safetensors"),
+            "parent": None if adapter is None else base, "max_model_len": max_model_len(service)}
+
+
 #: What each kind of model is, as the wrong endpoint's answer names it, and the paths it serves.
 _KINDS = {"generate": ("a text generator", ("/v1/completions", "/v1/chat/completions",
                                             "/v1/responses")),
           "embeddings": ("a sentence-embedding model", ("/v1/embeddings",)),
-          "rerank": ("a cross-encoder", ("/v1/rerank", "/rerank"))}
+          "rerank": ("a cross-encoder", ("/v1/rerank", "/rerank", "/v2/rerank"))}
 
 #: A generating endpoint's answer in the OpenAPI schema: JSON, or server-sent events (``stream``).
 _STREAMS: dict[int | str, dict] = {200: {"content": {"text/event-stream": {}}}}
@@ -213,13 +230,14 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
           "until its last event)", registry=server.metrics.registry
           ).set_function(lambda: app.state.admission.in_flight)
     served = {model_name: server, **served}
-    server.served = list(served)
+    server.served = {name: each.service for name, each in served.items()}
     app.get("/health")(server.health)
     app.get("/v1/models")(server.models)
     app.get("/metrics", response_class=PlainTextResponse)(server.prometheus)
     tokenization = TokenizationServer(service, model_name, server.metrics)
     app.post("/tokenize", response_model=None)(tokenization.tokenize)
     app.post("/detokenize", response_model=None)(tokenization.detokenize)
+    app.get("/tokenizer_info", response_model=None)(tokenization.tokenizer_info)
     store = ResponseStore(stored_responses)
     handlers = {name: _endpoints(each, store) for name, each in served.items()}
     for path, handler in handlers[model_name].items():
@@ -266,7 +284,7 @@ def _endpoints(server: CompletionServer, store: ResponseStore) -> dict[str, Any]
     if service.kind == "embeddings":
         return {"/v1/embeddings": EmbeddingServer(service, name, metrics).embeddings}
     rerank = RerankServer(service, name, metrics).rerank
-    return {"/v1/rerank": rerank, "/rerank": rerank}
+    return {"/v1/rerank": rerank, "/rerank": rerank, "/v2/rerank": rerank}  # vLLM's three paths
 
 
 def _wrong_endpoint(model_name: str, what: str, serves: tuple[str, ...]) -> Any:
