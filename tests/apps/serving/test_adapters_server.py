@@ -1,5 +1,6 @@
 """LoRA adapters served beside their base: each adapter exported apart is the model
-``BASE:NAME`` in /v1/models, a request's ``model`` picks its engine (its rows batched together),
+``BASE:NAME`` in /v1/models (its ``root`` its file, its ``parent`` the base, as vLLM lists a LoRA),
+a request's ``model`` picks its engine (its rows batched together),
 and concurrent openai clients of the base and two adapters each get PEFT's greedy tokens."""
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ def test_the_base_and_two_adapters_served_at_once_each_equal_peft(two_adapters):
         with running(create_app(engines[None], "llama", adapters=adapters)) as url:
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
             assert [m.id for m in client.models.list().data] == ["llama", "llama:first", "llama:second"]
+            cards = httpx.get(f"{url}/v1/models").json()["data"]  # as vLLM lists a base and its LoRAs
+            export = folder.resolve()
+            assert [(c["root"], c["parent"], c["max_model_len"]) for c in cards] == [
+                (str(export), None, om.context_length),
+                (str(export / "adapters" / "first.safetensors"), "llama", om.context_length),
+                (str(export / "adapters" / "second.safetensors"), "llama", om.context_length)]
+            assert all((export / "adapters" / f"{name}.safetensors").is_file() for name in om.adapters)
             names = {"llama": None, "llama:first": "first", "llama:second": "second"}
             asked = [(model, i) for _ in range(3) for model in names for i in range(len(_ids()))]
 

@@ -1,8 +1,9 @@
 """/v1/embeddings on 127.0.0.1 over a sentence-transformers model read by from_hf and exported:
 the official ``openai`` client (base64, as it asks by default, and float) gets the vectors
 ``SentenceTransformer.encode`` gives; token-id inputs, ``dimensions`` and the usage; 32
-concurrent clients each get their own vectors, run together; limits and the wrong endpoint
-answer 400 with a sentence and the server keeps serving."""
+concurrent clients each get their own vectors, run together; token ids as LangChain's
+``OpenAIEmbeddings`` sends them; ``/v1/models``, ``/tokenize`` and ``/tokenizer_info`` as vLLM's;
+limits and the wrong endpoint answer 400 with a sentence and the server keeps serving."""
 
 from __future__ import annotations
 
@@ -88,6 +89,48 @@ def test_token_ids_and_dimensions(server, embedding_export):
     np.testing.assert_allclose(cut, _reference(st, TEXTS, 8), atol=1e-5)
     np.testing.assert_allclose(cut, om.embed(TEXTS, dimensions=8), atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(cut, axis=1), 1.0, atol=1e-5)  # normalised again
+
+
+def test_token_ids_as_langchains_openai_embeddings_sends_them(server, embedding_export):
+    """LangChain's ``OpenAIEmbeddings`` (``check_embedding_ctx_length`` true, its default) sends
+    each text's token ids, a list of id lists, through the openai client without
+    ``encoding_format``: the client asks for base64 and decodes it."""
+    url, _ = server
+    st, om = embedding_export
+    ids = om.sentences.encode_inputs(TEXTS).tokens
+    response = _client(url).embeddings.create(model="tiny-embed", input=ids)  # LangChain's call
+    assert all(isinstance(d.embedding, list) for d in response.data)  # decoded by the client
+    np.testing.assert_allclose(_vectors(response), _reference(st, TEXTS), atol=1e-5)
+    for given, texts in ((ids, TEXTS), (ids[1], TEXTS[1:2])):  # a list of lists, one list
+        for encoding in ("base64", "float"):
+            raw = httpx.post(f"{url}/v1/embeddings", json={"model": "tiny-embed", "input": given,
+                                                           "encoding_format": encoding}).json()
+            vectors = [np.frombuffer(base64.b64decode(d["embedding"]), "<f4") if encoding == "base64"
+                       else d["embedding"] for d in raw["data"]]
+            np.testing.assert_allclose(vectors, _reference(st, texts), atol=1e-5)
+            assert raw["usage"]["prompt_tokens"] == sum(map(len, given if given is ids else [given]))
+    # tiktoken's ids (LangChain's default tokenizer) are another vocabulary's: past this one, refused
+    tiktokens = httpx.post(f"{url}/v1/embeddings", json={"model": "tiny-embed", "input": [[15339, 1917]]})
+    assert tiktokens.status_code == 400
+    assert "outside the vocabulary (0..185); token ids are this model's tokenizer's: give the text " \
+        "instead" in tiktokens.json()["error"]["message"]
+
+
+def test_the_model_and_its_tokenizer_are_described_as_vllm_describes_them(server, embedding_export):
+    from tests.apps.serving.test_tokenization import LOADER, vllm_tokenizer_info
+
+    url, _ = server
+    st, om = embedding_export
+    card = httpx.get(f"{url}/v1/models").json()["data"][0]
+    assert card["root"] == str(om.path.resolve()) and card["parent"] is None
+    assert card["max_model_len"] == st.max_seq_length == 24  # sentence-transformers' bound, as vLLM's
+    tokenize = httpx.post(f"{url}/tokenize", json={"prompt": "cats"}).json()
+    assert tokenize["max_model_len"] == 24
+    info = httpx.get(f"{url}/tokenizer_info").json()
+    expected, loader_only = vllm_tokenizer_info(om.path)
+    assert info["tokenizer_class"] == "BertTokenizer" and "chat_template" not in info
+    assert {key: value for key, value in info.items() if key not in LOADER} == expected
+    assert set(loader_only) <= set(LOADER)
 
 
 def test_32_concurrent_clients_each_get_their_own_vectors_run_together(server, embedding_export):

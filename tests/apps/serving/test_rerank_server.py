@@ -1,4 +1,4 @@
-"""/v1/rerank (and /rerank) on 127.0.0.1 over a cross-encoder read by from_hf and exported: the
+"""/v1/rerank (and /rerank, /v2/rerank) on 127.0.0.1 over a cross-encoder read by from_hf and exported: the
 relevance scores equal sentence-transformers' ``CrossEncoder.predict``, best first, ``top_n`` and
 ``return_documents`` as Cohere and Jina take them; concurrent clients' pairs run together;
 limits and the wrong endpoint answer 400 with a sentence and the server keeps serving."""
@@ -49,8 +49,10 @@ def test_scores_equal_the_cross_encoders_best_first(server, cross_encoder_export
     assert all("document" not in r for r in results) and body["model"] == "tiny-rerank"
     tokens, _ = om.sentences.text_encoder.encode_pairs(QUERY, DOCUMENTS)
     assert body["usage"]["total_tokens"] == sum(map(len, tokens)) and body["id"].startswith("rerank-")
-    top = _rerank(url, "/rerank", query=QUERY, documents=DOCUMENTS, top_n=2, return_documents=True)
-    assert top.json()["results"] == [{**r, "document": {"text": DOCUMENTS[r["index"]]}} for r in results[:2]]
+    for path in ("/rerank", "/v2/rerank"):  # vLLM's three paths (v2: Cohere's v2 client's)
+        top = _rerank(url, path, query=QUERY, documents=DOCUMENTS, top_n=2, return_documents=True)
+        assert top.json()["results"] == [{**r, "document": {"text": DOCUMENTS[r["index"]]}}
+                                         for r in results[:2]]
 
 
 def test_concurrent_clients_each_get_their_own_scores_run_together(server, cross_encoder_export):
@@ -96,10 +98,12 @@ def test_a_long_pair_is_cut_as_the_cross_encoder_cuts_it(server, cross_encoder_e
     np.testing.assert_allclose(scores, ce.predict([(QUERY, long), (QUERY, "cats")]), atol=1e-5)
 
 
-def test_embeddings_on_a_cross_encoder_are_refused_with_the_one_it_serves(server):
+def test_embeddings_on_a_cross_encoder_are_refused_with_the_one_it_serves(server, cross_encoder_export):
     url, _ = server
     response = httpx.post(f"{url}/v1/embeddings", json={"model": "tiny-rerank", "input": "cats"})
     assert response.status_code == 400
     message = response.json()["error"]["message"]
-    assert "a cross-encoder" in message and "POST /v1/rerank" in message
-    assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == "tiny-rerank"
+    assert "a cross-encoder" in message and "POST /v1/rerank and /rerank and /v2/rerank" in message
+    card = httpx.get(f"{url}/v1/models").json()["data"][0]
+    assert card["id"] == "tiny-rerank"
+    assert card["max_model_len"] == cross_encoder_export[1].sentences.text_encoder.max_tokens == 24

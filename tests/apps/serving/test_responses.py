@@ -299,10 +299,13 @@ def _refused(url: str, body: dict, *words: str) -> None:
 
 def test_bad_requests_get_400_with_a_sentence_and_the_server_keeps_serving(server):
     url, _ = server
-    _refused(url, {"input": "Hi", "reasoning": {"effort": "low"}}, "Unknown field 'reasoning'",
+    _refused(url, {"input": "Hi", "logit_bias": {"5": 1}}, "Unknown field 'logit_bias'",
              "/v1/responses takes", "instructions")
+    _refused(url, {"input": "Hi", "reasoning": {"effort": "low"}}, "reasoning.effort is 'low'",
+             "no reasoning_effort switch")
     _refused(url, {"input": "Hi", "text": {"format": {"type": "text"}, "verbosity": "low"}},
-             "'text.verbosity'")
+             "text.verbosity is 'low'")
+    _refused(url, {"input": "Hi", "text": {"format": {"type": "text"}, "tone": "dry"}}, "'text.tone'")
     _refused(url, {"input": []}, "input is empty")
     _refused(url, {"input": [{"type": "reasoning", "summary": []}]}, "input[0]", "'reasoning'",
              "function_call_output")

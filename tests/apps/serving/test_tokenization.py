@@ -1,9 +1,13 @@
-"""``POST /tokenize`` and ``POST /detokenize`` (vLLM's) over the chat checkpoint of
+"""``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info`` (vLLM's) over the chat checkpoint of
 tests/chat/checkpoint.py: ids equal the export's tokenizer.json (through the ``tokenizers``
 library) on the text transformers' chat template renders, and the prompt a chat request is
-given; text back as the tokenizer decodes it; the API key and bad input as the other endpoints."""
+given; text back as the tokenizer decodes it; the tokenizer's configuration as vLLM gives
+the one transformers loads, and ``/v1/models``' entry as vLLM's; the API key and bad input as
+the other endpoints."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import openai
@@ -34,6 +38,54 @@ def served(tmp_path_factory):
         yield (url, Tokenizer.from_file(str(folder / "onnx" / "tokenizer.json")),
                hf.AutoTokenizer.from_pretrained(folder), om)
     engine.close()
+
+
+#: The entries of transformers' ``init_kwargs`` that describe the loading, not the tokenizer
+#: (a config saved by transformers 5 holds some of them too), and the loaded class.
+LOADER = ("name_or_path", "is_local", "local_files_only", "backend", "tokenizer_class")
+
+
+def vllm_tokenizer_info(folder) -> tuple[dict, dict]:
+    """What vLLM's /tokenizer_info gives for the tokenizer transformers loads from ``folder``:
+    its ``init_kwargs`` without vocab_file and merges_file, each AddedToken as its text, as JSON
+    (vLLM's TokenizerInfo). Split into (the settings, the loader's own entries: the folder's
+    path, its flags, and the loaded class, which these tests check apart)."""
+    tokenizer = hf.AutoTokenizer.from_pretrained(folder)
+
+    def plain(value):
+        if hasattr(value, "content"):
+            return value.content
+        if isinstance(value, dict):
+            return {key: plain(item) for key, item in value.items()}
+        return [plain(item) for item in value] if isinstance(value, list) else value
+
+    config = {key: value for key, value in tokenizer.init_kwargs.items()
+              if key not in ("vocab_file", "merges_file")}
+    info = json.loads(json.dumps(plain(config)))
+    return ({k: v for k, v in info.items() if k not in LOADER},
+            {k: v for k, v in info.items() if k in LOADER})
+
+
+def test_tokenizer_info_is_vllms_over_the_tokenizer_transformers_loads(served):
+    url, reference, hf_tok, om = served
+    info = _get(url, "/tokenizer_info").json()
+    expected, loader_only = vllm_tokenizer_info(om.path)
+    assert set(loader_only) <= {"name_or_path", "is_local", "local_files_only", "backend"}
+    assert {key: value for key, value in info.items() if key not in LOADER} == expected
+    assert info["chat_template"] == hf_tok.chat_template and "<|im_start|>" in info["chat_template"]
+    assert info["eos_token"] == "<|im_end|>" and info["added_tokens_decoder"]["2"] == "<|im_end|>"
+    loaded = getattr(hf, info["tokenizer_class"]).from_pretrained(om.path)  # the class it names loads it
+    assert loaded.encode(MESSAGES[1]["content"]) == reference.encode(MESSAGES[1]["content"]).ids
+    assert _get(url, "/tokenizer_info", key=None).status_code == 401
+    card = _get(url, "/v1/models").json()["data"][0]
+    assert card == {"id": "chat", "object": "model", "created": card["created"],
+                    "owned_by": "transformer-kit", "root": str(om.path.resolve()), "parent": None,
+                    "max_model_len": om.context_length, "generation_defaults": {}}
+
+
+def _get(url: str, path: str, key: str | None = "sesame") -> httpx.Response:
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    return httpx.get(f"{url}{path}", headers=headers, timeout=60)
 
 
 def _post(url: str, path: str, body: dict, key: str | None = "sesame") -> httpx.Response:

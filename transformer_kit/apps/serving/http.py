@@ -31,6 +31,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -61,10 +62,12 @@ from transformer_kit.apps.serving.tokenization import (
     DetokenizeRequest,
     TokenizationServer,
     TokenizeRequest,
+    max_model_len,
 )
 from transformer_kit.core.decoding.defaults import GENERATION_CONFIG_MODES
 from transformer_kit.core.errors import InputError
 from transformer_kit.runtime import Engine, Limits, Service
+from transformer_kit.runtime.adapters import ADAPTER_FOLDER
 
 
 class ModelServer:
@@ -77,30 +80,44 @@ class ModelServer:
         self.engine = service.engine
         self.metrics = ServerMetrics(service.engine)
         self.created = int(time.time())
-        #: Every model name the app serves (the base's, then its adapters': ``create_app``).
-        self.served = [model_name]
+        #: Every model the app serves, name -> its service (the base's, then its adapters':
+        #: ``create_app``).
+        self.served: dict[str, Service] = {model_name: service}
 
     async def health(self) -> dict:
         return {"status": "ok"}
 
     async def models(self) -> dict:
-        """The served models; ``generation_defaults``: the checkpoint's sampling defaults that a
-        request's missing fields take ({}: none, or ``--generation-config ignore``)."""
+        """The served models, each as vLLM lists it (:func:`_model_card`), with
+        ``generation_defaults``: the checkpoint's sampling defaults that a request's missing
+        fields take ({}: none, or ``--generation-config ignore``)."""
         defaults = self.service.generation_defaults
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": self.created,
-                                            "owned_by": "transformer-kit",
-                                            "generation_defaults": defaults} for name in self.served]}
+        return {"object": "list", "data": [
+            {**_model_card(name, each, self.model_name, self.created), "generation_defaults": defaults}
+            for name, each in self.served.items()]}
 
     async def prometheus(self) -> PlainTextResponse:
         return PlainTextResponse(generate_latest(self.metrics.registry).decode(),
                                  media_type="text/plain; version=0.0.4")
 
 
+def _model_card(name: str, service: Service, base: str, created: int) -> dict[str, Any]:
+    """One entry of ``GET /v1/models`` in vLLM's shape: ``root`` the export folder this server
+    loaded (vLLM: the model's path), or for a LoRA adapter its file in that folder (vLLM: the
+    adapter's path) with ``parent`` the base model's name; ``max_model_len`` as /tokenize gives
+    it (:func:`.tokenization.max_model_len`)."""
+    folder = Path(service.model.path).resolve()
+    adapter = service.engine.adapter
+    return {"id": name, "object": "model", "created": created, "owned_by": "transformer-kit",
+            "root": str(folder if adapter is None else folder / ADAPTER_FOLDER / f"{adapter}.safetensors"),
+            "parent": None if adapter is None else base, "max_model_len": max_model_len(service)}
+
+
 #: What each kind of model is, as the wrong endpoint's answer names it, and the paths it serves.
 _KINDS = {"generate": ("a text generator", ("/v1/completions", "/v1/chat/completions",
                                             "/v1/responses")),
           "embeddings": ("a sentence-embedding model", ("/v1/embeddings",)),
-          "rerank": ("a cross-encoder", ("/v1/rerank", "/rerank"))}
+          "rerank": ("a cross-encoder", ("/v1/rerank", "/rerank", "/v2/rerank"))}
 
 #: Each endpoint's answer in the OpenAPI schema: its JSON body, and server-sent events when it
 #: streams (the generating ones).
@@ -161,13 +178,14 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
           "until its last event)", registry=server.metrics.registry
           ).set_function(lambda: app.state.admission.in_flight)
     served = {model_name: server, **served}
-    server.served = list(served)
+    server.served = {name: each.service for name, each in served.items()}
     app.get("/health")(server.health)
     app.get("/v1/models")(server.models)
     app.get("/metrics", response_class=PlainTextResponse)(server.prometheus)
     tokenization = TokenizationServer(service, model_name, server.metrics)
     app.post("/tokenize", response_model=None)(tokenization.tokenize)
     app.post("/detokenize", response_model=None)(tokenization.detokenize)
+    app.get("/tokenizer_info", response_model=None)(tokenization.tokenizer_info)
     store = ResponseStore(stored_responses)
     handlers = {name: _endpoints(each, store) for name, each in served.items()}
     for path, handler in handlers[model_name].items():
@@ -214,7 +232,7 @@ def _endpoints(server: ModelServer, store: ResponseStore) -> dict[str, Any]:
     if service.kind == "embeddings":
         return {"/v1/embeddings": EmbeddingServer(service, name, metrics).embeddings}
     rerank = RerankServer(service, name, metrics).rerank
-    return {"/v1/rerank": rerank, "/rerank": rerank}
+    return {"/v1/rerank": rerank, "/rerank": rerank, "/v2/rerank": rerank}  # vLLM's three paths
 
 
 def _wrong_endpoint(model_name: str, what: str, serves: tuple[str, ...]) -> Any:

@@ -219,7 +219,8 @@ def usage(counts: Usage) -> dict:
 def install_error_handlers(app: FastAPI, bodies: Mapping[str, type[BaseModel]] | None = None) -> None:
     """OpenAI-style JSON errors for what FastAPI refuses itself (bad JSON, fields, values) and
     for anything unexpected (500 with a sentence, never a traceback). ``bodies``: each endpoint's
-    path -> its request model, so an unknown field's message lists the fields that endpoint takes."""
+    path -> its request model, so an unknown field's message lists the fields that endpoint takes
+    (or, for a field in the model's ``refused_fields``, the reason it is not served)."""
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -229,6 +230,9 @@ def install_error_handlers(app: FastAPI, bodies: Mapping[str, type[BaseModel]] |
             return error_response(400, "The request body is not valid JSON; send a JSON object.")
         if first.get("type") == "extra_forbidden":
             body = next((m for path, m in (bodies or {}).items() if request.url.path.endswith(path)), None)
+            # a field the endpoint's convention defines but this server does not serve: its reason
+            if (reason := getattr(body, "refused_fields", {}).get(where)) is not None:
+                return error_response(400, f"{where!r} is not served: {reason}.", param=where)
             takes = (f"{request.url.path} takes {', '.join(body.model_fields)}" if body and "." not in where
                      else "this server does not take it")
             return error_response(400, f"Unknown field {where!r}; {takes}. Leave it out.", param=where)

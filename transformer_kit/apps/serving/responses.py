@@ -12,7 +12,10 @@ the reply is sent as the Responses events (``response.created``, ``response.in_p
 ``response.output_text.delta``... ``response.completed``, or ``response.incomplete`` for a reply
 cut at ``max_output_tokens``); when the model may call tools the text is held back to the end,
 as chat does. ``previous_response_id`` continues a conversation this server stored
-(:class:`.ResponseStore`: the last N responses, in memory). Errors are the other endpoints'.
+(:class:`.ResponseStore`: the last N responses, in memory). The options beyond the
+conversation (``include``, ``truncation``, ``reasoning``, the prompt cache's hints,
+``service_tier``, ``stream_options``...) are :mod:`.response_options`'s, which serves them or
+refuses a value by name with the reason. Errors are the other endpoints'.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from transformer_kit.apps.serving import response_options as options
 from transformer_kit.apps.serving.lifecycle import CLIENT_LEFT, unless_client_leaves
 from transformer_kit.apps.serving.openai_api import (
     ServerMetrics,
@@ -50,19 +54,24 @@ _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
 class TextConfig(BaseModel):
-    """``text``: the reply's ``format`` ({"type": "text"}, "json_object" or "json_schema")."""
+    """``text``: the reply's ``format`` ({"type": "text"}, "json_object" or "json_schema") and
+    ``verbosity`` ("medium", the model's own, only)."""
 
     model_config = ConfigDict(extra="forbid")
 
     format: dict[str, Any] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
 
 
 class ResponsesRequest(BaseModel):
-    """The body of ``POST /v1/responses``: OpenAI's fields this server honours; any other field
-    (``reasoning``, ``include``, ``truncation``...) is refused (400), so a client never believes
-    an option took effect when it did not."""
+    """The body of ``POST /v1/responses``: OpenAI's fields this server honours (the options
+    beyond the conversation in :mod:`.response_options`, which refuses the values it cannot
+    serve); any other field (``background``, ``conversation``, ``prompt``...) is refused (400),
+    so a client never believes an option took effect when it did not."""
 
     model_config = ConfigDict(extra="forbid")
+    #: OpenAI's fields this server refuses by name, with the reason (install_error_handlers).
+    refused_fields: ClassVar[dict[str, str]] = options.NOT_SERVED
 
     model: str
     input: str | list[Any]
@@ -75,10 +84,21 @@ class ResponsesRequest(BaseModel):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     stream: bool = False
+    stream_options: options.StreamOptions | None = None
     store: bool | None = None
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    truncation: Literal["auto", "disabled"] | None = None
+    reasoning: options.ReasoningConfig | None = None
+    #: A hint for OpenAI's cache routing; the prefix cache matches any prompt's prefix anyway.
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    #: An identifier of the end user, as ``user`` (kept in the response, not used).
+    safety_identifier: str | None = None
 
 
 def _content(content: Any, where: str) -> Any:
@@ -148,6 +168,11 @@ def input_messages(given: str | list[Any]) -> list[dict[str, Any]]:
     return messages
 
 
+#: The fields of a function tool this server reads; ``strict`` is accepted (a forced call,
+#: tool_choice "required" or a named function, follows the parameters' schema by grammar).
+_TOOL_FIELDS = ("type", "name", "description", "parameters", "strict")
+
+
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     """Function tools in chat's shape (``{"type": "function", "function": {...}}``)."""
     if tools is None:
@@ -159,6 +184,12 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
                              f"{'' if tool.get('type') != 'function' else ' without a name'}; this "
                              "server calls function tools only: {'type': 'function', 'name': ..., "
                              "'parameters': {...}}.")
+        # a field this server would not act on (defer_loading, output_schema...) is refused
+        other = [key for key in tool if key not in _TOOL_FIELDS]
+        if other:
+            raise InputError(f"tools[{i}] ({tool['name']!r}) has {', '.join(map(repr, other))}, which "
+                             f"this server does not act on; a function tool takes "
+                             f"{', '.join(_TOOL_FIELDS)}: leave the others out.")
         out.append({"type": "function", "function": {
             key: tool[key] for key in ("name", "description", "parameters") if key in tool}})
     return out
@@ -260,20 +291,28 @@ class _Reply:
             "previous_response_id": body.previous_response_id, "store": body.store is not False,
             "temperature": self.sampling.get("temperature", 0.0),
             "top_p": self.sampling.get("top_p", 1.0),
-            "text": {"format": (body.text and body.text.format) or {"type": "text"}},
+            "text": {"format": (body.text and body.text.format) or {"type": "text"},
+                     "verbosity": (body.text and body.text.verbosity) or "medium"},
             "tool_choice": body.tool_choice or "auto", "tools": body.tools or [],
-            "truncation": "disabled", "metadata": body.metadata or {}, "user": body.user,
+            "truncation": body.truncation or "disabled", "metadata": body.metadata or {},
+            "user": body.user, "reasoning": options.reasoning_echo(body.reasoning),
+            "service_tier": "default", "top_logprobs": body.top_logprobs,
+            "prompt_cache_key": body.prompt_cache_key,
+            "prompt_cache_retention": body.prompt_cache_retention,
+            "safety_identifier": body.safety_identifier,
             "usage": None if counts is None else _usage(counts)}
 
 
 class _EventWriter:
     """The server-sent events of one streamed response, numbered in order."""
 
-    def __init__(self) -> None:
-        self.number = 0
+    def __init__(self, obfuscate: bool = True) -> None:
+        self.number, self.obfuscate = 0, obfuscate
 
     def event(self, kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": self.number, **fields}
+        if self.obfuscate and kind.endswith(".delta"):  # stream_options.include_obfuscation
+            data["obfuscation"] = options.obfuscation()
         self.number += 1
         return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
 
@@ -305,6 +344,16 @@ class _EventWriter:
                 + self.event("response.content_part.done", **where, content_index=0,
                              part=_text_part(text))
                 + self.event("response.output_item.done", output_index=index, item=item))
+
+
+def _check_options(body: ResponsesRequest) -> None:
+    """Refuse the option values this server cannot serve (:mod:`.response_options`)."""
+    options.check_include(body.include)
+    options.check_verbosity(None if body.text is None else body.text.verbosity)
+    options.check_top_logprobs(body.top_logprobs)
+    options.check_service_tier(body.service_tier)
+    options.check_prompt_cache_retention(body.prompt_cache_retention)
+    options.check_stream_options(body.stream_options, body.stream)
 
 
 class StoredResponses:
@@ -345,18 +394,31 @@ class ResponsesServer:
         if body.model != self.model_name:
             return unknown_model(body.model, self.model_name)
         try:
+            _check_options(body)
             history = ([] if body.previous_response_id is None
                        else self.store.conversation(body.previous_response_id))
             conversation = history + input_messages(body.input)
             system = [] if body.instructions is None else [{"role": "system",
                                                             "content": body.instructions}]
+            tools, choice = chat_tools(body.tools), chat_tool_choice(body.tool_choice)
+            # text.format shapes a text reply; a forced call (required, or a named function)
+            # writes none, so the format waits for the turn that answers in text (as OpenAI's:
+            # the Agents SDK sends both, tool_choice "required" and its output_type's schema)
+            forced = choice not in (None, "auto", "none")
+            fmt = None if forced else response_format(body.text)
+            tokenizer = self.service.tokenizer  # None: Service.chat refuses the request
+            template_kwargs = options.reasoning_kwargs(
+                body.reasoning, lambda: "" if tokenizer is None else tokenizer.chat_template(None, tools))
+
+            def start(kept: list[dict[str, Any]]) -> TextStream:
+                return self.service.chat(
+                    system + kept, max_tokens=body.max_output_tokens, temperature=body.temperature,
+                    top_p=body.top_p, tools=tools, tool_choice=choice, response_format=fmt,
+                    template_kwargs=template_kwargs)
+
             # the template renders in a worker thread, off the event loop; a temperature or
             # top_p left out takes the checkpoint's sampling defaults (Service.chat)
-            stream = await asyncio.to_thread(
-                self.service.chat, system + conversation, max_tokens=body.max_output_tokens,
-                temperature=body.temperature, top_p=body.top_p, tools=chat_tools(body.tools),
-                tool_choice=chat_tool_choice(body.tool_choice),
-                response_format=response_format(body.text))
+            stream = await asyncio.to_thread(options.truncated, start, conversation, body.truncation)
         except UnknownResponse as exc:
             self.metrics.requests.labels("refused").inc()
             return error_response(404, str(exc), param="previous_response_id")
@@ -395,7 +457,8 @@ class ResponsesServer:
         """The Responses events of one reply; a request that failed ends with an error event
         (the openai client raises ``APIError``). A client that goes away closes this generator:
         its request is cancelled, its row leaves the batch."""
-        write = _EventWriter()
+        given = reply.body.stream_options
+        write = _EventWriter(given is None or given.include_obfuscation)
         try:
             yield write.event("response.created", response=reply.response("in_progress", []))
             yield write.event("response.in_progress", response=reply.response("in_progress", []))

@@ -139,7 +139,9 @@ class TextEncoder:
                 bad = [t for t in ids if not 0 <= t < self.vocab]
                 if bad:
                     raise InputError(f"Input {row} holds token id {bad[0]}, outside the vocabulary "
-                                     f"(0..{self.vocab - 1}).")
+                                     f"(0..{self.vocab - 1}); token ids are this model's tokenizer's: "
+                                     "give the text instead (ids of another tokenizer, such as "
+                                     "tiktoken's, mean other tokens here).")
             tokens = [ids[:self.max_tokens] for ids in items]
             return EmbeddingInputs(tokens, [[1] * len(t) for t in tokens]), single
         text = self.prompt(prompt_name, prompt)
