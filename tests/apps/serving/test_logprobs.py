@@ -186,3 +186,26 @@ def test_python_chat_and_prompt_logprobs_equal_transformers(setup):
     np.testing.assert_allclose([r.logprob for r in reports[1:]],
                                reference[np.arange(len(prompt) - 1), prompt[1:]], atol=1e-4)
     assert all(r.top[0][0] == int(np.argmax(reference[i])) for i, r in enumerate(reports[1:]))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_logprobs_are_chats(setup, stream):
+    """``include: ["message.output_text.logprobs"]`` with ``top_logprobs``: the output_text's
+    (and the deltas') reports are chat's for the same greedy reply."""
+    client, _, _, _ = setup
+    chat = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=8, temperature=0,
+                                          logprobs=True, top_logprobs=2).choices[0].logprobs.content
+    asked = dict(model="m", input=QUESTION, max_output_tokens=8, temperature=0, top_logprobs=2,
+                 include=["message.output_text.logprobs"])
+    if stream:
+        events = list(client.responses.create(stream=True, **asked))
+        deltas = [e for event in events if event.type == "response.output_text.delta" for e in event.logprobs]
+        done = next(e for e in events if e.type == "response.output_text.done").logprobs
+        assert [d.token for d in deltas] == [d.token for d in done]
+    else:
+        done = client.responses.create(**asked).output[0].content[0].logprobs
+    assert [(e.token, e.logprob) for e in done] == [(e.token, e.logprob) for e in chat]
+    def tops(entries):
+        return [[t.token for t in e.top_logprobs] for e in entries]
+
+    assert tops(done) == tops(chat)

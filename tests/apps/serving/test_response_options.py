@@ -148,18 +148,17 @@ def test_each_include_value_openai_defines_is_refused_by_name_with_the_reason(se
     assert response_options.INCLUDE_REFUSALS[value] in message
 
 
-def test_log_probabilities_are_refused_in_one_place_until_served(server, monkeypatch):
+def test_log_probabilities_are_served_with_include_and_refused_without(server):
     url, _ = server
-    _refused(url, {"include": [response_options.LOGPROBS_INCLUDE]},
-             "'message.output_text.logprobs'", "log probabilities")
-    _refused(url, {"top_logprobs": 2}, "top_logprobs is 2", "log probabilities")
-    _refused(url, {"include": ["message.output_text.logprobs", "nonsense"]}, "include[0]")
+    _refused(url, {"top_logprobs": 2}, "top_logprobs is 2", "include does not ask")
+    _refused(url, {"include": ["message.output_text.logprobs", "nonsense"]}, "include[1]")
     _refused(url, {"include": ["nonsense"]}, "include[0] is 'nonsense'", "none of the values",
              "'reasoning.encrypted_content'")
-    monkeypatch.setattr(response_options, "LOGPROBS_SERVED", True)  # the switch the engine's turns on
     served = _post(url, {"model": "chat", "input": "Hi", "max_output_tokens": 2, "temperature": 0,
                          "include": [response_options.LOGPROBS_INCLUDE], "top_logprobs": 2})
     assert served.status_code == 200 and served.json()["top_logprobs"] == 2
+    part = served.json()["output"][0]["content"][0]
+    assert len(part["logprobs"]) == 2 and all(len(e["top_logprobs"]) == 2 for e in part["logprobs"])
 
 
 #: The options the Agents SDK's ModelSettings (and extra_args) may add to a request, each served:

@@ -1,6 +1,6 @@
 """What ``POST /v1/responses`` does with the request's options beyond the conversation, in one
 place: each ``include`` value OpenAI defines, served or refused by name with the reason; log
-probabilities (refused until the engine reports them: :data:`LOGPROBS_SERVED`, the one switch);
+probabilities (:func:`reported`);
 ``reasoning`` (its effort is the chat template's ``reasoning_effort``), ``truncation``
 ("auto" drops the oldest items until the conversation fits), the prompt cache's hints
 (``prompt_cache_key``, ``prompt_cache_retention``), ``service_tier`` and ``stream_options``
@@ -42,14 +42,9 @@ NOT_SERVED = {
     "moderation": "this server runs no moderation model; leave moderation out",
 }
 
-#: Log probabilities of the reply's tokens (``include: ["message.output_text.logprobs"]`` and
-#: ``top_logprobs``): refused while False. The switch to turn on where the engine reports them
-#: (then each ``output_text`` part and text delta carries its ``logprobs`` instead of ``[]``).
-LOGPROBS_SERVED = False
-#: The ``include`` value asking for them.
+#: The ``include`` value asking for the reply tokens' log probabilities (with ``top_logprobs``
+#: of the most likely each): each ``output_text`` part and text delta carries its ``logprobs``.
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-_LOGPROBS_REFUSAL = ("this server does not report log probabilities on /v1/responses yet, so the "
-                     "output_text parts would carry none")
 
 #: The other ``include`` values OpenAI defines, each with the reason this server refuses it:
 #: none of them has anything to include in a response made here.
@@ -79,10 +74,8 @@ def check_include(include: list[str] | None) -> None:
     known = [LOGPROBS_INCLUDE, *INCLUDE_REFUSALS]
     for i, value in enumerate(include or ()):
         if value == LOGPROBS_INCLUDE:
-            if not LOGPROBS_SERVED:
-                raise InputError(f"include[{i}] is {value!r}, which is not served: "
-                                 f"{_LOGPROBS_REFUSAL}; leave it out of include.")
-        elif value in INCLUDE_REFUSALS:
+            continue
+        if value in INCLUDE_REFUSALS:
             raise InputError(f"include[{i}] is {value!r}, which is not served: "
                              f"{INCLUDE_REFUSALS[value]}; leave it out of include.")
         else:
@@ -91,11 +84,17 @@ def check_include(include: list[str] | None) -> None:
                              "leave include out.")
 
 
-def check_top_logprobs(top_logprobs: int | None) -> None:
-    """Refuse ``top_logprobs`` while log probabilities are not served."""
-    if top_logprobs is not None and not LOGPROBS_SERVED:
-        raise InputError(f"top_logprobs is {top_logprobs}, which is not served: "
-                         f"{_LOGPROBS_REFUSAL}; leave top_logprobs out.")
+def reported(include: list[str] | None, top_logprobs: int | None) -> int | None:
+    """How many of the most likely tokens each reply token's report lists (None: no reports,
+    ``include`` does not ask for them). ``top_logprobs`` without that ``include`` value would
+    not take effect: refused."""
+    if LOGPROBS_INCLUDE in (include or ()):
+        return top_logprobs or 0
+    if top_logprobs is not None:
+        raise InputError(f"top_logprobs is {top_logprobs}, but include does not ask for log "
+                         f"probabilities, so none would be returned; add {LOGPROBS_INCLUDE!r} to "
+                         "include, or leave top_logprobs out.")
+    return None
 
 
 class ReasoningConfig(BaseModel):

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from transformer_kit.apps.serving import response_options as options
 from transformer_kit.apps.serving.lifecycle import CLIENT_LEFT, unless_client_leaves
+from transformer_kit.apps.serving.logprobs import TokenWriter, chat_content
 from transformer_kit.apps.serving.openai_api import (
     ServerMetrics,
     error_response,
@@ -41,6 +42,7 @@ from transformer_kit.apps.serving.openai_api import (
     unknown_model,
 )
 from transformer_kit.apps.serving.response_store import ResponseStore, UnknownResponse
+from transformer_kit.core.decoding.logprobs import TokenLogprob
 from transformer_kit.core.errors import InputError
 from transformer_kit.runtime import QueueFull, Service
 from transformer_kit.runtime.service import sampling
@@ -240,14 +242,16 @@ def _usage(counts: Usage) -> dict[str, Any]:
             "total_tokens": counts.prompt_tokens + counts.completion_tokens}
 
 
-def _text_item(ident: str, text: str | None, status: str) -> dict[str, Any]:
-    content = [] if text is None else [_text_part(text)]
+def _text_item(ident: str, text: str | None, status: str,
+               logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    content = [] if text is None else [_text_part(text, logprobs)]
     return {"type": "message", "id": ident, "status": status, "role": "assistant",
             "content": content}
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """An ``output_text`` part, with its tokens' reports when the request asked for them."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 class _Reply:
@@ -260,6 +264,12 @@ class _Reply:
         self.sampling = sampling(body.temperature, body.top_p, None, defaults)
         self.ident = f"resp_{uuid.uuid4().hex}"
         self.created = int(time.time())
+        #: Writes the reply tokens' reports (None: ``include`` did not ask for them).
+        self.writer: TokenWriter | None = None
+
+    def logprobs(self, reports: list[TokenLogprob]) -> list[dict[str, Any]]:
+        """The reports of ``reports`` in the Responses shape ([] when none were asked for)."""
+        return [] if self.writer is None else chat_content(self.writer, reports)
 
     def output(self, message: dict[str, Any], stream: TextStream, message_id: str | None = None,
                ) -> list[dict[str, Any]]:
@@ -272,7 +282,7 @@ class _Reply:
         items = []
         if message.get("content") is not None or not calls:
             items.append(_text_item(message_id or f"msg_{uuid.uuid4().hex}",
-                                    message.get("content") or "", status))
+                                    message.get("content") or "", status, self.logprobs(stream.logprobs)))
         items += [{"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call["id"],
                    "name": call["function"]["name"], "arguments": call["function"]["arguments"],
                    "status": "completed"} for call in calls]
@@ -323,9 +333,10 @@ class _EventWriter:
                 + self.event("response.content_part.added", item_id=ident, output_index=index,
                              content_index=0, part=_text_part("")))
 
-    def delta(self, index: int, ident: str, text: str) -> str:
+    def delta(self, index: int, ident: str, text: str,
+              logprobs: list[dict[str, Any]] | None = None) -> str:
         return self.event("response.output_text.delta", item_id=ident, output_index=index,
-                          content_index=0, delta=text, logprobs=[])
+                          content_index=0, delta=text, logprobs=logprobs or [])
 
     def item_done(self, index: int, item: dict[str, Any]) -> str:
         """The end of a message item (its text part done), or a whole function call item."""
@@ -338,11 +349,11 @@ class _EventWriter:
                     + self.event("response.function_call_arguments.done", **where,
                                  arguments=item["arguments"])
                     + self.event("response.output_item.done", output_index=index, item=item))
-        text = item["content"][0]["text"]
+        text, logprobs = item["content"][0]["text"], item["content"][0]["logprobs"]
         return (self.event("response.output_text.done", **where, content_index=0, text=text,
-                           logprobs=[])
+                           logprobs=logprobs)
                 + self.event("response.content_part.done", **where, content_index=0,
-                             part=_text_part(text))
+                             part=_text_part(text, logprobs))
                 + self.event("response.output_item.done", output_index=index, item=item))
 
 
@@ -350,7 +361,6 @@ def _check_options(body: ResponsesRequest) -> None:
     """Refuse the option values this server cannot serve (:mod:`.response_options`)."""
     options.check_include(body.include)
     options.check_verbosity(None if body.text is None else body.text.verbosity)
-    options.check_top_logprobs(body.top_logprobs)
     options.check_service_tier(body.service_tier)
     options.check_prompt_cache_retention(body.prompt_cache_retention)
     options.check_stream_options(body.stream_options, body.stream)
@@ -407,6 +417,7 @@ class ResponsesServer:
             forced = choice not in (None, "auto", "none")
             fmt = None if forced else response_format(body.text)
             tokenizer = self.service.tokenizer  # None: Service.chat refuses the request
+            top = options.reported(body.include, body.top_logprobs)
             template_kwargs = options.reasoning_kwargs(
                 body.reasoning, lambda: "" if tokenizer is None else tokenizer.chat_template(None, tools))
 
@@ -414,7 +425,7 @@ class ResponsesServer:
                 return self.service.chat(
                     system + kept, max_tokens=body.max_output_tokens, temperature=body.temperature,
                     top_p=body.top_p, tools=tools, tool_choice=choice, response_format=fmt,
-                    template_kwargs=template_kwargs)
+                    template_kwargs=template_kwargs, logprobs=top)
 
             # the template renders in a worker thread, off the event loop; a temperature or
             # top_p left out takes the checkpoint's sampling defaults (Service.chat)
@@ -425,6 +436,8 @@ class ResponsesServer:
         except (QueueFull, InputError) as exc:
             return self.metrics.refused(exc)
         reply = _Reply(body, self.model_name, self.service.generation_defaults)
+        if top is not None:
+            reply.writer = TokenWriter(tokenizer)
         if body.stream:
             return StreamingResponse(self._events(stream, reply, conversation),
                                      media_type="text/event-stream")
@@ -466,24 +479,28 @@ class ResponsesServer:
             answer = _answer_reader(stream)
             if not stream.held:
                 yield write.text_start(0, message_id)
+            pending: list[TokenLogprob] = []  # reports of tokens whose text is held back
             async for deltas in stream.arrivals():  # several tokens' text in one event
+                pending.extend(d.logprob for d in deltas if d.logprob is not None)
                 piece = "".join(d.text for d in deltas)
                 texts.append(piece)
                 if piece and not stream.held and (said := answer(piece)):
-                    yield write.delta(0, message_id, said)
+                    yield write.delta(0, message_id, said, reply.logprobs(pending))
+                    pending = []
             if (failed := failure_event(stream.failure)) is not None:
                 yield failed
                 return
             rest = stream.rest()
             if not stream.held and (said := answer(rest, last=True)):
-                yield write.delta(0, message_id, said)
+                yield write.delta(0, message_id, said, reply.logprobs(pending))
             message = stream.message("".join(texts) + rest)
             done = self._done(stream, reply, conversation, message, message_id)
             for index, item in enumerate(done["output"]):
                 if stream.held and item["type"] == "message":
                     yield write.text_start(index, item["id"])
                     if item["content"][0]["text"]:
-                        yield write.delta(index, item["id"], item["content"][0]["text"])
+                        yield write.delta(index, item["id"], item["content"][0]["text"],
+                                          item["content"][0]["logprobs"])
                 yield write.item_done(index, item)
             yield write.event(f"response.{done['status']}", response=done)
         finally:
