@@ -2,7 +2,9 @@
 so existing clients (the ``openai`` package, curl) work unchanged.
 
 ``POST /v1/completions`` (prompt as text or token ids, ``max_tokens``, ``temperature`` (0 =
-greedy), ``top_p``, ``seed``, ``stop``, ``stream`` as server-sent events),
+greedy), ``top_p``, ``seed``, ``stop``, ``stream`` as server-sent events, and the sampling
+fields it shares with chat, :mod:`.sampling_fields`: ``n`` choices, OpenAI's penalties and
+``logit_bias``, vLLM's ``top_k``, ``min_p``, ``min_tokens``, ``ignore_eos``...),
 ``POST /v1/chat/completions`` (messages rendered by the export's chat template, tools,
 ``response_format``; in :mod:`.chat`), ``POST /v1/responses`` (OpenAI's Responses API over the
 same path, with ``previous_response_id``; ``GET`` and ``DELETE /v1/responses/{id}`` read and
@@ -33,14 +35,14 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from prometheus_client import Gauge, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from transformer_kit.apps.serving import page
+from transformer_kit.apps.serving import choices, page
 from transformer_kit.apps.serving.chat import ChatCompletionRequest, ChatServer
 from transformer_kit.apps.serving.embeddings import EmbeddingRequest, EmbeddingServer
 from transformer_kit.apps.serving.guard import DEFAULT_BODY_SECONDS, DEFAULT_MAX_BODY_BYTES, OPEN_PATHS, Guard
@@ -63,6 +65,12 @@ from transformer_kit.apps.serving.openai_api import (
 from transformer_kit.apps.serving.rerank import RerankRequest, RerankServer
 from transformer_kit.apps.serving.response_store import DEFAULT_STORED_RESPONSES, ResponseStore
 from transformer_kit.apps.serving.responses import ResponsesRequest, ResponsesServer, StoredResponses
+from transformer_kit.apps.serving.sampling_fields import (
+    SamplingFields,
+    StreamOptions,
+    request_options,
+    stream_usage,
+)
 from transformer_kit.apps.serving.tokenization import (
     DetokenizeRequest,
     TokenizationServer,
@@ -71,25 +79,29 @@ from transformer_kit.apps.serving.tokenization import (
 from transformer_kit.core.decoding.defaults import GENERATION_CONFIG_MODES
 from transformer_kit.core.errors import InputError
 from transformer_kit.runtime import Engine, Limits, QueueFull, Service
-from transformer_kit.runtime.text_stream import TextStream
+from transformer_kit.runtime.text_stream import TextStream, Usage
+
+#: ``max_tokens`` of a completion that leaves it out (or sends null): OpenAI's 16.
+COMPLETION_MAX_TOKENS = 16
 
 
-class CompletionRequest(BaseModel):
-    """The body of ``POST /v1/completions``: OpenAI's fields this server honours; any other
-    field is refused (400), so a client never believes an option took effect when it did not."""
+class CompletionRequest(SamplingFields):
+    """The body of ``POST /v1/completions``: OpenAI's fields this server honours and vLLM's
+    sampling extras (:class:`.SamplingFields`); any other field is refused (400), so a client
+    never believes an option took effect when it did not. Null is a field's default."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int = Field(16, ge=1)
+    max_tokens: int | None = Field(COMPLETION_MAX_TOKENS, ge=1)
     #: None: the checkpoint's default (its generation_config.json), else OpenAI's 1.
     temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
-    n: Literal[1] = 1
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
     user: str | None = None
     #: An extension (as vLLM's extra parameters; the openai client sends it in ``extra_body``):
     #: speculative decoding with prompt lookup while the request decodes alone.
@@ -128,28 +140,32 @@ class CompletionServer:
         if body.model != self.model_name:
             return unknown_model(body.model, self.model_name)
         try:
-            stream = self.service.complete(
-                _one_prompt(body.prompt), max_tokens=body.max_tokens, temperature=body.temperature,
-                top_p=body.top_p, seed=body.seed, stop=body.stop,
-                prompt_lookup_num_tokens=body.prompt_lookup_num_tokens)
+            counts = stream_usage(body.stream_options, bool(body.stream))
+            streams = self.service.complete_choices(
+                _one_prompt(body.prompt), body.n or 1,
+                max_tokens=COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens,
+                temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop,
+                prompt_lookup_num_tokens=body.prompt_lookup_num_tokens, extra=request_options(body))
         except (QueueFull, InputError) as exc:
             return metrics.refused(exc)
         ident = f"cmpl-{uuid.uuid4().hex}"
         if body.stream:
-            return StreamingResponse(_events(stream, ident, self.model_name, metrics),
+            return StreamingResponse(_events(streams, ident, self.model_name, metrics, counts),
                                      media_type="text/event-stream")
-        answered, text = await unless_client_leaves(request.receive, stream.text())
-        stream.cancel()  # no-op when it ended; a client that left stops its decoding here
-        metrics.finished(stream)
+        answered, texts = await unless_client_leaves(request.receive, choices.texts(streams))
+        for stream in streams:
+            stream.cancel()  # no-op when it ended; a client that left stops its decoding here
+            metrics.finished(stream)
         if not answered:
             return Response(status_code=CLIENT_LEFT)
-        if (failed := failure_response(stream.failure)) is not None:
+        if (failed := failure_response(choices.failure(streams))) is not None:
             return failed
         return {"id": ident, "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name,
-                "choices": [{"index": 0, "text": text, "token_ids": stream.token_ids, "logprobs": None,
-                             "finish_reason": stream.finish_reason()}],
-                "usage": usage(stream.usage)}
+                "choices": [{"index": i, "text": text, "token_ids": stream.token_ids, "logprobs": None,
+                             "finish_reason": stream.finish_reason()}
+                            for i, (stream, text) in enumerate(zip(streams, texts, strict=True))],
+                "usage": usage(choices.total_usage(streams))}
 
 
 #: What each kind of model is, as the wrong endpoint's answer names it, and the paths it serves.
@@ -290,31 +306,50 @@ def _one_prompt(prompt: Any) -> str | list[int]:
     return prompt
 
 
-async def _events(stream: TextStream, ident: str, model_name: str,
-                  metrics: ServerMetrics) -> AsyncIterator[str]:
-    """Server-sent events: a chunk per token, the last with the finish reason, then [DONE]; a
-    request that failed (its time ran out, decoding failed) ends with an error event instead of
-    the last chunk. A client that goes away closes this generator: its request is cancelled,
-    its row leaves."""
+async def _events(streams: list[TextStream], ident: str, model_name: str, metrics: ServerMetrics,
+                  counts: tuple[bool, bool] = (False, False)) -> AsyncIterator[str]:
+    """Server-sent events: a chunk per token of each choice (its ``index``), the last of a
+    choice with its finish reason, the usage chunk with ``include_usage``, then [DONE]; with
+    ``continuous_usage_stats`` every chunk also carries its choice's counts so far. A request
+    that failed (its time ran out, decoding failed) ends with an error event instead of the
+    last chunk. A client that goes away closes this generator: its requests are cancelled,
+    their rows leave."""
     head = json.dumps({"id": ident, "object": "text_completion", "created": int(time.time()),
                        "model": model_name})[:-1]
+    include_usage, continuous = counts
+    sent = [0] * len(streams)  # each choice's tokens sent so far
 
-    def chunk(text: str, ids: list[int], reason: str | None) -> str:
-        choice = json.dumps([{"index": 0, "text": text, "token_ids": ids, "logprobs": None,
-                              "finish_reason": reason}])
-        return f'data: {head}, "choices": {choice}}}\n\n'
+    def event(listed: list[dict], counted: dict | None = None) -> str:
+        tail = f', "usage": {json.dumps(counted)}' if include_usage else ""
+        return f'data: {head}, "choices": {json.dumps(listed)}{tail}}}\n\n'
+
+    def chunk(index: int, text: str, ids: list[int], reason: str | None) -> str:
+        sent[index] += len(ids)
+        stream = streams[index]
+        counted = usage(Usage(stream.prompt_tokens, sent[index], stream.usage.cached_tokens)
+                        ) if continuous else None
+        return event([{"index": index, "text": text, "token_ids": ids, "logprobs": None,
+                       "finish_reason": reason}], counted)
 
     try:
-        async for deltas in stream.arrivals():  # the events of several tokens in one write
-            yield "".join(chunk(d.text, [d.token_id], None) for d in deltas)
-        if (failed := failure_event(stream.failure)) is not None:
-            yield failed
-        else:
-            yield chunk(stream.rest(), [], stream.finish_reason())
+        async with contextlib.aclosing(choices.arrivals(streams)) as arrived:
+            async for index, deltas in arrived:  # several tokens' events in one write
+                stream = streams[index]
+                if deltas is not None:
+                    yield "".join(chunk(index, d.text, [d.token_id], None) for d in deltas)
+                elif (failed := failure_event(stream.failure)) is not None:
+                    yield failed
+                    break
+                else:
+                    yield chunk(index, stream.rest(), [], stream.finish_reason())
+            else:
+                if include_usage:
+                    yield event([], usage(choices.total_usage(streams)))
         yield "data: [DONE]\n\n"
     finally:
-        stream.cancel()  # no-op when it ended; frees the row when the client left mid-stream
-        metrics.finished(stream)  # still running: counted as cancelled, the engine ends it next
+        for stream in streams:
+            stream.cancel()  # no-op when it ended; frees the row when the client left mid-stream
+            metrics.finished(stream)  # still running: counted as cancelled, the engine ends it next
 
 
 @contextlib.contextmanager

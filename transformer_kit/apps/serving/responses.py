@@ -74,7 +74,7 @@ class ResponsesRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    stream: bool = False
+    stream: bool | None = False
     store: bool | None = None
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
