@@ -243,6 +243,8 @@ def check_serving(ns: dict) -> None:
     assert ns["call"].tool_calls[0].function.name == "get_weather"
     assert ns["final"].choices[0].message.role == "assistant"
     assert ns["sampled"].finish_reason in {"stop", "length"}
+    assert [c.index for c in ns["three"].choices] == [0, 1, 2]  # n choices, seeds 1, 2, 3
+    assert ns["benchmark"].choices[0].finish_reason == "length"
     assert ns["bounded"].finish_reason in {"stop", "length", "timeout"}
     assert ns["resp"].output_text == expected  # the Responses API: the same reply
     assert ns["fc"].name == "get_weather" and ns["told"].status in {"completed", "incomplete"}

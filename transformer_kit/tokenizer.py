@@ -145,9 +145,12 @@ class TextTokenizer:
             ids[row, :len(tokens)], real[row, :len(tokens)] = tokens, True
         return ids, real
 
-    def decode(self, tokens: Iterable[int]) -> str:
+    def decode(self, tokens: Iterable[int], skip_special_tokens: bool = True) -> str:
         """Text of ``tokens`` with special tokens skipped (but for a harmony model's channel
-        markup, :data:`~transformer_kit.chat.reasoning.HARMONY_MARKUP`)."""
+        markup, :data:`~transformer_kit.chat.reasoning.HARMONY_MARKUP`); ``skip_special_tokens``
+        False: every special token written out."""
+        if not skip_special_tokens:
+            return self.backend.decode([int(t) for t in tokens], skip_special_tokens=False)
         if self.skipped is None:
             return self.backend.decode([int(t) for t in tokens], skip_special_tokens=True)
         return self.backend.decode([int(t) for t in tokens if int(t) not in self.skipped],
@@ -169,15 +172,27 @@ class TextTokenizer:
         return [vocabulary.decode_bytes([i]) if vocabulary is not None and i < size
                 else self.backend.decode([i], skip_special_tokens=False).encode() for i in ids]
 
-    def stop_matcher(self, stops: list[str]) -> Callable[[np.ndarray], np.ndarray]:
-        """new tokens (rows, n) -> (rows,) True where the text of the last few tokens holds a
-        stop string (only a string the last token completed can be there: the row would have
-        ended earlier otherwise)."""
+    def stop_matcher(self, stops: list[str], skip_special_tokens: bool = True
+                     ) -> Callable[[np.ndarray], np.ndarray]:
+        """new tokens (rows, n) -> (rows,) True where the last token completed a stop string in
+        the text of the last few tokens (special tokens skipped unless ``skip_special_tokens`` is
+        False, as the reply's text is read). Completed by the last token: a stop string already
+        there is one ``min_new_tokens`` held open, which does not end the row later."""
         window = 4 * max(len(s) for s in stops) + 4  # a character takes at most 4 byte tokens
 
+        def completed(text: str, before: str) -> bool:
+            # the characters the last token left alone: the common start of the two texts
+            common = next((i for i, (a, b) in enumerate(zip(text, before, strict=False)) if a != b),
+                          min(len(text), len(before)))
+            return any((i := text.rfind(s)) >= 0 and i + len(s) > common for s in stops)
+
         def matched(new: np.ndarray) -> np.ndarray:
-            texts = self.backend.decode_batch([row[-window:].tolist() for row in new],
-                                              skip_special_tokens=True)
-            return np.array([any(s in text for s in stops) for text in texts], dtype=bool)
+            rows = [row[-window:].tolist() for row in new]
+            texts = self.backend.decode_batch(rows, skip_special_tokens=skip_special_tokens)
+            hits = np.array([any(s in text for s in stops) for text in texts], dtype=bool)
+            for i in np.flatnonzero(hits):  # rare (a row's end): the text before its last token
+                before = self.backend.decode(rows[i][:-1], skip_special_tokens=skip_special_tokens)
+                hits[i] = completed(texts[i], before)
+            return hits
 
         return matched

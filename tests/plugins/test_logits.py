@@ -1,5 +1,7 @@
 """The built-in logits processors keep, drop and scale exactly what transformers' processors
-of the same role do, on random scores over small and GPT-2-sized vocabularies."""
+of the same role do, on random scores over small and GPT-2-sized vocabularies; OpenAI's
+presence and frequency penalties, which transformers lacks, are checked against their formula
+on arrays made by hand."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ import transformers.generation.logits_process as hf
 
 from transformer_kit.core.decoding import DecodingState
 from transformer_kit.plugins.logits import (
+    LogitBias,
     MinNewTokens,
     MinP,
     NoRepeatNGram,
+    PresenceFrequencyPenalty,
     RepetitionPenalty,
     Temperature,
     TopK,
@@ -91,9 +95,42 @@ def test_padding_is_not_a_repeated_token():
     assert out[0, 3] == 0.5 and out[0, 0] == 1.0  # id 0 only appears as padding
 
 
+@pytest.mark.parametrize(("presence", "frequency"), [(0.5, 0.0), (0.0, 0.7), (1.5, -0.4), (-2.0, 2.0)])
+def test_presence_and_frequency_penalties_follow_openais_formula(presence, frequency):
+    """scores[t] -= presence * (count[t] > 0) + frequency * count[t], the counts over the tokens
+    generated so far only: a token of the prompt (or padding) is not counted."""
+    scores = _scores(10, 2.0)
+    ids = np.array([[1, 2, 3, 4, 4, 4, 7],    # prompt 1 2 3, then 4 three times and 7
+                    [0, 0, 5, 5, 1, 1, 1],    # padded prompt 5; then 5 once and 1 three times
+                    [9, 9, 9, 9, 9, 9, 9]])   # 9 in the prompt and four times after it
+    real = np.ones(ids.shape, bool)
+    real[1, :2] = False
+    generated = {0: {4: 3, 7: 1}, 1: {5: 1, 1: 3}, 2: {9: 4}}
+    expected = scores.copy()
+    for row, counts in generated.items():
+        for token, count in counts.items():
+            expected[row, token] -= presence + frequency * count
+    out = PresenceFrequencyPenalty(presence, frequency)(scores.copy(), DecodingState(ids, real, 3))
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+    untouched = PresenceFrequencyPenalty(presence, frequency)(scores.copy(), _state(ids[:, :3], 3))
+    np.testing.assert_array_equal(untouched, scores)  # nothing generated yet: the prompt is not counted
+
+
+def test_a_logit_bias_equals_transformers_sequence_bias_of_single_tokens():
+    scores = _scores(61, 2.0)
+    scores[0, 7] = -np.inf  # a token a processor before it removed stays removed
+    bias = {3: 5.0, 7: -100.0, 60: 2.5, 0: -1.0}
+    ids = np.random.default_rng(1).integers(0, 61, (3, 6))
+    reference = hf.SequenceBiasLogitsProcessor([[[token], value] for token, value in bias.items()])
+    _same(LogitBias(bias, 61)(scores.copy(), _state(ids, 6)),
+          reference(torch.from_numpy(ids), torch.from_numpy(scores.copy())))
+
+
 @pytest.mark.parametrize("bad", [lambda: TopP(0), lambda: TopK(0), lambda: Temperature(-1),
                                  lambda: MinP(1.5), lambda: RepetitionPenalty(0),
-                                 lambda: NoRepeatNGram(0)])
+                                 lambda: NoRepeatNGram(0), lambda: PresenceFrequencyPenalty(float("nan")),
+                                 lambda: LogitBias({61: 1.0}, 61), lambda: LogitBias({}, 61),
+                                 lambda: LogitBias({2: float("inf")}, 61)])
 def test_bad_parameters_raise(bad):
     with pytest.raises(ValueError):
         bad()

@@ -8,9 +8,11 @@ from transformer_kit import Component, hookimpl
 from transformer_kit.plugins.grammar import GrammarConstraint
 from transformer_kit.plugins.logits import (
     ForcedFirstToken,
+    LogitBias,
     MinNewTokens,
     MinP,
     NoRepeatNGram,
+    PresenceFrequencyPenalty,
     RepetitionPenalty,
     Temperature,
     TopK,
@@ -20,6 +22,11 @@ from transformer_kit.plugins.logits import (
 _LOGITS_PROCESSORS = [
     Component("logits_processor", "repetition_penalty", RepetitionPenalty,
               description="tokens already in the row: positive scores / penalty, negative x penalty"),
+    Component("logits_processor", "presence_frequency_penalty", PresenceFrequencyPenalty,
+              description="OpenAI's penalties over the generated tokens: `presence` once, "
+              "`frequency` per occurrence, subtracted"),
+    Component("logits_processor", "logit_bias", LogitBias,
+              description="`bias` (token id -> number) added to the scores (OpenAI's logit_bias)"),
     Component("logits_processor", "no_repeat_ngram", NoRepeatNGram,
               description="bans the token that would repeat an n-gram of `size`"),
     Component("logits_processor", "min_new_tokens", MinNewTokens,

@@ -43,6 +43,54 @@ class RepetitionPenalty(LogitsProcessor):
         return np.where(seen, penalized, scores).astype(scores.dtype, copy=False)
 
 
+class PresenceFrequencyPenalty(LogitsProcessor):
+    """OpenAI's (and vLLM's) presence and frequency penalties over the tokens generated so far,
+    the prompt's not counted: ``score[t] -= presence * (count[t] > 0) + frequency * count[t]``.
+    Unlike ``repetition_penalty`` (transformers' and vLLM's, over the prompt too, by a factor)
+    they subtract, so a score's sign does not matter."""
+
+    def __init__(self, presence: float = 0.0, frequency: float = 0.0) -> None:
+        for name, value in (("presence", presence), ("frequency", frequency)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        self.presence, self.frequency = float(presence), float(frequency)
+
+    def __call__(self, scores: np.ndarray, state: DecodingState) -> np.ndarray:
+        rows, vocab = scores.shape
+        new = state.ids[:, state.prompt_length:]
+        if not new.size:
+            return scores
+        # one bincount over every row's ids offset into its own range (padding: a spare column)
+        ids = np.where(state.real[:, state.prompt_length:], new, vocab)
+        ids = ids + (vocab + 1) * np.arange(rows)[:, None]
+        counts = np.bincount(ids.ravel(), minlength=rows * (vocab + 1)).reshape(rows, vocab + 1)[:, :vocab]
+        penalty = self.frequency * counts.astype(np.float32) + np.float32(self.presence) * (counts > 0)
+        scores -= penalty.astype(scores.dtype, copy=False)  # the pipeline's scores are the caller's copy
+        return scores
+
+
+class LogitBias(LogitsProcessor):
+    """``bias[id]`` added to token ``id``'s score in every row (OpenAI's ``logit_bias``; what
+    transformers' SequenceBiasLogitsProcessor does for sequences of one token)."""
+
+    reads_tokens = False
+
+    def __init__(self, bias: dict[int, float], vocab_size: int) -> None:
+        if not isinstance(bias, dict) or not bias:
+            raise ValueError(f"bias must be a non-empty dict of token id -> number, got {bias!r}")
+        for token, value in bias.items():
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+                raise ValueError(f"bias names token {token!r}; give ids from 0 to {vocab_size - 1}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+                raise ValueError(f"bias of token {token} must be a finite number, got {value!r}")
+        self.ids = np.array(list(bias), np.int64)
+        self.values = np.array(list(bias.values()), np.float32)
+
+    def __call__(self, scores: np.ndarray, state: DecodingState) -> np.ndarray:
+        scores[:, self.ids] += self.values.astype(scores.dtype, copy=False)
+        return scores
+
+
 class NoRepeatNGram(LogitsProcessor):
     """Bans the token that would complete an n-gram already in the row (windows over padding
     are not n-grams; Hugging Face counts them, which differs only when pad ids are generated)."""

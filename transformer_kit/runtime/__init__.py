@@ -25,10 +25,12 @@ from transformer_kit.runtime.manifest import Manifest
 from transformer_kit.runtime.one_shot import GeneratedRows, OneShotGeneration, RowStream
 from transformer_kit.runtime.onnx_model import OnnxModel
 from transformer_kit.runtime.pooling import Kind, model_kind
+from transformer_kit.runtime.request_options import RequestOptions
 from transformer_kit.runtime.requests import GenerationRequest, PoolingRequest, Request
 from transformer_kit.runtime.service import Service, prompt_forms
 from transformer_kit.runtime.stats import EngineStats
 
 __all__ = ["ChatSession", "Engine", "EngineStats", "GeneratedRows", "GenerationRequest", "Kind",
            "Limits", "Manifest", "OneShotGeneration", "OnnxModel", "PoolingRequest", "QueueFull", "Request",
+           "RequestOptions",
            "RowStream", "Service", "model_kind", "prompt_forms"]

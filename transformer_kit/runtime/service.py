@@ -19,13 +19,15 @@ from typing import Any
 import numpy as np
 
 from transformer_kit.chat.conversation import ChatTurn, reply_budget
+from transformer_kit.core.decoding.options import GenerationConfig
 from transformer_kit.core.decoding.text import TextPieces
 from transformer_kit.core.embedding import TextEncoder
 from transformer_kit.core.errors import InputError
 from transformer_kit.runtime.engine import Engine
 from transformer_kit.runtime.limits import Limits
 from transformer_kit.runtime.onnx_model import OnnxModel
-from transformer_kit.runtime.requests import Failure, PoolingRequest
+from transformer_kit.runtime.request_options import RequestOptions
+from transformer_kit.runtime.requests import Failure, GenerationRequest, PoolingRequest
 from transformer_kit.runtime.text_stream import TextStream
 from transformer_kit.runtime.tokenization import detokenize, token_strings, tokenize
 from transformer_kit.tokenizer import TextTokenizer
@@ -51,23 +53,28 @@ def prompt_forms(model: OnnxModel) -> tuple[str, ...]:
 
 
 def sampling(temperature: float | None, top_p: float | None, seed: int | None,
-             defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+             defaults: dict[str, Any] | None = None, extra: RequestOptions | None = None) -> dict[str, Any]:
     """Generation options from OpenAI's sampling fields over the checkpoint's sampling
     ``defaults`` (``OnnxModel.generation_defaults``, as vLLM's ``--generation-config auto``):
     temperature 0 is greedy search; a field left out (None) takes the checkpoint's value, else
     OpenAI's (temperature 1, top_p 1: sampling); the checkpoint's top_k, min_p and
-    repetition_penalty apply as they are. A checkpoint whose generation_config.json says
-    ``do_sample: false`` answers greedily unless the request gives a temperature."""
-    defaults = defaults or {}
+    repetition_penalty apply unless ``extra`` (the request's further options) gives its own. A
+    checkpoint whose generation_config.json says ``do_sample: false`` answers greedily unless
+    the request gives a temperature. The penalties and the logit bias apply to greedy search
+    too; top_k and min_p only shape sampling."""
+    defaults, extra = defaults or {}, extra or RequestOptions()
     options: dict[str, Any] = {"seed": seed}
-    if "repetition_penalty" in defaults:
+    if extra.repetition_penalty is not None:
+        options["repetition_penalty"] = extra.repetition_penalty
+    elif "repetition_penalty" in defaults:
         options["repetition_penalty"] = defaults["repetition_penalty"]
+    options.update(extra.penalties())
     if temperature == 0 or (temperature is None and defaults.get("do_sample") is False):
         return options
     options.update(do_sample=True,
                    temperature=defaults.get("temperature", 1.0) if temperature is None else temperature,
                    top_p=defaults.get("top_p", 1.0) if top_p is None else top_p)
-    options.update({key: defaults[key] for key in ("top_k", "min_p") if key in defaults})
+    options.update(extra.warpers(defaults))
     return options
 
 
@@ -196,50 +203,59 @@ class Service:
         self.engine.close()
 
     # -- generation -----------------------------------------------------------------------
-    def complete(self, prompt: str | list[int], *, max_tokens: int | None = 16,
-                 temperature: float | None = None, top_p: float | None = None,
-                 seed: int | None = None, stop: str | list[str] | None = None,
-                 prompt_lookup_num_tokens: int | None = None, logprobs: int | None = None,
-                 prompt_logprobs: int | None = None, logprobs_mode: str | None = None) -> TextStream:
-        """Continue ``prompt`` (text, with the export's tokenizer, or token ids) by at most
-        ``max_tokens`` tokens (None: generation's default, 32; 0: none, with
-        ``prompt_logprobs`` the prompt's report alone). ``logprobs``: report each new token's
-        log probability and this many of the most likely (``logprobs_mode`` "raw" or
-        "processed", :class:`~transformer_kit.core.decoding.GenerationConfig`);
-        ``prompt_logprobs``: the same for each prompt token."""
+    def complete(self, prompt: str | list[int], **fields: Any) -> TextStream:
+        """Continue ``prompt``: the one choice of :meth:`complete_choices` (its fields)."""
+        return self.complete_choices(prompt, 1, **fields)[0]
+
+    def complete_choices(self, prompt: str | list[int], n: int = 1, *, max_tokens: int | None = 16,
+                         temperature: float | None = None, top_p: float | None = None,
+                         seed: int | None = None, stop: str | list[str] | None = None,
+                         prompt_lookup_num_tokens: int | None = None,
+                         extra: RequestOptions | None = None) -> list[TextStream]:
+        """``n`` continuations of ``prompt`` (text, with the export's tokenizer, or token ids),
+        each of at most ``max_tokens`` tokens (None: generation's default, 32); ``extra``: the
+        request's further options (the log probability reports among them; ``max_tokens`` 0:
+        none, the prompt's report alone). Choice i samples with ``seed + i``, so it is
+        ``OnnxModel.generate(..., seed=seed + i)``'s (greedy choices are all alike)."""
+        extra = extra or RequestOptions()
         stops = _stops(stop)
         ids = self._prompt_ids(prompt)
         self.limits.check_prompt(len(ids))
-        options = sampling(temperature, top_p, seed, self.generation_defaults)
+        options = sampling(temperature, top_p, seed, self.generation_defaults, extra)
         if max_tokens is not None:
             options["max_new_tokens"] = max_tokens
         if prompt_lookup_num_tokens is not None:
             options["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
-        options.update(_reports(logprobs, logprobs_mode))
         if stops and self.tokenizer is None:
             raise InputError("stop strings need the model's tokenizer, and this export has none; "
                              "leave stop out.")
-        return self._submit(ids, stops, options, prompt_logprobs=prompt_logprobs)
+        return self._submit(ids, stops, options, extra, n)
 
-    def chat(self, messages: list[dict[str, Any]], *, max_tokens: int | None = None,
-             temperature: float | None = None, top_p: float | None = None,
-             seed: int | None = None, stop: str | list[str] | None = None, tools: list[dict] | None = None,
-             tool_choice: str | dict | None = None, response_format: dict | None = None,
-             template_kwargs: dict | None = None,
-             prompt_lookup_num_tokens: int | None = None, logprobs: int | None = None,
-             logprobs_mode: str | None = None) -> TextStream:
-        """The assistant's reply to OpenAI-style ``messages``, rendered by the export's chat
-        template (with ``tools``, ``tool_choice``, ``response_format`` and the template's own
-        keyword arguments); ``max_tokens`` None: 256 or the room the context has left
-        (:func:`~transformer_kit.chat.conversation.reply_budget`). ``logprobs``,
-        ``logprobs_mode``: as for :meth:`complete`."""
+    def chat(self, messages: list[dict[str, Any]], **fields: Any) -> TextStream:
+        """The assistant's reply to ``messages``: the one choice of :meth:`chat_choices` (its
+        fields)."""
+        return self.chat_choices(messages, 1, **fields)[0]
+
+    def chat_choices(self, messages: list[dict[str, Any]], n: int = 1, *, max_tokens: int | None = None,
+                     temperature: float | None = None, top_p: float | None = None,
+                     seed: int | None = None, stop: str | list[str] | None = None,
+                     tools: list[dict] | None = None, tool_choice: str | dict | None = None,
+                     response_format: dict | None = None, template_kwargs: dict | None = None,
+                     prompt_lookup_num_tokens: int | None = None,
+                     extra: RequestOptions | None = None) -> list[TextStream]:
+        """``n`` replies of the assistant to OpenAI-style ``messages``, rendered once by the
+        export's chat template (with ``tools``, ``tool_choice``, ``response_format`` and the
+        template's own keyword arguments); ``max_tokens`` None: 256 or the room the context has
+        left (:func:`~transformer_kit.chat.conversation.reply_budget`); ``extra`` and the
+        seeds as :meth:`complete_choices`."""
+        extra = extra or RequestOptions()
         stops = _stops(stop)
         if self.tokenizer is None:
             raise InputError("This export has no tokenizer (no tokenizer.json came with it), so it "
                              "cannot render a chat; export a checkpoint that holds its tokenizer, or "
                              "send token ids to /v1/completions.")
-        options = {**sampling(temperature, top_p, seed, self.generation_defaults),
-                   "response_format": response_format, **_reports(logprobs, logprobs_mode)}
+        options = {**sampling(temperature, top_p, seed, self.generation_defaults, extra),
+                   "response_format": response_format}
         if prompt_lookup_num_tokens is not None:
             options["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
         turn = ChatTurn(self.tokenizer, template_messages(messages), tools=tools, tool_choice=tool_choice,
@@ -248,7 +264,7 @@ class Service:
         self.limits.check_prompt(len(ids), "The conversation, rendered by the chat template,")
         if max_tokens is None:  # no room left: the engine refuses it with a sentence
             max_tokens = max(reply_budget(len(ids), self.model.context_length), 1)
-        return self._submit(ids, stops, {**turn.options, "max_new_tokens": max_tokens}, turn)
+        return self._submit(ids, stops, {**turn.options, "max_new_tokens": max_tokens}, extra, n, turn)
 
     # -- tokenization (vLLM's /tokenize and /detokenize) ------------------------------------
     def tokenize(self, prompt: str | None = None, messages: list[dict[str, Any]] | None = None, *,
@@ -284,16 +300,64 @@ class Service:
             return ids[0].tolist()
         return [int(t) for t in prompt]
 
-    def _submit(self, ids: list[int], stops: list[str], options: dict,
-                turn: ChatTurn | None = None, prompt_logprobs: int | None = None) -> TextStream:
+    def _submit(self, ids: list[int], stops: list[str], options: dict, extra: RequestOptions,
+                n: int, turn: ChatTurn | None = None) -> list[TextStream]:
+        """``n`` requests for the prompt ``ids``, choice i seeded ``seed + i``: all queued, or
+        none (those queued before a refusal are cancelled)."""
+        if not 1 <= n <= self.engine.max_queue:
+            raise InputError(f"n is {n}; this server takes from 1 to {self.engine.max_queue} choices "
+                             "per request (each is a request in its queue, --max-queue); ask for "
+                             "fewer, or send several requests.")
+        options = {**self._endings(options, extra), **extra.reports()}
         tokenizer = self.tokenizer
-        matcher = tokenizer.stop_matcher(stops) if stops and tokenizer is not None else None
-        request = self.engine.submit(ids, stop_matcher=matcher, prompt_logprobs=prompt_logprobs,
-                                     timeout=self.limits.max_request_seconds, **options)
-        pieces = None
-        if tokenizer is not None:
-            pieces = TextPieces(tokenizer, request.options.eos_ids(self.model.manifest.eos_id), stops)
-        return TextStream(request, pieces, len(ids), turn)
+        matcher = (tokenizer.stop_matcher(stops, skip_special_tokens=extra.skip_special_tokens)
+                   if stops and tokenizer is not None else None)
+        streams: list[TextStream] = []
+        try:
+            for i in range(n):
+                seeded = options if not i or options.get("seed") is None else {
+                    **options, "seed": options["seed"] + i}
+                request = self.engine.submit(ids, stop_matcher=matcher, prompt_logprobs=extra.prompt_logprobs,
+                                             timeout=self.limits.max_request_seconds, **seeded)
+                streams.append(TextStream(request, self._pieces(request, stops, extra), len(ids), turn))
+        except Exception:
+            for stream in streams:
+                stream.cancel()
+            raise
+        return streams
+
+    def _pieces(self, request: GenerationRequest, stops: list[str], extra: RequestOptions
+                ) -> TextPieces | None:
+        """The reader of ``request``'s text (None without a tokenizer: token ids only)."""
+        if self.tokenizer is None:
+            return None
+        return TextPieces(self.tokenizer, request.options.eos_ids(self.model.manifest.eos_id), stops,
+                          min_tokens=extra.min_tokens, keep_stop=extra.include_stop_str_in_output,
+                          skip_special_tokens=extra.skip_special_tokens)
+
+    def _endings(self, options: dict, extra: RequestOptions) -> dict:
+        """``options`` with the request's ``min_tokens`` and end ids (``ignore_eos``,
+        ``stop_token_ids``), checked."""
+        options = dict(options)
+        if extra.min_tokens:
+            most = options.get("max_new_tokens", GenerationConfig.model_fields["max_new_tokens"].default)
+            if extra.min_tokens > most:
+                raise InputError(f"min_tokens ({extra.min_tokens}) is more than max_tokens ({most}); "
+                                 "lower min_tokens or raise max_tokens.")
+            options["min_new_tokens"] = extra.min_tokens
+        vocab = self.model.manifest.tgt_vocab
+        outside = [t for t in extra.stop_token_ids if not 0 <= t < vocab]
+        if outside:
+            raise InputError(f"stop_token_ids holds {outside[0]}, outside this model's vocabulary of "
+                             f"{vocab} ids (0 to {vocab - 1}); give ids below {vocab}.")
+        if extra.ignore_eos and options.get("response_format") is not None:
+            raise InputError("ignore_eos cannot run with response_format or a forced tool call: the "
+                             "grammar ends the reply with the model's end id; leave one of them out.")
+        if extra.ignore_eos or extra.stop_token_ids:
+            eos = self.model.manifest.eos_id
+            ends = [] if extra.ignore_eos or eos is None else [eos] if isinstance(eos, int) else list(eos)
+            options["eos_id"] = list(dict.fromkeys([*ends, *extra.stop_token_ids]))
+        return options
 
     # -- pooling --------------------------------------------------------------------------
     def embed(self, inputs: Any, *, dimensions: int | None = None) -> Pooled:
@@ -346,13 +410,6 @@ class Service:
     def _serves(self, kind: str) -> None:
         if self.kind != kind:
             raise InputError(f"This model serves {self.kind}, not {kind}.")
-
-
-def _reports(logprobs: int | None, mode: str | None) -> dict[str, Any]:
-    """The generation options of a request's log probability reports ({}: none asked for)."""
-    if logprobs is None:
-        return {}
-    return {"logprobs": logprobs, **({"logprobs_mode": mode} if mode is not None else {})}
 
 
 def _stops(stop: str | list[str] | None) -> list[str]:

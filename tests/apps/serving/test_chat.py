@@ -283,8 +283,9 @@ def test_bad_requests_get_400_with_a_sentence_and_the_server_keeps_serving(serve
     _refused(url, {"model": "chat", "messages": [{"role": "robot", "content": "hi"}]}, "'robot'", "user")
     _refused(url, {"model": "chat", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
              "'image_url'", "text only")
-    _refused(url, {"model": "chat", "messages": messages, "n": 2}, "n=2", "one choice")
-    _refused(url, {"model": "chat", "messages": messages, "logit_bias": {}}, "'logit_bias'", "messages")
+    _refused(url, {"model": "chat", "messages": messages, "n": 0}, "'n'", "greater than or equal to 1")
+    _refused(url, {"model": "chat", "messages": messages, "modalities": ["audio"]}, "'modalities'",
+             "messages")
     _refused(url, {"model": "chat", "messages": messages, "stream_options": {"include_usage": True}},
              "stream=true")
     _refused(url, {"model": "chat", "messages": messages, "max_tokens": 4000}, "context length")

@@ -98,9 +98,9 @@ def _stored_responses(url: str, count: int) -> list[str]:
 def _served(drawn: tuple, vocab: int) -> object:
     """A case fitting the schema, half of the time steered past the first refusals into the
     server's deeper paths (else nearly every one stops at a refusal the schema cannot state: an
-    unknown model, role or token id, n other than 1, stream_options without stream): the served
-    model, roles the template knows with text content, prompt ids inside the ``vocab``, n=1, and
-    a budget of at most :data:`MAX_NEW` tokens. Still a case that fits."""
+    unknown model, role or token id, stream_options without stream): the served model, roles
+    the template knows with text content, prompt ids inside the ``vocab``, n of 1 or 2, and a
+    budget of at most :data:`MAX_NEW` tokens. Still a case that fits."""
     case, steered = drawn
     body = case.body
     if not steered or not isinstance(body, dict):
@@ -117,11 +117,26 @@ def _served(drawn: tuple, vocab: int) -> object:
             message["role"] = ROLES[i % len(ROLES)]
             if not isinstance(message.get("content"), str):
                 message["content"] = "Hello"
-    if "n" in body:
-        body["n"] = 1
+    if isinstance(body.get("n"), int):  # a few choices, each a request of its own
+        body["n"] = 1 + abs(body["n"]) % 2
+    _steer_sampling(body, vocab)
     if not body.get("stream"):
         body.pop("stream_options", None)
     return case
+
+
+def _steer_sampling(body: dict, vocab: int) -> None:
+    """The sampling fields of a steered case within what the model takes: token ids (a
+    logit_bias's keys, stop_token_ids) inside the ``vocab``, min_tokens within the budget."""
+    if isinstance(body.get("logit_bias"), dict):
+        body["logit_bias"] = {str(int(key) % vocab): value for key, value in body["logit_bias"].items()
+                              if key.isascii() and key.isdigit()}
+    if isinstance(body.get("stop_token_ids"), list):
+        body["stop_token_ids"] = [abs(i) % vocab for i in body["stop_token_ids"] if isinstance(i, int)]
+    if isinstance(body.get("min_tokens"), int):
+        given = [body[f] for f in ("max_tokens", "max_completion_tokens") if isinstance(body.get(f), int)]
+        budget = given[0] if given else 16
+        body["min_tokens"] = min(body["min_tokens"], budget)
 
 
 def _name_stored(drawn: tuple, stored: list[str]) -> tuple:
@@ -181,7 +196,7 @@ def test_fuzzed_requests_get_a_status_and_a_sentence_then_exact_tokens(server):
 REFUSED = [
     *[("/v1/chat/completions", {"chat_template_kwargs": {name: 1}}, f"may not set '{name}'")
       for name in ("messages", "tools", "chat_template", "template", "special_tokens")],
-    ("/v1/chat/completions", {"n": -3}, "got n=-3. Leave n out."),
+    ("/v1/chat/completions", {"n": -3}, "'n': Input should be greater than or equal to 1"),
     ("/v1/completions", {"max_tokens": -1}, "greater than or equal to 0"),
 ]
 

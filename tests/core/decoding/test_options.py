@@ -1,5 +1,6 @@
 """Generation options: one validated object, as keywords or a config; a bad value is a typed
-error naming the option, in both runtimes, before any work."""
+error naming the option, in both runtimes, before any work; OpenAI's penalties and logit bias
+give the same tokens in both runtimes."""
 
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ BAD = {
     "negative eos": ({"eos_id": [2, -1]}, "eos_id"),
     "empty stop": ({"stop": [""]}, "stop"),
     "early_stopping word": ({"early_stopping": "sometimes"}, "early_stopping"),
+    "presence_penalty 3": ({"presence_penalty": 3}, "presence_penalty"),
+    "frequency_penalty -2.5": ({"frequency_penalty": -2.5}, "frequency_penalty"),
+    "logit_bias 200": ({"logit_bias": {5: 200}}, "logit_bias"),
+    "logit_bias string key": ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+    "logit_bias negative id": ({"logit_bias": {-1: 1.0}}, "logit_bias"),
+    "logit_bias outside the vocabulary": ({"logit_bias": {40: 1.0}}, "vocabulary of 40 ids"),
     "unknown option": ({"temprature": 0.5}, "temprature"),
     "unknown processor": ({"logits_processors": ["no_such"]}, "no_such"),
 }
@@ -89,3 +96,18 @@ def test_beam_search_cannot_stream(runtimes, prompts):
         next(iter(model.stream(prompts, num_beams=2)))
     with pytest.raises(tk.InputError, match="beam search"):
         onnx_model.stream(prompts.numpy(), num_beams=2)
+
+
+@pytest.mark.parametrize("options", [
+    {"presence_penalty": 1.5, "frequency_penalty": 0.8},
+    {"logit_bias": {7: 4.0, 11: -100.0}, "frequency_penalty": -0.5},
+    {"do_sample": True, "seed": 4, "presence_penalty": 2.0, "logit_bias": {9: 3.0}},
+])
+def test_penalties_and_a_logit_bias_take_effect_alike_in_both_runtimes(runtimes, prompts, options):
+    model, onnx_model = runtimes
+    ours = model.generate(prompts, 12, **options).numpy()
+    np.testing.assert_array_equal(onnx_model.generate(prompts.numpy(), 12, **options), ours)
+    plain = {k: v for k, v in options.items() if k in ("do_sample", "seed")}
+    assert (ours != model.generate(prompts, 12, **plain).numpy()).any()  # they changed the tokens
+    if 11 in options.get("logit_bias", {}):
+        assert 11 not in ours

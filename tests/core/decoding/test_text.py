@@ -125,3 +125,40 @@ def test_text_without_a_tokenizer_is_one_sentence(runtimes):
 def test_a_damaged_tokenizer_file_is_a_checkpoint_error():
     with pytest.raises(tk.CheckpointError, match=r"tokenizer\.json cannot be read"):
         TextTokenizer({"tokenizer.json": b"{not json"})
+
+
+def _pieces(tokenizer, tokens: list[int], **options) -> str:
+    stream = TextPieces(tokenizer, options.pop("eos_ids", [2]), **options)
+    return "".join(stream.add(t) for t in tokens) + stream.finish()
+
+
+def test_pieces_keep_the_stop_count_it_from_min_tokens_and_write_special_tokens(text_runtimes):
+    """vLLM's include_stop_str_in_output, min_tokens (a stop string counts where it ends in
+    the text of that token or later) and skip_special_tokens=False, on a served reply's text."""
+    tokenizer = text_runtimes[0].tokenizer
+    text = "the end of the text, the end"
+    tokens = tokenizer.backend.encode(text).ids
+    assert _pieces(tokenizer, tokens, stops=["end"]) == "the "
+    assert _pieces(tokenizer, tokens, stops=["end"], keep_stop=True) == "the end"
+    assert _pieces(tokenizer, tokens, stops=["end", "the e"], keep_stop=True) == "the e"  # completed first
+    first = next(n for n in range(1, len(tokens)) if "end" in tokenizer.decode(tokens[:n]))
+    later = _pieces(tokenizer, tokens, stops=["end"], min_tokens=first + 1)
+    assert later == text[:text.rindex("end")]  # the first "end" came before token min_tokens
+    assert _pieces(tokenizer, tokens, stops=["end"], min_tokens=first) == "the "  # it ends in that one
+    assert _pieces(tokenizer, [*tokens, 2, 5], stops=[]) == text  # the end id ends the text
+    assert _pieces(tokenizer, [*tokens, 2, 5], stops=[], keep_stop=True) == text  # skipped: special
+    written = _pieces(tokenizer, [*tokens, 2], stops=[], keep_stop=True, skip_special_tokens=False)
+    assert written == text + "</s>"
+    assert _pieces(tokenizer, [1, *tokens, 2], eos_ids=[], stops=[], skip_special_tokens=False) == (
+        f"<s>{text}</s>")
+
+
+def test_a_stop_string_held_open_by_min_new_tokens_does_not_end_the_row_later(text_runtimes):
+    """The stop matcher ends a row where its last token completed a stop string, not at the
+    first token past min_new_tokens while one it held open is still in the window."""
+    tokenizer = text_runtimes[0].tokenizer
+    tokens = tokenizer.backend.encode("the end of the text, the end").ids
+    matcher = tokenizer.stop_matcher(["end"])
+    ends = [n for n in range(1, len(tokens) + 1) if matcher(np.array([tokens[:n]]))[0]]
+    assert len(ends) == 2 and "end" not in tokenizer.decode(tokens[:ends[0] - 1])
+    assert tokenizer.decode(tokens[:ends[1]]).count("end") == 2

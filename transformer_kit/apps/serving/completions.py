@@ -14,16 +14,19 @@ ids of that chunk).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from transformer_kit.apps.serving.choices import arrivals, total_usage
 from transformer_kit.apps.serving.lifecycle import CLIENT_LEFT, unless_client_leaves
 from transformer_kit.apps.serving.logprobs import (
     TokenWriter,
@@ -39,31 +42,42 @@ from transformer_kit.apps.serving.openai_api import (
     unknown_model,
     usage,
 )
+from transformer_kit.apps.serving.sampling_fields import (
+    SamplingFields,
+    StreamOptions,
+    request_options,
+    stream_usage,
+)
 from transformer_kit.core.errors import InputError
 from transformer_kit.runtime import QueueFull, Service
-from transformer_kit.runtime.text_stream import TextStream, Usage
+from transformer_kit.runtime.text_stream import Delta, TextStream, Usage
 
 #: Most prompts one request may list (each is a request of the engine's).
 MAX_PROMPTS = 256
 
 
-class CompletionRequest(BaseModel):
-    """The body of ``POST /v1/completions``: OpenAI's fields this server honours; any other
-    field is refused (400), so a client never believes an option took effect when it did not."""
+#: ``max_tokens`` of a completion that leaves it out (or sends null): OpenAI's 16.
+COMPLETION_MAX_TOKENS = 16
+
+
+class CompletionRequest(SamplingFields):
+    """The body of ``POST /v1/completions``: OpenAI's fields this server honours and vLLM's
+    sampling extras (:class:`.SamplingFields`); any other field is refused (400), so a client
+    never believes an option took effect when it did not. Null is a field's default."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str
     prompt: str | list[int] | list[str] | list[list[int]]
-    #: None: 16, OpenAI's default; 0: no new token (with ``echo``, the prompt alone).
-    max_tokens: int | None = Field(16, ge=0)
+    #: 0: no new token (with ``echo``, the prompt alone).
+    max_tokens: int | None = Field(COMPLETION_MAX_TOKENS, ge=0)
     #: None: the checkpoint's default (its generation_config.json), else OpenAI's 1.
     temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool | None = False
-    n: Literal[1] | None = 1
+    stream_options: StreamOptions | None = None
     user: str | None = None
     #: Each token's log probability and this many of the most likely (OpenAI's bound, 5).
     logprobs: int | None = Field(None, ge=0, le=5)
@@ -191,17 +205,21 @@ class CompletionServer:
         self.service, self.model_name, self.metrics = service, model_name, metrics
 
     def _submit(self, body: CompletionRequest) -> list[_Choice]:
-        """Every prompt's request, or none (a refusal cancels those already submitted)."""
-        prompts, choices = prompts_of(body.prompt), []
+        """Every prompt's ``n`` requests (choice ``prompt x n + j``), or none (a refusal
+        cancels those already submitted)."""
+        prompts, choices, n = prompts_of(body.prompt), [], body.n or 1
         writer = TokenWriter(self.service.tokenizer)
+        extra = replace(request_options(body), logprobs=body.logprobs, logprobs_mode=body.logprobs_mode,
+                        prompt_logprobs=_prompt_top(body))
         try:
-            for i, prompt in enumerate(prompts):
-                stream = self.service.complete(
-                    prompt, max_tokens=16 if body.max_tokens is None else body.max_tokens,
-                    temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop,
-                    prompt_lookup_num_tokens=body.prompt_lookup_num_tokens, logprobs=body.logprobs,
-                    prompt_logprobs=_prompt_top(body), logprobs_mode=body.logprobs_mode)
-                choices.append(_Choice(i, prompt, stream, body, writer))
+            for prompt in prompts:
+                most = COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+                streams = self.service.complete_choices(
+                    prompt, n, max_tokens=most, temperature=body.temperature, top_p=body.top_p,
+                    seed=body.seed, stop=body.stop,
+                    prompt_lookup_num_tokens=body.prompt_lookup_num_tokens, extra=extra)
+                first = len(choices)
+                choices += [_Choice(first + j, prompt, each, body, writer) for j, each in enumerate(streams)]
         except BaseException:
             for choice in choices:
                 choice.stream.cancel()
@@ -213,13 +231,15 @@ class CompletionServer:
         if body.model != self.model_name:
             return unknown_model(body.model, self.model_name)
         try:
+            counts = stream_usage(body.stream_options, bool(body.stream))
             choices = self._submit(body)
         except (QueueFull, InputError) as exc:
             return metrics.refused(exc)
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
                 "created": int(time.time()), "model": self.model_name}
         if body.stream:
-            return StreamingResponse(_events(choices, head, metrics), media_type="text/event-stream")
+            return StreamingResponse(_events(choices, head, metrics, counts),
+                                     media_type="text/event-stream")
         texts = asyncio.gather(*(c.stream.text() for c in choices))
         answered, replies = await unless_client_leaves(request.receive, texts)
         for choice in choices:
@@ -230,82 +250,93 @@ class CompletionServer:
         for choice in choices:
             if (failed := failure_response(choice.stream.failure)) is not None:
                 return failed
-        counts = [c.stream.usage for c in choices]
-        total = Usage(sum(u.prompt_tokens for u in counts), sum(u.completion_tokens for u in counts),
-                      sum(u.cached_tokens for u in counts))
         return {**head, "choices": [c.whole(text) for c, text in zip(choices, replies, strict=True)],
-                "usage": usage(total)}
+                "usage": usage(_total(choices, body.n or 1))}
 
 
-async def _choice_events(choice: _Choice, head: str) -> AsyncIterator[str]:
-    """One choice's chunks: its echoed prompt (if any), a chunk per token, the last with the
-    finish reason; a request that failed ends with an error event instead of the last chunk."""
-    stream = choice.stream
+def _total(choices: list[_Choice], n: int) -> Usage:
+    """The usage of every choice: each prompt's tokens once (its ``n`` choices share it, as
+    OpenAI and vLLM count them), every choice's new tokens."""
+    groups = [choices[i:i + n] for i in range(0, len(choices), n)]
+    each = [total_usage([c.stream for c in group]) for group in groups]
+    return Usage(sum(u.prompt_tokens for u in each), sum(u.completion_tokens for u in each),
+                 sum(u.cached_tokens for u in each))
 
-    def chunk(text: str, ids: list[int], reports: dict | None, reason: str | None = None,
-              extras: dict | None = None) -> str:
-        body = json.dumps([{"index": choice.index, "text": text, "token_ids": ids, "logprobs": reports,
-                            "finish_reason": reason, **(extras or {})}])
-        return f'data: {head}, "choices": {body}}}\n\n'
 
-    offset = len(choice.echoed)
-    if choice.echoed or choice.body.prompt_logprobs is not None:
-        if stream.request.prompt_top is not None:
-            await stream.request.prefilled()  # the prompt's reports come with its prefill
-        yield chunk(choice.echoed, [], choice.prompt_reports(), extras=choice.extras())
-    async for deltas in stream.arrivals():  # the events of several tokens in one write
-        parts = []
+class _Chunks:
+    """The events of a completion's choices: with ``include_usage`` each carries ``usage``
+    (null, or with ``continuous_usage_stats`` its choice's counts so far)."""
+
+    def __init__(self, choices: list[_Choice], fields: dict[str, Any], counts: tuple[bool, bool]) -> None:
+        self.choices, self.head = choices, json.dumps(fields)[:-1]
+        self.include_usage, self.continuous = counts
+        self.sent = [0] * len(choices)  # each choice's tokens sent so far
+        self.offsets = [len(c.echoed) for c in choices]  # each choice's text so far (text_offset)
+
+    def event(self, listed: list[dict], counted: dict | None = None) -> str:
+        tail = f', "usage": {json.dumps(counted)}' if self.include_usage else ""
+        return f'data: {self.head}, "choices": {json.dumps(listed)}{tail}}}\n\n'
+
+    def chunk(self, index: int, text: str, ids: list[int], reports: dict | None,
+              reason: str | None = None, extras: dict | None = None) -> str:
+        self.sent[index] += len(ids)
+        stream = self.choices[index].stream
+        counted = usage(Usage(stream.prompt_tokens, self.sent[index], stream.usage.cached_tokens)
+                        ) if self.continuous else None
+        return self.event([{"index": index, "text": text, "token_ids": ids, "logprobs": reports,
+                            "finish_reason": reason, **(extras or {})}], counted)
+
+    async def echoes(self) -> AsyncIterator[str]:
+        """Each choice's echoed prompt and its reports, once its prefill gave them."""
+        for i, choice in enumerate(self.choices):
+            if choice.echoed or choice.body.prompt_logprobs is not None:
+                if choice.stream.request.prompt_top is not None:
+                    await choice.stream.request.prefilled()
+                yield self.chunk(i, choice.echoed, [], choice.prompt_reports(), extras=choice.extras())
+
+    def tokens(self, index: int, deltas: list[Delta]) -> str:
+        """The chunks of choice ``index``'s newly arrived tokens, in one write."""
+        choice, parts = self.choices[index], []
         for d in deltas:
-            parts.append(chunk(d.text, [d.token_id], choice.reports([d.token_id], [d.logprob], offset)))
-            offset += len(choice.writer.text(d.token_id)) if choice.body.logprobs is not None else 0
-        yield "".join(parts)
-    if (failed := failure_event(stream.failure)) is not None:
-        yield failed
-    else:
-        yield chunk(stream.rest(), [], None, stream.finish_reason())
+            parts.append(self.chunk(index, d.text, [d.token_id],
+                                    choice.reports([d.token_id], [d.logprob], self.offsets[index])))
+            if choice.body.logprobs is not None:
+                self.offsets[index] += len(choice.writer.text(d.token_id))
+        return "".join(parts)
+
+    def ended(self, index: int) -> str:
+        stream = self.choices[index].stream
+        return failure_event(stream.failure) or self.chunk(index, stream.rest(), [], None,
+                                                           stream.finish_reason())
 
 
-async def _events(choices: list[_Choice], fields: dict[str, Any],
-                  metrics: ServerMetrics) -> AsyncIterator[str]:
-    """Server-sent events of every choice (several prompts' interleaved as their tokens come),
-    then [DONE]. A client that goes away closes this generator: its requests are cancelled,
-    their rows leave."""
-    head = json.dumps(fields)[:-1]
+async def _events(choices: list[_Choice], fields: dict[str, Any], metrics: ServerMetrics,
+                  counts: tuple[bool, bool] = (False, False)) -> AsyncIterator[str]:
+    """Server-sent events: each choice's echoed prompt (if any), a chunk per token of each
+    choice (its ``index``; several prompts' and ``n``'s interleaved as their tokens come), the
+    last of a choice with its finish reason, the usage chunk with ``include_usage``, then
+    [DONE]; with ``continuous_usage_stats`` every chunk also carries its choice's counts so far.
+    A request that failed (its time ran out, decoding failed) ends with an error event instead
+    of the last chunk. A client that goes away closes this generator: its requests are
+    cancelled, their rows leave."""
+    write = _Chunks(choices, fields, counts)
     try:
-        if len(choices) == 1:
-            async for event in _choice_events(choices[0], head):
-                yield event
-        else:
-            async for event in _merged([_choice_events(c, head) for c in choices]):
-                yield event
+        async for echoed in write.echoes():
+            yield echoed
+        streams = [c.stream for c in choices]
+        async with contextlib.aclosing(arrivals(streams)) as arrived:
+            async for index, deltas in arrived:  # several tokens' events in one write
+                if deltas is not None:
+                    yield write.tokens(index, deltas)
+                    continue
+                yield write.ended(index)
+                if streams[index].failure is not None:
+                    break
+            else:
+                if write.include_usage:
+                    yield write.event([], usage(_total(choices, choices[0].body.n or 1)))
         yield "data: [DONE]\n\n"
     finally:
         for choice in choices:
             choice.stream.cancel()  # no-op when it ended; frees the row when the client left
             metrics.finished(choice.stream)  # still running: counted as cancelled
-
-
-async def _merged(sources: list[AsyncIterator[str]]) -> AsyncIterator[str]:
-    """The items of several async iterators as each comes."""
-    queue: asyncio.Queue = asyncio.Queue()
-    done = object()
-
-    async def pump(source: AsyncIterator[str]) -> None:
-        try:
-            async for item in source:
-                await queue.put(item)
-        finally:
-            await queue.put(done)
-
-    tasks = [asyncio.create_task(pump(source)) for source in sources]
-    try:
-        left = len(tasks)
-        while left:
-            item = await queue.get()
-            if item is done:
-                left -= 1
-            else:
-                yield item
-    finally:
-        for task in tasks:
-            task.cancel()

@@ -1,8 +1,10 @@
 """An HTTP server in the OpenAI convention over the runtime's :class:`~transformer_kit.runtime.Service`,
 so existing clients (the ``openai`` package, curl) work unchanged.
 
-``POST /v1/completions`` (prompt as text or token ids, ``max_tokens``, ``temperature`` (0 =
-greedy), ``top_p``, ``seed``, ``stop``, ``stream`` as server-sent events),
+``POST /v1/completions`` (in :mod:`.completions`: prompt as text or token ids, ``max_tokens``,
+``temperature`` (0 = greedy), ``top_p``, ``seed``, ``stop``, ``stream`` as server-sent events, and
+the sampling fields it shares with chat, :mod:`.sampling_fields`: ``n`` choices, OpenAI's penalties and
+``logit_bias``, vLLM's ``top_k``, ``min_p``, ``min_tokens``, ``ignore_eos``...),
 ``POST /v1/chat/completions`` (messages rendered by the export's chat template, tools,
 ``response_format``; in :mod:`.chat`), ``POST /v1/responses`` (OpenAI's Responses API over the
 same path, with ``previous_response_id``; ``GET`` and ``DELETE /v1/responses/{id}`` read and

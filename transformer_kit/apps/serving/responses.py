@@ -45,6 +45,7 @@ from transformer_kit.apps.serving.response_store import ResponseStore, UnknownRe
 from transformer_kit.core.decoding.logprobs import TokenLogprob
 from transformer_kit.core.errors import InputError
 from transformer_kit.runtime import QueueFull, Service
+from transformer_kit.runtime.request_options import RequestOptions
 from transformer_kit.runtime.service import sampling
 from transformer_kit.runtime.text_stream import TextStream, Usage
 
@@ -85,7 +86,7 @@ class ResponsesRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: options.StreamOptions | None = None
     store: bool | None = None
     previous_response_id: str | None = None
@@ -425,7 +426,7 @@ class ResponsesServer:
                 return self.service.chat(
                     system + kept, max_tokens=body.max_output_tokens, temperature=body.temperature,
                     top_p=body.top_p, tools=tools, tool_choice=choice, response_format=fmt,
-                    template_kwargs=template_kwargs, logprobs=top)
+                    template_kwargs=template_kwargs, extra=RequestOptions(logprobs=top))
 
             # the template renders in a worker thread, off the event loop; a temperature or
             # top_p left out takes the checkpoint's sampling defaults (Service.chat)

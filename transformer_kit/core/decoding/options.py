@@ -41,6 +41,15 @@ class GenerationConfig(BaseModel):
                                 description="Drop tokens below min_p x the top probability.")
     repetition_penalty: float = Field(1.0, gt=0,
                                       description="> 1 discourages tokens already in the row.")
+    presence_penalty: float = Field(
+        0.0, ge=-2, le=2, description="OpenAI's: subtracted once from the score of every token "
+        "generated so far (the prompt's not counted); > 0 favours new tokens.")
+    frequency_penalty: float = Field(
+        0.0, ge=-2, le=2, description="OpenAI's: subtracted from a token's score once per time it "
+        "was generated so far (the prompt's not counted); > 0 discourages repeats.")
+    logit_bias: dict[int, float] | None = Field(
+        None, description="Token id -> a number from -100 to 100 added to its score before the "
+        "penalties (OpenAI's logit_bias; -100 all but bans a token, 100 all but forces it).")
     no_repeat_ngram_size: int = Field(0, ge=0, description="No n-gram of this size occurs twice.")
     num_beams: int = Field(1, ge=1, description="Beam search with this many beams (1: off).")
     length_penalty: float = Field(1.0, description="Beam scores are divided by length**this.")
@@ -81,7 +90,8 @@ class GenerationConfig(BaseModel):
 
     @field_validator("max_new_tokens", "min_new_tokens", "top_k", "no_repeat_ngram_size",
                      "num_beams", "num_return_sequences", "seed", "temperature", "top_p",
-                     "min_p", "repetition_penalty", "length_penalty", "prompt_lookup_num_tokens",
+                     "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                     "length_penalty", "prompt_lookup_num_tokens",
                      "max_matching_ngram_size", "num_assistant_tokens", "logprobs", mode="before")
     @classmethod
     def _numbers_are_not_booleans(cls, value: Any) -> Any:
@@ -98,6 +108,21 @@ class GenerationConfig(BaseModel):
         if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
             raise ValueError("give a non-negative token id or a list of them")
         return list(value) if isinstance(value, tuple) else value
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _token_biases(cls, value: Any) -> Any:
+        # strings are refused rather than read as ids: a JSON body's keys are the server's to read
+        if not isinstance(value, dict):
+            return value
+        items = [(k.item() if hasattr(k, "item") else k, v.item() if hasattr(v, "item") else v)
+                 for k, v in value.items()]
+        if any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k, _ in items):
+            raise ValueError("give non-negative integer token ids as its keys")
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100
+               for _, v in items):
+            raise ValueError("give each token a number from -100 to 100")
+        return dict(items)
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -92,11 +92,18 @@ class Pipeline:
 
 def _specs(options: GenerationConfig, eos_ids: list[int], forced_bos_id: int | None
            ) -> list[tuple[str, dict]]:
-    """The built-in processors the options ask for, in Hugging Face's order: penalties first,
-    then the user's processors, then (sampling only) the distribution warpers."""
+    """The built-in processors the options ask for, in Hugging Face's order: the logit bias
+    (transformers' sequence_bias comes first too), penalties (repetition, then presence and
+    frequency, as vLLM applies them), then the user's processors, then (sampling only) the
+    distribution warpers."""
     specs: list[tuple[str, dict]] = []
+    if options.logit_bias:
+        specs.append(("logit_bias", {"bias": dict(options.logit_bias)}))
     if options.repetition_penalty != 1.0:
         specs.append(("repetition_penalty", {"penalty": options.repetition_penalty}))
+    if options.presence_penalty or options.frequency_penalty:
+        specs.append(("presence_frequency_penalty", {"presence": options.presence_penalty,
+                                                     "frequency": options.frequency_penalty}))
     if options.no_repeat_ngram_size > 0:
         specs.append(("no_repeat_ngram", {"size": options.no_repeat_ngram_size}))
     if options.min_new_tokens > 0 and eos_ids:

@@ -87,6 +87,14 @@ def check_stop(options: GenerationConfig, stop: object) -> None:
                          "or end rows by token with eos_id=[...].")
 
 
+def check_biased_ids(options: GenerationConfig, vocab: int) -> None:
+    """Refuse a ``logit_bias`` naming a token outside the model's vocabulary of ``vocab`` ids."""
+    outside = sorted(t for t in options.logit_bias or {} if t >= vocab)
+    if outside:
+        raise InputError(f"logit_bias names token {outside[0]}, outside this model's vocabulary of "
+                         f"{vocab} ids (0 to {vocab - 1}); give ids below {vocab}.")
+
+
 def prepare_call(ids: np.ndarray, attention_mask: Any, options: GenerationConfig, *, decoder: bool,
          pad_id: int | None, eos_id: int | None, bos_id: int | None, vocab: int,
          context_length: int | None, source_positions: int | None = None,
@@ -101,6 +109,7 @@ def prepare_call(ids: np.ndarray, attention_mask: Any, options: GenerationConfig
     real = (real_from_pad(ids, pad_id) if attention_mask is None
             else real_from_mask(attention_mask, ids.shape))
     eos_ids = options.eos_ids(eos_id)
+    check_biased_ids(options, vocab)
     _, pipeline = build_pipeline(options, vocab, eos_ids, forced_bos_id=forced_bos_id,
                                  tokenizer=tokenizer)
     fill = fill_id(pad_id, eos_ids)

@@ -6,6 +6,7 @@ reply of a runtime that has a tokenizer. A tokenizer is reached through :class:`
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
@@ -39,11 +40,13 @@ class Tokenizer(Protocol):
         """Prompts -> ids (batch, longest) int64, right-padded, and (batch, longest) bool, True
         for real tokens."""
 
-    def decode(self, tokens: Iterable[int]) -> str:
-        """Text of ``tokens`` with special tokens skipped."""
+    def decode(self, tokens: Iterable[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``tokens`` with special tokens skipped (False: written out)."""
 
-    def stop_matcher(self, stops: list[str]) -> Callable[[np.ndarray], np.ndarray]:
-        """new tokens (rows, n) -> (rows,) True where a stop string just completed."""
+    def stop_matcher(self, stops: list[str], skip_special_tokens: bool = True
+                     ) -> Callable[[np.ndarray], np.ndarray]:
+        """new tokens (rows, n) -> (rows,) True where a stop string just completed, in the text
+        decoded as ``decode`` decodes it."""
 
     def save(self, folder: Any) -> list[str]:
         """Write the tokenizer's files into ``folder``; their names."""
@@ -84,34 +87,64 @@ def row_texts(tokenizer: Tokenizer, tokens: np.ndarray, eos_ids: list[int],
     return texts
 
 
-def cut_at_stop(text: str, stops: list[str]) -> str:
-    """``text`` up to the first stop string (excluded), as OpenAI's API returns it."""
-    cuts = [text.find(s) for s in stops if s in text]
-    return text[:min(cuts)] if cuts else text
+def first_stop(text: str, stops: list[str], after: int = 0) -> tuple[int, str] | None:
+    """Where the first stop string in ``text`` ending past its first ``after`` characters
+    starts, and which it is (at one start, the shortest: it completed first); None: none."""
+    found = [(i, s) for s in stops if (i := text.find(s, max(after - len(s) + 1, 0))) >= 0]
+    return min(found, key=lambda f: (f[0], len(f[1]))) if found else None
+
+
+def cut_at_stop(text: str, stops: list[str], keep: bool = False) -> str:
+    """``text`` up to the first stop string (excluded, as OpenAI's API returns it; ``keep``:
+    included, as vLLM's ``include_stop_str_in_output``)."""
+    found = first_stop(text, stops)
+    if found is None:
+        return text
+    return text[:found[0] + len(found[1])] if keep else text[:found[0]]
 
 
 class TextPieces:
     """One row's streamed text: ``add(token)`` returns the new piece of text ('' while a
     character is incomplete, after the row ended, or while the text may be a stop string's
-    start); ``finish()`` returns what is left. The pieces join to :func:`row_texts`' text."""
+    start); ``finish()`` returns what is left. The pieces join to :func:`row_texts`' text.
 
-    def __init__(self, tokenizer: Tokenizer, eos_ids: list[int], stops: list[str]) -> None:
+    ``min_tokens``: a stop string counts only where it ends in the text of that token or later
+    (the row cannot end before it: ``min_new_tokens``); ``keep_stop``: the text keeps the stop
+    string, or the end id's text, it ended at; ``skip_special_tokens`` False: special tokens
+    are written out.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, eos_ids: list[int], stops: list[str], *,
+                 min_tokens: int = 0, keep_stop: bool = False, skip_special_tokens: bool = True) -> None:
         self.tokenizer, self.eos_ids, self.stops = tokenizer, set(eos_ids), stops
+        self.min_tokens, self.keep_stop, self.skip_special_tokens = min_tokens, keep_stop, skip_special_tokens
         self.tokens: list[int] = []
         self.prefix = self.read = 0  # decode from prefix so leading-space rules stay right
         self.text = ""  # the row's text so far (complete characters only)
+        #: A stop string counts where it ends past this many characters: none before token
+        #: min_tokens, then those ending past the text before it.
+        self.floor = 0 if min_tokens <= 1 else sys.maxsize
         self.sent = 0
         self.ended = False
+
+    def _decode(self, tokens: list[int]) -> str:
+        if self.skip_special_tokens:  # as any Tokenizer decodes
+            return self.tokenizer.decode(tokens)
+        return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
     def add(self, token: int) -> str:
         if self.ended:
             return ""
         if int(token) in self.eos_ids:
+            if self.keep_stop:
+                self.tokens.append(int(token))
             self.ended = True
             return self.finish()
+        if len(self.tokens) == self.min_tokens - 1:  # the text before token min_tokens
+            self.floor = len(self.text)
         self.tokens.append(int(token))
-        before = self.tokenizer.decode(self.tokens[self.prefix:self.read])
-        after = self.tokenizer.decode(self.tokens[self.prefix:])
+        before = self._decode(self.tokens[self.prefix:self.read])
+        after = self._decode(self.tokens[self.prefix:])
         if len(after) > len(before) and not after.endswith(_BROKEN):
             self.text += after[len(before):]
             self.prefix, self.read = self.read, len(self.tokens)
@@ -119,17 +152,17 @@ class TextPieces:
 
     def finish(self) -> str:
         """The rest of the text at the end (an incomplete character shows as U+FFFD)."""
-        before = self.tokenizer.decode(self.tokens[self.prefix:self.read])
-        self.text += self.tokenizer.decode(self.tokens[self.prefix:])[len(before):]
+        before = self._decode(self.tokens[self.prefix:self.read])
+        self.text += self._decode(self.tokens[self.prefix:])[len(before):]
         self.prefix = self.read = len(self.tokens)
         self.ended = True
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:
-        text = cut_at_stop(self.text, self.stops)
-        if text != self.text:
-            self.ended = True
-            final = True
+        text, found = self.text, first_stop(self.text, self.stops, self.floor)
+        if found is not None:
+            text = text[:found[0] + len(found[1])] if self.keep_stop else text[:found[0]]
+            self.ended = final = True
         end = len(text)
         if not final:  # hold back a tail that may grow into a stop string
             for s in self.stops:
