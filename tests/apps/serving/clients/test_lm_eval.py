@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from lm_eval import simple_evaluate
@@ -60,3 +61,33 @@ def test_local_chat_completions_answers_a_generate_until_task_with_the_greedy_re
     assert results["results"]["tk_clients_generate"]["exact_match,none"] == 0.5
     assert sorted(chat_server.prompts[-2:]) == sorted(chat_server.prompt_ids([{"role": "user", "content": q}])
                                                       for q in QUESTIONS)
+
+
+CHOICE_DOCS = [
+    {"question": "What is the weather in Paris?", "choices": ["sunny", "rain", "snow"], "label": 0},
+    {"question": "Tell me about café culture.", "choices": ["coffee", "tea"], "label": 1},
+    {"question": "Hello there", "choices": ["hi", "good day", "bye"], "label": 2}]
+
+
+def test_local_completions_scores_a_multiple_choice_task_as_the_hf_backend(chat_server, tmp_path):
+    tasks = _task(tmp_path, "tk_clients_choice", CHOICE_DOCS, output_type="multiple_choice",
+                  doc_to_text="Question: {{question}}\nAnswer:", doc_to_choice="{{choices}}",
+                  doc_to_target="{{label}}", metric_list=[{"metric": "acc"}])
+    checkpoint = str(chat_server.checkpoint)
+    served = _evaluate("local-completions", {
+        "model": chat_server.name, "base_url": f"{chat_server.base_url}/completions", "tokenizer": checkpoint,
+        "tokenizer_backend": "huggingface", "tokenized_requests": True, "num_concurrent": 1,
+        "max_retries": 1}, "tk_clients_choice", tasks)
+    reference = _evaluate("hf", {"pretrained": checkpoint, "dtype": "float32", "device": "cpu"},
+                          "tk_clients_choice", tasks)
+
+    def scores(results: dict) -> list[list[float]]:
+        samples = sorted(results["samples"]["tk_clients_choice"], key=lambda s: s["doc_id"])
+        return [[r[0][0] for r in s["resps"]] for s in samples]
+
+    got, expected = scores(served), scores(reference)
+    assert [len(s) for s in got] == [len(d["choices"]) for d in CHOICE_DOCS]
+    np.testing.assert_allclose(np.concatenate(got), np.concatenate(expected), atol=1e-3)
+    assert all(s < 0 for s in np.concatenate(got))  # log probabilities of real tokens
+    accuracy = [r["results"]["tk_clients_choice"]["acc,none"] for r in (served, reference)]
+    assert accuracy[0] == accuracy[1]
