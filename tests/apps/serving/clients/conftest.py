@@ -5,6 +5,7 @@ replies (``OnnxModel.chat``) and transformers on the same checkpoint."""
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import transformers as hf
 
 import transformer_kit as tk
 from tests.apps.serving.conftest import record_prompts
-from tests.chat.checkpoint import write_chat_checkpoint
+from tests.chat.checkpoint import TEMPLATES, write_chat_checkpoint
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
 from transformer_kit.export import export_onnx
@@ -78,6 +79,18 @@ def chat_server(chat_checkpoint):
     """The chat export served as "chat"."""
     folder, om = chat_checkpoint
     yield from _serve(folder, om, "chat")
+
+
+@pytest.fixture(scope="session")
+def smollm_server(chat_checkpoint):
+    """A copy of the export whose chat template is SmolLM2's, which renders no tools, served
+    as "smollm"."""
+    folder, _ = chat_checkpoint
+    copy = folder.parent / "smollm"
+    shutil.copytree(folder / "onnx", copy)
+    template = (TEMPLATES / "HuggingFaceTB--SmolLM2-135M-Instruct.jinja").read_text(encoding="utf-8")
+    (copy / "chat_template.jinja").write_text(template, encoding="utf-8")
+    yield from _serve(folder, OnnxModel(copy, providers="cpu"), "smollm")
 
 
 @pytest.fixture(scope="session")

@@ -86,6 +86,11 @@ def test_a_tool_forced_by_name_is_called_with_arguments_that_fit(chat_server):
     assert call["args"] == json.loads(expected["tool_calls"][0]["function"]["arguments"])
 
 
+def test_a_tool_forced_by_name_on_a_template_that_renders_no_tools(smollm_server):
+    """SmolLM2's template has no place for tools: the forced call is the server's to make."""
+    _forced_call(smollm_server)
+
+
 @pytest.fixture(scope="module")
 def embeddings(embedding_server):
     url, st = embedding_server
