@@ -83,3 +83,20 @@ def test_a_function_tool_round_trip_over_chat_completions(chat_server):
     usage = result.context_wrapper.usage
     assert usage.requests == 2
     assert usage.input_tokens == len(chat_server.prompts[-2]) + len(chat_server.prompts[-1])
+
+
+def test_a_function_tool_round_trip_over_the_responses_api(chat_server):
+    """The SDK's default API: the same conversation, the same prompts as over chat completions."""
+    result, calls, bodies = _run(chat_server, responses=True)
+    assert len(bodies) == 2 and len(calls) == 1
+    tools = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")}}
+             for t in bodies[0]["tools"]]
+    assert [t["function"]["name"] for t in tools] == ["get_weather"]
+    jsonschema.validate({"city": calls[0]}, tools[0]["function"]["parameters"])
+    first = chat_server.model.chat(_conversation(calls[0])[:2], tools=tools, max_new_tokens=24,
+                                   tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert json.loads(first["tool_calls"][0]["function"]["arguments"]) == {"city": calls[0]}
+    conversation = _conversation(calls[0])
+    assert chat_server.prompts[-1] == chat_server.prompt_ids(conversation, tools)
+    expected = chat_server.model.chat(conversation, tools=tools, max_new_tokens=24)
+    assert result.final_output == expected["content"]
