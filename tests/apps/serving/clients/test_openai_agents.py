@@ -15,7 +15,7 @@ import pytest
 from agents import Agent, ModelSettings, RunConfig, Runner, function_tool, set_tracing_disabled
 from agents.models.openai_provider import OpenAIProvider
 from openai import AsyncOpenAI
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from tests.apps.serving.clients.conftest import Served
 
@@ -31,14 +31,21 @@ def no_tracing():
     set_tracing_disabled(False)
 
 
-def _agent(calls: list[str]) -> Agent:
+class Sky(BaseModel):
+    """The final output the Responses run asks for: a bounded answer, so the reply ends (the
+    SDK takes a reply cut at max_output_tokens, status incomplete, for a failure)."""
+
+    sky: str = Field(max_length=8)
+
+
+def _agent(calls: list[str], output_type: type | None = None) -> Agent:
     @function_tool
     def get_weather(city: Annotated[str, Field(max_length=8)]) -> str:
         """The weather in a city."""
         calls.append(city)
         return WEATHER_NOW
 
-    return Agent(name="weather", instructions=INSTRUCTIONS, tools=[get_weather],
+    return Agent(name="weather", instructions=INSTRUCTIONS, tools=[get_weather], output_type=output_type,
                  model_settings=ModelSettings(tool_choice="get_weather", temperature=0, max_tokens=24))
 
 
@@ -54,7 +61,7 @@ def _run(served: Served, *, responses: bool) -> tuple[object, list[str], list[di
                          http_client=httpx.AsyncClient(event_hooks={"request": [record]}))
     calls: list[str] = []
     provider = OpenAIProvider(openai_client=client, use_responses=responses)
-    result = Runner.run_sync(_agent(calls), QUESTION, max_turns=3,
+    result = Runner.run_sync(_agent(calls, Sky if responses else None), QUESTION, max_turns=3,
                              run_config=RunConfig(model=served.name, model_provider=provider))
     return result, calls, bodies
 
@@ -86,7 +93,9 @@ def test_a_function_tool_round_trip_over_chat_completions(chat_server):
 
 
 def test_a_function_tool_round_trip_over_the_responses_api(chat_server):
-    """The SDK's default API: the same conversation, the same prompts as over chat completions."""
+    """The SDK's default API: the same conversation, the same prompts as over chat completions;
+    the final output (its ``output_type``, a schema the reply is held to) is the export's own
+    reply under that schema."""
     result, calls, bodies = _run(chat_server, responses=True)
     assert len(bodies) == 2 and len(calls) == 1
     tools = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")}}
@@ -98,5 +107,7 @@ def test_a_function_tool_round_trip_over_the_responses_api(chat_server):
     assert json.loads(first["tool_calls"][0]["function"]["arguments"]) == {"city": calls[0]}
     conversation = _conversation(calls[0])
     assert chat_server.prompts[-1] == chat_server.prompt_ids(conversation, tools)
-    expected = chat_server.model.chat(conversation, tools=tools, max_new_tokens=24)
-    assert result.final_output == expected["content"]
+    schema = bodies[1]["text"]["format"]
+    expected = chat_server.model.chat(conversation, tools=tools, max_new_tokens=24, response_format={
+        "type": "json_schema", "json_schema": {"name": schema["name"], "schema": schema["schema"]}})
+    assert result.final_output == Sky.model_validate_json(expected["content"])
