@@ -124,8 +124,9 @@ def conversation(messages: list[dict]) -> list[dict]:
                 and (message.get("content") is None or isinstance(message.get("content"), str)):
             for call in calls:
                 function = call.get("function") if isinstance(call, Mapping) else None
-                if isinstance(call, Mapping) and isinstance(function, Mapping) and call.get("id"):
-                    names[call["id"]] = function.get("name")
+                if isinstance(function, Mapping) and isinstance(call.get("id"), str) \
+                        and isinstance(function.get("name"), str):
+                    names[call["id"]] = function["name"]
             said = [message["content"]] if message.get("content") else []
             fields = {k: v for k, v in message.items() if k != "tool_calls"}
             out.append({**fields, "content": "\n".join(said + [call_text(c) for c in calls])})
