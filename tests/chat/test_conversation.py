@@ -1,14 +1,17 @@
 """A conversation with a model: the reply of ``chat`` is transformers' ``generate`` on the
 rendered prompt (encoded without a second BOS), in PyTorch and in onnxruntime; it ends at the
-end of the turn; ``stream_chat`` joins to it; tool calls come back in OpenAI's format."""
+end of the turn; ``stream_chat`` joins to it; tool calls come back in OpenAI's format, on a
+template that renders no tools too (the kit writes them, as docs/chat.md documents)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+from tests.chat.test_tool_prompt import documented_text
 from transformer_kit.core.errors import ChatTemplateError, InputError
 from transformer_kit.tokenizer import TextTokenizer
 
@@ -182,3 +185,122 @@ def test_a_reply_says_when_the_budget_cut_it(chat_checkpoint):
         texts = runtime.generate(["Hello", "Hi there"], max_new_tokens=2)
         assert [t.finish_reason for t in texts] == ["length", "length"]
         assert runtime.generate("Hello", max_new_tokens=2, eos_id=list(range(600))).finish_reason == "stop"
+
+
+TEMPLATES = Path(__file__).parent / "data" / "templates"
+#: Templates that never read ``tools``: the kit gives the model the tools (docs/chat.md).
+SMOLLM2 = (TEMPLATES / "HuggingFaceTB--SmolLM2-135M-Instruct.jinja").read_text(encoding="utf-8")
+GEMMA2 = (TEMPLATES / "google--gemma-2-2b-it.jinja").read_text(encoding="utf-8")
+R1 = (TEMPLATES / "deepseek-ai--DeepSeek-R1-Distill-Llama-8B.jinja").read_text(encoding="utf-8")
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _with_text(messages: list[dict], text: str) -> list[dict]:
+    """The conversation with the tools' text as docs/chat.md says: after the system message's
+    text and a blank line, or as a system message first."""
+    if messages[0]["role"] == "system":
+        return [{"role": "system", "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def _call(reply: dict) -> tuple[str, dict]:
+    (call,) = reply["tool_calls"]
+    return call["function"]["name"], json.loads(call["function"]["arguments"])
+
+
+@pytest.mark.parametrize("choice", ["required", NAMED], ids=["required", "named"])
+@pytest.mark.parametrize("index", [0, 1], ids=["no-system", "system"])
+def test_a_forced_call_on_a_template_without_tools_gets_them_in_the_system_message(chat_checkpoint,
+                                                                                   choice, index):
+    """The prompt is transformers' rendering of the conversation with the documented tools' text
+    as (or after) its system message; the reply is the same call in both runtimes, its arguments
+    valid against the parameters, its raw text the call object as json.dumps writes it."""
+    import jsonschema
+
+    _, model, om, _, hf_tokenizer = chat_checkpoint
+    messages = CONVERSATIONS[index]
+    closing = ("Answer now with a call to one of the tools." if choice == "required"
+               else "Answer now with a call to the tool get_weather.")
+    system = _with_text(messages, documented_text([WEATHER], closing))
+    expected = hf_tokenizer.apply_chat_template(system, chat_template=SMOLLM2, tokenize=False,
+                                                add_generation_prompt=True)
+    options = {"tools": [WEATHER], "tool_choice": choice, "chat_template": SMOLLM2}
+    assert om.tokenizer.chat_turn(messages, options={}, **options).prompt == expected
+    reply = om.chat(messages, max_new_tokens=48, **options)
+    assert reply["content"] is None and reply["finish_reason"] == "tool_calls"
+    name, arguments = _call(reply)
+    assert name == "get_weather"
+    jsonschema.validate(arguments, WEATHER["function"]["parameters"])
+    assert _call(model.chat(messages, max_new_tokens=48, **options)) == (name, arguments)
+    raw = "".join(om.stream_chat(messages, max_new_tokens=48, **options))
+    assert raw == json.dumps({"tool_call": {"name": name, "arguments": arguments}}, ensure_ascii=False)
+
+
+def test_a_template_that_refuses_a_system_message_gets_the_tools_before_the_question(chat_checkpoint):
+    _, _, om, _, _ = chat_checkpoint
+    messages = CONVERSATIONS[0]
+    text = documented_text([WEATHER], "Answer now with a call to one of the tools.")
+    with pytest.raises(ChatTemplateError, match="System role not supported"):
+        om.tokenizer.apply_chat_template([{"role": "system", "content": "x"}, *messages],
+                                         chat_template=GEMMA2)
+    turn = om.tokenizer.chat_turn(messages, tools=[WEATHER], tool_choice="required", chat_template=GEMMA2,
+                                  options={})
+    assert turn.prompt == om.tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"{text}\n\n{messages[0]['content']}"}], chat_template=GEMMA2)
+    assert _call(om.chat(messages, tools=[WEATHER], tool_choice="required", chat_template=GEMMA2,
+                         max_new_tokens=48))[0] == "get_weather"
+
+
+def test_a_forced_call_closes_an_open_thinking_block_first(chat_checkpoint):
+    """The R1 distills' prompt ends inside <think>: the forced call is written after </think>, as
+    the answer (an empty thinking), not as the thinking."""
+    _, model, om, _, _ = chat_checkpoint
+    options = {"tools": [WEATHER], "tool_choice": "required", "chat_template": R1, "max_new_tokens": 48}
+    assert om.tokenizer.chat_turn(CONVERSATIONS[0], options={}, **{k: options[k] for k in (
+        "tools", "tool_choice", "chat_template")}).prompt.endswith("<think>\n")
+    reply = om.chat(CONVERSATIONS[0], **options)
+    assert reply["reasoning_content"] == "" and reply["content"] is None
+    assert _call(reply)[0] == "get_weather" and _call(model.chat(CONVERSATIONS[0], **options)) == _call(reply)
+    pairs = list(om.stream_chat(CONVERSATIONS[0], reasoning=True, **options))
+    assert "".join(said for _, said in pairs).startswith('{"tool_call": ')
+
+
+def test_auto_on_a_template_without_tools_is_a_call_or_plain_text(chat_checkpoint):
+    """``auto``: the documented prompt, and the reply generate gives there under the grammar of a
+    call or text that opens no object (built here from its parts), read back."""
+    _, model, om, _, _ = chat_checkpoint
+    from transformer_kit.chat.tool_calls import forced_call_grammar
+
+    grammar = forced_call_grammar([WEATHER], None, "generic", or_text=True)
+    for messages in CONVERSATIONS:
+        text = documented_text([WEATHER], "If no tool is needed, answer in plain text.")
+        prompt = om.tokenizer.apply_chat_template(_with_text(messages, text), chat_template=SMOLLM2)
+        said = om.generate(prompt, add_special_tokens=False, max_new_tokens=40,
+                           response_format={"type": "grammar", "grammar": grammar})
+        reply = om.chat(messages, tools=[WEATHER], chat_template=SMOLLM2, max_new_tokens=40)
+        again = model.chat(messages, tools=[WEATHER], chat_template=SMOLLM2, max_new_tokens=40)
+        if said.startswith("{"):
+            assert _call(reply) == _call(again) == ("get_weather", json.loads(said)["tool_call"]["arguments"])
+        else:
+            assert reply == again == {"role": "assistant", "content": str(said),
+                                      "finish_reason": said.finish_reason}
+
+
+def test_none_leaves_the_tools_out_and_a_tool_history_renders_in_the_calls_form(chat_checkpoint):
+    _, _, om, _, hf_tokenizer = chat_checkpoint
+    messages = CONVERSATIONS[0]
+    assert om.chat(messages, tools=[WEATHER], tool_choice="none", chat_template=SMOLLM2, max_new_tokens=8) \
+        == om.chat(messages, chat_template=SMOLLM2, max_new_tokens=8)
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    history = [*messages, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}]
+    said = '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}'
+    written = [*messages, {"role": "assistant", "content": said},
+               {"role": "user", "content": '{"tool_result": {"name": "get_weather", "content": "21 C"}}'}]
+    text = documented_text([WEATHER], "If no tool is needed, answer in plain text.")
+    for tools, system in (([WEATHER], [{"role": "system", "content": text}]), (None, [])):
+        expected = hf_tokenizer.apply_chat_template([*system, *written], chat_template=SMOLLM2,
+                                                    tokenize=False, add_generation_prompt=True)
+        turn = om.tokenizer.chat_turn(history, tools=tools, chat_template=SMOLLM2, options={})
+        assert turn.prompt == expected

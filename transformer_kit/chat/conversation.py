@@ -9,7 +9,7 @@ import re
 import uuid
 from typing import Any
 
-from transformer_kit.chat import reasoning, tool_calls
+from transformer_kit.chat import reasoning, tool_calls, tool_prompt
 from transformer_kit.core.errors import ChatTemplateError, InputError
 
 _READS_TOOLS = re.compile(r"\btools\b")
@@ -105,10 +105,15 @@ def check_variables(template_kwargs: dict | None) -> None:
 class ChatTurn:
     """One assistant turn being prepared: the prompt's text and the generation options.
 
+    A template that never reads ``tools`` gets them from the kit (:mod:`.tool_prompt`: a system
+    message, calls as ``{"tool_call": ...}`` objects): a forced call is held to a grammar of one
+    call, ``auto`` to a grammar of a call or plain text.
+
     Args:
         tokenizer: the model's ``TextTokenizer`` (it holds the chat templates), or None.
         messages: the conversation so far, OpenAI-style dicts.
-        tools: functions the model may call (JSON schemas), rendered by the template.
+        tools: functions the model may call (JSON schemas), rendered by the template (by the
+            kit where the template renders none).
         tool_choice: "auto" (the model decides), "none", "required" (a call, constrained to
             parse) or a function named as OpenAI names it.
         chat_template: a template's name or text instead of the default.
@@ -129,28 +134,21 @@ class ChatTurn:
         self.tools = None if self.choice == "none" else tools
         self.names = tool_calls.tool_names(self.tools)
         template = tokenizer.chat_template(chat_template, self.tools)
-        if self.tools and not _READS_TOOLS.search(template):
-            raise InputError("This model's chat template does not render tools (it never reads "
-                             "'tools'), so the model would not know them; leave tools out, or use "
-                             "a checkpoint whose template supports tool calls.")
         check_variables(template_kwargs)
         check_switches(template, template_kwargs)
         #: The template's reasoning markup ("think", "harmony") or None.
         self.reasoning = reasoning.reasoning_format(template)
-        self.format = "harmony" if self.reasoning == "harmony" else tool_calls.call_format(template)
+        #: Whether the template renders no tools, so the kit writes them (:mod:`.tool_prompt`).
+        self.generic = self.reasoning != "harmony" and not _READS_TOOLS.search(template)
+        self.format = ("harmony" if self.reasoning == "harmony" else "generic" if self.generic
+                       else tool_calls.call_format(template))
         if self.reasoning == "harmony":  # gpt-oss's template reads an earlier thinking as `thinking`
             messages = [{**m, "thinking": m["reasoning_content"]}
                         if isinstance(m, dict) and m.get("reasoning_content") and "thinking" not in m
                         else m for m in messages]
-        objects = with_argument_objects(messages)
-        try:
-            self.prompt = tokenizer.apply_chat_template(objects, tools=self.tools, chat_template=template,
-                                                        **(template_kwargs or {}))
-        except ChatTemplateError:  # a template that joins the arguments as text: as given
-            if objects == messages:
-                raise
-            self.prompt = tokenizer.apply_chat_template(messages, tools=self.tools,
-                                                        chat_template=template, **(template_kwargs or {}))
+        if self.generic and tool_prompt.has_tool_turns(messages):
+            messages = tool_prompt.conversation(messages)
+        self.prompt = self._render(messages, template, template_kwargs)
         if options.get("num_return_sequences", 1) != 1 or options.get("num_beams", 1) != 1:
             raise InputError("A chat turn is one reply; num_return_sequences and num_beams must be 1 "
                              "(call generate on apply_chat_template's prompt for several).")
@@ -168,8 +166,50 @@ class ChatTurn:
             markers = (tokenizer.token_id("<tool_call>"), tokenizer.token_id("</tool_call>"))
             grammar = tool_calls.forced_call_grammar(
                 self.tools, None if self.choice == "required" else self.choice, self.format,
-                None if None in markers else markers)
+                None if None in markers else markers, opening=self._thinking_closed())
             self.options["response_format"] = {"type": "grammar", "grammar": grammar}
+        elif self.generic and self.tools and not self.thinking \
+                and self.options.get("response_format") is None:
+            # auto: a reply that starts a call ends it, valid; any other reply is free text
+            grammar = tool_calls.forced_call_grammar(self.tools, None, "generic", or_text=True)
+            self.options["response_format"] = {"type": "grammar", "grammar": grammar}
+
+    def _render(self, messages: list[dict], template: str, template_kwargs: dict | None) -> str:
+        """The prompt: ``messages`` rendered by ``template``, with the tools' text in them where
+        the template renders no tools (before the first user message's text where it refuses a
+        system message)."""
+        if not (self.generic and self.tools):
+            return self._rendered(messages, template, template_kwargs)
+        text = tool_prompt.tools_text(self.tools, self.choice)
+        try:
+            return self._rendered(tool_prompt.with_system(messages, text), template, template_kwargs)
+        except ChatTemplateError:
+            placed = tool_prompt.with_user(messages, text)
+            if placed is None or (messages and isinstance(messages[0], dict)
+                                       and messages[0].get("role") == "system"):
+                raise  # the template refuses the conversation as it was given too
+            return self._rendered(placed, template, template_kwargs)
+
+    def _rendered(self, messages: list[dict], template: str, template_kwargs: dict | None) -> str:
+        objects = with_argument_objects(messages)
+        try:
+            return self.tokenizer.apply_chat_template(objects, tools=self.tools, chat_template=template,
+                                                      **(template_kwargs or {}))
+        except ChatTemplateError:  # a template that joins the arguments as text: as given
+            if objects == messages:
+                raise
+            return self.tokenizer.apply_chat_template(messages, tools=self.tools,
+                                                      chat_template=template, **(template_kwargs or {}))
+
+    def _thinking_closed(self) -> str | None:
+        """A forced call's opening where the prompt leaves a ``<think>`` block open (the R1
+        distills'): ``</think>`` and a blank line, so the call is the answer, not the thinking
+        (None: the prompt leaves none open)."""
+        if not self.thinking:
+            return None
+        close = self.tokenizer.token_id("</think>")  # one token where the tokenizer has it
+        marker = '"</think>"' if close is None else f"<[{close}]>"
+        return f'{marker} "\\n\\n"'
 
     def splitter(self) -> reasoning.Splitter | None:
         """A reader of the reply's pieces into reasoning and content (None: the template does

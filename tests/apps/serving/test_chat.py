@@ -2,8 +2,8 @@
 checkpoint of tests/chat/checkpoint.py (a random Qwen2, ChatML, the Qwen2.5 template): greedy
 replies equal ``OnnxModel.chat`` and transformers' ``generate``; streams join to the reply;
 concurrent clients each get their sequential answer; structured output parses and validates;
-a tool call goes round trip with the prompt transformers renders; bad requests get 400 with a
-sentence and the server keeps serving."""
+a tool call goes round trip with the prompt transformers renders, on a template that renders no
+tools too; bad requests get 400 with a sentence and the server keeps serving."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from tests.apps.serving.conftest import record_prompts
 from tests.apps.serving.test_http import _slowed
 from tests.chat.checkpoint import TEMPLATES, write_chat_checkpoint
 from tests.chat.schemas import DOZEN_SCHEMA, LENIENT_SCHEMAS, SCHEMAS, json_schema_format
+from tests.chat.test_tool_prompt import documented_text
 from transformer_kit.apps.serving.chat import ChatMessage
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
@@ -301,23 +302,78 @@ def test_bad_requests_get_400_with_a_sentence_and_the_server_keeps_serving(serve
     assert good.usage.completion_tokens >= 1
 
 
-def test_exports_that_cannot_chat_or_call_tools_are_refused(variant_url, onnx_model):
+def test_exports_that_cannot_chat_are_refused(variant_url, onnx_model):
     messages = CONVERSATIONS[0]
     engine, serving = variant_url("no-template", None)
     with serving as url:
         _refused(url, {"model": "chat", "messages": messages}, "no chat template")
     engine.close()
-    smollm = (TEMPLATES / "HuggingFaceTB--SmolLM2-135M-Instruct.jinja").read_text(encoding="utf-8")
-    engine, serving = variant_url("smollm", smollm)
-    with serving as url:
-        _refused(url, {"model": "chat", "messages": messages, "tools": [WEATHER]}, "does not render tools")
-        reply = _client(url).chat.completions.create(model="chat", messages=messages, tools=[WEATHER],
-                                                     tool_choice="none", max_tokens=4, temperature=0)
-        assert reply.choices[0].message.tool_calls is None  # tools left out of the turn: accepted
-    engine.close()
     engine = Engine(onnx_model, max_batch=2)
     with running(create_app(engine, "tiny")) as url:
         _refused(url, {"model": "tiny", "messages": messages}, "no tokenizer")
+    engine.close()
+
+
+def test_a_template_without_tools_answers_a_forced_call(variant_url, chat_export, reference):
+    """SmolLM2's template never reads tools: the engine is given transformers' rendering of the
+    conversation with the tools' text of docs/chat.md as its system message; the forced call is
+    ``OnnxModel.chat``'s with that template, its arguments valid, streamed as whole; ``none``
+    ignores the tools, ``auto`` answers a call or text; bad tools get 400 with a sentence."""
+    (_, om), tokenizer = chat_export, reference[1]
+    smollm = (TEMPLATES / "HuggingFaceTB--SmolLM2-135M-Instruct.jinja").read_text(encoding="utf-8")
+    messages = CONVERSATIONS[0]
+    engine, serving = variant_url("smollm", smollm)
+    prompts = record_prompts(engine)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    with serving as url:
+        client = _client(url)
+        for choice, closing in (("required", "Answer now with a call to one of the tools."),
+                                (named, "Answer now with a call to the tool get_weather.")):
+            whole = client.chat.completions.create(model="chat", messages=messages, tools=[WEATHER],
+                                                   tool_choice=choice, max_tokens=64, temperature=0)
+            system = [{"role": "system", "content": documented_text([WEATHER], closing)}, *messages]
+            expected = tokenizer.apply_chat_template(system, chat_template=smollm, tokenize=False,
+                                                     add_generation_prompt=True)
+            assert prompts[-1] == _encoded(om, expected) and whole.usage.prompt_tokens == len(prompts[-1])
+            choice_ = whole.choices[0]
+            assert choice_.finish_reason == "tool_calls" and choice_.message.content is None
+            (call,) = choice_.message.tool_calls
+            chat = om.chat(messages, tools=[WEATHER], tool_choice=choice, chat_template=smollm,
+                           max_new_tokens=64)["tool_calls"][0]["function"]
+            assert (call.function.name, call.function.arguments) == (chat["name"], chat["arguments"])
+            jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+            streamed = list(client.chat.completions.create(
+                model="chat", messages=messages, tools=[WEATHER], tool_choice=choice, max_tokens=64,
+                temperature=0, stream=True))
+            deltas = [c.choices[0].delta.tool_calls for c in streamed if c.choices[0].delta.tool_calls]
+            assert len(deltas) == 1 and deltas[0][0].index == 0
+            assert (deltas[0][0].function.name, deltas[0][0].function.arguments) == (
+                call.function.name, call.function.arguments)
+            assert streamed[-1].choices[0].finish_reason == "tool_calls"
+
+        auto = client.chat.completions.create(model="chat", messages=messages, tools=[WEATHER],
+                                              max_tokens=24, temperature=0).choices[0]
+        said = om.chat(messages, tools=[WEATHER], chat_template=smollm, max_new_tokens=24)
+        assert auto.message.content == said["content"] and auto.finish_reason == said["finish_reason"]
+        none = client.chat.completions.create(model="chat", messages=messages, tools=[WEATHER],
+                                              tool_choice="none", max_tokens=4, temperature=0)
+        assert none.choices[0].message.tool_calls is None  # tools left out of the turn: accepted
+        plain = client.chat.completions.create(model="chat", messages=messages, max_tokens=4, temperature=0)
+        assert none.choices[0].message.content == plain.choices[0].message.content
+
+        body = {"model": "chat", "messages": messages, "tool_choice": "required"}
+        _refused(url, {**body, "tools": [{"type": "function", "function": {"description": "x"}}]},
+                 "tools[0]", "no name")
+        _refused(url, {**body, "tools": [{"type": "function",
+                                          "function": {"name": "f", "parameters": "city"}}]},
+                 "tools[0] (f)", "no JSON schema")
+        _refused(url, {**body, "tools": [{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "frob"}}}}}]},
+            "The parameters of the tool 'f'", "Invalid type: frob")
+        _refused(url, {**body, "tools": [WEATHER],
+                       "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+                 "'nope'", "not among the tools", "get_weather")
+        assert client.chat.completions.create(model="chat", messages=messages, max_tokens=2).usage
     engine.close()
 
 

@@ -2,9 +2,10 @@
 ``responses.create``, over the chat checkpoint of tests/chat/checkpoint.py: greedy output equals
 ``/v1/chat/completions`` for the same messages; streamed events come in the Responses order and
 join to the reply; JSON schemas hold; a forced function call goes round trip through a
-``function_call_output`` item; ``previous_response_id`` continues a conversation within the
-store's bound; ``responses.retrieve`` reads a stored response as it was answered and
-``responses.delete`` forgets it; bad requests get 400 with a sentence."""
+``function_call_output`` item, and is answered on a template that renders no tools;
+``previous_response_id`` continues a conversation within the store's bound;
+``responses.retrieve`` reads a stored response as it was answered and ``responses.delete``
+forgets it; bad requests get 400 with a sentence."""
 
 from __future__ import annotations
 
@@ -17,8 +18,15 @@ import openai
 import pytest
 
 from tests.apps.serving.conftest import record_prompts
-from tests.apps.serving.test_chat import CONVERSATIONS, WEATHER, _client, chat_export  # noqa: F401
+from tests.apps.serving.test_chat import (  # noqa: F401
+    CONVERSATIONS,
+    WEATHER,
+    _client,
+    chat_export,
+    variant_url,
+)
 from tests.apps.serving.test_http import _slowed
+from tests.chat.checkpoint import TEMPLATES
 from tests.chat.schemas import SCHEMAS
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
@@ -169,6 +177,36 @@ def test_a_forced_function_call_goes_round_trip(server):
     continued = client.responses.create(model="chat", previous_response_id=first.id, tools=[TOOL],
                                         input=[items[2]], max_output_tokens=16, temperature=0)
     assert prompts[-1] == prompt and continued.output_text == second.output_text
+
+
+def test_a_template_without_tools_answers_a_forced_function_call(variant_url, chat_export):  # noqa: F811
+    """SmolLM2's template never reads tools: the kit gives them (docs/chat.md), and the forced
+    call comes as a function_call item, ``OnnxModel.chat``'s call with that template, whole and
+    streamed."""
+    _, om = chat_export
+    smollm = (TEMPLATES / "HuggingFaceTB--SmolLM2-135M-Instruct.jinja").read_text(encoding="utf-8")
+    question = "What is the weather in Paris?"
+    forced = {"type": "function", "name": "get_weather"}
+    expected = om.chat([{"role": "user", "content": question}], tools=[WEATHER], chat_template=smollm,
+                       tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                       max_new_tokens=64)["tool_calls"][0]["function"]
+    engine, serving = variant_url("smollm-responses", smollm)
+    with serving as url:
+        client = _client(url)
+        whole = client.responses.create(model="chat", input=question, tools=[TOOL], tool_choice=forced,
+                                        max_output_tokens=64, temperature=0)
+        assert [item.type for item in whole.output] == ["function_call"] and whole.status == "completed"
+        call = whole.output[0]
+        assert (call.name, call.arguments) == (expected["name"], expected["arguments"])
+        jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])
+        events = list(client.responses.create(model="chat", input=question, tools=[TOOL],
+                                              tool_choice=forced, max_output_tokens=64, temperature=0,
+                                              stream=True))
+        assert [e.type for e in events][2:] == [
+            "response.output_item.added", "response.function_call_arguments.delta",
+            "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+        assert events[-1].response.output[0].arguments == call.arguments
+    engine.close()
 
 
 def test_previous_response_id_continues_a_conversation(server):
