@@ -281,7 +281,7 @@ def test_serve_exports_a_checkpoint_with_named_adapters_and_serves_each(two_adap
                    f"first={folder.parent / 'first'}", "--adapter", f"second={folder.parent / 'second'}")
     assert given.exit_code == 0, given.output
     assert "adapters: llama:first, llama:second" in given.output
-    assert apps[-1].state.server.served == ["llama", "llama:first", "llama:second"]
+    assert list(apps[-1].state.server.served) == ["llama", "llama:first", "llama:second"]
     (export,) = (tmp_path / "kit" / "exports").iterdir()
     om = OnnxModel(export)
     for name in ("first", "second"):
@@ -294,4 +294,4 @@ def test_serve_exports_a_checkpoint_with_named_adapters_and_serves_each(two_adap
     ray = invoke("serve", str(export), "--ray")  # refused before Ray starts
     assert ray.exit_code == 2 and "--ray serves the base model only" in ray.output, ray.output
     own = invoke("serve", str(export), "--model-name", "llama")  # the export's adapters, no flag
-    assert own.exit_code == 0 and apps[-1].state.server.served == ["llama", "llama:first", "llama:second"]
+    assert own.exit_code == 0 and list(apps[-1].state.server.served) == ["llama", "llama:first", "llama:second"]
