@@ -294,4 +294,5 @@ def test_serve_exports_a_checkpoint_with_named_adapters_and_serves_each(two_adap
     ray = invoke("serve", str(export), "--ray")  # refused before Ray starts
     assert ray.exit_code == 2 and "--ray serves the base model only" in ray.output, ray.output
     own = invoke("serve", str(export), "--model-name", "llama")  # the export's adapters, no flag
-    assert own.exit_code == 0 and list(apps[-1].state.server.served) == ["llama", "llama:first", "llama:second"]
+    assert own.exit_code == 0
+    assert list(apps[-1].state.server.served) == ["llama", "llama:first", "llama:second"]
