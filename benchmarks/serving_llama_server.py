@@ -362,6 +362,15 @@ def plot(results: dict, png: Path) -> None:
     fig.savefig(png, dpi=100)
 
 
+def save(stem: Path, markdown: list[str], loads: list[float], record: dict) -> None:
+    """Write what is measured so far: ``stem``.md (the tables, the load averages) and .json."""
+    said = (f"1-minute load average during the measurement: {min(loads):.2f} to {max(loads):.2f} "
+            f"(median {np.median(loads):.2f})")
+    console.print(said)
+    stem.parent.joinpath(f"{stem.name}.md").write_text("\n".join([*markdown, f"\n{said}"]) + "\n")
+    stem.parent.joinpath(f"{stem.name}.json").write_text(json.dumps({**record, "loads": loads}, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", nargs="+", default=["smollm2", "qwen2.5-0.5b"],
@@ -438,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
             title = f"{name} ({path.name}): one greedy reply shared with the kit's: " + ", ".join(
                 f"{s} {v}" for s, v in shared.items())
             markdown += [f"\n{title}\n", show(title, result, names)]
+            save(workdir / f"serving_llama_server-{'-'.join(args.files)}", markdown, loads,
+                 {"date": stamp, "machine": machine(), "command": command, "llama_server": build,
+                  "results": results})
             if args.guidellm:
                 peer = peer_name(max(args.parallel))
                 sweeps = {}
@@ -450,15 +462,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{args.new_tokens} tokens out, {args.guidellm_seconds:.0f} s / "
                           f"{args.guidellm_requests} requests a strategy at most)")
                 markdown += [f"\n{gtitle}\n", show_guidellm(gtitle, sweeps)]
-    said = (f"1-minute load average during the measurement: {min(loads):.2f} to {max(loads):.2f} "
-            f"(median {np.median(loads):.2f})")
-    console.print(said)
-    markdown.append(f"\n{said}")
-    stem = f"serving_llama_server-{'-'.join(args.files)}"
-    (workdir / f"{stem}.md").write_text("\n".join(markdown) + "\n")
-    (workdir / f"{stem}.json").write_text(json.dumps(
-        {"date": stamp, "machine": machine(), "command": command, "llama_server": build, "loads": loads,
-         "results": results}, indent=1))
+    save(workdir / f"serving_llama_server-{'-'.join(args.files)}", markdown, loads,
+         {"date": stamp, "machine": machine(), "command": command, "llama_server": build, "results": results})
     if args.png:
         plot(results, args.png)
     return 0
