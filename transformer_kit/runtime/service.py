@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from transformer_kit.chat.conversation import ChatTurn, reply_budget
+from transformer_kit.chat.reasoning import SWITCHES
 from transformer_kit.core.decoding.options import GenerationConfig
 from transformer_kit.core.decoding.text import TextPieces
 from transformer_kit.core.embedding import TextEncoder
@@ -29,9 +30,11 @@ from transformer_kit.runtime.onnx_model import OnnxModel
 from transformer_kit.runtime.request_options import RequestOptions
 from transformer_kit.runtime.requests import Failure, GenerationRequest, PoolingRequest
 from transformer_kit.runtime.text_stream import TextStream
-from transformer_kit.runtime.tokenization import detokenize, token_strings, tokenize
+from transformer_kit.runtime.tokenization import detokenize, token_strings, tokenize, tokenizer_info
 from transformer_kit.tokenizer import TextTokenizer
 
+#: The values a chat template's ``reasoning_effort`` switch takes (gpt-oss's harmony template).
+REASONING_EFFORTS = SWITCHES["reasoning_effort"]
 #: Inputs per embeddings request by default (OpenAI's limit).
 MAX_INPUTS = 2048
 #: Documents per rerank request by default (Cohere's recommended most).
@@ -279,6 +282,25 @@ class Service:
                        add_generation_prompt=add_generation_prompt, tools=tools,
                        template_kwargs=template_kwargs)
         return ids, token_strings(tokenizer, ids) if token_strs else None
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        """vLLM's ``/tokenizer_info`` of the export's tokenizer (:func:`.tokenization.tokenizer_info`)."""
+        return tokenizer_info(self.tokenizer)
+
+    def token_bytes(self, ids: list[int]) -> list[bytes] | None:
+        """Each id's bytes as its token writes them (``TextTokenizer.token_bytes``); None for an
+        export without a tokenizer."""
+        return None if self.tokenizer is None else self.tokenizer.token_bytes(ids)
+
+    def prompt_text(self, prompt: str | list[int]) -> str:
+        """A prompt as text: itself, or its ids decoded ('' without a tokenizer)."""
+        if isinstance(prompt, str):
+            return prompt
+        return "" if self.tokenizer is None else self.tokenizer.decode(prompt)
+
+    def chat_template_text(self, tools: list[dict] | None = None) -> str:
+        """The chat template a chat with ``tools`` is rendered by ('' without a tokenizer)."""
+        return "" if self.tokenizer is None else self.tokenizer.chat_template(None, tools)
 
     def detokenize(self, tokens: list[int]) -> str:
         """The text of ``tokens`` (InputError for an id outside the model's vocabulary)."""

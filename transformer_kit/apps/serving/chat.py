@@ -230,7 +230,7 @@ class ChatServer:
         except (QueueFull, InputError) as exc:
             return metrics.refused(exc)
         reply = _Reply(f"chatcmpl-{uuid.uuid4().hex}", name)
-        writer = TokenWriter(self.service.tokenizer) if body.logprobs else None
+        writer = TokenWriter(self.service) if body.logprobs else None
         if body.stream:
             return StreamingResponse(_events(streams, reply, metrics, counts, writer),
                                      media_type="text/event-stream")

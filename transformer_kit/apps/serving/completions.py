@@ -164,9 +164,7 @@ class _Choice:
     def __init__(self, index: int, prompt: str | list[int], stream: TextStream,
                  body: CompletionRequest, writer: TokenWriter) -> None:
         self.index, self.stream, self.body, self.writer = index, stream, body, writer
-        tokenizer = writer.tokenizer
-        self.echoed = "" if not body.echo else prompt if isinstance(prompt, str) else (
-            "" if tokenizer is None else tokenizer.decode(prompt))
+        self.echoed = writer.service.prompt_text(prompt) if body.echo else ""
 
     def prompt_reports(self) -> dict[str, Any] | None:
         """The echoed prompt's legacy reports (None: not asked for)."""
@@ -208,7 +206,7 @@ class CompletionServer:
         """Every prompt's ``n`` requests (choice ``prompt x n + j``), or none (a refusal
         cancels those already submitted)."""
         prompts, choices, n = prompts_of(body.prompt), [], body.n or 1
-        writer = TokenWriter(self.service.tokenizer)
+        writer = TokenWriter(self.service)
         extra = replace(request_options(body), logprobs=body.logprobs, logprobs_mode=body.logprobs_mode,
                         prompt_logprobs=_prompt_top(body))
         try:

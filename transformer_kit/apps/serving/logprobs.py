@@ -14,14 +14,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from transformer_kit.core.decoding.logprobs import TokenLogprob
-from transformer_kit.tokenizer import TextTokenizer
+from transformer_kit.runtime import Service
 
 
 class TokenWriter:
-    """The text and bytes of token ids, read once per id (``tokenizer`` None: ``token_id:N``)."""
+    """The text and bytes of token ids, read once per id from ``service``'s tokenizer (an export
+    without one: ``token_id:N``)."""
 
-    def __init__(self, tokenizer: TextTokenizer | None) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, service: Service) -> None:
+        self.service = service
         self._known: dict[int, tuple[str, bytes]] = {}
 
     def learn(self, reports: Iterable[TokenLogprob | None]) -> TokenWriter:
@@ -34,10 +35,11 @@ class TokenWriter:
         new = sorted(set(ids) - self._known.keys())
         if not new:
             return
-        if self.tokenizer is None:
+        written = self.service.token_bytes(new)
+        if written is None:
             self._known.update({i: (f"token_id:{i}", f"token_id:{i}".encode()) for i in new})
             return
-        for i, raw in zip(new, self.tokenizer.token_bytes(new), strict=True):
+        for i, raw in zip(new, written, strict=True):
             self._known[i] = (raw.decode("utf-8", errors="replace"), raw)
 
     def text(self, token: int) -> str:

@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from transformer_kit.chat.reasoning import SWITCHES
 from transformer_kit.core.errors import ContextLengthError, InputError
+from transformer_kit.runtime.service import REASONING_EFFORTS
 
 #: The fields OpenAI defines that this server does not serve, each with the reason (refused by
 #: name, 400, where any other unknown field gets the list of the fields it takes).
@@ -130,7 +130,7 @@ def reasoning_kwargs(reasoning: ReasoningConfig | None,
         raise InputError(f"reasoning.effort is {effort!r}, but this model's chat template has no "
                          "reasoning_effort switch (it never reads it), so the effort would not take "
                          "effect; leave reasoning.effort out for this model.")
-    allowed = SWITCHES["reasoning_effort"]
+    allowed = REASONING_EFFORTS
     if effort not in allowed:
         raise InputError(f"reasoning.effort is {effort!r}; this model's chat template takes "
                          f"{', '.join(map(repr, allowed))}: give one of them.")

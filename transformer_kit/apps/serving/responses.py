@@ -417,10 +417,9 @@ class ResponsesServer:
             # the Agents SDK sends both, tool_choice "required" and its output_type's schema)
             forced = choice not in (None, "auto", "none")
             fmt = None if forced else response_format(body.text)
-            tokenizer = self.service.tokenizer  # None: Service.chat refuses the request
             top = options.reported(body.include, body.top_logprobs)
             template_kwargs = options.reasoning_kwargs(
-                body.reasoning, lambda: "" if tokenizer is None else tokenizer.chat_template(None, tools))
+                body.reasoning, lambda: self.service.chat_template_text(tools))
 
             def start(kept: list[dict[str, Any]]) -> TextStream:
                 return self.service.chat(
@@ -438,7 +437,7 @@ class ResponsesServer:
             return self.metrics.refused(exc)
         reply = _Reply(body, self.model_name, self.service.generation_defaults)
         if top is not None:
-            reply.writer = TokenWriter(tokenizer)
+            reply.writer = TokenWriter(self.service)
         if body.stream:
             return StreamingResponse(self._events(stream, reply, conversation),
                                      media_type="text/event-stream")

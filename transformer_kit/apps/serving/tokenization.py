@@ -17,16 +17,14 @@ sentence. The chat template renders in a worker thread, off the event loop.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, StrictInt
 
 from transformer_kit.apps.serving.chat import ChatMessage
 from transformer_kit.apps.serving.openai_api import ServerMetrics, error_response, unknown_model
-from transformer_kit.core.errors import InputError, TransformerKitError
+from transformer_kit.core.errors import TransformerKitError
 from transformer_kit.runtime import Service
-from transformer_kit.tokenizer import TextTokenizer
 
 
 class TokenizeRequest(BaseModel):
@@ -99,57 +97,9 @@ class TokenizationServer:
             return error_response(400, str(exc), param="tokens")
 
     async def tokenizer_info(self) -> Any:
-        """``GET /tokenizer_info``: :func:`tokenizer_info` of the export's tokenizer (400 with a
+        """``GET /tokenizer_info``: :meth:`Service.tokenizer_info` of the export's tokenizer (400 with a
         sentence for an export without one)."""
         try:
-            return tokenizer_info(self.service.tokenizer)
+            return self.service.tokenizer_info()
         except TransformerKitError as exc:
             return error_response(400, str(exc))
-
-
-#: The fields of a serialised ``AddedToken`` (a special token in tokenizer_config.json).
-_ADDED_TOKEN = {"__type", "content", "lstrip", "rstrip", "normalized", "single_word", "special"}
-#: Paths to files on the machine that wrote the config, which vLLM leaves out too.
-_FILE_FIELDS = ("vocab_file", "merges_file", "tokenizer_file")
-
-
-def _plain(value: Any) -> Any:
-    """A config value with each serialised ``AddedToken`` as its text, as vLLM writes the
-    tokens transformers loaded (``added_tokens_decoder``: id -> text)."""
-    if isinstance(value, dict):
-        if isinstance(value.get("content"), str) and set(value) <= _ADDED_TOKEN:
-            return value["content"]
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_plain(item) for item in value]
-    return value
-
-
-def tokenizer_info(tokenizer: TextTokenizer | None) -> dict[str, Any]:
-    """vLLM's ``/tokenizer_info`` of ``tokenizer``: its tokenizer_config.json (the settings
-    transformers loads it with, special tokens as their text, no file paths), its named special
-    tokens (``bos_token``, ``eos_token``...: special_tokens_map.json's where the config leaves
-    them out), ``added_tokens_decoder`` (id -> text; tokenizer.json's added tokens where the
-    config has none), ``tokenizer_class`` (the config's, else ``PreTrainedTokenizerFast``, what
-    transformers loads a bare tokenizer.json as) and ``chat_template``: the default template's
-    text, or name -> text when there are several (left out without any). InputError for none."""
-    if tokenizer is None:
-        raise InputError("This export has no tokenizer (no tokenizer.json came with it), so there is "
-                         "no tokenizer configuration to give; export a checkpoint that holds its "
-                         "tokenizer.")
-    try:
-        config = json.loads(tokenizer.files.get("tokenizer_config.json", b"{}"))
-    except ValueError:  # a config transformers could not read either: the rest still holds
-        config = {}
-    info = {key: _plain(value) for key, value in (config if isinstance(config, dict) else {}).items()
-            if key not in _FILE_FIELDS and key != "chat_template"}
-    info.update(tokenizer.special_tokens)
-    if "added_tokens_decoder" not in info:  # transformers reads them from tokenizer.json then
-        added = tokenizer.backend.get_added_tokens_decoder()
-        info["added_tokens_decoder"] = {str(i): added[i].content for i in sorted(added)}
-    info["tokenizer_class"] = info.get("tokenizer_class") or "PreTrainedTokenizerFast"
-    templates = tokenizer.chat_templates
-    if templates:
-        info["chat_template"] = (templates["default"] if list(templates) == ["default"]
-                                 else dict(templates))
-    return info
