@@ -74,17 +74,24 @@ def _conversation(city: str) -> list[dict]:
             {"role": "tool", "content": WEATHER_NOW}]
 
 
+def _checked_call(served: Served, calls: list[str], tools: list[dict]) -> list[dict]:
+    """Check the first turn (the one tool, called with arguments that fit its schema, as the
+    export's own forced call) and the second turn's prompt; the conversation of that turn."""
+    assert [t["function"]["name"] for t in tools] == ["get_weather"]
+    jsonschema.validate({"city": calls[0]}, tools[0]["function"]["parameters"])
+    first = served.model.chat(_conversation(calls[0])[:2], tools=tools, max_new_tokens=24,
+                              tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert json.loads(first["tool_calls"][0]["function"]["arguments"]) == {"city": calls[0]}
+    conversation = _conversation(calls[0])
+    assert served.prompts[-1] == served.prompt_ids(conversation, tools)
+    return conversation
+
+
 def test_a_function_tool_round_trip_over_chat_completions(chat_server):
     result, calls, bodies = _run(chat_server, responses=False)
     assert len(bodies) == 2 and len(calls) == 1
     tools = bodies[0]["tools"]
-    assert [t["function"]["name"] for t in tools] == ["get_weather"]
-    jsonschema.validate({"city": calls[0]}, tools[0]["function"]["parameters"])
-    first = chat_server.model.chat(_conversation(calls[0])[:2], tools=tools, max_new_tokens=24,
-                                   tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    assert json.loads(first["tool_calls"][0]["function"]["arguments"]) == {"city": calls[0]}
-    conversation = _conversation(calls[0])
-    assert chat_server.prompts[-1] == chat_server.prompt_ids(conversation, tools)
+    conversation = _checked_call(chat_server, calls, tools)
     expected = chat_server.model.chat(conversation, tools=tools, max_new_tokens=24)
     assert result.final_output == expected["content"]
     usage = result.context_wrapper.usage
@@ -100,13 +107,7 @@ def test_a_function_tool_round_trip_over_the_responses_api(chat_server):
     assert len(bodies) == 2 and len(calls) == 1
     tools = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")}}
              for t in bodies[0]["tools"]]
-    assert [t["function"]["name"] for t in tools] == ["get_weather"]
-    jsonschema.validate({"city": calls[0]}, tools[0]["function"]["parameters"])
-    first = chat_server.model.chat(_conversation(calls[0])[:2], tools=tools, max_new_tokens=24,
-                                   tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    assert json.loads(first["tool_calls"][0]["function"]["arguments"]) == {"city": calls[0]}
-    conversation = _conversation(calls[0])
-    assert chat_server.prompts[-1] == chat_server.prompt_ids(conversation, tools)
+    conversation = _checked_call(chat_server, calls, tools)
     schema = bodies[1]["text"]["format"]
     expected = chat_server.model.chat(conversation, tools=tools, max_new_tokens=24, response_format={
         "type": "json_schema", "json_schema": {"name": schema["name"], "schema": schema["schema"]}})
