@@ -151,63 +151,12 @@ def measure(url: str, clients: int, requests: int, new: int) -> dict:
     return row
 
 
-# sitecustomize for guidellm's processes: its chat requests carry vLLM's
-# ``stream_options.continuous_usage_stats``, which the kit's server refuses as an unknown field (a
-# 400 for every request); llama-server ignores it. Left out for both servers alike, by wrapping the
-# chat request handler when guidellm imports it (an import hook: nothing is imported at start-up,
-# so the helper processes multiprocessing spawns stay bare).
-GUIDELLM_SHIM = """\
-import sys
-
-TARGET = "guidellm.backends.openai.request_handlers"
-
-
-def _patch(module):
-    handler = module.ChatCompletionsRequestHandler
-    original = handler.format
-
-    def format(self, *args, **kwargs):
-        arguments = original(self, *args, **kwargs)
-        (arguments.body.get("stream_options") or {}).pop("continuous_usage_stats", None)
-        return arguments
-
-    handler.format = format
-
-
-class _Finder:
-    def find_spec(self, name, path, target=None):
-        if name != TARGET:
-            return None
-        for finder in sys.meta_path:
-            if finder is not self and hasattr(finder, "find_spec"):
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    break
-        else:
-            return None
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _patch(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, _Finder())
-"""
-
-
 def guidellm_sweep(guidellm: Path, url: str, tokenizer: Path, report: Path,
                    args: argparse.Namespace) -> list[dict]:
     """A bounded guidellm sweep of streamed chat requests against ``url`` (one worker process,
-    ``--new-tokens`` as ``max_completion_tokens``; no ``output_tokens`` in the data, which would
-    add vLLM's ``ignore_eos``, another field the kit refuses); each strategy's headline numbers
-    from its JSON report."""
-    shim = report.parent / "guidellm-shim"
-    shim.mkdir(exist_ok=True)
-    (shim / "sitecustomize.py").write_text(GUIDELLM_SHIM)
+    ``--new-tokens`` as ``max_completion_tokens``, as guidellm sends them: vLLM's
+    ``stream_options.continuous_usage_stats`` included, which both servers take); each strategy's
+    headline numbers from its JSON report."""
     command = [str(guidellm), "run",
                "--backend", f"kind=openai_http,target={url},max_tokens={args.new_tokens}",
                "--profile", f"kind=sweep,sweep_size={args.guidellm_sweep_size},max_concurrency=64",
@@ -217,7 +166,7 @@ def guidellm_sweep(guidellm: Path, url: str, tokenizer: Path, report: Path,
                "--tokenizer", f"kind=huggingface_auto,model={tokenizer}",
                "--output", f"kind=json,path={report}", "--disable-console-interactive"]
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    env.update(PYTHONPATH=str(shim), GUIDELLM__MAX_WORKER_PROCESSES="1", HF_HUB_OFFLINE="1",
+    env.update(GUIDELLM__MAX_WORKER_PROCESSES="1", HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1")
     log = report.with_suffix(".log")
     with log.open("w") as out:

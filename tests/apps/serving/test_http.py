@@ -90,7 +90,7 @@ def test_concurrent_streaming_clients_each_get_their_sequential_tokens(server, o
 
 @pytest.mark.parametrize(("body", "status", "message"), [
     (b'{"model": "tiny", "prompt": [1, 2', 400, "not valid JSON"),
-    (b'{"model": "tiny", "prompt": [1, 2], "best_of": 3}', 400, "Unknown field 'best_of'"),
+    (b'{"model": "tiny", "prompt": [1, 2], "best_of": 3, "n": 4}', 400, "best_of (3) is less than n (4)"),
     (b'{"model": "tiny", "prompt": [1, 2], "max_tokens": -1}', 400, "max_tokens"),
     (b'{"model": "tiny", "prompt": [1, 2], "max_tokens": 63}', 400, "context length is 64"),
     (b'{"model": "tiny", "prompt": [1, 99], "max_tokens": 2}', 400, "99"),

@@ -235,6 +235,46 @@ def test_n_chat_choices_equal_chat_per_seed_whole_and_streamed(server, chat_expo
     assert [texts[0], texts[1]] == expected and roles == [0, 1]
 
 
+def _per_token_logprob(reference, prompt: list[int], tokens: list[int]) -> float:  # noqa: F811
+    """transformers' log probability per token of ``tokens`` after ``prompt`` (its logits'
+    log-softmax, float64)."""
+    model, _ = reference
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].double()
+    chosen = torch.log_softmax(logits, -1)[torch.arange(len(tokens)), torch.tensor(tokens)]
+    return float(chosen.mean())
+
+
+def test_best_of_answers_the_n_likeliest_per_token_of_transformers_draws(server, reference,  # noqa: F811
+                                                                        prompt):
+    """best_of 4, n 2: the four draws are transformers' (seed + i), and the two answered are
+    those with the highest log probability per token by transformers' logits, best first;
+    usage counts all four; best_of below n, or above it with stream, is 400."""
+    draws = [_transformers(reference, prompt, {"temperature": 0.9, "seed": 5 + i}) for i in range(4)]
+    scores = [_per_token_logprob(reference, prompt, d) for d in draws]
+    ranked = sorted(range(4), key=lambda i: -scores[i])
+    assert len({tuple(d) for d in draws}) == 4 and min(abs(scores[a] - scores[b])
+                                                       for a in range(4) for b in range(a)) > 1e-3
+    answer = _complete(server, prompt=[prompt, prompt[:-1]], n=2, best_of=4, temperature=0.9, seed=5)
+    assert [c["index"] for c in answer["choices"]] == [0, 1, 2, 3]
+    assert [c["token_ids"] for c in answer["choices"][:2]] == [draws[i] for i in ranked[:2]]
+    assert all(c["logprobs"] is None for c in answer["choices"])  # not asked for
+    second = [_transformers(reference, prompt[:-1], {"temperature": 0.9, "seed": 5 + i}) for i in range(4)]
+    assert answer["usage"]["completion_tokens"] == sum(map(len, draws + second))
+    assert answer["usage"]["prompt_tokens"] == 2 * len(prompt) - 1
+    reported = _complete(server, prompt=prompt, n=1, best_of=4, temperature=0.9, seed=5, logprobs=2)
+    best = reported["choices"][0]
+    assert best["token_ids"] == draws[ranked[0]]
+    # two alternatives a token and the sampled one (fewer keys where texts coincide: a dict)
+    assert all(1 <= len(top) <= 3 for top in best["logprobs"]["top_logprobs"])
+    assert np.mean(best["logprobs"]["token_logprobs"]) == pytest.approx(scores[ranked[0]], abs=1e-4)
+    for fields, says in [({"n": 3, "best_of": 2}, "best_of (2) is less than n (3)"),
+                         ({"best_of": 2, "stream": True}, "cannot stream")]:
+        refused = httpx.post(f"{server}/v1/completions", timeout=60,
+                             json={"model": "chat", "prompt": prompt, **fields})
+        assert refused.status_code == 400 and says in refused.json()["error"]["message"]
+
+
 def test_ignore_eos_and_min_tokens_give_exactly_max_tokens(server, chat_export, prompt):  # noqa: F811
     _, om = chat_export
     ending = {"temperature": 0, "logit_bias": {"2": 8.0}}  # <|im_end|> favoured: the reply ends at once
@@ -366,7 +406,7 @@ BAD = [
     ("both", {"stream_options": {"include_usage": True}}, "only allowed with stream=true"),
     ("both", {"stream": True, "stream_options": {"continuous_usage_stats": True}}, "needs include_usage"),
     ("both", {"spaces_between_special_tokens": False}, "Unknown field 'spaces_between_special_tokens'"),
-    ("both", {"best_of": 2}, "Unknown field 'best_of'"),
+    ("chat", {"best_of": 2}, "Unknown field 'best_of'"),
     ("chat", {"ignore_eos": True, "response_format": {"type": "json_object"}}, "ignore_eos cannot run"),
 ]
 

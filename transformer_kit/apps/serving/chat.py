@@ -27,20 +27,12 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from transformer_kit.apps.serving import choices
-from transformer_kit.apps.serving.lifecycle import CLIENT_LEFT, unless_client_leaves
 from transformer_kit.apps.serving.logprobs import TokenWriter, chat_logprobs
-from transformer_kit.apps.serving.openai_api import (
-    ServerMetrics,
-    UsageBody,
-    failure_event,
-    failure_response,
-    unknown_model,
-    usage,
-)
+from transformer_kit.apps.serving.openai_api import UsageBody, failure_event, usage
+from transformer_kit.apps.serving.routes import Family, Served, endpoint, settled, streamed
 from transformer_kit.apps.serving.sampling_fields import (
     SamplingFields,
     StreamOptions,
@@ -49,7 +41,6 @@ from transformer_kit.apps.serving.sampling_fields import (
 )
 from transformer_kit.core.decoding.logprobs import TokenLogprob
 from transformer_kit.core.errors import InputError
-from transformer_kit.runtime import QueueFull, Service
 from transformer_kit.runtime.text_stream import TextStream, Usage
 
 
@@ -207,41 +198,28 @@ class ChatServer:
     """``/v1/chat/completions`` over ``service`` serving the model ``model_name`` (the metrics
     shared with the other endpoints)."""
 
-    def __init__(self, service: Service, model_name: str, metrics: ServerMetrics) -> None:
-        self.service, self.model_name, self.metrics = service, model_name, metrics
+    def __init__(self, served: Served) -> None:
+        self.service, self.model_name, self.metrics = served.service, served.name, served.metrics
 
+    @endpoint
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Any:
-        metrics, name = self.metrics, self.model_name
-        if body.model != name:
-            return unknown_model(body.model, name)
-        try:
-            _checked(body)
-            counts = stream_usage(body.stream_options, bool(body.stream))
-            # the template renders in a worker thread: a slow one does not hold the event loop
-            streams = await asyncio.to_thread(
-                self.service.chat_choices, [m.model_dump(exclude_none=True) for m in body.messages],
-                body.n or 1, max_tokens=body.max_tokens or body.max_completion_tokens,
-                temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop,
-                tools=body.tools, tool_choice=body.tool_choice, response_format=body.response_format,
-                template_kwargs=_template_kwargs(body),
-                prompt_lookup_num_tokens=body.prompt_lookup_num_tokens,
-                extra=replace(request_options(body), logprobs=_reported(body),
-                              logprobs_mode=body.logprobs_mode))
-        except (QueueFull, InputError) as exc:
-            return metrics.refused(exc)
-        reply = _Reply(f"chatcmpl-{uuid.uuid4().hex}", name)
+        _checked(body)
+        counts = stream_usage(body.stream_options, bool(body.stream))
+        # the template renders in a worker thread: a slow one does not hold the event loop
+        streams = await asyncio.to_thread(
+            self.service.chat_choices, [m.model_dump(exclude_none=True) for m in body.messages],
+            body.n or 1, max_tokens=body.max_tokens or body.max_completion_tokens,
+            temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop,
+            tools=body.tools, tool_choice=body.tool_choice, response_format=body.response_format,
+            template_kwargs=_template_kwargs(body),
+            prompt_lookup_num_tokens=body.prompt_lookup_num_tokens,
+            extra=replace(request_options(body), logprobs=_reported(body),
+                          logprobs_mode=body.logprobs_mode))
+        reply = _Reply(f"chatcmpl-{uuid.uuid4().hex}", self.model_name)
         writer = TokenWriter(self.service) if body.logprobs else None
         if body.stream:
-            return StreamingResponse(_events(streams, reply, metrics, counts, writer),
-                                     media_type="text/event-stream")
-        answered, texts = await unless_client_leaves(request.receive, choices.texts(streams))
-        for stream in streams:
-            stream.cancel()  # no-op when it ended; a client that left stops its decoding here
-            metrics.finished(stream)
-        if not answered:
-            return Response(status_code=CLIENT_LEFT)
-        if (failed := failure_response(choices.failure(streams))) is not None:
-            return failed
+            return streamed(_events(streams, reply, counts, writer), streams, self.metrics)
+        texts = await settled(request, streams, self.metrics, choices.texts(streams))
         messages = [_with_alias(stream.message(text)) for stream, text in zip(streams, texts, strict=True)]
         return {**reply.head("chat.completion"),
                 "choices": [{"index": i, "message": message,
@@ -363,34 +341,32 @@ class _Chunks:
         return [*last, self.chunk(index, {}, self.streams[index].finish_reason(message))]
 
 
-async def _events(streams: list[TextStream], reply: _Reply, metrics: ServerMetrics,
+async def _events(streams: list[TextStream], reply: _Reply,
                   counts: tuple[bool, bool] = (False, False),
                   writer: TokenWriter | None = None) -> AsyncIterator[str]:
     """Server-sent ``chat.completion.chunk`` events: each choice's role (its ``index``), then
     each choice's deltas as its text arrives and its finish reason, then the usage chunk with
     ``include_usage``, then [DONE]. A request that failed (its time ran out, decoding failed)
-    ends with an error event instead of the finish reason. A client that goes away closes this
-    generator: its requests are cancelled, their rows leave the batch."""
+    ends with an error event instead of the finish reason."""
     write = _Chunks(streams, reply, counts, writer)
-    try:
-        for index in range(len(streams)):
-            yield write.chunk(index, {"role": "assistant", "content": ""})
-        async with contextlib.aclosing(choices.arrivals(streams)) as arrived:
-            async for index, deltas in arrived:  # several tokens' text in one event
-                if deltas is not None:
-                    for event in write.arrived(index, deltas):
-                        yield event
-                elif (failed := failure_event(streams[index].failure)) is not None:
-                    yield failed
-                    break
-                else:
-                    for event in write.ended(index):
-                        yield event
+    for index in range(len(streams)):
+        yield write.chunk(index, {"role": "assistant", "content": ""})
+    async with contextlib.aclosing(choices.arrivals(streams)) as arrived:
+        async for index, deltas in arrived:  # several tokens' text in one event
+            if deltas is not None:
+                for event in write.arrived(index, deltas):
+                    yield event
+            elif (failed := failure_event(streams[index].failure)) is not None:
+                yield failed
+                break
             else:
-                if write.include_usage:
-                    yield write.chunk(None, counted=usage(choices.total_usage(streams)))
-        yield "data: [DONE]\n\n"
-    finally:
-        for stream in streams:
-            stream.cancel()  # no-op when it ended; frees the row when the client left mid-stream
-            metrics.finished(stream)  # still running: counted as cancelled, the engine ends it next
+                for event in write.ended(index):
+                    yield event
+        else:
+            if write.include_usage:
+                yield write.chunk(None, counted=usage(choices.total_usage(streams)))
+    yield "data: [DONE]\n\n"
+
+
+ROUTES = Family(ChatServer, ChatServer.chat_completions, ("/v1/chat/completions",),
+                ChatCompletionRequest, ChatCompletion, streams=True)

@@ -1,5 +1,5 @@
 """The ``n`` choices of one request, read together: their deltas as they arrive (each tagged
-with its choice's index), their whole texts, the first failure among them, and the usage of
+with its choice's index), their whole texts, and the usage of
 the lot (the prompt counted once, as OpenAI and vLLM count it)."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from transformer_kit.runtime.requests import Failure
 from transformer_kit.runtime.text_stream import Delta, TextStream, Usage
 
 
@@ -43,11 +42,6 @@ async def arrivals(streams: list[TextStream]) -> AsyncIterator[tuple[int, list[D
 async def texts(streams: list[TextStream]) -> list[str]:
     """Every choice's whole text, once all have ended (no thread held)."""
     return list(await asyncio.gather(*(stream.text() for stream in streams)))
-
-
-def failure(streams: list[TextStream]) -> Failure | None:
-    """The first choice's failure, if any failed (past its time, a failed step)."""
-    return next((stream.failure for stream in streams if stream.failure is not None), None)
 
 
 def total_usage(streams: list[TextStream]) -> Usage:

@@ -23,33 +23,25 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from transformer_kit.apps.serving.choices import arrivals, total_usage
-from transformer_kit.apps.serving.lifecycle import CLIENT_LEFT, unless_client_leaves
 from transformer_kit.apps.serving.logprobs import (
     TokenWriter,
     completion_logprobs,
     joined,
     prompt_report,
 )
-from transformer_kit.apps.serving.openai_api import (
-    ServerMetrics,
-    UsageBody,
-    failure_event,
-    failure_response,
-    unknown_model,
-    usage,
-)
+from transformer_kit.apps.serving.openai_api import UsageBody, failure_event, usage
+from transformer_kit.apps.serving.routes import Family, Served, endpoint, settled, streamed
 from transformer_kit.apps.serving.sampling_fields import (
+    MAX_CHOICES,
     SamplingFields,
     StreamOptions,
     request_options,
     stream_usage,
 )
 from transformer_kit.core.errors import InputError
-from transformer_kit.runtime import QueueFull, Service
 from transformer_kit.runtime.text_stream import Delta, TextStream, Usage
 
 #: Most prompts one request may list (each is a request of the engine's).
@@ -69,6 +61,9 @@ class CompletionRequest(SamplingFields):
 
     model: str
     prompt: str | list[int] | list[str] | list[list[int]]
+    #: Choices decoded per prompt, of which the ``n`` with the highest log probability per token
+    #: are answered (OpenAI's; None: ``n``). Not streamed: the best are known once all end.
+    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
     #: 0: no new token (with ``echo``, the prompt alone).
     max_tokens: int | None = Field(COMPLETION_MAX_TOKENS, ge=0)
     #: None: the checkpoint's default (its generation_config.json), else OpenAI's 1.
@@ -150,6 +145,26 @@ def prompts_of(prompt: Any) -> list[str | list[int]]:
     return list(prompt)
 
 
+def best_of(body: CompletionRequest) -> int:
+    """The choices decoded per prompt: ``best_of``, or ``n`` without it (InputError for fewer
+    than ``n``, or more with ``stream``)."""
+    n = body.n or 1
+    best = n if body.best_of is None else body.best_of
+    if best < n:
+        raise InputError(f"best_of ({best}) is less than n ({n}): the n answered choices are the "
+                         "best of best_of. Give best_of of at least n, or leave it out.")
+    if best > n and body.stream:
+        raise InputError(f"best_of ({best}) above n ({n}) cannot stream: the best choices are known "
+                         "only once every one has ended (as OpenAI's). Leave stream out, or best_of.")
+    return best
+
+
+def _per_token(stream: TextStream) -> float:
+    """A choice's log probability per token (0 for a choice of no token): what best_of ranks by."""
+    reports = stream.logprobs
+    return sum(r.logprob for r in reports) / len(reports) if reports else 0.0
+
+
 def _prompt_top(body: CompletionRequest) -> int | None:
     """How many alternatives the prompt's reports list: echo's (``logprobs``) or vLLM's
     ``prompt_logprobs``, the more of the two (None: no report)."""
@@ -199,21 +214,23 @@ class CompletionServer:
     """``/v1/completions`` over ``service`` serving the model ``model_name`` (the metrics
     shared with the other endpoints)."""
 
-    def __init__(self, service: Service, model_name: str, metrics: ServerMetrics) -> None:
-        self.service, self.model_name, self.metrics = service, model_name, metrics
+    def __init__(self, served: Served) -> None:
+        self.service, self.model_name, self.metrics = served.service, served.name, served.metrics
 
-    def _submit(self, body: CompletionRequest) -> list[_Choice]:
-        """Every prompt's ``n`` requests (choice ``prompt x n + j``), or none (a refusal
-        cancels those already submitted)."""
-        prompts, choices, n = prompts_of(body.prompt), [], body.n or 1
+    def _submit(self, body: CompletionRequest, best: int) -> list[_Choice]:
+        """Every prompt's ``best`` requests (choice ``prompt x best + j``), or none (a refusal
+        cancels those already submitted). Decoding more than ``n`` reports each token's log
+        probability, which ranks them (a choice's reports are answered only when asked for)."""
+        prompts, choices = prompts_of(body.prompt), []
         writer = TokenWriter(self.service)
-        extra = replace(request_options(body), logprobs=body.logprobs, logprobs_mode=body.logprobs_mode,
+        reported = body.logprobs if body.logprobs is not None or best == (body.n or 1) else 0
+        extra = replace(request_options(body), logprobs=reported, logprobs_mode=body.logprobs_mode,
                         prompt_logprobs=_prompt_top(body))
         try:
             for prompt in prompts:
                 most = COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
                 streams = self.service.complete_choices(
-                    prompt, n, max_tokens=most, temperature=body.temperature, top_p=body.top_p,
+                    prompt, best, max_tokens=most, temperature=body.temperature, top_p=body.top_p,
                     seed=body.seed, stop=body.stop,
                     prompt_lookup_num_tokens=body.prompt_lookup_num_tokens, extra=extra)
                 first = len(choices)
@@ -224,37 +241,42 @@ class CompletionServer:
             raise
         return choices
 
+    @endpoint
     async def completions(self, body: CompletionRequest, request: Request) -> Any:
         metrics = self.metrics
-        if body.model != self.model_name:
-            return unknown_model(body.model, self.model_name)
-        try:
-            counts = stream_usage(body.stream_options, bool(body.stream))
-            choices = self._submit(body)
-        except (QueueFull, InputError) as exc:
-            return metrics.refused(exc)
+        counts = stream_usage(body.stream_options, bool(body.stream))
+        best, n = best_of(body), body.n or 1
+        choices = self._submit(body, best)
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
                 "created": int(time.time()), "model": self.model_name}
+        streams = [c.stream for c in choices]
         if body.stream:
-            return StreamingResponse(_events(choices, head, metrics, counts),
-                                     media_type="text/event-stream")
-        texts = asyncio.gather(*(c.stream.text() for c in choices))
-        answered, replies = await unless_client_leaves(request.receive, texts)
-        for choice in choices:
-            choice.stream.cancel()  # no-op when it ended; a client that left stops its decoding here
-            metrics.finished(choice.stream)
-        if not answered:
-            return Response(status_code=CLIENT_LEFT)
-        for choice in choices:
-            if (failed := failure_response(choice.stream.failure)) is not None:
-                return failed
-        return {**head, "choices": [c.whole(text) for c, text in zip(choices, replies, strict=True)],
-                "usage": usage(_total(choices, body.n or 1))}
+            return streamed(_events(choices, head, counts), streams, metrics)
+        replies = await settled(request, streams, metrics,
+                                asyncio.gather(*(stream.text() for stream in streams)))
+        answered = [c.whole(text) for c, text in _best(choices, replies, n, best)]
+        return {**head, "choices": answered, "usage": usage(_total(choices, best))}
+
+
+def _best(choices: list[_Choice], replies: list[str], n: int, best: int) -> list[tuple[_Choice, str]]:
+    """Of each prompt's ``best`` choices, the ``n`` with the highest log probability per token
+    (ties: the earlier), numbered ``prompt x n + j`` (all of them, in order, when ``best`` is
+    ``n``)."""
+    kept = []
+    for first in range(0, len(choices), best):
+        group = list(zip(choices[first:first + best], replies[first:first + best], strict=True))
+        if best > n:
+            group = sorted(group, key=lambda pair: -_per_token(pair[0].stream))[:n]
+        for j, (choice, reply) in enumerate(group):
+            choice.index = first // best * n + j
+            kept.append((choice, reply))
+    return kept
 
 
 def _total(choices: list[_Choice], n: int) -> Usage:
-    """The usage of every choice: each prompt's tokens once (its ``n`` choices share it, as
-    OpenAI and vLLM count them), every choice's new tokens."""
+    """The usage of every choice decoded: each prompt's tokens once (its ``n`` choices share it,
+    as OpenAI and vLLM count them), every choice's new tokens (best_of's unanswered ones too, as
+    OpenAI counts them)."""
     groups = [choices[i:i + n] for i in range(0, len(choices), n)]
     each = [total_usage([c.stream for c in group]) for group in groups]
     return Usage(sum(u.prompt_tokens for u in each), sum(u.completion_tokens for u in each),
@@ -308,33 +330,31 @@ class _Chunks:
                                                            stream.finish_reason())
 
 
-async def _events(choices: list[_Choice], fields: dict[str, Any], metrics: ServerMetrics,
+async def _events(choices: list[_Choice], fields: dict[str, Any],
                   counts: tuple[bool, bool] = (False, False)) -> AsyncIterator[str]:
     """Server-sent events: each choice's echoed prompt (if any), a chunk per token of each
     choice (its ``index``; several prompts' and ``n``'s interleaved as their tokens come), the
     last of a choice with its finish reason, the usage chunk with ``include_usage``, then
     [DONE]; with ``continuous_usage_stats`` every chunk also carries its choice's counts so far.
     A request that failed (its time ran out, decoding failed) ends with an error event instead
-    of the last chunk. A client that goes away closes this generator: its requests are
-    cancelled, their rows leave."""
+    of the last chunk."""
     write = _Chunks(choices, fields, counts)
-    try:
-        async for echoed in write.echoes():
-            yield echoed
-        streams = [c.stream for c in choices]
-        async with contextlib.aclosing(arrivals(streams)) as arrived:
-            async for index, deltas in arrived:  # several tokens' events in one write
-                if deltas is not None:
-                    yield write.tokens(index, deltas)
-                    continue
-                yield write.ended(index)
-                if streams[index].failure is not None:
-                    break
-            else:
-                if write.include_usage:
-                    yield write.event([], usage(_total(choices, choices[0].body.n or 1)))
-        yield "data: [DONE]\n\n"
-    finally:
-        for choice in choices:
-            choice.stream.cancel()  # no-op when it ended; frees the row when the client left
-            metrics.finished(choice.stream)  # still running: counted as cancelled
+    async for echoed in write.echoes():
+        yield echoed
+    streams = [c.stream for c in choices]
+    async with contextlib.aclosing(arrivals(streams)) as arrived:
+        async for index, deltas in arrived:  # several tokens' events in one write
+            if deltas is not None:
+                yield write.tokens(index, deltas)
+                continue
+            yield write.ended(index)
+            if streams[index].failure is not None:
+                break
+        else:
+            if write.include_usage:
+                yield write.event([], usage(_total(choices, choices[0].body.n or 1)))
+    yield "data: [DONE]\n\n"
+
+
+ROUTES = Family(CompletionServer, CompletionServer.completions, ("/v1/completions",),
+                CompletionRequest, Completion, streams=True)

@@ -20,12 +20,12 @@ import base64
 from typing import Any, Literal
 
 import numpy as np
+from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from transformer_kit.apps.serving.openai_api import ServerMetrics, failure_response, unknown_model
-from transformer_kit.core.errors import InputError
-from transformer_kit.runtime import QueueFull, Service
+from transformer_kit.apps.serving.openai_api import failure_response
+from transformer_kit.apps.serving.routes import Family, Served, Unanswered, endpoint
 
 
 class EmbeddingRequest(BaseModel):
@@ -40,6 +40,28 @@ class EmbeddingRequest(BaseModel):
     user: str | None = None
 
 
+class Embedding(BaseModel):
+    """One input's vector: numbers, or with ``encoding_format`` "base64" its float32 bytes."""
+
+    object: Literal["embedding"]
+    index: int = Field(ge=0)
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+
+
+class EmbeddingList(BaseModel):
+    """The answer of ``POST /v1/embeddings``: a vector per input, in order."""
+
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
 def _encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
     """One vector (dim,) as a list of numbers or as base64 of its little-endian float32 bytes."""
     if encoding_format == "base64":
@@ -50,22 +72,23 @@ def _encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
 class EmbeddingServer:
     """``/v1/embeddings`` over ``service`` (an embedding model's), serving ``model_name``."""
 
-    def __init__(self, service: Service, model_name: str, metrics: ServerMetrics) -> None:
-        self.service, self.model_name, self.metrics = service, model_name, metrics
+    def __init__(self, served: Served) -> None:
+        self.service, self.model_name, self.metrics = served.service, served.name, served.metrics
 
-    async def embeddings(self, body: EmbeddingRequest) -> Any:
-        if body.model != self.model_name:
-            return unknown_model(body.model, self.model_name)
-        try:  # tokenizing off the loop
-            job = await asyncio.to_thread(self.service.embed, body.input, dimensions=body.dimensions)
-            await job.request.finished()
-            if (failed := failure_response(job.failure)) is not None:
-                return failed
-            vectors = job.vectors()
-        except (QueueFull, InputError) as exc:
-            return self.metrics.refused(exc)
+    @endpoint
+    async def embeddings(self, body: EmbeddingRequest, request: Request) -> Any:
+        # tokenizing off the loop
+        job = await asyncio.to_thread(self.service.embed, body.input, dimensions=body.dimensions)
+        await job.request.finished()
+        if (failed := failure_response(job.failure)) is not None:
+            raise Unanswered(failed)
+        vectors = job.vectors()
         self.metrics.served("embeddings", job.tokens)
         data = [{"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
                 for i, v in enumerate(vectors)]
         return JSONResponse({"object": "list", "data": data, "model": self.model_name,
                              "usage": {"prompt_tokens": job.tokens, "total_tokens": job.tokens}})
+
+
+ROUTES = Family(EmbeddingServer, EmbeddingServer.embeddings, ("/v1/embeddings",), EmbeddingRequest,
+                EmbeddingList)

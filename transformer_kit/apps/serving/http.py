@@ -23,12 +23,17 @@ an error event instead); never a traceback. ``GET /openapi.json`` is the schema 
 serves, each endpoint's error answers declared (``4XX``, ``5XX``: that JSON). In front of all of
 it, :class:`.Guard` checks the API key and bounds the request body (401, 413, 408). A decoder's
 server also serves a chat page at ``/`` (:mod:`.page`).
+
+Each endpoint family (completions, chat, responses, embeddings, rerank, tokenization) declares
+its paths, request and answer models once (its module's :class:`~.routes.Family`), and
+:func:`~.routes.router` routes it; the families' handlers share one decorator for what the
+engine refuses and one watch over a request's streams, to their end or the client's leaving
+(:mod:`.routes`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import socket
 import threading
 import time
@@ -40,32 +45,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from prometheus_client import Gauge, generate_latest
 
-from transformer_kit.apps.serving import page
-from transformer_kit.apps.serving.chat import ChatCompletion, ChatCompletionRequest, ChatServer
-from transformer_kit.apps.serving.completions import Completion, CompletionRequest, CompletionServer
-from transformer_kit.apps.serving.embeddings import EmbeddingRequest, EmbeddingServer
+from transformer_kit.apps.serving import chat, completions, embeddings, page, rerank, responses, tokenization
 from transformer_kit.apps.serving.guard import DEFAULT_BODY_SECONDS, DEFAULT_MAX_BODY_BYTES, OPEN_PATHS, Guard
-from transformer_kit.apps.serving.lifecycle import (
-    Admission,
-    AdmissionGate,
-)
+from transformer_kit.apps.serving.lifecycle import Admission, AdmissionGate
 from transformer_kit.apps.serving.openai_api import (
     ERROR_RESPONSES,
     ServerMetrics,
-    answers,
     error_response,
     install_error_handlers,
-    unknown_model,
 )
-from transformer_kit.apps.serving.rerank import RerankRequest, RerankServer
 from transformer_kit.apps.serving.response_store import DEFAULT_STORED_RESPONSES, ResponseStore
-from transformer_kit.apps.serving.responses import ResponsesRequest, ResponsesServer, StoredResponses
-from transformer_kit.apps.serving.tokenization import (
-    DetokenizeRequest,
-    TokenizationServer,
-    TokenizeRequest,
-    max_model_len,
-)
+from transformer_kit.apps.serving.routes import Family, Served, router
+from transformer_kit.apps.serving.tokenization import TokenizationServer, max_model_len
 from transformer_kit.core.decoding.defaults import GENERATION_CONFIG_MODES
 from transformer_kit.core.errors import InputError
 from transformer_kit.runtime import Engine, Limits, Service
@@ -115,18 +106,13 @@ def _model_card(name: str, service: Service, base: str, created: int) -> dict[st
             "parent": None if adapter is None else base, "max_model_len": max_model_len(service)}
 
 
-#: What each kind of model is, as the wrong endpoint's answer names it, and the paths it serves.
-_KINDS = {"generate": ("a text generator", ("/v1/completions", "/v1/chat/completions",
-                                            "/v1/responses")),
-          "embeddings": ("a sentence-embedding model", ("/v1/embeddings",)),
-          "rerank": ("a cross-encoder", ("/v1/rerank", "/rerank", "/v2/rerank"))}
-
-#: Each endpoint's answer in the OpenAPI schema: its JSON body, and server-sent events when it
-#: streams (the generating ones).
-_ANSWERS: dict[str, dict[int | str, dict]] = {
-    "/v1/completions": answers(Completion),
-    "/v1/chat/completions": answers(ChatCompletion),
-    "/v1/responses": {200: {"content": {"text/event-stream": {}}}}}
+#: What each kind of model is, as the wrong endpoint's answer names it, and the endpoint families
+#: it serves (every kind also serves /tokenize and /detokenize: :data:`_TOKENIZATION`).
+_KINDS: dict[str, tuple[str, tuple[Family, ...]]] = {
+    "generate": ("a text generator", (completions.ROUTES, chat.ROUTES, responses.ROUTES)),
+    "embeddings": ("a sentence-embedding model", (embeddings.ROUTES,)),
+    "rerank": ("a cross-encoder", (rerank.ROUTES,))}
+_TOKENIZATION = (tokenization.TOKENIZE, tokenization.DETOKENIZE)
 
 
 def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
@@ -170,71 +156,40 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
     #: Requests in flight; ``transformer-kit serve`` closes it on SIGTERM (503 from then on).
     app.state.admission = Admission()
     app.add_middleware(AdmissionGate, admission=app.state.admission)  # outermost: counts all
-    install_error_handlers(app, {"/v1/completions": CompletionRequest,
-                                 "/v1/chat/completions": ChatCompletionRequest,
-                                 "/v1/responses": ResponsesRequest,
-                                 "/v1/embeddings": EmbeddingRequest, "/rerank": RerankRequest,
-                                 "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest})
+    families = [family for _, kind in _KINDS.values() for family in kind] + list(_TOKENIZATION)
+    install_error_handlers(app, {path: family.request for family in families for path in family.paths})
     server = ModelServer(service, model_name)
     Gauge("transformer_kit_http_requests_in_flight", "HTTP requests being answered (a stream "
           "until its last event)", registry=server.metrics.registry
           ).set_function(lambda: app.state.admission.in_flight)
-    served = {model_name: server, **served}
+    store = ResponseStore(stored_responses)
+    served = {model_name: Served(service, model_name, server.metrics, store),
+              **{f"{model_name}:{name}": Served(Service(other, limits, generation_defaults=auto),
+                                                 f"{model_name}:{name}", ServerMetrics(other), store)
+                 for name, other in (adapters or {}).items()}}
     server.served = {name: each.service for name, each in served.items()}
     app.get("/health")(server.health)
     app.get("/v1/models")(server.models)
     app.get("/metrics", response_class=PlainTextResponse)(server.prometheus)
-    tokenization = TokenizationServer(service, model_name, server.metrics)
-    app.post("/tokenize", response_model=None)(tokenization.tokenize)
-    app.post("/detokenize", response_model=None)(tokenization.detokenize)
-    app.get("/tokenizer_info", response_model=None)(tokenization.tokenizer_info)
-    store = ResponseStore(stored_responses)
-    handlers = {name: _endpoints(each, store) for name, each in served.items()}
-    for path, handler in handlers[model_name].items():
-        app.post(path, response_model=None, responses=_ANSWERS.get(path))(
-            _by_model(handler, handlers, path) if adapters else handler)
-    if service.kind == "generate":
-        stored = StoredResponses(store, server.metrics)  # one store for the base and its adapters
-        app.get("/v1/responses/{response_id}", response_model=None)(stored.retrieve)
-        app.delete("/v1/responses/{response_id}", response_model=None)(stored.delete)
-        page.add_page(app)  # the chat page at /, open without the key (it carries no secret)
+    app.get("/tokenizer_info", response_model=None)(TokenizationServer(served[model_name]).tokenizer_info)
     what, serves = _KINDS[service.kind]
-    for other, (_, paths) in _KINDS.items():
-        for path in paths if other != service.kind else ():
-            app.post(path, response_model=None, include_in_schema=False)(
-                _wrong_endpoint(model_name, what, serves))
+    for family in (*serves, *_TOKENIZATION):
+        app.include_router(router(family, served))
+    if service.kind == "generate":
+        stored = responses.StoredResponses(store, server.metrics)  # one store for the base and its adapters
+        app.get("/v1/responses/{response_id}", response_model=None,
+                responses={200: {"model": responses.ResponseObject}})(stored.retrieve)
+        app.delete("/v1/responses/{response_id}", response_model=None,
+                   responses={200: {"model": responses.DeletedResponse}})(stored.delete)
+        page.add_page(app)  # the chat page at /, open without the key (it carries no secret)
+    paths = tuple(path for family in serves for path in family.paths)
+    for other, (_, kind) in _KINDS.items():
+        for family in kind if other != service.kind else ():
+            for path in family.paths:
+                app.post(path, response_model=None, include_in_schema=False)(
+                    _wrong_endpoint(model_name, what, paths))
     app.state.server, app.state.responses = server, store
     return app
-
-
-def _by_model(base: Any, handlers: dict[str, dict[str, Any]], path: str) -> Any:
-    """``base``'s endpoint at ``path`` handing each request to the handler of the model it names
-    (the base's answers an unknown name with 404, naming every served model)."""
-
-    async def routed(body: Any, request: Request) -> Any:
-        chosen = handlers.get(body.model)
-        if chosen is None:
-            return unknown_model(body.model, ", ".join(handlers))
-        handler = chosen[path]
-        if "request" in inspect.signature(handler).parameters:  # it watches its client
-            return await handler(body, request)
-        return await handler(body)
-
-    routed.__annotations__ = {**base.__annotations__, "request": Request}  # FastAPI reads the types
-    return routed
-
-
-def _endpoints(server: ModelServer, store: ResponseStore) -> dict[str, Any]:
-    """The handlers of the service's kind, by path (``store``: the Responses API's)."""
-    service, name, metrics = server.service, server.model_name, server.metrics
-    if service.kind == "generate":
-        return {"/v1/completions": CompletionServer(service, name, metrics).completions,
-                "/v1/chat/completions": ChatServer(service, name, metrics).chat_completions,
-                "/v1/responses": ResponsesServer(service, name, metrics, store).create}
-    if service.kind == "embeddings":
-        return {"/v1/embeddings": EmbeddingServer(service, name, metrics).embeddings}
-    rerank = RerankServer(service, name, metrics).rerank
-    return {"/v1/rerank": rerank, "/rerank": rerank, "/v2/rerank": rerank}  # vLLM's three paths
 
 
 def _wrong_endpoint(model_name: str, what: str, serves: tuple[str, ...]) -> Any:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -197,15 +196,6 @@ class UsageBody(BaseModel):
     completion_tokens: int = Field(ge=0)
     total_tokens: int = Field(ge=0)
     prompt_tokens_details: PromptTokensDetails
-
-
-def answers(model: type[BaseModel], streams: bool = True) -> dict[int | str, dict]:
-    """An endpoint's 200 answer in the OpenAPI schema: ``model`` as JSON, and server-sent events
-    when it ``streams`` (the fuzz test checks every answer against it)."""
-    answer: dict[str, Any] = {"model": model}
-    if streams:
-        answer["content"] = {"text/event-stream": {}}
-    return {200: answer}
 
 
 def usage(counts: Usage) -> dict:

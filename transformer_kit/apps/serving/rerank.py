@@ -15,12 +15,12 @@ import asyncio
 import uuid
 from typing import Any
 
+from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from transformer_kit.apps.serving.openai_api import ServerMetrics, failure_response, unknown_model
-from transformer_kit.core.errors import InputError
-from transformer_kit.runtime import QueueFull, Service
+from transformer_kit.apps.serving.openai_api import failure_response
+from transformer_kit.apps.serving.routes import Family, Served, Unanswered, endpoint
 
 
 class RerankRequest(BaseModel):
@@ -35,23 +35,45 @@ class RerankRequest(BaseModel):
     return_documents: bool = False
 
 
+class RerankDocument(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    """One document's place: its index in the request, its score, its text when asked for."""
+
+    index: int = Field(ge=0)
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankUsage(BaseModel):
+    total_tokens: int = Field(ge=0)
+
+
+class Ranking(BaseModel):
+    """The answer of ``POST /v1/rerank``: the documents, most relevant first."""
+
+    id: str
+    model: str
+    results: list[RerankResult]
+    usage: RerankUsage
+
+
 class RerankServer:
     """``/v1/rerank`` over ``service`` (a cross-encoder's), serving ``model_name``."""
 
-    def __init__(self, service: Service, model_name: str, metrics: ServerMetrics) -> None:
-        self.service, self.model_name, self.metrics = service, model_name, metrics
+    def __init__(self, served: Served) -> None:
+        self.service, self.model_name, self.metrics = served.service, served.name, served.metrics
 
-    async def rerank(self, body: RerankRequest) -> Any:
-        if body.model != self.model_name:
-            return unknown_model(body.model, self.model_name)
-        try:  # tokenizing off the loop
-            job = await asyncio.to_thread(self.service.rerank, body.query, body.documents,
-                                          top_n=body.top_n)
-            await job.request.finished()
-        except (QueueFull, InputError) as exc:
-            return self.metrics.refused(exc)
+    @endpoint
+    async def rerank(self, body: RerankRequest, request: Request) -> Any:
+        # tokenizing off the loop
+        job = await asyncio.to_thread(self.service.rerank, body.query, body.documents,
+                                      top_n=body.top_n)
+        await job.request.finished()
         if (failed := failure_response(job.failure)) is not None:
-            return failed
+            raise Unanswered(failed)
         results = []
         for i, score in job.ranking():
             result: dict[str, Any] = {"index": i, "relevance_score": score}
@@ -61,3 +83,8 @@ class RerankServer:
         self.metrics.served("rerank", job.tokens)
         return JSONResponse({"id": f"rerank-{uuid.uuid4().hex}", "model": self.model_name,
                              "results": results, "usage": {"total_tokens": job.tokens}})
+
+
+#: vLLM's three paths (Jina's, Cohere's v1 and v2).
+ROUTES = Family(RerankServer, RerankServer.rerank, ("/v1/rerank", "/rerank", "/v2/rerank"),
+                RerankRequest, Ranking)

@@ -28,23 +28,16 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, Literal
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from transformer_kit.apps.serving import response_options as options
-from transformer_kit.apps.serving.lifecycle import CLIENT_LEFT, unless_client_leaves
+from transformer_kit.apps.serving.chat import ContentLogprob
 from transformer_kit.apps.serving.logprobs import TokenWriter, chat_content
-from transformer_kit.apps.serving.openai_api import (
-    ServerMetrics,
-    error_response,
-    failure_event,
-    failure_response,
-    unknown_model,
-)
+from transformer_kit.apps.serving.openai_api import ServerMetrics, error_response, failure_event
 from transformer_kit.apps.serving.response_store import ResponseStore, UnknownResponse
+from transformer_kit.apps.serving.routes import Family, Served, endpoint, settled, streamed
 from transformer_kit.core.decoding.logprobs import TokenLogprob
 from transformer_kit.core.errors import InputError
-from transformer_kit.runtime import QueueFull, Service
 from transformer_kit.runtime.request_options import RequestOptions
 from transformer_kit.runtime.service import sampling
 from transformer_kit.runtime.text_stream import TextStream, Usage
@@ -243,6 +236,96 @@ def _usage(counts: Usage) -> dict[str, Any]:
             "total_tokens": counts.prompt_tokens + counts.completion_tokens}
 
 
+class OutputText(BaseModel):
+    """A message's ``output_text`` part, with its tokens' reports when asked for (chat's shape)."""
+
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any]
+    logprobs: list[ContentLogprob]
+
+
+class OutputMessage(BaseModel):
+    """The assistant's ``message`` output item."""
+
+    type: Literal["message"]
+    id: str
+    status: Literal["in_progress", "completed", "incomplete"]
+    role: Literal["assistant"]
+    content: list[OutputText]
+
+
+class OutputFunctionCall(BaseModel):
+    """A ``function_call`` output item: the tool's name and its arguments as JSON text."""
+
+    type: Literal["function_call"]
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["completed"]
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = Field(ge=0)
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = Field(ge=0)
+
+
+class ResponseUsage(BaseModel):
+    """A response's ``usage`` (:func:`_usage`)."""
+
+    input_tokens: int = Field(ge=0)
+    input_tokens_details: InputTokensDetails
+    output_tokens: int = Field(ge=0)
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int = Field(ge=0)
+
+
+class ResponseObject(BaseModel):
+    """The answer of ``POST /v1/responses`` and ``GET /v1/responses/{id}`` (a ``response``):
+    its output items and, echoed, the options it was made with."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["in_progress", "completed", "incomplete"]
+    error: None
+    model: str
+    output: list[OutputMessage | OutputFunctionCall]
+    incomplete_details: dict[str, str] | None
+    instructions: str | None
+    max_output_tokens: int | None
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    store: bool
+    temperature: float
+    top_p: float
+    text: dict[str, Any]
+    tool_choice: str | dict[str, Any]
+    tools: list[dict[str, Any]]
+    truncation: Literal["auto", "disabled"]
+    metadata: dict[str, str]
+    user: str | None
+    reasoning: dict[str, Any]
+    service_tier: str
+    top_logprobs: int | None
+    prompt_cache_key: str | None
+    prompt_cache_retention: str | None
+    safety_identifier: str | None
+    usage: ResponseUsage | None
+
+
+class DeletedResponse(BaseModel):
+    """The answer of ``DELETE /v1/responses/{id}``."""
+
+    id: str
+    object: Literal["response"]
+    deleted: Literal[True]
+
+
 def _text_item(ident: str, text: str | None, status: str,
                logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     content = [] if text is None else [_text_part(text, logprobs)]
@@ -397,13 +480,12 @@ class ResponsesServer:
     """``/v1/responses`` over ``service`` serving the model ``model_name`` (the metrics shared
     with the other endpoints), keeping responses in ``store``."""
 
-    def __init__(self, service: Service, model_name: str, metrics: ServerMetrics,
-                 store: ResponseStore) -> None:
-        self.service, self.model_name, self.metrics, self.store = service, model_name, metrics, store
+    def __init__(self, served: Served) -> None:
+        self.service, self.model_name = served.service, served.name
+        self.metrics, self.store = served.metrics, served.store
 
+    @endpoint
     async def create(self, body: ResponsesRequest, request: Request) -> Any:
-        if body.model != self.model_name:
-            return unknown_model(body.model, self.model_name)
         try:
             _check_options(body)
             history = ([] if body.previous_response_id is None
@@ -433,21 +515,12 @@ class ResponsesServer:
         except UnknownResponse as exc:
             self.metrics.requests.labels("refused").inc()
             return error_response(404, str(exc), param="previous_response_id")
-        except (QueueFull, InputError) as exc:
-            return self.metrics.refused(exc)
         reply = _Reply(body, self.model_name, self.service.generation_defaults)
         if top is not None:
             reply.writer = TokenWriter(self.service)
         if body.stream:
-            return StreamingResponse(self._events(stream, reply, conversation),
-                                     media_type="text/event-stream")
-        answered, text = await unless_client_leaves(request.receive, stream.text())
-        stream.cancel()  # no-op when it ended; a client that left stops its decoding here
-        self.metrics.finished(stream)
-        if not answered:
-            return Response(status_code=CLIENT_LEFT)
-        if (failed := failure_response(stream.failure)) is not None:
-            return failed
+            return streamed(self._events(stream, reply, conversation), [stream], self.metrics)
+        text = await settled(request, [stream], self.metrics, stream.text())
         return self._done(stream, reply, conversation, stream.message(text))
 
     def _done(self, stream: TextStream, reply: _Reply, conversation: list[dict[str, Any]],
@@ -468,41 +541,40 @@ class ResponsesServer:
     async def _events(self, stream: TextStream, reply: _Reply,
                       conversation: list[dict[str, Any]]) -> AsyncIterator[str]:
         """The Responses events of one reply; a request that failed ends with an error event
-        (the openai client raises ``APIError``). A client that goes away closes this generator:
-        its request is cancelled, its row leaves the batch."""
+        (the openai client raises ``APIError``)."""
         given = reply.body.stream_options
         write = _EventWriter(given is None or given.include_obfuscation)
-        try:
-            yield write.event("response.created", response=reply.response("in_progress", []))
-            yield write.event("response.in_progress", response=reply.response("in_progress", []))
-            message_id, texts = f"msg_{uuid.uuid4().hex}", []
-            answer = _answer_reader(stream)
-            if not stream.held:
-                yield write.text_start(0, message_id)
-            pending: list[TokenLogprob] = []  # reports of tokens whose text is held back
-            async for deltas in stream.arrivals():  # several tokens' text in one event
-                pending.extend(d.logprob for d in deltas if d.logprob is not None)
-                piece = "".join(d.text for d in deltas)
-                texts.append(piece)
-                if piece and not stream.held and (said := answer(piece)):
-                    yield write.delta(0, message_id, said, reply.logprobs(pending))
-                    pending = []
-            if (failed := failure_event(stream.failure)) is not None:
-                yield failed
-                return
-            rest = stream.rest()
-            if not stream.held and (said := answer(rest, last=True)):
+        yield write.event("response.created", response=reply.response("in_progress", []))
+        yield write.event("response.in_progress", response=reply.response("in_progress", []))
+        message_id, texts = f"msg_{uuid.uuid4().hex}", []
+        answer = _answer_reader(stream)
+        if not stream.held:
+            yield write.text_start(0, message_id)
+        pending: list[TokenLogprob] = []  # reports of tokens whose text is held back
+        async for deltas in stream.arrivals():  # several tokens' text in one event
+            pending.extend(d.logprob for d in deltas if d.logprob is not None)
+            piece = "".join(d.text for d in deltas)
+            texts.append(piece)
+            if piece and not stream.held and (said := answer(piece)):
                 yield write.delta(0, message_id, said, reply.logprobs(pending))
-            message = stream.message("".join(texts) + rest)
-            done = self._done(stream, reply, conversation, message, message_id)
-            for index, item in enumerate(done["output"]):
-                if stream.held and item["type"] == "message":
-                    yield write.text_start(index, item["id"])
-                    if item["content"][0]["text"]:
-                        yield write.delta(index, item["id"], item["content"][0]["text"],
-                                          item["content"][0]["logprobs"])
-                yield write.item_done(index, item)
-            yield write.event(f"response.{done['status']}", response=done)
-        finally:
-            stream.cancel()  # no-op when it ended; frees the row when the client left mid-stream
-            self.metrics.finished(stream)  # still running: counted as cancelled
+                pending = []
+        if (failed := failure_event(stream.failure)) is not None:
+            yield failed
+            return
+        rest = stream.rest()
+        if not stream.held and (said := answer(rest, last=True)):
+            yield write.delta(0, message_id, said, reply.logprobs(pending))
+        message = stream.message("".join(texts) + rest)
+        done = self._done(stream, reply, conversation, message, message_id)
+        for index, item in enumerate(done["output"]):
+            if stream.held and item["type"] == "message":
+                yield write.text_start(index, item["id"])
+                if item["content"][0]["text"]:
+                    yield write.delta(index, item["id"], item["content"][0]["text"],
+                                      item["content"][0]["logprobs"])
+            yield write.item_done(index, item)
+        yield write.event(f"response.{done['status']}", response=done)
+
+
+ROUTES = Family(ResponsesServer, ResponsesServer.create, ("/v1/responses",), ResponsesRequest,
+                ResponseObject, streams=True)

@@ -19,10 +19,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, StrictInt
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from transformer_kit.apps.serving.chat import ChatMessage
-from transformer_kit.apps.serving.openai_api import ServerMetrics, error_response, unknown_model
+from transformer_kit.apps.serving.openai_api import error_response
+from transformer_kit.apps.serving.routes import Family, Served, endpoint
 from transformer_kit.core.errors import TransformerKitError
 from transformer_kit.runtime import Service
 
@@ -53,6 +55,22 @@ class DetokenizeRequest(BaseModel):
     tokens: list[StrictInt]
 
 
+class Tokenized(BaseModel):
+    """The answer of ``POST /tokenize``: the ids (and with ``return_token_strs`` their
+    strings), their count and the model's ``max_model_len``."""
+
+    count: int = Field(ge=0)
+    max_model_len: int | None
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class Detokenized(BaseModel):
+    """The answer of ``POST /detokenize``: the ids' text."""
+
+    prompt: str
+
+
 def max_model_len(service: Service) -> int | None:
     """The most tokens one sequence may take, as vLLM's ``max_model_len``: a decoder's context
     length (prompt and reply together; None when the export does not say), an encoder's bound
@@ -63,15 +81,14 @@ def max_model_len(service: Service) -> int | None:
 
 
 class TokenizationServer:
-    """``/tokenize`` and ``/detokenize`` over ``service`` (``model_name``: the name a request
-    may give; none given is this model, as vLLM)."""
+    """``/tokenize`` and ``/detokenize`` over one served model's service (a request that names
+    no model is the base's, as vLLM's)."""
 
-    def __init__(self, service: Service, model_name: str, metrics: ServerMetrics) -> None:
-        self.service, self.model_name, self.metrics = service, model_name, metrics
+    def __init__(self, served: Served) -> None:
+        self.service, self.model_name, self.metrics = served.service, served.name, served.metrics
 
-    async def tokenize(self, body: TokenizeRequest) -> Any:
-        if body.model is not None and body.model != self.model_name:
-            return unknown_model(body.model, self.model_name)
+    @endpoint
+    async def tokenize(self, body: TokenizeRequest, request: Request) -> Any:
         messages = None if body.messages is None else [m.model_dump(exclude_none=True)
                                                        for m in body.messages]
         try:
@@ -88,9 +105,8 @@ class TokenizationServer:
             answer["token_strs"] = strings
         return answer
 
-    async def detokenize(self, body: DetokenizeRequest) -> Any:
-        if body.model is not None and body.model != self.model_name:
-            return unknown_model(body.model, self.model_name)
+    @endpoint
+    async def detokenize(self, body: DetokenizeRequest, request: Request) -> Any:
         try:
             return {"prompt": self.service.detokenize(body.tokens)}
         except TransformerKitError as exc:
@@ -103,3 +119,9 @@ class TokenizationServer:
             return self.service.tokenizer_info()
         except TransformerKitError as exc:
             return error_response(400, str(exc))
+
+
+TOKENIZE = Family(TokenizationServer, TokenizationServer.tokenize, ("/tokenize",), TokenizeRequest,
+                  Tokenized)
+DETOKENIZE = Family(TokenizationServer, TokenizationServer.detokenize, ("/detokenize",),
+                    DetokenizeRequest, Detokenized)
