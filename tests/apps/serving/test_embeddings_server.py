@@ -16,6 +16,7 @@ import numpy as np
 import openai
 import pytest
 
+from tests.apps.serving.answer_schema import assert_answer_fits_its_schema
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
 from transformer_kit.runtime import Engine
@@ -89,6 +90,11 @@ def test_token_ids_and_dimensions(server, embedding_export):
     np.testing.assert_allclose(cut, _reference(st, TEXTS, 8), atol=1e-5)
     np.testing.assert_allclose(cut, om.embed(TEXTS, dimensions=8), atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(cut, axis=1), 1.0, atol=1e-5)  # normalised again
+    for fmt in ("float", "base64"):
+        given = TEXTS[:2] if fmt == "float" else ids[:2]
+        answer = httpx.post(f"{url}/v1/embeddings", timeout=60, json={
+            "model": "tiny-embed", "input": given, "encoding_format": fmt}).json()
+        assert_answer_fits_its_schema(url, "/v1/embeddings", answer)
 
 
 def test_token_ids_as_langchains_openai_embeddings_sends_them(server, embedding_export):

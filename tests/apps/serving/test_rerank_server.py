@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.apps.serving.answer_schema import assert_answer_fits_its_schema
 from transformer_kit.apps.serving.http import create_app
 from transformer_kit.apps.serving.http import serve_in_thread as running
 from transformer_kit.runtime import Engine
@@ -53,6 +54,8 @@ def test_scores_equal_the_cross_encoders_best_first(server, cross_encoder_export
         top = _rerank(url, path, query=QUERY, documents=DOCUMENTS, top_n=2, return_documents=True)
         assert top.json()["results"] == [{**r, "document": {"text": DOCUMENTS[r["index"]]}}
                                          for r in results[:2]]
+        assert_answer_fits_its_schema(url, path, top.json())
+    assert_answer_fits_its_schema(url, "/v1/rerank", body)
 
 
 def test_concurrent_clients_each_get_their_own_scores_run_together(server, cross_encoder_export):
