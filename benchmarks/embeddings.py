@@ -170,16 +170,25 @@ def write_checkpoint(folder: Path, shape: str, seed: int = 0) -> Path:
 
 
 # -- the texts -------------------------------------------------------------------------------
+#: The texts drawn so far per (kind, vocabulary, seed), with the generator that goes on drawing
+#: them: a workload asks for the same texts many times (its probe, its cells, its operations), and
+#: each text costs a tokenization per word.
+_DRAWN: dict[tuple[str, int, int], tuple[np.random.Generator, list[str]]] = {}
+
+
 def texts(kind: str, count: int, size: int = VOCAB, seed: int = 0) -> list[str]:
     """``count`` English-ish sentences whose tokenized lengths ([CLS] and [SEP] included) are
     ``LENGTHS[kind]`` (uniform between its bounds; a text may end one token short): common
-    words, syllable words in the vocabulary, and now and then a longer word cut into pieces."""
-    rng = np.random.default_rng(seed + {"short": 0, "long": 1, "mixed": 2}[kind])
+    words, syllable words in the vocabulary, and now and then a longer word cut into pieces.
+    The first ``k`` of ``count`` texts are the ``k`` texts asked for alone."""
+    key = (kind, size, seed)
+    if key not in _DRAWN:
+        _DRAWN[key] = (np.random.default_rng(seed + {"short": 0, "long": 1, "mixed": 2}[kind]), [])
+    rng, out = _DRAWN[key]
     tok = tokenizer(size)
     sylls = syllables()
     low, high = LENGTHS[kind]
-    out = []
-    for _ in range(count):
+    while len(out) < count:
         target = int(rng.integers(low, high + 1))
         words: list[str] = []
         while True:
@@ -197,7 +206,7 @@ def texts(kind: str, count: int, size: int = VOCAB, seed: int = 0) -> list[str]:
             words.append(word)
         sentence = " ".join(words) + "."
         out.append(sentence[0].upper() + sentence[1:])
-    return out
+    return out[:count]
 
 
 def flops(shape: str, batch_texts: list[str]) -> float:
@@ -361,7 +370,10 @@ def prepare_st_onnx(source: str, target: str) -> None:
 
 
 def peer_has(python: str, module: str) -> bool:
-    return subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
+    """Whether ``python`` has ``module`` installed (found, not imported: importing
+    sentence-transformers takes seconds)."""
+    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([python, "-c", code], capture_output=True).returncode == 0
 
 
 # -- timing ----------------------------------------------------------------------------------
