@@ -26,14 +26,21 @@ def tiny_config(architecture: str, **overrides) -> dict:
 
 
 def all_generating_configs() -> list[tuple[str, dict]]:
-    """Every built-in combination for the two architectures that generate, each with one of the
-    q/k norms in turn (not multiplied by them)."""
+    """The built-in combinations for the two architectures that generate: every combination of
+    what a cache step touches (architecture, attention kernel, positions, mask, q/k norm), each
+    with one of the position-wise parts (block, feed-forward, norm) in turn.
+
+    The position-wise parts see a token at a time, so a cache cannot make them differ; drawn in
+    turn, every triple of them appears and every pair of any two factors' values does (216
+    cases, where the whole product is 3,600).
+    """
+    position_wise = list(itertools.product(BLOCKS, FEEDFORWARD, NORMS))
     cases = []
-    for i, (arch, attention, positional, mask, block, ff, norm) in enumerate(itertools.product(
-        ["decoder", "encoder_decoder"], ATTENTION, POSITIONAL, CAUSAL_MASKS, BLOCKS, FEEDFORWARD, NORMS
+    for i, (arch, attention, positional, mask, qk_norm) in enumerate(itertools.product(
+        ["decoder", "encoder_decoder"], ATTENTION, POSITIONAL, CAUSAL_MASKS, QK_NORMS
     )):
+        block, ff, norm = position_wise[i % len(position_wise)]
         mask_name = mask if isinstance(mask, str) else mask["name"]
-        qk_norm = QK_NORMS[i % len(QK_NORMS)]
         case_id = "-".join([arch, attention, positional, mask_name, block, ff, norm, f"qk-{qk_norm}"])
         cases.append((case_id, tiny_config(arch, attention=attention, positional=positional,
                                            mask=mask, block=block, feedforward=ff, norm=norm,

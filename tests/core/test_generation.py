@@ -1,4 +1,4 @@
-"""Greedy generation: cached equals uncached for every built-in combination; stopping at eos."""
+"""Greedy generation: cached equals uncached for the built-in combinations; stopping at eos."""
 
 from __future__ import annotations
 
