@@ -1,5 +1,5 @@
-"""Shared fixtures: a clean process-wide registry around tests that register plugins, and
-each pytest-xdist worker's share of the cores."""
+"""Shared fixtures: a clean process-wide registry around tests that register plugins, each
+pytest-xdist worker's share of the cores, and the order the workers take the test files in."""
 
 from __future__ import annotations
 
@@ -30,6 +30,50 @@ def _share_cores_between_workers() -> None:
 
 
 _share_cores_between_workers()
+
+#: The test files that take longest (seconds summed over their tests, measured with
+#: ``--durations`` on 2 cores), longest first, the two Ray files apart so that their clusters do
+#: not start together. Under ``--dist loadfile`` (pyproject.toml) a worker runs a file whole, and
+#: files handed out longest first leave the two workers' shares even (the longest handed out
+#: last kept one worker busy minutes after the other had finished); a file left off or a stale
+#: figure costs only balance.
+LONGEST_FIRST = (
+    "tests/apps/serving/test_ray_cluster.py",  # 318
+    "tests/test_example_plugin.py",  # 98
+    "tests/benchmarks/test_embeddings_script.py",  # 95
+    "tests/export/test_reliability.py",  # 87
+    "tests/core/test_config_properties.py",  # 76
+    "tests/apps/serving/test_ray.py",  # 152
+    "tests/benchmarks/test_soak_script.py",  # 70
+    "tests/apps/serving/clients/test_guidellm.py",  # 66
+    "tests/benchmarks/test_export_small_script.py",  # 61
+    "tests/apps/serving/test_fuzz.py",  # 52
+    "tests/benchmarks/test_serving_embeddings_script.py",  # 52
+    "tests/benchmarks/test_batch_invariance_script.py",  # 51
+    "tests/benchmarks/test_families_script.py",  # 51
+    "tests/benchmarks/test_genai_decoding_script.py",  # 43
+    "tests/checkpoints/gguf/test_smollm2.py",  # 42
+    "tests/benchmarks/test_serving_backends_script.py",  # 40
+    "tests/apps/commands/test_plot.py",  # 40
+    "tests/export/test_export_parity.py",  # 38
+    "tests/benchmarks/test_export_scale_script.py",  # 37
+    "tests/apps/commands/test_bench.py",  # 35
+    "tests/benchmarks/test_long_context_script.py",  # 35
+    "tests/test_docs.py",  # 34
+    "tests/benchmarks/test_generation_script.py",  # 34
+    "tests/benchmarks/test_serving_script.py",  # 33
+    "tests/test_readme.py",  # 31
+    "tests/benchmarks/test_speculative_script.py",  # 31
+    "tests/test_examples.py",  # 31
+    "tests/apps/commands/test_export.py",  # 30
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files of :data:`LONGEST_FIRST` first, in its order; the rest as collected (a stable
+    sort keeps each file's own order)."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
 @pytest.fixture(autouse=True, scope="session")
