@@ -22,7 +22,8 @@ def plugin_python(tmp_path_factory) -> Path:
     (regular installs, as a user's), seeing this environment's third-party packages (torch,
     onnxruntime ...) through a .pth file so that nothing heavy is downloaded again."""
     env_dir = tmp_path_factory.mktemp("plugin-venv")
-    venv.EnvBuilder(with_pip=True).create(env_dir)
+    # without a pip of its own (making one costs seconds): this environment's pip installs into it
+    venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
     site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
                           capture_output=True, text=True, check=True).stdout.strip()
@@ -30,7 +31,8 @@ def plugin_python(tmp_path_factory) -> Path:
     Path(site, "dependencies.pth").write_text("\n".join(dependencies) + "\n")
     for package in (ROOT, PACKAGE):
         result = subprocess.run(
-            [str(python), "-m", "pip", "install", "--no-deps", "--quiet", str(package)],
+            [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--quiet",
+             str(package)],
             capture_output=True, text=True, check=False, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
     where = subprocess.run([str(python), "-c", "import transformer_kit; print(transformer_kit.__file__)"],
