@@ -29,12 +29,11 @@ def plugin_python(tmp_path_factory) -> Path:
                           capture_output=True, text=True, check=True).stdout.strip()
     dependencies = [p for p in sys.path if p.endswith("site-packages")]
     Path(site, "dependencies.pth").write_text("\n".join(dependencies) + "\n")
-    for package in (ROOT, PACKAGE):
-        result = subprocess.run(
-            [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--quiet",
-             str(package)],
-            capture_output=True, text=True, check=False, timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--quiet",
+         str(ROOT), str(PACKAGE)],
+        capture_output=True, text=True, check=False, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
     where = subprocess.run([str(python), "-c", "import transformer_kit; print(transformer_kit.__file__)"],
                            capture_output=True, text=True, cwd=env_dir, check=False)
     assert where.stdout.startswith(site), (where.stdout, where.stderr)  # its own copy, not ours
