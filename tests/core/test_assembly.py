@@ -80,7 +80,8 @@ def test_a_factory_that_cannot_run_on_the_meta_device_still_builds(fresh_registr
 
 def test_built_models_record_their_components():
     model = tk.build_model(tiny_config("decoder", attention="sdpa"))
-    assert set(model.components) == set(tk.MODEL_KINDS) - {"qk_norm", "pooling"}  # optional
+    optional = {"qk_norm", "pooling", "frontend", "features"}
+    assert set(model.components) == set(tk.MODEL_KINDS) - optional
     with_qk_norm = tk.build_model(tiny_config("decoder", qk_norm="per_head_rmsnorm"))
     assert with_qk_norm.components["qk_norm"].component.name == "per_head_rmsnorm"
     entry = model.components["attention"]

@@ -15,10 +15,13 @@ def test_defaults_are_the_paper():
     cfg = tk.load_config({"vocab_size": 37000})
     assert (cfg.d_model, cfg.num_heads, cfg.num_layers, cfg.d_ff) == (512, 8, 6, 2048)
     assert cfg.head_dim is None and cfg.attention_head_dim == 64
-    assert [cfg.component(k).name for k in tk.MODEL_KINDS if k not in ("qk_norm", "pooling")] == [
+    optional = ("qk_norm", "pooling", "frontend", "features")
+    assert [cfg.component(k).name for k in tk.MODEL_KINDS if k not in optional] == [
         "matmul", "sinusoidal", "causal", "post_norm", "relu", "layernorm"]
     assert cfg.qk_norm is None and "qk_norm" not in cfg.components()
     assert cfg.pooling is None and "pooling" not in cfg.components()
+    assert cfg.frontend is None and cfg.features is None and cfg.encoder_positional is None
+    assert cfg.speech is None
     assert tk.load_config({"architecture": "encoder", "vocab_size": 9}).mask.name == "none"
 
 

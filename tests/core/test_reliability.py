@@ -29,7 +29,8 @@ WRONG_TYPES = {
     "feedforward": {"params": {}}, "norm": 0, "qk_norm": 7, "embedding_scale": "12",
     "logit_scale": [0.5], "logit_softcap": True, "layer_types": "local",
     "layer_variants": ["local"], "pooling": 3, "sentence_embedding": "mean",
-    "classifier": 1, "max_seq_length": "256", "lowercase": "yes",
+    "classifier": 1, "max_seq_length": "256", "lowercase": "yes", "frontend": 2,
+    "features": ["log_mel"], "encoder_positional": 0.5, "speech": "whisper",
 }
 SIZES = ["vocab_size", "d_model", "num_heads", "num_kv_heads", "num_layers", "d_ff", "max_len"]
 

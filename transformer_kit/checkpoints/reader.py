@@ -23,7 +23,7 @@ from transformer_kit.core.errors import CheckpointError, missing_path
 def read_hf_config(folder: str | Path) -> dict[str, Any]:
     """The checkpoint's ``config.json`` as a dict, with the keys only its
     ``generation_config.json`` holds (where transformers now saves ``forced_bos_token_id`` and
-    the other generation defaults) filled in from there."""
+    the other generation defaults) filled in from there, and its nulls too."""
     path = Path(folder) / "config.json"
     if not Path(folder).exists():
         raise CheckpointError(missing_path(folder, "a Hugging Face checkpoint folder"))
@@ -34,7 +34,8 @@ def read_hf_config(folder: str | Path) -> dict[str, Any]:
     generation = Path(folder) / "generation_config.json"
     if generation.is_file():
         defaults = read_json_object(generation, CheckpointError, "Fix or remove generation_config.json.")
-        config = {**defaults, **config}
+        # a null in config.json is unset there (transformers saves Whisper's suppress_tokens so)
+        config = {**defaults, **{k: v for k, v in config.items() if v is not None or k not in defaults}}
     return config
 
 

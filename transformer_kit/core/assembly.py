@@ -21,6 +21,7 @@ from torch import nn
 
 from transformer_kit.core.attention import MultiHeadAttention
 from transformer_kit.core.capabilities import check_capabilities
+from transformer_kit.core.component import KEY_KINDS
 from transformer_kit.core.config import ModelConfig, load_config
 from transformer_kit.core.embedding.heads import sentence_outputs
 from transformer_kit.core.errors import ComponentError, ConfigError, TransformerKitError
@@ -34,7 +35,7 @@ from transformer_kit.core.model import (
     TransformerModel,
 )
 from transformer_kit.core.registry import Registry, get_registry, origin
-from transformer_kit.core.stacks import Embedder, LayerVariants, OutputHead, Stack
+from transformer_kit.core.stacks import Embedder, FeatureEmbedder, LayerVariants, OutputHead, Stack
 
 #: The type each kind's factory must return.
 _EXPECTED: dict[str, type | tuple[type, ...]] = {
@@ -46,6 +47,8 @@ _EXPECTED: dict[str, type | tuple[type, ...]] = {
     "norm": nn.Module,
     "qk_norm": nn.Module,
     "pooling": nn.Module,
+    "frontend": nn.Module,
+    "features": nn.Module,
 }
 
 
@@ -65,9 +68,11 @@ class _Parts:
             "max_len": config.max_len,
         }
 
-    def create(self, kind: str, slot: str, *, layer: int | None = None, **extra: Any) -> Any:
-        """The component of ``kind`` (of self-attention layer ``layer``'s variant, if any)."""
-        spec = self.config.layer_component(kind, layer)
+    def create(self, kind: str, slot: str, *, layer: int | None = None, key: str | None = None,
+               **extra: Any) -> Any:
+        """The component of ``kind`` (of self-attention layer ``layer``'s variant, if any; or
+        the one config key ``key`` names)."""
+        spec = self.config.component(key) if key is not None else self.config.layer_component(kind, layer)
         entry = self.registry.entry(kind, spec.name)
         try:
             obj = self.registry.create(kind, spec.name, context={**self.context, **extra},
@@ -132,15 +137,26 @@ class _Parts:
     def norm_factory(self, slot: str, layer: int | None = None) -> Callable[[], nn.Module]:
         return lambda: self.create("norm", slot, layer=layer)
 
-    def embedder(self, token: nn.Embedding, slot: str, *, causal: bool) -> Embedder:
-        """Token embedding and the ``positional`` component; ``causal``: whether its stack
-        attends only backwards (decoders), for encodings that differ by direction."""
-        positional = self.create("positional", slot, causal=causal)
+    def embedder(self, token: nn.Embedding, slot: str, *, causal: bool,
+                 key: str = "positional") -> Embedder:
+        """Token embedding and the positional component config key ``key`` names; ``causal``:
+        whether its stack attends only backwards (decoders), for encodings that differ by
+        direction."""
+        positional = self.create("positional", slot, causal=causal, key=key)
         side = slot.rpartition(".")[0] or "embedding"
         norm = self.create("norm", f"{side}.embedding_norm") if self.config.embedding_norm else None
         cfg = self.config
         scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else cfg.embedding_scale or 1.0
         return Embedder(token, positional, cfg.dropout, scale, norm)
+
+    def feature_embedder(self) -> FeatureEmbedder:
+        """The frontend, the encoder's positional encoding (``encoder_positional``, else
+        ``positional``) and the features component, if any."""
+        cfg = self.config
+        key = "encoder_positional" if cfg.encoder_positional is not None else "positional"
+        positional = self.create("positional", f"encoder.{key}", key=key, causal=False)
+        features = self.create("features", "features") if cfg.features is not None else None
+        return FeatureEmbedder(self.create("frontend", "frontend"), positional, cfg.dropout, features)
 
     def token_embedding(self, vocab: int) -> nn.Embedding:
         embedding = nn.Embedding(vocab, self.config.d_model)
@@ -192,7 +208,7 @@ def check_config(config: ModelConfig | dict | str | Path,
     """
     config = load_config(config)
     registry = registry or get_registry()
-    named = [(kind, kind, spec) for kind, spec in config.components().items()]
+    named = [(key, KEY_KINDS.get(key, key), spec) for key, spec in config.components().items()]
     named += [(f"layer_variants.{name}.{kind}", kind, spec)
               for name, kinds in config.variant_components().items() for kind, spec in kinds.items()]
     for key, kind, spec in named:
@@ -252,7 +268,8 @@ def build_model(config: ModelConfig | dict | str | Path,
         )
     with _parameters_on_meta() if empty else contextlib.nullcontext():
         model = _assemble(config, registry)
-    model.components = {kind: registry.entry(kind, spec.name) for kind, spec in config.components().items()}
+    model.components = {key: registry.entry(KEY_KINDS.get(key, key), spec.name)
+                        for key, spec in config.components().items()}
     model.layer_components = {name: {kind: registry.entry(kind, spec.name) for kind, spec in kinds.items()}
                               for name, kinds in config.variant_components().items()}
     return model
@@ -263,12 +280,19 @@ def _assemble(config: ModelConfig, registry: Registry) -> TransformerModel:
     mask: AttentionMask = parts.create("mask", "mask")
     arch = config.architecture
     if arch == "encoder_decoder":
-        src_token = parts.token_embedding(config.src_vocab)
-        share = config.tie_embeddings and config.shared_vocab
-        tgt_token = src_token if share else parts.token_embedding(config.tgt_vocab)
+        src_embed: Embedder | FeatureEmbedder
+        if config.frontend is not None:
+            tgt_token = parts.token_embedding(config.tgt_vocab)
+            src_embed = parts.feature_embedder()
+        else:
+            src_token = parts.token_embedding(config.src_vocab)
+            share = config.tie_embeddings and config.shared_vocab
+            tgt_token = src_token if share else parts.token_embedding(config.tgt_vocab)
+            key = "encoder_positional" if config.encoder_positional is not None else "positional"
+            src_embed = parts.embedder(src_token, f"encoder.{key}", causal=False, key=key)
         return EncoderDecoderTransformer(
             config,
-            src_embed=parts.embedder(src_token, "encoder.positional", causal=False),
+            src_embed=src_embed,
             tgt_embed=parts.embedder(tgt_token, "decoder.positional", causal=True),
             encoder=parts.stack("encoder", config.n_encoder_layers, cross=False),
             decoder=parts.stack("decoder", config.n_decoder_layers, cross=True),

@@ -4,7 +4,7 @@ variant's)."""
 
 from __future__ import annotations
 
-from transformer_kit.core.component import MODEL_KINDS
+from transformer_kit.core.component import KEY_KINDS, MODEL_KINDS
 from transformer_kit.core.config import ModelConfig
 from transformer_kit.core.errors import ConfigError
 from transformer_kit.core.registry import Registry
@@ -21,7 +21,7 @@ def check_capabilities(config: ModelConfig, registry: Registry) -> None:
 
 
 def _check_combination(config: ModelConfig, registry: Registry, specs: dict, where: str) -> None:
-    chosen = {kind: registry.get(kind, spec.name) for kind, spec in specs.items()}
+    chosen = {key: registry.get(KEY_KINDS.get(key, key), spec.name) for key, spec in specs.items()}
     provided = set().union(*(c.provides for c in chosen.values()))
     for kind, comp in chosen.items():
         for need in sorted(comp.requires - provided):

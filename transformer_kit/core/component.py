@@ -9,10 +9,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-#: The kinds of component a model is assembled from (``qk_norm`` and ``pooling`` are optional:
-#: none by default; ``pooling`` makes an encoder's sentence embedding).
+#: The kinds of component a model is assembled from (``qk_norm``, ``pooling``, ``frontend`` and
+#: ``features`` are optional: none by default; ``pooling`` makes an encoder's sentence embedding,
+#: ``frontend`` an encoder-decoder's source of features (audio) instead of token ids, ``features``
+#: those features from a raw signal).
 MODEL_KINDS: tuple[str, ...] = ("attention", "positional", "mask", "block", "feedforward", "norm",
-                                "qk_norm", "pooling")
+                                "qk_norm", "pooling", "frontend", "features")
+#: Config keys that name a component of another key's kind (the encoder's own positional
+#: encoding, where it is not the decoder's).
+KEY_KINDS: dict[str, str] = {"encoder_positional": "positional"}
 #: The kinds a config's ``layer_variants`` may replace in single layers.
 LAYER_KINDS: tuple[str, ...] = ("attention", "positional", "mask", "feedforward", "norm", "qk_norm")
 #: Every kind a plugin may register: the model's, and logits processors (used by decoding).

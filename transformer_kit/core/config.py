@@ -21,11 +21,12 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from transformer_kit.core.component import LAYER_KINDS, MODEL_KINDS
+from transformer_kit.core.component import KEY_KINDS, LAYER_KINDS, MODEL_KINDS
 from transformer_kit.core.config_files import read_config_file
 from transformer_kit.core.errors import ConfigError, did_you_mean
 from transformer_kit.core.layer_types import layer_type_problems
 from transformer_kit.core.sentence_config import Classifier, SentenceEmbedding, sentence_problems
+from transformer_kit.core.speech_config import SpeechConfig
 
 __all__ = ["ComponentSpec", "ModelConfig", "config_from_dict", "load_config", "read_config_file"]
 
@@ -150,6 +151,20 @@ class ModelConfig(BaseModel):
         default_factory=dict, description="Per variant name, the components that replace the "
         f"top-level ones in its layers (kinds: {', '.join(LAYER_KINDS)}); e.g. "
         "{local: {mask: {name: sliding_window, window: 512}}}.")
+    frontend: ComponentSpec | None = Field(
+        None, description="encoder_decoder: turns the source's features into the encoder's "
+        "embeddings (audio_conv: Whisper's two Conv1d + GELU), instead of a token embedding; "
+        "null: the source is token ids.")
+    features: ComponentSpec | None = Field(
+        None, description="With a frontend: turns a raw signal (16 kHz audio samples) into the "
+        "frontend's features (log_mel: Whisper's log-mel spectrogram); null: features are given.")
+    encoder_positional: ComponentSpec | None = Field(
+        None, description="encoder_decoder: the encoder's positional encoding where it is not "
+        "the decoder's (Whisper: fixed sinusoids in the encoder, learned in the decoder); null: "
+        "positional.")
+    speech: SpeechConfig | None = Field(
+        None, description="A speech model's transcription settings (Whisper's special tokens, "
+        "languages, suppressed tokens, alignment heads); null: not a speech model.")
     pooling: ComponentSpec | None = Field(
         None, description="Encoders: pools the last hidden states into a sentence embedding "
         "(cls, mean, max, mean_sqrt_len, weightedmean, lasttoken); null: none.")
@@ -176,6 +191,7 @@ class ModelConfig(BaseModel):
         if self.lm_head and self.architecture != "encoder":
             problems.append("'lm_head' applies to encoder models (decoders always have one)")
         problems += self._head_problems()
+        problems += self._source_problems()
         if isinstance(self.eos_id, list) and not self.eos_id:
             problems.append("'eos_id' is an empty list; give null for no end id, or the ids")
         if not problems:
@@ -208,6 +224,28 @@ class ModelConfig(BaseModel):
             if getattr(self, key) is not None:
                 problems.append(f"{key!r} applies to encoder_decoder only; use "
                                 f"{'vocab_size' if 'vocab' in key else 'num_layers'}")
+        return problems
+
+    def _source_problems(self) -> list[str]:
+        """Source components where there is no encoder-decoder source, features without a
+        frontend to read them, a source vocabulary where the source is not tokens."""
+        given = [key for key in ("frontend", "features", "encoder_positional", "speech")
+                 if getattr(self, key) is not None]
+        if self.architecture != "encoder_decoder":
+            return [f"{key!r} applies to encoder_decoder only (the source of the encoder)"
+                    for key in given]
+        problems = []
+        if self.features is not None and self.frontend is None:
+            problems.append("'features' makes the features a 'frontend' reads; give the frontend "
+                            "too (e.g. audio_conv after log_mel)")
+        if self.speech is not None:
+            if self.frontend is None:
+                problems.append("'speech' settings need a 'frontend' (the audio's features)")
+            problems += self.speech.token_problems(self.tgt_vocab, self.n_decoder_layers,
+                                                   self.num_heads)
+        if self.frontend is not None and self.src_vocab_size is not None:
+            problems.append("'src_vocab_size' is the source's vocabulary, but with a 'frontend' "
+                            "the source is features, not tokens; give 'vocab_size' (the target's)")
         return problems
 
     def _head_problems(self) -> list[str]:
@@ -278,13 +316,16 @@ class ModelConfig(BaseModel):
     def n_decoder_layers(self) -> int:
         return self.decoder_layers or self.num_layers
 
-    def component(self, kind: str) -> ComponentSpec | None:
-        """The spec naming the component of ``kind`` (None: an optional kind left out)."""
-        return getattr(self, kind)
+    def component(self, key: str) -> ComponentSpec | None:
+        """The spec the config key ``key`` names (a kind, or ``encoder_positional``; None: an
+        optional one left out)."""
+        return getattr(self, key)
 
     def components(self) -> dict[str, ComponentSpec]:
-        """The spec of every kind the model is assembled from, the optional ones left out."""
-        return {kind: spec for kind in MODEL_KINDS if (spec := getattr(self, kind)) is not None}
+        """The spec of every component the model is assembled from, by config key (a kind, or
+        one of :data:`KEY_KINDS`: its kind there), the optional ones left out."""
+        keys = (*MODEL_KINDS, *KEY_KINDS)
+        return {key: spec for key in keys if (spec := getattr(self, key)) is not None}
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (JSON/YAML-ready) that validates back to an equal config."""
@@ -301,7 +342,7 @@ def _format_validation_error(exc: ValidationError) -> str:
             fields = allowed if len(err["loc"]) == 1 else ["name", "params"]
             lines.append(f"unknown key {loc!r}.{did_you_mean(key, fields)} "
                          f"Allowed keys: {', '.join(fields)}")
-        elif err["loc"] and err["loc"][0] in MODEL_KINDS and len(err["loc"]) == 1:
+        elif err["loc"] and err["loc"][0] in (*MODEL_KINDS, *KEY_KINDS) and len(err["loc"]) == 1:
             lines.append(f"key {loc!r}: give a component name or a mapping "
                          f"{{name: ..., <params>}} (given {err.get('input')!r})")
         elif err["type"] == "value_error":

@@ -8,7 +8,7 @@ from torch import Tensor
 from transformer_kit.core.errors import InputError
 from transformer_kit.core.id_checks import check_id_array, check_positions
 
-__all__ = ["check_positions", "check_token_ids", "tracing"]
+__all__ = ["check_features", "check_positions", "check_token_ids", "tracing"]
 
 
 def tracing() -> bool:
@@ -29,3 +29,22 @@ def check_token_ids(ids: object, vocab_size: int, name: str = "input_ids") -> Te
     check_id_array(name, is_integer, ids.dtype, ids.shape,
                    lambda: (int(ids.min()), int(ids.max())), vocab_size)
     return ids
+
+
+def check_features(features: object, frontend: torch.nn.Module) -> Tensor:
+    """Refuse features that are not a finite (batch, channels, frames) float tensor with the
+    frontend's ``in_channels``."""
+    if not isinstance(features, Tensor) or not features.dtype.is_floating_point:
+        kind = type(features).__name__ if not isinstance(features, Tensor) else f"{features.dtype} tensor"
+        raise InputError(f"This model's source is features (a float tensor of shape (batch, "
+                         f"channels, frames)), got a {kind}; for audio, make them with "
+                         "model.audio_features(samples).")
+    if tracing():
+        return features
+    channels = getattr(frontend, "in_channels", None)
+    if features.dim() != 3 or (channels is not None and features.shape[1] != channels):
+        raise InputError(f"features must be (batch, {channels or 'channels'}, frames), got shape "
+                         f"{tuple(features.shape)}.")
+    if not bool(torch.isfinite(features).all()):
+        raise InputError("features hold NaN or infinite values; give finite features.")
+    return features

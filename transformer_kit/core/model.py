@@ -8,7 +8,7 @@ generation and the exported decoder step share one code path.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +19,24 @@ from torch import Tensor, nn
 from transformer_kit.core.config import ModelConfig
 from transformer_kit.core.decoding import GenerationConfig
 from transformer_kit.core.decoding.text import Tokenizer, chat_reply, stream_chat_reply
+from transformer_kit.core.decoding.text import require as text_require
 from transformer_kit.core.decoding.torch_steps import eval_mode, generate, stream
 from transformer_kit.core.embedding.api import DEFAULT_BATCH_TOKENS, RerankResult, SentenceTasks
 from transformer_kit.core.embedding.heads import ClassifierHead, SentenceHead
 from transformer_kit.core.errors import InputError
-from transformer_kit.core.inputs import check_token_ids, tracing
+from transformer_kit.core.inputs import check_features, check_token_ids, tracing
 from transformer_kit.core.interfaces import AttentionInputs, AttentionMask, LayerCache
 from transformer_kit.core.masks import real_tokens
 from transformer_kit.core.registry_entries import RegisteredComponent, component_of
 from transformer_kit.core.serialization import save_model
-from transformer_kit.core.stacks import Embedder, Stack, self_attention_inputs
+from transformer_kit.core.speech import (
+    Transcriber,
+    Transcription,
+    as_samples,
+    model_generate,
+    transcribe_options,
+)
+from transformer_kit.core.stacks import Embedder, FeatureEmbedder, Stack, self_attention_inputs
 
 
 class TransformerModel(nn.Module):
@@ -153,6 +161,7 @@ class TransformerModel(nn.Module):
 
     def generate(self, ids: Tensor, max_new_tokens: int | None = None, *,
                  attention_mask: Tensor | None = None,
+                 decoder_input_ids: Tensor | None = None,
                  generation_config: GenerationConfig | dict | None = None,
                  use_cache: bool = True, **options: Any) -> Tensor:
         """New tokens for each prompt, by the strategy the options choose (greedy, sampling,
@@ -161,8 +170,11 @@ class TransformerModel(nn.Module):
         prompt row; encoder-decoder models encode ``ids`` once and decode from ``bos_id``.
 
         Args:
-            ids: (batch, len) int64 prompts (decoder) or source ids (encoder_decoder).
+            ids: (batch, len) int64 prompts (decoder) or source ids (encoder_decoder); with a
+                frontend, the source's features (batch, channels, frames).
             attention_mask: (batch, len) 1 = real token, 0 = padding (else from ``pad_id``).
+            decoder_input_ids: encoder_decoder: the target's first tokens, (k,) for every row
+                or (batch, k) (Whisper's prompt), instead of ``bos_id``.
             use_cache: False recomputes the whole sequence each step (the reference).
         Returns:
             (batch x num_return_sequences, steps) int64 new tokens; a row that ended holds
@@ -171,10 +183,11 @@ class TransformerModel(nn.Module):
         if max_new_tokens is not None:
             options["max_new_tokens"] = max_new_tokens
         return generate(self, ids, attention_mask=attention_mask, config=generation_config,
-                        use_cache=use_cache, **options)
+                        use_cache=use_cache, decoder_input_ids=decoder_input_ids, **options)
 
     def stream(self, ids: Tensor, max_new_tokens: int | None = None, *,
                attention_mask: Tensor | None = None,
+               decoder_input_ids: Tensor | None = None,
                generation_config: GenerationConfig | dict | None = None,
                use_cache: bool = True, **options: Any) -> Iterator[Tensor]:
         """As :meth:`generate` (greedy search or sampling), yielding each step's tokens
@@ -182,7 +195,7 @@ class TransformerModel(nn.Module):
         if max_new_tokens is not None:
             options["max_new_tokens"] = max_new_tokens
         return stream(self, ids, attention_mask=attention_mask, config=generation_config,
-                      use_cache=use_cache, **options)
+                      use_cache=use_cache, decoder_input_ids=decoder_input_ids, **options)
 
     def _empty_cache(self, stack: Stack, batch: int, like: Tensor) -> list[LayerCache]:
         caches = []
@@ -198,7 +211,7 @@ class EncoderDecoderTransformer(TransformerModel):
 
     architecture = "encoder_decoder"
 
-    def __init__(self, config: ModelConfig, src_embed: Embedder, tgt_embed: Embedder,
+    def __init__(self, config: ModelConfig, src_embed: Embedder | FeatureEmbedder, tgt_embed: Embedder,
                  encoder: Stack, decoder: Stack, head: nn.Linear, encoder_mask: AttentionMask,
                  decoder_mask: AttentionMask) -> None:
         super().__init__(config)
@@ -211,15 +224,72 @@ class EncoderDecoderTransformer(TransformerModel):
     def max_positions(self) -> int | None:
         return self.tgt_embed.positional.max_positions
 
+    @property
+    def takes_features(self) -> bool:
+        """Whether the source is features for a frontend (audio), not token ids."""
+        return isinstance(self.src_embed, FeatureEmbedder)
+
+    def audio_features(self, samples: Tensor) -> Tensor:
+        """samples (batch, n_samples) float32 (16 kHz audio, the config's ``features``) ->
+        the frontend's features (batch, channels, frames), e.g. Whisper's log-mel spectrogram."""
+        if not self.takes_features or self.src_embed.features is None:
+            raise InputError("This model's config names no 'features' component, so it cannot "
+                             "make features from a signal; give the features themselves.")
+        return self.src_embed.features(samples)
+
     def encode(self, src_ids: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """src_ids (batch, src_len), attention_mask (batch, src_len) 1 = real token (else from
-        ``pad_id``) -> memory (batch, src_len, d_model), src_real (batch, src_len) bool."""
+        ``pad_id``) -> memory (batch, src_len, d_model), src_real (batch, src_len) bool.
+
+        A model with a frontend takes features instead (batch, channels, frames), e.g.
+        ``model.audio_features(samples)``; every one of the frontend's outputs is real."""
+        if self.takes_features:
+            return self._encode_features(src_ids)
         src_ids = check_token_ids(src_ids, self.config.src_vocab, "src_ids")
         real = real_tokens(src_ids, attention_mask, self.config.pad_id)
         inputs = self_attention_inputs(real, src_ids.shape[1], self.src_embed.positional,
                                        self.encoder_mask)
         memory = self.encoder(self.src_embed(src_ids, inputs.q_positions), inputs)
         return memory, real
+
+    def transcribe(self, audio: Any, *, sample_rate: int | None = None,
+                   progress: Callable[[float, float], None] | None = None,
+                   **options: Any) -> Transcription:
+        """Speech to text (a model with ``speech`` settings: Whisper), as transformers' long-form
+        ``generate``: see :class:`~transformer_kit.core.speech.Transcriber`.
+
+        Args:
+            audio: a file's path or bytes (any format FFmpeg reads), or samples (n,) with their
+                ``sample_rate`` (default 16 kHz).
+            progress: ``progress(done, total)`` in seconds after each 30 s window.
+            options: :class:`~transformer_kit.core.speech.TranscribeOptions` (language, task,
+                timestamps, prompt, temperature, ...).
+        Returns:
+            a :class:`~transformer_kit.core.speech.Transcription`: the text, its segments
+            (start, end, text), the language and the duration.
+        """
+        with eval_mode(self):
+            return self._transcriber().transcribe(as_samples(audio, sample_rate),
+                                                  transcribe_options(**options), progress)
+
+    def _transcriber(self) -> Transcriber:
+        if self.config.speech is None or not self.takes_features or self.src_embed.features is None:
+            raise InputError("transcribe needs a speech model (a config with 'speech' settings and "
+                             "a 'features' component: Whisper); this model has none.")
+        tokenizer = text_require(self.tokenizer, "This model")
+        device = next(self.parameters()).device
+        return Transcriber(
+            self.config.speech,
+            lambda samples: self.audio_features(torch.from_numpy(samples).to(device)).cpu().numpy(),
+            model_generate(self, lambda array: torch.from_numpy(np.ascontiguousarray(array)).to(device)),
+            tokenizer, self.config.tgt_vocab, self.context_length)
+
+    def _encode_features(self, features: Tensor) -> tuple[Tensor, Tensor]:
+        embed = self.src_embed
+        x = embed.frontend(check_features(features, embed.frontend))
+        real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+        inputs = self_attention_inputs(real, x.shape[1], embed.positional, self.encoder_mask)
+        return self.encoder(embed(x, inputs.q_positions), inputs), real
 
     def decode(self, tgt_ids: Tensor, memory: Tensor | None, src_real: Tensor,
                caches: list[LayerCache] | None = None, *, last_only: bool = False) -> Tensor:

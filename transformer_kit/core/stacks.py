@@ -57,6 +57,25 @@ class Embedder(nn.Module):
         return self.dropout(self.norm(x) if self.norm is not None else x)
 
 
+class FeatureEmbedder(nn.Module):
+    """An encoder's source that is not tokens: a ``frontend`` (features -> embeddings, Whisper's
+    audio stem) + positions; ``features`` (a raw signal -> the frontend's features, Whisper's
+    log-mel spectrogram) when the config names one, else None."""
+
+    def __init__(self, frontend: nn.Module, positional: PositionalEncoding, dropout: float,
+                 features: nn.Module | None = None) -> None:
+        super().__init__()
+        self.frontend = frontend
+        self.positional = positional
+        self.features = features
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, embeddings: Tensor, positions: Tensor) -> Tensor:
+        """The frontend's output (batch, len, d_model) plus the encodings of ``positions``
+        (batch, len) -> (batch, len, d_model)."""
+        return self.dropout(self.positional.embed(embeddings, positions))
+
+
 class OutputHead(nn.Linear):
     """The output projection (d_model -> vocab; its parameters ``weight``, ``bias`` as
     ``nn.Linear``'s), then the configured transforms of its logits: times ``scale``

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,14 @@ from transformer_kit.core.embedding import RerankResult, SentenceTasks
 from transformer_kit.core.embedding.api import DEFAULT_BATCH_TOKENS
 from transformer_kit.core.errors import ArtifactError, ConfigError, InputError
 from transformer_kit.core.id_checks import check_id_array, check_positions
+from transformer_kit.core.speech import (
+    Transcriber,
+    Transcription,
+    as_samples,
+    model_generate,
+    transcribe_options,
+)
+from transformer_kit.core.speech_config import SpeechConfig
 from transformer_kit.runtime.adapters import adapter_names, read_adapter_values
 from transformer_kit.runtime.cache_layout import CacheLayout, one_row_exact
 from transformer_kit.runtime.left_padded import PREFILL_CHUNK, Aligned, LeftPadded
@@ -235,6 +243,8 @@ class OnnxModel:
         if len(ids) != len(names):
             raise InputError(f"This {m.architecture} model takes {len(names)} input(s) "
                              f"({', '.join(names)}), got {len(ids)}.")
+        if names[0] == "input_features":  # a frontend's features, then the target's ids
+            return self._features_forward(*ids, attention_mask=attention_mask)
         vocabs = [m.src_vocab, m.tgt_vocab] if m.architecture == "encoder_decoder" else [m.src_vocab]
         feeds = {name: check_ids(x, vocab, name) for name, x, vocab in zip(names, ids, vocabs, strict=True)}
         first = feeds[names[0]]
@@ -258,6 +268,19 @@ class OnnxModel:
         accepted = {i.name for i in session.get_overridable_initializers()}
         feeds.update({k: v for k, v in self._adapter_arrays(adapter).items() if k in accepted})
         return session.run(None, feeds)[0]
+
+    def _features_forward(self, features: Any, tgt_ids: Any, attention_mask: Any) -> np.ndarray:
+        """``__call__`` of a model whose source is features: logits (batch, len, vocab)."""
+        if attention_mask is not None:
+            raise InputError("This model's source is features, which have no padding; give no "
+                             "attention_mask.")
+        feeds = {"input_features": self._check_features(features),
+                 "tgt_ids": check_ids(tgt_ids, self.manifest.tgt_vocab, "tgt_ids")}
+        check_positions(feeds["tgt_ids"].shape[1], self.manifest.max_positions, "tgt_ids")
+        if len(feeds["input_features"]) != len(feeds["tgt_ids"]):
+            raise InputError(f"input_features has {len(feeds['input_features'])} rows but tgt_ids "
+                             f"has {len(feeds['tgt_ids'])}; give one target row per source row.")
+        return self.session("model").run(None, feeds)[0]
 
     def prompt_logprobs(self, ids: Any, top: int = 0, *, adapter: str | None = None
                         ) -> list[TokenLogprob | None]:
@@ -362,7 +385,7 @@ class OnnxModel:
     def generate(self, ids: Any, max_new_tokens: int | None = None, *, attention_mask: Any = None,
                  generation_config: GenerationConfig | dict | None = None, stop_matcher=None,
                  add_special_tokens: bool = True, assistant_model: OnnxModel | None = None,
-                 adapter: str | None = None,
+                 adapter: str | None = None, decoder_input_ids: Any = None,
                  **options: Any) -> np.ndarray:
         """New tokens for each prompt, token for token as ``model.generate`` with the same
         options (greedy, sampling with a seed, beam search): (batch, len) prompts (decoder;
@@ -385,7 +408,7 @@ class OnnxModel:
             ids, attention_mask = tokenizer.encode(prompts[0], add_special_tokens)
             stop_matcher = tokenizer.stop_matcher(opts.stop) if opts.stop else None
         stepper, call, pipeline = self._plan(ids, attention_mask, opts, stop_matcher, assistant_model,
-                                             adapter)
+                                             adapter, decoder_input_ids)
         tokens = generate_tokens(stepper, call, opts, pipeline)
         reports = None if opts.logprobs is None else row_reports(call.logprobs, len(tokens))
         if prompts is None:
@@ -396,7 +419,7 @@ class OnnxModel:
     def stream(self, ids: Any, max_new_tokens: int | None = None, *, attention_mask: Any = None,
                generation_config: GenerationConfig | dict | None = None, stop_matcher=None,
                add_special_tokens: bool = True, assistant_model: OnnxModel | None = None,
-               adapter: str | None = None,
+               adapter: str | None = None, decoder_input_ids: Any = None,
                **options: Any) -> Iterator[np.ndarray]:
         """As :meth:`generate` (greedy search or sampling), yielding each step's tokens
         (batch x num_return_sequences,) int64 as they are chosen."""
@@ -412,7 +435,7 @@ class OnnxModel:
             ids, attention_mask = tokenizer.encode(prompts[0], add_special_tokens)
             stop_matcher = tokenizer.stop_matcher(opts.stop) if opts.stop else None
         stepper, call, pipeline = self._plan(ids, attention_mask, opts, stop_matcher, assistant_model,
-                                             adapter)
+                                             adapter, decoder_input_ids)
         steps = stream_tokens(stepper, call, opts, pipeline)
         if prompts is None:
             return steps
@@ -420,9 +443,63 @@ class OnnxModel:
         return text.stream_text(tokenizer, steps, rows, opts.eos_ids(self.manifest.eos_id),
                                 opts.stop, prompts[1] and rows == 1)
 
+    @property
+    def takes_features(self) -> bool:
+        """Whether the source is features (``input_features``: audio), not token ids."""
+        encoder = self.manifest.graphs.get("encoder")
+        return encoder is not None and "input_features" in encoder.inputs
+
+    def audio_features(self, samples: Any) -> np.ndarray:
+        """samples (batch, n_samples) float32 (16 kHz audio) -> the encoder's features (batch,
+        channels, frames) float32, by the export's ``features`` graph (Whisper's log-mel)."""
+        if "features" not in self.manifest.graphs:
+            raise InputError(f"{self.path} has no features graph (its config names no 'features' "
+                             "component); give the features themselves.")
+        samples = as_array(samples, "samples")
+        if samples.ndim == 1:
+            samples = samples[None]
+        if samples.ndim != 2 or samples.dtype.kind != "f" or samples.shape[1] == 0:
+            raise InputError(f"samples must be (batch, n_samples) floats, n_samples >= 1; got "
+                             f"dtype {samples.dtype} of shape {tuple(samples.shape)}.")
+        if not np.isfinite(samples).all():
+            raise InputError("samples hold NaN or infinite values; give finite samples.")
+        return self.session("features").run(None, {"samples": np.ascontiguousarray(samples, np.float32)})[0]
+
+    def transcribe(self, audio: Any, *, sample_rate: int | None = None,
+                   progress: Callable[[float, float], None] | None = None,
+                   **options: Any) -> Transcription:
+        """Speech to text (an export of a speech model: Whisper), as transformers' long-form
+        ``generate``, as ``model.transcribe`` does it in PyTorch: ``audio`` a file's path or
+        bytes, or samples (n,) with their ``sample_rate``; ``options``: the
+        :class:`~transformer_kit.core.speech.TranscribeOptions`. Returns a
+        :class:`~transformer_kit.core.speech.Transcription`."""
+        settings = self.manifest.config.get("speech")
+        if settings is None or "features" not in self.manifest.graphs:
+            raise InputError(f"transcribe needs a speech model (Whisper); {self.path} is an export "
+                             "without speech settings or a features graph.")
+        transcriber = Transcriber(
+            SpeechConfig.model_validate(settings), self.audio_features,
+            model_generate(self, np.ascontiguousarray), text.require(self.tokenizer, str(self.path)),
+            self.manifest.tgt_vocab, self.context_length)
+        return transcriber.transcribe(as_samples(audio, sample_rate), transcribe_options(**options),
+                                      progress)
+
+    def _check_features(self, features: Any) -> np.ndarray:
+        """(batch, channels, frames) finite float32 features of this model's encoder."""
+        x = as_array(features, "input_features")
+        frontend = self.manifest.config.get("frontend")
+        channels = frontend.get("in_channels") if isinstance(frontend, dict) else None
+        if x.ndim != 3 or x.dtype.kind != "f" or (channels is not None and x.shape[1] != channels):
+            raise InputError(f"This model's source is features of shape (batch, {channels}, frames) "
+                             f"float32; got dtype {x.dtype} of shape {tuple(x.shape)}. For audio, "
+                             "make them with audio_features(samples).")
+        if not np.isfinite(x).all():
+            raise InputError("input_features hold NaN or infinite values; give finite features.")
+        return np.ascontiguousarray(x, dtype=np.float32)
+
     def _plan(self, ids: Any, attention_mask: Any, options: GenerationConfig, stop_matcher,
-              assistant: OnnxModel | None = None, adapter: str | None = None
-              ) -> tuple[LayoutStepper, DecodingCall, Any]:
+              assistant: OnnxModel | None = None, adapter: str | None = None,
+              decoder_prompt: Any = None) -> tuple[LayoutStepper, DecodingCall, Any]:
         m = self.manifest
         check_stop(options, stop_matcher)
         if self.step_graph is None:
@@ -431,18 +508,31 @@ class OnnxModel:
         if not is_decoder and m.bos_id is None:
             raise ConfigError("bos_id is null, but encoder_decoder decoding starts from bos_id; "
                               "export the model again with a bos_id in its config.")
-        ids = check_ids(ids, m.src_vocab, "input_ids" if is_decoder else "src_ids")
+        if decoder_prompt is not None and is_decoder:
+            raise InputError("decoder_input_ids start an encoder-decoder's target; a decoder's "
+                             "prompt is its input_ids.")
+        features = not is_decoder and self.takes_features
+        if features:  # no token ids: every output of the frontend is real
+            if attention_mask is not None:
+                raise InputError("This model's source is features, which have no padding; give "
+                                 "no attention_mask.")
+            source = self._check_features(ids)
+            ids = np.zeros((len(source), 0), np.int64)
+        else:
+            ids = source = check_ids(ids, m.src_vocab, "input_ids" if is_decoder else "src_ids")
         call, pipeline, real = prepare_call(
-            ids, attention_mask, options, decoder=is_decoder, pad_id=m.pad_id, eos_id=m.eos_id,
-            bos_id=m.bos_id, vocab=m.tgt_vocab, context_length=self.context_length,
-            source_positions=None if is_decoder else m.max_positions, stop_matcher=stop_matcher,
-            forced_bos_id=m.config.get("forced_bos_id"), tokenizer=self.tokenizer)
+            ids, attention_mask, options, decoder=is_decoder, pad_id=None if features else m.pad_id,
+            eos_id=m.eos_id, bos_id=m.bos_id, vocab=m.tgt_vocab, context_length=self.context_length,
+            source_positions=None if is_decoder or features else m.max_positions,
+            stop_matcher=stop_matcher, forced_bos_id=m.config.get("forced_bos_id"),
+            tokenizer=self.tokenizer, decoder_prompt=decoder_prompt)
         if assistant is not None:
             call.assistant = self._assistant_stepper(assistant, call.prompt_ids, real)
         if is_decoder:
             layout = self.cache_layout(adapter)
         else:
-            layout = LeftPadded(self.step_graph, self._adapter_values(adapter), fixed=self._encode(ids, real))
+            layout = LeftPadded(self.step_graph, self._adapter_values(adapter),
+                                fixed=self._encode(source, real))
         return LayoutStepper(layout, call.prompt_ids, call.prompt_real), call, pipeline
 
     def _assistant_stepper(self, assistant: Any, prompt_ids: np.ndarray, real: np.ndarray) -> LayoutStepper:
@@ -491,13 +581,14 @@ class OnnxModel:
             self._fewest = 1 if exact else 2
         return self._fewest
 
-    def _encode(self, src_ids: np.ndarray, real: np.ndarray) -> list[Any]:
-        """Run the encoder once: the step graph's inputs it gives (encoder_attention_mask and
-        every layer's cross keys/values), in the step graph's order."""
+    def _encode(self, source: np.ndarray, real: np.ndarray) -> list[Any]:
+        """Run the encoder once on ``source`` (src_ids, or input_features): the step graph's
+        inputs it gives (encoder_attention_mask and every layer's cross keys/values), in the
+        step graph's order."""
         session = self._sessions["encoder"]
         graph = self.manifest.graphs["encoder"]
         io = session.io_binding()
-        io.bind_cpu_input("src_ids", src_ids)
+        io.bind_cpu_input("input_features" if self.takes_features else "src_ids", source)
         if "attention_mask" in graph.inputs:
             io.bind_cpu_input("attention_mask", real.astype(np.int64))
         for name in graph.outputs:

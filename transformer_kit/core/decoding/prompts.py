@@ -99,12 +99,16 @@ def prepare_call(ids: np.ndarray, attention_mask: Any, options: GenerationConfig
          pad_id: int | None, eos_id: int | None, bos_id: int | None, vocab: int,
          context_length: int | None, source_positions: int | None = None,
          stop_matcher=None, forced_bos_id: int | None = None,
-         tokenizer: Any = None) -> tuple[DecodingCall, Pipeline, np.ndarray]:
-    """What every runtime prepares before decoding checked ``ids`` (batch, len) int64.
+         tokenizer: Any = None, decoder_prompt: Any = None) -> tuple[DecodingCall, Pipeline, np.ndarray]:
+    """What every runtime prepares before decoding checked ``ids`` (batch, len) int64 (an
+    encoder-decoder whose source is features: (batch, 0), no token ids).
 
     Returns the call for the strategies (decoder: the prompts left-aligned; encoder-decoder:
-    the start token), the processors, and real (batch, len') bool: the aligned prompt's, or the
-    source's. ``source_positions``: the positional bound the source must fit, if checked here.
+    the start token, or ``decoder_prompt``), the processors, and real (batch, len') bool: the
+    aligned prompt's, or the source's. ``source_positions``: the positional bound the source
+    must fit, if checked here. ``decoder_prompt`` (encoder-decoder): the tokens the target
+    starts with, (batch, k) or (k,) for every row (Whisper's start of transcript, language and
+    task), instead of ``bos_id`` alone.
     """
     real = (real_from_pad(ids, pad_id) if attention_mask is None
             else real_from_mask(attention_mask, ids.shape))
@@ -119,6 +123,23 @@ def prepare_call(ids: np.ndarray, attention_mask: Any, options: GenerationConfig
         return DecodingCall(ids, real, eos_ids, fill, stop_matcher), pipeline, real
     if source_positions is not None:
         check_positions(int(real.sum(axis=1).max()) if real.size else 0, source_positions, "src_ids")
-    check_room(1, options, context_length, "decoder start token")
-    start = np.full((len(ids), 1), bos_id, np.int64)
+    start = (np.full((len(ids), 1), bos_id, np.int64) if decoder_prompt is None
+             else decoder_start(decoder_prompt, len(ids), vocab))
+    check_room(start.shape[1], options, context_length,
+               "decoder start token" if decoder_prompt is None else "decoder prompt")
     return DecodingCall(start, np.ones(start.shape, bool), eos_ids, fill, stop_matcher), pipeline, real
+
+
+def decoder_start(prompt: Any, batch: int, vocab: int) -> np.ndarray:
+    """An encoder-decoder's target prompt as (batch, k) int64: ``prompt`` (k,) for every row
+    or (batch, k), k >= 1, its ids within the target vocabulary."""
+    ids = as_array(prompt, "decoder_input_ids")
+    if ids.ndim == 1:
+        ids = np.broadcast_to(ids, (batch, len(ids)))
+    if ids.ndim != 2 or ids.shape[0] != batch or ids.shape[1] == 0 or ids.dtype.kind not in "iu":
+        raise InputError(f"decoder_input_ids must be k >= 1 integer ids, (k,) for every row or "
+                         f"({batch}, k); got dtype {ids.dtype} of shape {tuple(ids.shape)}.")
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise InputError(f"decoder_input_ids hold ids from {int(ids.min())} to {int(ids.max())}, "
+                         f"but the target vocabulary has {vocab} ids (0 to {vocab - 1}).")
+    return np.ascontiguousarray(ids, dtype=np.int64)

@@ -23,7 +23,7 @@ from transformer_kit.core.decoding.defaults import call_config
 from transformer_kit.core.decoding.logprobs import Generation, row_reports
 from transformer_kit.core.decoding.prompts import check_stop, prepare_call
 from transformer_kit.core.errors import ConfigError, InputError
-from transformer_kit.core.inputs import check_token_ids
+from transformer_kit.core.inputs import check_features, check_token_ids
 from transformer_kit.core.interfaces import LayerCache
 
 
@@ -83,14 +83,14 @@ class DecoderStepper:
 
 
 class EncoderDecoderStepper:
-    """Encoder-decoder steps: the source encoded once, the target from ``bos_id``."""
+    """Encoder-decoder steps: the source (token ids, or a frontend's features) encoded once,
+    the target from ``start`` (batch, k): ``bos_id``, or a decoder prompt."""
 
-    def __init__(self, model, src_ids: Tensor, src_real: Tensor, use_cache: bool) -> None:
+    def __init__(self, model, source: Tensor, src_real: Tensor, use_cache: bool, start: Tensor) -> None:
         self.model, self.use_cache = model, use_cache
-        self.memory, self.src_real = model.encode(src_ids, src_real)
-        batch = src_ids.shape[0]
-        self.caches = model.new_cache(batch, self.memory) if use_cache else None
-        self.tgt = torch.full((batch, 1), model.config.bos_id, device=src_ids.device)
+        self.memory, self.src_real = model.encode(source, src_real)
+        self.caches = model.new_cache(source.shape[0], self.memory) if use_cache else None
+        self.tgt = start
 
     def _decode(self, new: Tensor) -> np.ndarray:
         return _logits(self.model.decode(new, self.memory, self.src_real, self.caches,
@@ -110,7 +110,7 @@ class EncoderDecoderStepper:
 
 
 def _plan(model, ids: Tensor, attention_mask: Any, options: GenerationConfig, use_cache: bool,
-          stop_matcher=None, assistant=None) -> tuple[Any, DecodingCall, Any]:
+          stop_matcher=None, assistant=None, decoder_prompt: Any = None) -> tuple[Any, DecodingCall, Any]:
     """Check the call; the stepper, the call for the shared strategies, the processors."""
     cfg = model.config
     check_stop(options, stop_matcher)
@@ -125,13 +125,17 @@ def _plan(model, ids: Tensor, attention_mask: Any, options: GenerationConfig, us
     if not is_decoder and cfg.bos_id is None:
         raise ConfigError("bos_id is null, but encoder_decoder decoding starts from bos_id; set "
                           "bos_id in the config (for a checkpoint: tk.from_hf(folder, bos_id=...)).")
-    name = "input_ids" if is_decoder else "src_ids"
-    ids = check_token_ids(ids, cfg.vocab_size if is_decoder else cfg.src_vocab, name)
+    if decoder_prompt is not None and is_decoder:
+        raise InputError("decoder_input_ids start an encoder-decoder's target; a decoder's "
+                         "prompt is its input_ids.")
+    features = not is_decoder and model.takes_features
+    ids, token_ids = _checked_source(model, ids, attention_mask, is_decoder)
     call, pipeline, real = prepare_call(
-        ids.cpu().numpy(), attention_mask, options, decoder=is_decoder, pad_id=cfg.pad_id,
+        token_ids, attention_mask, options, decoder=is_decoder, pad_id=None if features else cfg.pad_id,
         eos_id=cfg.eos_id, bos_id=cfg.bos_id, vocab=cfg.tgt_vocab,
         context_length=model.context_length, stop_matcher=stop_matcher,
-        forced_bos_id=cfg.forced_bos_id, tokenizer=getattr(model, "tokenizer", None))
+        forced_bos_id=cfg.forced_bos_id, tokenizer=getattr(model, "tokenizer", None),
+        decoder_prompt=decoder_prompt)
     real_tensor = torch.from_numpy(real).to(ids.device)
     if is_decoder:
         prompt = torch.from_numpy(call.prompt_ids).to(ids.device)
@@ -140,7 +144,23 @@ def _plan(model, ids: Tensor, attention_mask: Any, options: GenerationConfig, us
         return DecoderStepper(model, prompt, real_tensor, use_cache), call, pipeline
     if assistant is not None:
         call.assistant = assistant  # refused with a sentence: an encoder-decoder cannot check drafts
-    return EncoderDecoderStepper(model, ids, real_tensor, use_cache), call, pipeline
+    start = torch.from_numpy(call.prompt_ids).to(ids.device)
+    return EncoderDecoderStepper(model, ids, real_tensor, use_cache, start), call, pipeline
+
+
+def _checked_source(model, ids: Any, attention_mask: Any, is_decoder: bool) -> tuple[Tensor, np.ndarray]:
+    """The checked prompt or source, and its token ids as numpy ((batch, 0) for features: no
+    token ids, every output of the frontend real)."""
+    cfg = model.config
+    if not is_decoder and model.takes_features:
+        if attention_mask is not None:
+            raise InputError("This model's source is features, which have no padding; give no "
+                             "attention_mask.")
+        features = check_features(ids, model.src_embed.frontend)
+        return features, np.zeros((len(features), 0), np.int64)
+    name = "input_ids" if is_decoder else "src_ids"
+    ids = check_token_ids(ids, cfg.vocab_size if is_decoder else cfg.src_vocab, name)
+    return ids, ids.cpu().numpy()
 
 
 def _assistant_stepper(model, assistant, prompt: Tensor, real: Tensor) -> DecoderStepper:
@@ -159,18 +179,20 @@ def _assistant_stepper(model, assistant, prompt: Tensor, real: Tensor) -> Decode
 def generate(model, ids: Tensor, *, attention_mask: Any = None,
              config: GenerationConfig | dict | None = None, use_cache: bool = True,
              stop_matcher=None, add_special_tokens: bool = True, assistant_model=None,
+             decoder_input_ids: Any = None,
              **options: Any) -> Tensor:
     """New tokens for each prompt (see ``TransformerModel.generate``); (rows, steps) int64.
     Text prompts are encoded with the tokenizer's special tokens unless ``add_special_tokens``
     is False (a rendered chat holds its own). ``assistant_model``: a smaller decoder with the
-    same vocabulary that drafts tokens (speculative decoding; it is put in eval mode)."""
+    same vocabulary that drafts tokens (speculative decoding; it is put in eval mode).
+    ``decoder_input_ids``: an encoder-decoder's target prompt, (k,) or (rows, k)."""
     opts = call_config(getattr(model, "generation_defaults", None), config, options)
     prompts = text.as_prompts(ids)
     if prompts is not None:
         tokenizer, (ids, attention_mask) = _encoded(model, prompts[0], add_special_tokens)
         tokens = generate(model, ids, attention_mask=attention_mask, config=opts, use_cache=use_cache,
                           stop_matcher=tokenizer.stop_matcher(opts.stop) if opts.stop else None,
-                          assistant_model=assistant_model,
+                          assistant_model=assistant_model, decoder_input_ids=decoder_input_ids,
                           use_generation_defaults=False)  # opts holds them already
         tokens, reports = tokens if opts.logprobs is not None else (tokens, None)
         out = text.row_texts(tokenizer, tokens.cpu().numpy(), opts.eos_ids(model.config.eos_id),
@@ -178,7 +200,7 @@ def generate(model, ids: Tensor, *, attention_mask: Any = None,
         return out[0] if prompts[1] and len(out) == 1 else out
     with eval_mode(model):
         stepper, call, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher,
-                                           assistant_model)
+                                        assistant_model, decoder_input_ids)
         tokens = generate_tokens(stepper, call, opts, pipeline)
     out = torch.from_numpy(tokens).to(ids.device)
     return out if opts.logprobs is None else Generation(out, row_reports(call.logprobs, len(tokens)))
@@ -187,6 +209,7 @@ def generate(model, ids: Tensor, *, attention_mask: Any = None,
 def stream(model, ids: Tensor, *, attention_mask: Any = None,
            config: GenerationConfig | dict | None = None, use_cache: bool = True,
            stop_matcher=None, add_special_tokens: bool = True, assistant_model=None,
+           decoder_input_ids: Any = None,
            **options: Any) -> Iterator[Tensor]:
     """Each step's tokens (rows,) int64 as they are chosen (greedy search or sampling).
 
@@ -201,7 +224,7 @@ def stream(model, ids: Tensor, *, attention_mask: Any = None,
         stop_matcher = tokenizer.stop_matcher(opts.stop) if opts.stop else None
     with eval_mode(model):
         stepper, call, pipeline = _plan(model, ids, attention_mask, opts, use_cache, stop_matcher,
-                                           assistant_model)
+                                        assistant_model, decoder_input_ids)
     steps = _steps(model, stream_tokens(stepper, call, opts, pipeline), ids.device)
     if prompts is None:
         return steps
