@@ -132,4 +132,4 @@ def test_two_plugins_with_the_same_family_name_both_plugins(installed_package, f
                              "gpt_oss", "granite", "granitemoe", "granitemoeshared", "llama", "marian",
                              "mistral", "mixtral", "olmo2", "olmoe", "phi3",
                              "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-                             "roberta", "smollm3", "t5", "xlm-roberta"])
+                             "roberta", "smollm3", "t5", "whisper", "xlm-roberta"])

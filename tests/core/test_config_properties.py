@@ -194,11 +194,29 @@ def _sentence_outputs(draw, config: dict) -> None:
         config["lowercase"] = draw(st.booleans())
 
 
+def _feature_source(draw, config: dict) -> None:
+    """An encoder-decoder whose source is features (speech): the audio stem, optionally a
+    log-mel front end before it, and the encoder's own positional encoding."""
+    channels = draw(st.sampled_from([3, 5]))
+    config["frontend"] = _named("audio_conv", {"in_channels": channels, **_some(draw, {
+        "kernel_size": st.sampled_from([1, 3]), "stride": st.sampled_from([1, 2])})})
+    if draw(st.booleans()):
+        config["features"] = {"name": "log_mel", "n_mels": channels, "n_fft": 16, "hop_length": 4,
+                              **_some(draw, {"dynamic_range": st.sampled_from([2.0, 8.0])})}
+    names = ["sinusoidal", "learned", "none"]
+    if config["d_model"] % 2 == 0 and config["d_model"] >= 4:
+        names.append("sinusoidal_table")
+    if draw(st.booleans()):
+        name = draw(st.sampled_from(names))
+        config["encoder_positional"] = {"name": "sinusoidal_table", "length": 16} \
+            if name == "sinusoidal_table" else name
+
+
 @st.composite
 def valid_configs(draw) -> dict:
     """A random valid config drawing every field a user can set: sizes, separate source and
     target vocabularies, ids (none, one or several end ids), every component with its
-    parameters, per-layer variants, multipliers, an encoder's heads."""
+    parameters, per-layer variants, multipliers, an encoder's heads, a speech model's source."""
     architecture = draw(st.sampled_from(ARCHITECTURES))
     heads = draw(st.sampled_from([1, 2, 4]))
     head_dim = draw(st.sampled_from([2, 4, 6]))
@@ -208,7 +226,8 @@ def valid_configs(draw) -> dict:
     if draw(st.booleans()):  # a head width of its own (T5's d_kv): d_model need not divide
         d_model = config["d_model"] = draw(st.integers(2, 16))
         config["head_dim"] = head_dim
-    if architecture == "encoder_decoder" and draw(st.booleans()):  # the paper's translation setup
+    features = architecture == "encoder_decoder" and draw(st.integers(0, 3)) == 0  # speech
+    if architecture == "encoder_decoder" and not features and draw(st.booleans()):  # translation
         src, tgt = draw(st.integers(5, 40)), draw(st.integers(5, 40))
         config["src_vocab_size"], config["tgt_vocab_size"] = src, tgt
     else:
@@ -235,6 +254,8 @@ def valid_configs(draw) -> dict:
     if architecture == "encoder_decoder":
         for key in ("encoder_layers", "decoder_layers"):
             config[key] = draw(st.sampled_from([None, 1, 2]))
+        if features:
+            _feature_source(draw, config)
     elif draw(st.integers(0, 3)) == 0:
         _layer_variants(draw, config, head_dim)
     if architecture == "encoder":
@@ -259,6 +280,10 @@ def _inputs(config: dict, model) -> tuple[torch.Tensor, ...]:
     src_vocab, tgt_vocab = _vocabularies(config)
     pad = config["pad_id"]
     gen = torch.Generator().manual_seed(0)
+    if config.get("frontend"):  # features (batch, channels, frames) of a speech model
+        ids = model.src_embed.features(torch.randn(2, 24, generator=gen)) \
+            if config.get("features") else torch.randn(2, config["frontend"]["in_channels"], 6, generator=gen)
+        return ids, torch.randint(0, tgt_vocab, (2, 3), generator=gen)
     ids = torch.randint(0, src_vocab, (2, 5), generator=gen)
     if pad is not None:
         ids[ids == pad] = (pad + 1) % src_vocab

@@ -33,13 +33,15 @@ def _plugin(*components, name="my_plugin"):
 def test_builtin_names_are_sorted_per_kind(fresh_registry):
     assert fresh_registry.names("attention") == ["einsum", "matmul", "sdpa"]
     assert fresh_registry.names("positional") == ["alibi", "learned", "none", "relative_bias", "rotary",
-                                                  "sinusoidal"]
+                                                  "sinusoidal", "sinusoidal_table"]
     assert fresh_registry.names("mask") == ["causal", "none", "sliding_window"]
     assert fresh_registry.names("block") == ["parallel", "post_norm", "post_sublayer_norm", "pre_norm",
                                              "sandwich"]
     assert fresh_registry.names("feedforward") == ["geglu", "gelu", "moe", "relu", "silu", "swiglu"]
     assert fresh_registry.names("norm") == ["layernorm", "rmsnorm"]
     assert fresh_registry.names("qk_norm") == ["per_head_rmsnorm", "rmsnorm"]
+    assert fresh_registry.names("frontend") == ["audio_conv"]
+    assert fresh_registry.names("features") == ["log_mel"]
     assert fresh_registry.names("attention", pattern="*mul") == ["matmul"]
     assert fresh_registry.entry("attention", "sdpa").plugin == "builtin"
 
@@ -306,7 +308,7 @@ def test_checkpoint_families_come_from_plugins(fresh_registry):
         "gpt_oss", "granite", "granitemoe", "granitemoeshared", "llama", "marian", "mistral",
         "mixtral", "olmo2", "olmoe", "phi3", "qwen2",
         "qwen2_moe", "qwen3", "qwen3_moe",
-        "roberta", "smollm3", "t5", "xlm-roberta"]
+        "roberta", "smollm3", "t5", "whisper", "xlm-roberta"]
     assert all(f.plugin == "builtin" for f in fresh_registry.families())
     family = tk.CheckpointFamily("tiny", dict, dict, probe="w")
     plugin = types.ModuleType("tiny_family")

@@ -28,7 +28,7 @@ from torch import nn
 
 from transformer_kit.core.errors import InputError
 from transformer_kit.export.quantize import DEFAULT_TOKENS
-from transformer_kit.export.verify import reference
+from transformer_kit.export.verify import random_features, reference
 from transformer_kit.export.weight_writer import weight_source
 
 #: The text calibrated on when the user gives none.
@@ -86,7 +86,11 @@ def _run(model: nn.Module, ids: torch.Tensor) -> None:
     """One forward pass over ``ids`` (windows, window), every token real, up to the head."""
     real = torch.ones_like(ids)
     try:
-        if model.architecture == "encoder_decoder":
+        if model.architecture == "encoder_decoder" and model.takes_features:
+            # no speech to calibrate on: the features of noise, as long as the encoder takes
+            length = model.src_embed.positional.max_positions or ids.shape[1]
+            model(random_features(model, len(ids), length, seed=0), ids)
+        elif model.architecture == "encoder_decoder":
             model(ids, ids, attention_mask=real)
         else:
             model(ids, attention_mask=real)

@@ -122,7 +122,7 @@ def _build_and_write(model: TransformerModel, dtype: str, writer: WeightWriter, 
         writer.write(built.model, "", staging / file,
                      functools.partial(report_progress, f"writing the weights of {name}"))
         graphs[name] = GraphInfo(file, built.inputs, built.outputs)
-    order = ["model", "encoder", "decoder_step", "decoder_step_shared"]
+    order = ["model", "features", "encoder", "decoder_step", "decoder_step_shared"]
     return {name: graphs[name] for name in sorted(graphs, key=order.index)}
 
 
@@ -232,8 +232,9 @@ def _write_graphs(model: TransformerModel, staging: Path, dtype: str, opset: int
     graphs = _build_and_write(model, dtype, writer, staging, opset, tracer, report_progress)
     writer.close()
     if quantize == "int8":  # onnxruntime's dynamic quantizer reads each whole graph
-        for info in graphs.values():
-            quantize_graph(staging / info.file, weight_bytes > _EXTERNAL_DATA_BYTES)
+        for name, info in graphs.items():
+            if name != "features":  # a signal's features stay float32 (their bases are exact)
+                quantize_graph(staging / info.file, weight_bytes > _EXTERNAL_DATA_BYTES)
         share_weights(staging, [g.file for g in graphs.values()])
     return graphs
 

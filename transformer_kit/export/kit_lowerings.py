@@ -21,7 +21,7 @@ from transformer_kit.core.embedding.heads import ClassifierHead, DenseActivation
 from transformer_kit.core.interfaces import AttentionInputs, PositionalEncoding
 from transformer_kit.core.layer_lowerings import gelu_onnx, layer_norm_onnx, rms_norm_onnx, silu_onnx
 from transformer_kit.core.masks import NoMask
-from transformer_kit.core.stacks import Embedder, OutputHead, Stack
+from transformer_kit.core.stacks import Embedder, FeatureEmbedder, OutputHead, Stack
 from transformer_kit.export.attention_lowering import declares, multi_head_attention_onnx, shape_of
 from transformer_kit.export.graph_builder import FLOAT, GraphBuilder
 
@@ -67,6 +67,12 @@ def embedder_onnx(g: GraphBuilder, embed: Embedder, ids: ir.Value, positions: ir
     if embed.norm is not None:
         x = g.call(embed.norm, x)
     return g.shaped(x, [*shape_of(ids), embed.token.embedding_dim], g.float_type)
+
+
+def feature_embedder_onnx(g: GraphBuilder, embed: FeatureEmbedder, x: ir.Value,
+                          positions: ir.Value) -> ir.Value:
+    """The frontend's output x (batch, len, d_model) plus the encodings of positions (batch, len)."""
+    return g.shaped(g.call(embed.positional, x, positions, method="embed"), x.shape, g.float_type)
 
 
 def stack_onnx(g: GraphBuilder, stack: Stack, x: ir.Value, self_inputs: list[AttentionInputs],
@@ -138,6 +144,7 @@ _BY_TYPE: dict[tuple[type, str], Callable[..., Any]] = {
     (nn.RMSNorm, "forward"): rms_norm_onnx,
     (MultiHeadAttention, "forward"): multi_head_attention_onnx,
     (Embedder, "forward"): embedder_onnx,
+    (FeatureEmbedder, "forward"): feature_embedder_onnx,
     (Stack, "forward"): stack_onnx,
     (OutputHead, "forward"): output_head_onnx,
     (DenseActivation, "forward"): dense_onnx,

@@ -17,7 +17,10 @@ written by its lowering) and names its outputs:
   (each row's length after the step - 1) and ``total_sequence_length`` () int32 (the longest)
   instead of a mask; its positions are the columns.
 - ``encoder`` (encoder_decoder): the source mask and every decoder layer's cross-attention keys
-  and values (``cross.{i}.key/value``), computed once per input.
+  and values (``cross.{i}.key/value``), computed once per input; from ``src_ids``, or from
+  ``input_features`` for a model with a frontend (speech).
+- ``features`` (a model with a features component): a raw signal to the encoder's
+  ``input_features`` (Whisper's log-mel spectrogram), so every runtime gets the same features.
 
 The step graph is built first: a component traced for lack of a lowering is then traced at its
 most general shapes (new tokens after a past), which the other graphs reuse.
@@ -35,7 +38,7 @@ from transformer_kit.core.interfaces import AttentionInputs, AttentionMask, Laye
 from transformer_kit.core.model import TransformerModel
 from transformer_kit.core.stacks import Stack
 from transformer_kit.export.attention_lowering import PACKED_ATTENTION_OPSET, keys_values, shares_buffer
-from transformer_kit.export.graph_builder import BOOL, INT32, INT64, CacheLengths, GraphBuilder
+from transformer_kit.export.graph_builder import BOOL, FLOAT, INT32, INT64, CacheLengths, GraphBuilder
 from transformer_kit.runtime.step_graph import LOGIT_POSITIONS
 
 #: ``GroupQueryAttention`` takes heads whose width is a multiple of this.
@@ -286,18 +289,50 @@ def _decode(g: GraphBuilder, model: TransformerModel, tgt: ir.Value, memory: ir.
     return g.call(model.decoder, x, self_inputs, cross, caches)
 
 
-def seq2seq_model(g: GraphBuilder, model: TransformerModel) -> None:
+def _encode_features(g: GraphBuilder, model: TransformerModel, features: ir.Value
+                     ) -> tuple[ir.Value, ir.Value]:
+    """memory (batch, src_len, d_model) of features (batch, channels, frames), every one of the
+    frontend's outputs real, as ``EncoderDecoderTransformer.encode`` of a model with a frontend."""
+    embed = model.src_embed
+    if g.float_type != FLOAT:
+        with g.scope("input_features"):
+            features = g.op.Cast(features, to=g.float_type)
+    x = g.call(embed.frontend, features)
+    with g.scope(g.path_of(model.encoder, "encoder") + ".attention_inputs"):
+        real = g.shaped(_all_real(g, g.op.Shape(x, start=0, end=1), g.op.Shape(x, start=1, end=2)),
+                        ["batch", "src_len"], BOOL)
+    inputs = stack_inputs(g, model.encoder, real, None, embed.positional, model.encoder_mask,
+                          "encoder_mask")
+    return g.call(model.encoder, g.call(embed, x, inputs[0].q_positions), inputs), real
+
+
+def _source(g: GraphBuilder, model: TransformerModel) -> tuple[ir.Value, ir.Value]:
+    """The source's graph inputs encoded: memory (batch, src_len, d_model) and src_real (batch,
+    src_len) bool; ``input_features`` for a model with a frontend, else ``src_ids`` and their
+    ``attention_mask``."""
+    if model.takes_features:
+        channels = model.src_embed.frontend.in_channels
+        return _encode_features(g, model, g.input("input_features", FLOAT, ["batch", channels, "frames"]))
     src = g.input("src_ids", INT64, ["batch", "src_len"])
-    tgt = g.input("tgt_ids", INT64, ["batch", "len"])
     real = real_of(g, g.input("attention_mask", INT64, ["batch", "src_len"]))
-    memory = _encode(g, model, src, real)
+    return _encode(g, model, src, real), real
+
+
+def seq2seq_model(g: GraphBuilder, model: TransformerModel) -> None:
+    memory, real = _source(g, model)
+    tgt = g.input("tgt_ids", INT64, ["batch", "len"])
     g.output(g.call(model.head, _decode(g, model, tgt, memory, real, None)), "logits")
 
 
+def seq2seq_features(g: GraphBuilder, model: TransformerModel) -> None:
+    """``features`` (a model with a features component): 16 kHz samples (batch, n_samples)
+    float32 -> ``input_features`` (batch, channels, frames) float32, the encoder's input."""
+    samples = g.input("samples", FLOAT, ["batch", "n_samples"])
+    g.output(g.call(model.src_embed.features, samples), "input_features")
+
+
 def seq2seq_encoder(g: GraphBuilder, model: TransformerModel) -> None:
-    src = g.input("src_ids", INT64, ["batch", "src_len"])
-    real = real_of(g, g.input("attention_mask", INT64, ["batch", "src_len"]))
-    memory = _encode(g, model, src, real)
+    memory, real = _source(g, model)
     with g.scope("encoder_attention_mask"):
         g.output(g.op.Cast(real, to=INT64), "encoder_attention_mask")
     for i, layer in enumerate(model.decoder.layers):
@@ -327,7 +362,8 @@ GRAPHS: dict[str, dict[str, Callable[[GraphBuilder, TransformerModel], None]]] =
     "decoder": {"decoder_step": decoder_step, "decoder_step_shared": decoder_step_shared,
                 "model": decoder_model},
     "encoder": {"model": encoder_model},
-    "encoder_decoder": {"decoder_step": seq2seq_step, "encoder": seq2seq_encoder, "model": seq2seq_model},
+    "encoder_decoder": {"decoder_step": seq2seq_step, "encoder": seq2seq_encoder, "model": seq2seq_model,
+                        "features": seq2seq_features},
 }
 
 
@@ -344,4 +380,6 @@ def graph_names(model: TransformerModel, opset: int) -> list[str]:
     names = list(GRAPHS[model.architecture])
     if "decoder_step_shared" in names and not shares_buffers(model, opset):
         names.remove("decoder_step_shared")
+    if "features" in names and not (model.takes_features and model.src_embed.features is not None):
+        names.remove("features")
     return names

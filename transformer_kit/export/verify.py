@@ -48,10 +48,33 @@ def random_ids(batch: int, length: int, vocab: int, pad_id: int | None, seed: in
     return ids
 
 
+def random_features(model: TransformerModel, batch: int, length: int, seed: int) -> torch.Tensor:
+    """Features (batch, channels, frames) for a frontend whose output is ``length`` long: a
+    log-mel spectrogram of random samples where the model has a features component (its range),
+    else normal values."""
+    frontend = model.src_embed.frontend
+    frames = length * getattr(frontend, "stride", 1)
+    gen = torch.Generator().manual_seed(seed)
+    features = model.src_embed.features
+    if features is None:
+        return torch.randn(batch, frontend.in_channels, frames, generator=gen)
+    samples = torch.randn(batch, frames * features.hop_length, generator=gen) * 0.1
+    with torch.no_grad():
+        return features(samples)
+
+
+def random_source(model: TransformerModel, batch: int, length: int, seed: int) -> torch.Tensor:
+    """An encoder-decoder's source: token ids with padding, or a frontend's features."""
+    cfg = model.config
+    if model.takes_features:
+        return random_features(model, batch, length, seed)
+    return random_ids(batch, length, cfg.src_vocab, cfg.pad_id, seed)
+
+
 def _forward_inputs(model: TransformerModel, batch: int, length: int, seed: int):
     cfg = model.config
     if model.architecture == "encoder_decoder":
-        return (random_ids(batch, length, cfg.src_vocab, cfg.pad_id, seed),
+        return (random_source(model, batch, length, seed),
                 random_ids(batch, max(1, length - 2), cfg.tgt_vocab, cfg.pad_id, seed + 1, False))
     return (random_ids(batch, length, cfg.vocab_size, cfg.pad_id, seed),)
 
@@ -125,9 +148,13 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
             return model.step(torch.from_numpy(new_ids), torch.from_numpy(mask) != 0, caches,
                               last_only=True)[:, -1]
     else:
-        src = random_ids(batch, _fit(PROMPT_LEN + 2, model), cfg.src_vocab, cfg.pad_id, seed)
-        src_mask = real_from_pad(src.numpy(), cfg.pad_id).astype(np.int64)
-        encoded = om.session("encoder").run(None, {"src_ids": src.numpy(), "attention_mask": src_mask})
+        src = random_source(model, batch, _fit(PROMPT_LEN + 2, model), seed)
+        if model.takes_features:
+            feeds = {"input_features": src.numpy()}
+        else:
+            src_mask = real_from_pad(src.numpy(), cfg.pad_id).astype(np.int64)
+            feeds = {"src_ids": src.numpy(), "attention_mask": src_mask}
+        encoded = om.session("encoder").run(None, feeds)
         fixed = dict(zip(om.manifest.graphs["encoder"].outputs, encoded, strict=True))
         memory, src_real = model.encode(src)
         start = cfg.bos_id if cfg.bos_id is not None else 0  # any token checks the graph
@@ -161,6 +188,17 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
             if mask is not None:
                 mask = np.concatenate([mask, np.ones((batch, following), np.int64)], axis=1)
     return max(errors)
+
+
+@torch.no_grad()
+def check_features_graph(model: TransformerModel, om: OnnxModel, seed: int = 0) -> float:
+    """Relative error of the features graph (a raw signal to the encoder's features) against
+    PyTorch's, on two rows of random samples of a length that is not a whole number of hops."""
+    features = model.src_embed.features
+    gen = torch.Generator().manual_seed(seed)
+    samples = torch.randn(2, 37 * features.hop_length + 11, generator=gen) * 0.1
+    samples[1, : features.hop_length * 5] = 0.0  # a silent start: the clamp below the maximum
+    return relative_error(om.audio_features(samples.numpy()), features(samples).numpy())
 
 
 @torch.no_grad()
@@ -243,7 +281,8 @@ def float32_spread(model: TransformerModel, source: WeightSource) -> float:
     inputs = [_forward_inputs(model, batch, _fit(length, model), seed)
               for seed, (batch, length) in enumerate(VERIFY_SHAPES)]
     with weights_per_module(model, source.load, torch.float64):
-        exact = [model(*x).numpy() for x in inputs]
+        exact = [model(*[t.double() if t.is_floating_point() else t for t in x]).numpy()
+                 for x in inputs]
     with reference(model, source):
         return max(relative_error(model(*x).numpy(), e) for x, e in zip(inputs, exact, strict=True))
 
@@ -258,6 +297,8 @@ def verify_export(model: TransformerModel, om: OnnxModel, tolerance: float | Non
     tokens_match = None
     if getattr(model, "sentence_head", None) is not None or getattr(model, "classifier", None) is not None:
         errors["sentence outputs"] = check_sentence_outputs(model, om)
+    if "features" in om.manifest.graphs:
+        errors["features"] = check_features_graph(model, om)
     if "decoder_step" in om.manifest.graphs:
         errors["decoder_step"] = check_decoder_step(model, om)
     if SHARED_STEP in om.manifest.graphs:
@@ -272,7 +313,8 @@ def verify_export(model: TransformerModel, om: OnnxModel, tolerance: float | Non
         steps = max(0, min(4, model.context_length - 1))
         room = 0 if model.architecture == "encoder_decoder" else steps
         length = _fit(PROMPT_LEN + 1, model, room=room)
-        prompts = random_ids(3, length, vocab, cfg.pad_id, seed=7)
+        prompts = (random_source(model, 3, length, seed=7) if model.architecture == "encoder_decoder"
+                   else random_ids(3, length, vocab, cfg.pad_id, seed=7))
         tokens_match = bool(np.array_equal(om.generate(prompts.numpy(), steps),
                                            model.generate(prompts, steps).numpy()))
     worst = max(errors.values())

@@ -24,6 +24,7 @@ from transformer_kit.plugins.blocks import (
     sandwich_onnx,
 )
 from transformer_kit.plugins.families import builtin_families
+from transformer_kit.plugins.features import LogMelSpectrogram, log_mel_onnx
 from transformer_kit.plugins.feedforward import (
     GeGLU,
     SwiGLU,
@@ -33,6 +34,7 @@ from transformer_kit.plugins.feedforward import (
     relu_feedforward,
     silu_feedforward,
 )
+from transformer_kit.plugins.frontends import AudioConvStem, audio_conv_onnx
 from transformer_kit.plugins.masks import (
     CausalMask,
     NoMask,
@@ -71,6 +73,7 @@ from transformer_kit.plugins.positional import (
     RelativePositionBias,
     RotaryPositions,
     SinusoidalPositions,
+    SinusoidalTable,
     alibi_onnx,
     learned_onnx,
     no_positions_onnx,
@@ -81,12 +84,14 @@ from transformer_kit.plugins.positional import (
 
 __all__ = [
     "ALiBiPositions",
+    "AudioConvStem",
     "CausalMask",
     "ClsPooling",
     "EinsumAttention",
     "GeGLU",
     "LastTokenPooling",
     "LearnedPositions",
+    "LogMelSpectrogram",
     "MatmulAttention",
     "MaxPooling",
     "MeanPooling",
@@ -103,6 +108,7 @@ __all__ = [
     "SandwichBlock",
     "SdpaAttention",
     "SinusoidalPositions",
+    "SinusoidalTable",
     "SlidingWindowMask",
     "SwiGLU",
     "WeightedMeanPooling",
@@ -140,6 +146,10 @@ def transformer_kit_components() -> list[Component]:
         Component("positional", "learned", LearnedPositions,
                   lowering=Lowering(embed=learned_onnx),
                   description="a trained table of max_len positions"),
+        Component("positional", "sinusoidal_table", SinusoidalTable,
+                  lowering=Lowering(embed=learned_onnx),
+                  description="Whisper's encoder sinusoids as a fixed table of `length` rows "
+                  "(a checkpoint's stored values read as they are)"),
         Component("positional", "rotary", RotaryPositions, lowerings={"rotary"},
                   lowering=Lowering(rotate=rotary_onnx),
                   description="rotates q and k by position (RoFormer, Llama; one ONNX RotaryEmbedding op)"),
@@ -207,6 +217,14 @@ def transformer_kit_components() -> list[Component]:
                   lowering=Lowering(forward=qk_norm_onnx),
                   description="RMSNorm of the whole q and k projections before rotary (OLMo2)"),
         *_POOLINGS,
+        Component("frontend", "audio_conv", AudioConvStem,
+                  lowering=Lowering(forward=audio_conv_onnx),
+                  description="Whisper's audio stem: features (batch, in_channels, frames) -> two "
+                  "Conv1d + GELU, the second at stride 2 -> (batch, frames / 2, d_model)"),
+        Component("features", "log_mel", LogMelSpectrogram,
+                  lowering=Lowering(forward=log_mel_onnx),
+                  description="Whisper's log-mel spectrogram of 16 kHz samples (n_mels 80 or "
+                  "128), as transformers' WhisperFeatureExtractor; ONNX: the STFT as a product"),
     ]
 
 

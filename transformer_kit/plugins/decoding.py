@@ -14,10 +14,13 @@ from transformer_kit.plugins.logits import (
     NoRepeatNGram,
     PresenceFrequencyPenalty,
     RepetitionPenalty,
+    SuppressAtBegin,
+    SuppressTokens,
     Temperature,
     TopK,
     TopP,
 )
+from transformer_kit.plugins.timestamp_rules import TimestampRules
 
 _LOGITS_PROCESSORS = [
     Component("logits_processor", "repetition_penalty", RepetitionPenalty,
@@ -33,6 +36,14 @@ _LOGITS_PROCESSORS = [
               description="no end-of-sequence id before `count` new tokens"),
     Component("logits_processor", "forced_bos", ForcedFirstToken,
               description="the first new token is `token_id` (BART's forced_bos_token_id)"),
+    Component("logits_processor", "suppress_tokens", SuppressTokens,
+              description="`token_ids` are never chosen (Whisper's suppress_tokens)"),
+    Component("logits_processor", "suppress_at_begin", SuppressAtBegin,
+              description="`token_ids` are never the first new token (Whisper's "
+              "begin_suppress_tokens)"),
+    Component("logits_processor", "whisper_timestamps", TimestampRules,
+              description="Whisper's timestamp rules: a timestamp first, in pairs, never "
+              "decreasing, chosen where timestamps outweigh the best text token"),
     Component("logits_processor", "temperature", Temperature,
               description="scores / `value` (sampling)"),
     Component("logits_processor", "top_k", TopK, description="keeps the `k` best scores (sampling)"),

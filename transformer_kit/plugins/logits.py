@@ -130,6 +130,42 @@ class MinNewTokens(LogitsProcessor):
         return scores
 
 
+def _token_ids(name: str, ids: list[int], vocab_size: int) -> list[int]:
+    if not isinstance(ids, (list, tuple)) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids):
+        raise ValueError(f"{name} must be a list of token ids from 0 to {vocab_size - 1}, got {ids!r}")
+    return sorted(set(ids))
+
+
+class SuppressTokens(LogitsProcessor):
+    """``token_ids`` are never chosen (Whisper's suppress_tokens: transformers'
+    SuppressTokensLogitsProcessor)."""
+
+    reads_tokens = False
+
+    def __init__(self, token_ids: list[int], vocab_size: int) -> None:
+        self.token_ids = _token_ids("token_ids", token_ids, vocab_size)
+
+    def __call__(self, scores: np.ndarray, state: DecodingState) -> np.ndarray:
+        scores[:, self.token_ids] = NEVER
+        return scores
+
+
+class SuppressAtBegin(LogitsProcessor):
+    """``token_ids`` are never the first new token (Whisper's begin_suppress_tokens, a blank
+    and the end of text: transformers' SuppressTokensAtBeginLogitsProcessor)."""
+
+    reads_tokens = False
+
+    def __init__(self, token_ids: list[int], vocab_size: int) -> None:
+        self.token_ids = _token_ids("token_ids", token_ids, vocab_size)
+
+    def __call__(self, scores: np.ndarray, state: DecodingState) -> np.ndarray:
+        if state.new_tokens == 0:
+            scores[:, self.token_ids] = NEVER
+        return scores
+
+
 class ForcedFirstToken(LogitsProcessor):
     """The first new token is ``token_id`` in every row (Hugging Face's
     ForcedBOSTokenLogitsProcessor: every other score -inf, this one 0)."""

@@ -99,6 +99,34 @@ class LearnedPositions(PositionalEncoding):
         return x
 
 
+def whisper_sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> Tensor:
+    """Whisper's encoder positions (length, channels) float32: sines of log-spaced timescales
+    (1 to ``max_timescale`` over channels / 2 steps) in the first half, their cosines in the second."""
+    increment = math.log(max_timescale) / (channels // 2 - 1)
+    inv_timescales = torch.exp(-increment * torch.arange(channels // 2, dtype=torch.float64))
+    angles = torch.arange(length, dtype=torch.float64)[:, None] * inv_timescales[None, :]
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1).float()
+
+
+class SinusoidalTable(LearnedPositions):
+    """Whisper's encoder positions: :func:`whisper_sinusoids` of ``length`` rows (the encoder's
+    positions, apart from the decoder's ``max_len``) as a fixed table (not trained), read as
+    :class:`LearnedPositions` reads its rows. A table rather than a formula, so a checkpoint's
+    stored values (rounded to float16 in the published ones) are used exactly as they are."""
+
+    def __init__(self, d_model: int, length: int = 1500, max_timescale: float = 10000.0) -> None:
+        if d_model % 2 or d_model < 4:
+            raise ValueError(f"sinusoidal_table needs an even d_model of at least 4, got {d_model}")
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ValueError(f"length must be a positive integer (the positions), got {length!r}")
+        if not max_timescale > 1:
+            raise ValueError(f"max_timescale must be greater than 1, got {max_timescale!r}")
+        super().__init__(d_model, length)
+        with torch.no_grad():
+            self.table.weight.copy_(whisper_sinusoids(length, d_model, max_timescale))
+        self.table.weight.requires_grad_(False)
+
+
 class RotaryPositions(PositionalEncoding):
     """Rotary embeddings (RoFormer), rotating halves of q and k (the GPT-NeoX/Llama layout).
 

@@ -1,0 +1,128 @@
+"""The whisper family: random WhisperForConditionalGeneration checkpoints in the tiny, base and
+large-v3 layouts (reduced widths and depths; large-v3's 128 mel bins) equal transformers in
+PyTorch and onnxruntime: the log-mel features, the encoder's outputs, the logits, and greedy and
+beam-search tokens after Whisper's prompt with its suppressed tokens."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import torch
+import transformers as hf
+
+import transformer_kit as tk
+from tests.plugins.families import parity
+from transformer_kit.export import export_onnx
+from transformer_kit.export.verify import relative_error
+from transformer_kit.runtime import OnnxModel
+
+TOLERANCE = 1e-4
+#: Whisper's 30 s window at 16 kHz.
+WINDOW = 480_000
+#: The multilingual vocabulary's start of transcript, <|en|>, <|transcribe|>, <|notimestamps|>.
+PROMPT = [50258, 50259, 50360, 50364]
+#: transformers' defaults for Whisper's suppressed tokens (a few of them) and begin-suppressed ones.
+SUPPRESS, BEGIN_SUPPRESS = [1, 2, 7, 8, 9, 10, 14, 25, 50358, 50359, 50361], [220, 50257]
+
+
+def _whisper(d_model, heads, enc, dec, mels=80, vocab=51865):
+    config = hf.WhisperConfig(
+        vocab_size=vocab, num_mel_bins=mels, d_model=d_model, encoder_attention_heads=heads,
+        decoder_attention_heads=heads, encoder_layers=enc, decoder_layers=dec,
+        encoder_ffn_dim=2 * d_model, decoder_ffn_dim=2 * d_model, init_std=0.2,
+        pad_token_id=50257, bos_token_id=50257, eos_token_id=50257, decoder_start_token_id=50258)
+    return parity.random_norms(hf.WhisperForConditionalGeneration(config))
+
+
+def audio(rows: int, seed: int = 0) -> np.ndarray:
+    """(rows, 30 s) float32: a few seconds of tones in noise each (a different length per row),
+    then silence, as the feature extractor pads."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((rows, WINDOW), np.float32)
+    for row in range(rows):
+        length = 16000 * (3 + 2 * row)
+        t = np.arange(length) / 16000
+        tone = 0.2 * np.sin(2 * np.pi * (220 + 110 * row) * t) * np.sin(2 * np.pi * 2 * t)
+        out[row, :length] = tone + 0.02 * rng.standard_normal(length)
+    return out
+
+
+def reference_features(reference_folder, samples: np.ndarray) -> np.ndarray:
+    extractor = hf.WhisperFeatureExtractor(feature_size=hf.WhisperConfig.from_pretrained(
+        reference_folder).num_mel_bins)
+    return extractor(list(samples), sampling_rate=16000, return_tensors="np").input_features
+
+
+def reference_tokens(reference, features: torch.Tensor, **options) -> np.ndarray:
+    """transformers' generation after Whisper's prompt, with its suppressed tokens (the generic
+    ``generate``: random checkpoints carry none of Whisper's generation settings)."""
+    gen = hf.GenerationConfig(do_sample=False, max_new_tokens=10, pad_token_id=50257,
+                              eos_token_id=50257, decoder_start_token_id=50258,
+                              suppress_tokens=SUPPRESS, begin_suppress_tokens=BEGIN_SUPPRESS, **options)
+    prompt = torch.tensor([PROMPT] * len(features))
+    with torch.no_grad():
+        out = hf.GenerationMixin.generate(reference, input_features=features,
+                                          decoder_input_ids=prompt, generation_config=gen)
+    return parity.after_eos(out[:, len(PROMPT):].numpy(), [50257], 50257)
+
+
+PROCESSORS = [{"name": "suppress_tokens", "token_ids": SUPPRESS},
+              {"name": "suppress_at_begin", "token_ids": BEGIN_SUPPRESS}]
+
+
+class TestWhisper:
+    CHECKPOINTS: ClassVar = {
+        "whisper-tiny-2+2layers": lambda: _whisper(64, 4, 2, 2),
+        "whisper-base-3+1layers": lambda: _whisper(64, 8, 3, 1),
+        "whisper-large-v3-2+2layers-128mels": lambda: _whisper(64, 2, 2, 2, mels=128, vocab=51866),
+    }
+
+    def test_features_encoder_and_logits_equal_transformers_in_pytorch(self, checkpoint):
+        reference, model, folder = checkpoint
+        samples = audio(2)
+        expected = reference_features(folder, samples)
+        with torch.no_grad():
+            features = model.audio_features(torch.from_numpy(samples))
+            assert relative_error(features.numpy(), expected) <= TOLERANCE
+            memory, _ = model.encode(features)
+            encoded = reference.model.encoder(features).last_hidden_state
+            assert relative_error(memory.numpy(), encoded.numpy()) <= TOLERANCE
+            tgt = torch.tensor([[*PROMPT, 440, 1000, 30]] * 2)
+            logits = reference(input_features=features, decoder_input_ids=tgt).logits
+            assert relative_error(model(features, tgt).numpy(), logits.numpy()) <= TOLERANCE
+
+    def test_features_logits_and_tokens_equal_transformers_in_onnxruntime(self, checkpoint, tmp_path):
+        reference, model, folder = checkpoint
+        report = export_onnx(model, tmp_path / "onnx")
+        assert report.max_error <= max(TOLERANCE, report.tolerance)
+        om = OnnxModel(tmp_path / "onnx", providers="cpu")
+        samples = audio(2, seed=1)
+        features = om.audio_features(samples)
+        assert relative_error(features, reference_features(folder, samples)) <= TOLERANCE
+        tgt = np.array([[*PROMPT, 440, 1000, 30]] * 2)
+        with torch.no_grad():
+            logits = reference(input_features=torch.from_numpy(features),
+                               decoder_input_ids=torch.from_numpy(tgt)).logits.numpy()
+        assert relative_error(om(features, tgt), logits) <= TOLERANCE
+        # no token twice: a random model's greedy choice would otherwise repeat one token
+        for options in ({"num_beams": 1, "no_repeat_ngram_size": 1},
+                        {"num_beams": 3, "num_return_sequences": 2, "no_repeat_ngram_size": 1}):
+            expected = reference_tokens(reference, torch.from_numpy(features), **options)
+            ours = om.generate(features, 10, decoder_input_ids=np.array(PROMPT),
+                               logits_processors=PROCESSORS, **options)
+            np.testing.assert_array_equal(ours[:, :expected.shape[1]], expected, err_msg=str(options))
+            torch_ours = model.generate(torch.from_numpy(features), 10,
+                                        decoder_input_ids=torch.tensor(PROMPT),
+                                        logits_processors=PROCESSORS, **options).numpy()
+            np.testing.assert_array_equal(torch_ours, ours, err_msg=str(options))
+
+    def test_config_and_weights_survive_save_and_load(self, checkpoint, tmp_path):
+        _, model, folder = checkpoint
+        assert tk.config_from_hf(folder) == model.config
+        model.save(tmp_path / "saved")
+        loaded = tk.load_model(tmp_path / "saved").eval()
+        features = model.audio_features(torch.from_numpy(audio(1)))
+        tgt = torch.tensor([PROMPT])
+        with torch.no_grad():
+            assert torch.equal(loaded(features, tgt), model(features, tgt))

