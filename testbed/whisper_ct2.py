@@ -209,3 +209,20 @@ def hf_whisper_folder(ct2_folder: str | Path, out: str | Path) -> Path:
         "unk_token": "<|endoftext|>", "errors": "replace", "add_prefix_space": False,
     }, indent=2))
     return out
+
+
+def multilingual_tokenizer(english_tokenizer_json: str | Path, out: str | Path) -> dict[str, int]:
+    """A tokenizer.json laid out as multilingual Whisper's (51865 ids: <|endoftext|> 50257, the
+    start of transcript 50258, 99 languages, the tasks, <|notimestamps|> 50363) from the
+    English-only one's BPE: for random multilingual checkpoints, whose text is noise anyway.
+    Returns the special tokens' ids."""
+    data = json.loads(Path(english_tokenizer_json).read_text())
+    vocab = data["model"]["vocab"]
+    vocab["<|padding50256|>"] = vocab.pop("<|endoftext|>")  # the base vocabulary keeps 50257 ids
+    specials = [t["content"] for t in sorted(data["added_tokens"], key=lambda t: t["id"])]
+    ids = {content: 50257 + i for i, content in enumerate(specials)}
+    data["added_tokens"] = [{**t, "id": ids[t["content"]]} for t in data["added_tokens"]]
+    for entry in data.get("post_processor", {}).get("special_tokens", {}).values():
+        entry["ids"] = [ids[token] for token in entry["tokens"]]
+    Path(out).write_text(json.dumps(data))
+    return ids

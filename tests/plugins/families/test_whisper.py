@@ -5,9 +5,11 @@ beam-search tokens after Whisper's prompt with its suppressed tokens."""
 
 from __future__ import annotations
 
+import json
 from typing import ClassVar
 
 import numpy as np
+import pytest
 import torch
 import transformers as hf
 
@@ -126,3 +128,85 @@ class TestWhisper:
         tgt = torch.tensor([PROMPT])
         with torch.no_grad():
             assert torch.equal(loaded(features, tgt), model(features, tgt))
+
+
+# -- transcription: Whisper's prompt, rules and windows on a random multilingual checkpoint -------
+LANGUAGES = ["en", "zh", "de", "es", "ru", "ko", "fr", "ja", "pt", "tr"]  # the first of Whisper's 99
+
+
+@pytest.fixture(scope="module")
+def multilingual(tmp_path_factory):
+    """A random multilingual Whisper checkpoint with Whisper's generation config and a
+    tokenizer of its layout: (transformers' model, the kit's model, the kit's export)."""
+    from testbed.whisper_ct2 import multilingual_tokenizer, tiny_en_ct2
+
+    try:
+        english = tiny_en_ct2() / "tokenizer.json"
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    folder = tmp_path_factory.mktemp("whisper-multilingual")
+    torch.manual_seed(7)
+    reference = _whisper(64, 4, 2, 2).eval()
+    reference.save_pretrained(folder)
+    ids = multilingual_tokenizer(english, folder / "tokenizer.json")
+    generation = {
+        "decoder_start_token_id": 50258, "eos_token_id": 50257, "pad_token_id": 50257,
+        "bos_token_id": 50257, "no_timestamps_token_id": 50363, "prev_sot_token_id": 50361,
+        "is_multilingual": True, "max_initial_timestamp_index": 50, "max_length": 448,
+        "suppress_tokens": SUPPRESS, "begin_suppress_tokens": BEGIN_SUPPRESS,
+        "lang_to_id": {f"<|{code}|>": ids[f"<|{code}|>"] for code in LANGUAGES},
+        "task_to_id": {"transcribe": 50359, "translate": 50358},
+        "alignment_heads": [[1, 0], [1, 2]],
+    }
+    (folder / "generation_config.json").write_text(json.dumps(generation))
+    reference = hf.WhisperForConditionalGeneration.from_pretrained(folder).eval()
+    model = tk.from_hf(folder)
+    export = folder / "onnx"
+    export_onnx(model, export)
+    return reference, model, OnnxModel(export, providers="cpu")
+
+
+def _hf_segments(reference, features: np.ndarray, **options) -> list[tuple]:
+    with torch.no_grad():
+        out = reference.generate(torch.from_numpy(features), return_timestamps=True,
+                                 return_segments=True, max_new_tokens=12, **options)
+    return [(round(float(s["start"]), 2), round(float(s["end"]), 2), s["tokens"].tolist())
+            for s in out["segments"][0]]
+
+
+def _segments(result) -> list[tuple]:
+    return [(round(s.start, 2), round(s.end, 2), s.tokens) for s in result.segments]
+
+
+GREEDY = {"temperature": 0.0, "compression_ratio_threshold": None, "logprob_threshold": None,
+          "max_new_tokens": 12}
+
+
+@pytest.mark.parametrize(("language", "task"), [("de", "translate"), ("fr", "transcribe")])
+def test_language_and_task_prompts_equal_transformers(multilingual, language, task):
+    reference, model, om = multilingual
+    samples = audio(1, seed=3)[0]
+    features = om.audio_features(samples[None])
+    expected = _hf_segments(reference, features, language=language, task=task)
+    assert _segments(om.transcribe(samples, language=language, task=task, **GREEDY)) == expected
+    assert _segments(model.transcribe(samples, language=language, task=task, **GREEDY)) == expected
+
+
+def test_detected_language_equals_transformers(multilingual):
+    reference, model, om = multilingual
+    samples = audio(1, seed=4)[0]
+    features = om.audio_features(samples[None])
+    with torch.no_grad():
+        detected = reference.detect_language(torch.from_numpy(features))[0].item()
+    code = next(c for c in LANGUAGES if reference.generation_config.lang_to_id[f"<|{c}|>"] == detected)
+    result = om.transcribe(samples, **GREEDY)
+    assert result.language == code == model.transcribe(samples, **GREEDY).language
+    assert _segments(result) == _hf_segments(reference, features, language=code)
+
+
+def test_beam_search_equals_transformers(multilingual):
+    reference, model, om = multilingual
+    samples = audio(1, seed=5)[0]
+    features = om.audio_features(samples[None])
+    expected = _hf_segments(reference, features, language="en", num_beams=2)
+    assert _segments(om.transcribe(samples, language="en", num_beams=2, **GREEDY)) == expected

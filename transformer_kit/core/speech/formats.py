@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from transformer_kit.core.errors import InputError
@@ -47,7 +48,8 @@ def verbose(result: Transcription, words: bool = False) -> dict[str, Any]:
         "text": result.text.strip(),
         "segments": [{"id": i, "seek": s.seek, "start": round(s.start, 3),
                       "end": round(s.end, 3), "text": s.text, "tokens": s.tokens,
-                      "temperature": s.temperature, "avg_logprob": s.avg_logprob,
+                      "temperature": s.temperature,
+                      "avg_logprob": None if math.isnan(s.avg_logprob) else s.avg_logprob,
                       "compression_ratio": s.compression_ratio}
                      for i, s in enumerate(result.segments)],
     }

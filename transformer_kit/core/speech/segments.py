@@ -17,8 +17,9 @@ class Segment:
     end: float
     tokens: list[int]
     text: str = ""
-    #: The window's average log probability per token, its tokens' compression ratio and the
-    #: temperature that decoded it (where fallback retried).
+    #: The window's average log probability per token (NaN under beam search, which reports
+    #: none), its tokens' compression ratio and the temperature that decoded it (where
+    #: fallback retried).
     avg_logprob: float = 0.0
     compression_ratio: float = 0.0
     temperature: float = 0.0

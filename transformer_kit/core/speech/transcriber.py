@@ -80,8 +80,9 @@ class Transcription:
 
 
 #: ``generate(features (rows, channels, frames), max_new_tokens, decoder_input_ids (rows, k),
-#: **options) -> (tokens (rows, steps) int64, per-row lists of each token's log probability)``.
-Generate = Callable[..., tuple[np.ndarray, list[list[float]]]]
+#: **options) -> (tokens (rows, steps) int64, per-row lists of each token's log probability, or
+#: None for beam search)``.
+Generate = Callable[..., tuple[np.ndarray, list[list[float]] | None]]
 
 
 class Transcriber:
@@ -188,12 +189,15 @@ class Transcriber:
                 decoding["num_beams"] = options.num_beams
             tokens, logprobs = self.generate(window, steps, np.array([prompt]), **decoding)
             row = _until_end(tokens[0], self.settings.end_of_text)
-            kept = logprobs[0][:len(row) + (len(row) < len(tokens[0]))]  # with the end of text
-            avg = float(np.sum(kept) / max(len(kept), 1))
+            avg = math.nan  # beam search: no per-token log probabilities, no logprob threshold
+            if logprobs is not None:
+                kept = logprobs[0][:len(row) + (len(row) < len(tokens[0]))]  # with the end of text
+                avg = float(np.sum(kept) / max(len(kept), 1))
             ratio = compression_ratio(row, self.vocab)
             too_repetitive = (options.compression_ratio_threshold is not None
                               and ratio > options.compression_ratio_threshold)
-            too_unlikely = options.logprob_threshold is not None and avg < options.logprob_threshold
+            too_unlikely = (options.logprob_threshold is not None and not math.isnan(avg)
+                            and avg < options.logprob_threshold)
             if not (too_repetitive or too_unlikely) or i == len(temperatures) - 1:
                 return row, avg, ratio, temperature
         raise AssertionError("unreachable")
@@ -282,7 +286,10 @@ def model_generate(model: Any, to_input: Callable[[np.ndarray], Any]) -> Generat
     from transformer_kit.core.decoding.prompts import as_array
 
     def generate(features: np.ndarray, steps: int, prompt: np.ndarray, **options: Any
-                 ) -> tuple[np.ndarray, list[list[float]]]:
+                 ) -> tuple[np.ndarray, list[list[float]] | None]:
+        if options.get("num_beams", 1) > 1:  # beams report no per-token log probabilities
+            out = model.generate(to_input(features), steps, decoder_input_ids=to_input(prompt), **options)
+            return as_array(out, "tokens"), None
         out = model.generate(to_input(features), steps, decoder_input_ids=to_input(prompt),
                              logprobs=0, logprobs_mode="processed", **options)
         return as_array(out.sequences, "tokens"), [[r.logprob for r in row] for row in out.logprobs]
