@@ -210,3 +210,4 @@ def test_beam_search_equals_transformers(multilingual):
     features = om.audio_features(samples[None])
     expected = _hf_segments(reference, features, language="en", num_beams=2)
     assert _segments(om.transcribe(samples, language="en", num_beams=2, **GREEDY)) == expected
+    assert _segments(model.transcribe(samples, language="en", num_beams=2, **GREEDY)) == expected
