@@ -53,6 +53,8 @@ LONGEST_FIRST = (
     "tests/benchmarks/test_families_script.py",  # 51
     "tests/benchmarks/test_genai_decoding_script.py",  # 43
     "tests/checkpoints/gguf/test_smollm2.py",  # 42
+    "tests/plugins/families/test_whisper_tiny_en.py",  # 41
+    "tests/apps/commands/test_transcribe.py",  # 39
     "tests/benchmarks/test_serving_backends_script.py",  # 40
     "tests/apps/commands/test_plot.py",  # 40
     "tests/export/test_export_parity.py",  # 38
@@ -62,6 +64,7 @@ LONGEST_FIRST = (
     "tests/test_docs.py",  # 34
     "tests/benchmarks/test_generation_script.py",  # 34
     "tests/benchmarks/test_serving_script.py",  # 33
+    "tests/benchmarks/test_speech_script.py",  # 32
     "tests/test_readme.py",  # 31
     "tests/benchmarks/test_speculative_script.py",  # 31
     "tests/test_examples.py",  # 31
