@@ -10,7 +10,7 @@ from tests.apps.conftest import cli, invoke
 from transformer_kit.apps.cli import app, command_modules
 
 COMMANDS = ["bench", "chat", "components", "config", "demo", "embed", "export", "generate", "plot",
-            "rerank", "run", "serve", "triton"]
+            "rerank", "run", "serve", "transcribe", "triton"]
 
 
 def test_every_command_module_is_a_command():
