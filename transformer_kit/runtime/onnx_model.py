@@ -32,6 +32,7 @@ from transformer_kit.core.decoding.logprobs import (
 )
 from transformer_kit.core.decoding.prompts import (
     as_array,
+    check_source_inputs,
     check_stop,
     prepare_call,
     real_from_mask,
@@ -271,9 +272,7 @@ class OnnxModel:
 
     def _features_forward(self, features: Any, tgt_ids: Any, attention_mask: Any) -> np.ndarray:
         """``__call__`` of a model whose source is features: logits (batch, len, vocab)."""
-        if attention_mask is not None:
-            raise InputError("This model's source is features, which have no padding; give no "
-                             "attention_mask.")
+        check_source_inputs(decoder=False, features=True, attention_mask=attention_mask)
         feeds = {"input_features": self._check_features(features),
                  "tgt_ids": check_ids(tgt_ids, self.manifest.tgt_vocab, "tgt_ids")}
         check_positions(feeds["tgt_ids"].shape[1], self.manifest.max_positions, "tgt_ids")
@@ -508,14 +507,10 @@ class OnnxModel:
         if not is_decoder and m.bos_id is None:
             raise ConfigError("bos_id is null, but encoder_decoder decoding starts from bos_id; "
                               "export the model again with a bos_id in its config.")
-        if decoder_prompt is not None and is_decoder:
-            raise InputError("decoder_input_ids start an encoder-decoder's target; a decoder's "
-                             "prompt is its input_ids.")
         features = not is_decoder and self.takes_features
+        check_source_inputs(decoder=is_decoder, features=features, attention_mask=attention_mask,
+                            decoder_prompt=decoder_prompt)
         if features:  # no token ids: every output of the frontend is real
-            if attention_mask is not None:
-                raise InputError("This model's source is features, which have no padding; give "
-                                 "no attention_mask.")
             source = self._check_features(ids)
             ids = np.zeros((len(source), 0), np.int64)
         else:

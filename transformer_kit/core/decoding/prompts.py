@@ -130,6 +130,18 @@ def prepare_call(ids: np.ndarray, attention_mask: Any, options: GenerationConfig
     return DecodingCall(start, np.ones(start.shape, bool), eos_ids, fill, stop_matcher), pipeline, real
 
 
+def check_source_inputs(*, decoder: bool, features: bool, attention_mask: Any,
+                        decoder_prompt: Any = None) -> None:
+    """What every runtime refuses before looking at the source: a decoder prompt for a decoder
+    (its prompt is its input ids), an attention mask for features (they have no padding)."""
+    if decoder_prompt is not None and decoder:
+        raise InputError("decoder_input_ids start an encoder-decoder's target; a decoder's "
+                         "prompt is its input_ids.")
+    if features and attention_mask is not None:
+        raise InputError("This model's source is features, which have no padding; give no "
+                         "attention_mask.")
+
+
 def decoder_start(prompt: Any, batch: int, vocab: int) -> np.ndarray:
     """An encoder-decoder's target prompt as (batch, k) int64: ``prompt`` (k,) for every row
     or (batch, k), k >= 1, its ids within the target vocabulary."""

@@ -21,7 +21,7 @@ from transformer_kit.core.decoding import (
 )
 from transformer_kit.core.decoding.defaults import call_config
 from transformer_kit.core.decoding.logprobs import Generation, row_reports
-from transformer_kit.core.decoding.prompts import check_stop, prepare_call
+from transformer_kit.core.decoding.prompts import check_source_inputs, check_stop, prepare_call
 from transformer_kit.core.errors import ConfigError, InputError
 from transformer_kit.core.inputs import check_features, check_token_ids
 from transformer_kit.core.interfaces import LayerCache
@@ -125,11 +125,10 @@ def _plan(model, ids: Tensor, attention_mask: Any, options: GenerationConfig, us
     if not is_decoder and cfg.bos_id is None:
         raise ConfigError("bos_id is null, but encoder_decoder decoding starts from bos_id; set "
                           "bos_id in the config (for a checkpoint: tk.from_hf(folder, bos_id=...)).")
-    if decoder_prompt is not None and is_decoder:
-        raise InputError("decoder_input_ids start an encoder-decoder's target; a decoder's "
-                         "prompt is its input_ids.")
     features = not is_decoder and model.takes_features
-    ids, token_ids = _checked_source(model, ids, attention_mask, is_decoder)
+    check_source_inputs(decoder=is_decoder, features=features, attention_mask=attention_mask,
+                        decoder_prompt=decoder_prompt)
+    ids, token_ids = _checked_source(model, ids, is_decoder)
     call, pipeline, real = prepare_call(
         token_ids, attention_mask, options, decoder=is_decoder, pad_id=None if features else cfg.pad_id,
         eos_id=cfg.eos_id, bos_id=cfg.bos_id, vocab=cfg.tgt_vocab,
@@ -148,14 +147,11 @@ def _plan(model, ids: Tensor, attention_mask: Any, options: GenerationConfig, us
     return EncoderDecoderStepper(model, ids, real_tensor, use_cache, start), call, pipeline
 
 
-def _checked_source(model, ids: Any, attention_mask: Any, is_decoder: bool) -> tuple[Tensor, np.ndarray]:
+def _checked_source(model, ids: Any, is_decoder: bool) -> tuple[Tensor, np.ndarray]:
     """The checked prompt or source, and its token ids as numpy ((batch, 0) for features: no
     token ids, every output of the frontend real)."""
     cfg = model.config
     if not is_decoder and model.takes_features:
-        if attention_mask is not None:
-            raise InputError("This model's source is features, which have no padding; give no "
-                             "attention_mask.")
         features = check_features(ids, model.src_embed.frontend)
         return features, np.zeros((len(features), 0), np.int64)
     name = "input_ids" if is_decoder else "src_ids"
