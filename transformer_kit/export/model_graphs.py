@@ -273,14 +273,16 @@ def _encode(g: GraphBuilder, model: TransformerModel, src: ir.Value, real: ir.Va
 
 
 def _decode(g: GraphBuilder, model: TransformerModel, tgt: ir.Value, memory: ir.Value | None,
-            src_real: ir.Value, caches: list[LayerCache] | None) -> ir.Value:
+            src_real: ir.Value, caches: list[LayerCache] | None, real: ir.Value | None = None) -> ir.Value:
     """The decoder stack's output (batch, new, d_model) for target tokens after the cached ones,
-    as ``EncoderDecoderTransformer.decode`` (without the head)."""
+    as ``EncoderDecoderTransformer.decode`` (without the head); ``real`` (batch, total) bool
+    says which of the cached and new target tokens are real (None: all of them)."""
     with g.scope(g.path_of(model.decoder, "decoder") + ".attention_inputs"):
         new = g.op.Shape(tgt, start=1, end=2)
-        length, total = (new, "len") if caches is None else (
-            g.op.Add(g.op.Shape(caches[0].key, start=2, end=3), new), "total")
-        real = g.shaped(_all_real(g, g.op.Shape(tgt, start=0, end=1), length), ["batch", total], BOOL)
+        if real is None:
+            length, total = (new, "len") if caches is None else (
+                g.op.Add(g.op.Shape(caches[0].key, start=2, end=3), new), "total")
+            real = g.shaped(_all_real(g, g.op.Shape(tgt, start=0, end=1), length), ["batch", total], BOOL)
         src_mask = g.shaped(g.op.Unsqueeze(src_real, [1, 2]), ["batch", 1, 1, "src_len"], BOOL)
     self_inputs = stack_inputs(g, model.decoder, real, None if caches is None else new,
                                model.tgt_embed.positional, model.decoder_mask, "decoder_mask")
@@ -343,11 +345,14 @@ def seq2seq_encoder(g: GraphBuilder, model: TransformerModel) -> None:
 
 def seq2seq_step(g: GraphBuilder, model: TransformerModel) -> None:
     ids = g.input("input_ids", INT64, ["batch", "new"])
+    # which target tokens are real: rows of other lengths decode together left-padded (a
+    # server's batch), their positions counted from it as a decoder's
+    real = real_of(g, g.input("attention_mask", INT64, ["batch", "total"]))
     src_real = real_of(g, g.input("encoder_attention_mask", INT64, ["batch", "src_len"]))
     cross = _caches(g, model, "cross", "src_len")
     past = _caches(g, model, "past_key_values", "past")
     caches = [LayerCache(k, v, ck, cv) for (k, v), (ck, cv) in zip(_pairs(past), _pairs(cross), strict=True)]
-    x = _decode(g, model, ids, None, src_real, caches)
+    x = _decode(g, model, ids, None, src_real, caches, real)
     with g.scope("head"):  # the last position's logits alone
         last = g.shaped(g.op.Gather(x, g.constant(-1), axis=1), ["batch", model.config.d_model],
                         g.float_type)

@@ -158,9 +158,10 @@ def check_decoder_step(model: TransformerModel, om: OnnxModel, seed: int = 0) ->
         fixed = dict(zip(om.manifest.graphs["encoder"].outputs, encoded, strict=True))
         memory, src_real = model.encode(src)
         start = cfg.bos_id if cfg.bos_id is not None else 0  # any token checks the graph
-        ids, mask = np.full((batch, 1), start, np.int64), None
+        ids = np.full((batch, 1), start, np.int64)
+        mask = np.ones((batch, 1), np.int64) if "attention_mask" in graph.inputs else None
 
-        def reference(new_ids: np.ndarray, mask: None, every: bool) -> torch.Tensor:
+        def reference(new_ids: np.ndarray, mask: np.ndarray | None, every: bool) -> torch.Tensor:
             return model.decode(torch.from_numpy(new_ids), memory, src_real, caches,
                                 last_only=True)[:, -1]
     past = empty
