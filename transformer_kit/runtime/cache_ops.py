@@ -19,6 +19,7 @@ def _helper_graph(kind: str, types: tuple[str, ...]) -> bytes:
     chain per tensor, outputs ``o{i}``:
 
     - ``gather``: ``index`` (n,) int64 -> t{i}[index] (rows along axis 0);
+    - ``concat``: ``u{i}`` too -> Concat(t{i}, u{i}) along axis 0 (tensors of any rank);
     - ``join``: ``u{i}`` too, ``pads_t``/``pads_u`` (8,) int64 -> Concat(Pad(t{i}), Pad(u{i}))
       along axis 0 (each side padded with zeros on the left of its length axis to one length);
     - ``pad``: ``pads`` (8,) int64 -> Pad(t{i}) (zeros around its length axis);
@@ -28,7 +29,7 @@ def _helper_graph(kind: str, types: tuple[str, ...]) -> bytes:
     from onnx import TensorProto, helper
 
     int64 = TensorProto.INT64
-    scalars = {"gather": [("index", ["n"])], "join": [("pads_t", [8]), ("pads_u", [8])],
+    scalars = {"gather": [("index", ["n"])], "concat": [], "join": [("pads_t", [8]), ("pads_u", [8])],
                "pad": [("pads", [8])], "trim": [("start", [1]), ("end", [1]), ("axis", [1])],
                "take": [("index", ["n"]), ("columns", ["m"])]}[kind]
     inputs = [helper.make_tensor_value_info(name, int64, shape) for name, shape in scalars]
@@ -39,6 +40,9 @@ def _helper_graph(kind: str, types: tuple[str, ...]) -> bytes:
         outputs.append(helper.make_tensor_value_info(f"o{i}", elem, None))
         if kind == "gather":
             nodes.append(helper.make_node("Gather", [f"t{i}", "index"], [f"o{i}"], axis=0))
+        elif kind == "concat":
+            inputs.append(helper.make_tensor_value_info(f"u{i}", elem, None))
+            nodes.append(helper.make_node("Concat", [f"t{i}", f"u{i}"], [f"o{i}"], axis=0))
         elif kind == "join":
             inputs.append(helper.make_tensor_value_info(f"u{i}", elem, None))
             nodes += [helper.make_node("Pad", [f"t{i}", "pads_t"], [f"pt{i}"]),
@@ -60,9 +64,10 @@ def _helper_graph(kind: str, types: tuple[str, ...]) -> bytes:
 class CacheOps:
     """Moves the rows and columns of many onnxruntime values (a key/value cache) in one run of
     a small graph each, on the values' device: gather rows (beam search, rows leaving a batch),
-    join two batches (rows joining a running batch), pad columns on either side (a prompt's
-    cache aligned), trim leading columns, take rows and columns (a prefix cache's entries). One
-    session per operation and input signature."""
+    concatenate rows (encoder outputs of rows joining a batch), join two batches (rows joining
+    a running batch), pad columns on either side (a prompt's cache aligned), trim leading
+    columns, take rows and columns (a prefix cache's entries). One session per operation and
+    input signature."""
 
     def __init__(self, providers: list, device: str) -> None:
         self.providers, self.device = providers, device
@@ -88,6 +93,14 @@ class CacheOps:
         """values[i][rows] for each value (rows (n,) int64 indices along axis 0)."""
         binding = self._binding("gather", values)
         binding.input_array("index", np.ascontiguousarray(rows, dtype=np.int64))
+        return binding.run()
+
+    def concat(self, values: list[Any], more: list[Any]) -> list[Any]:
+        """Each value with the rows of its match in ``more`` after its own (tensors of any
+        rank, alike but in rows)."""
+        binding = self._binding("concat", values)
+        for i, value in enumerate(more):
+            binding.input_value(f"u{i}", value)
         return binding.run()
 
     def join(self, values: list[Any], more: list[Any], pad: int, pad_more: int) -> list[Any]:

@@ -13,6 +13,11 @@ the same draws.
 With a prefix cache (:mod:`.prefix_cache`), a prompt that starts with a cached one's tokens
 prefills only the rest; with prompt lookup (:mod:`.speculation`), a request decoding alone
 checks drafted tokens in one step.
+
+A speech model's (an encoder-decoder over features) request brings its source, a 30 s window's
+features, with its decoder prompt: the encoder runs once per request, over the sources of the
+rows prefilled together, and each row carries its encoder outputs into the batch, so the
+decoder steps of many transcriptions run together.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from transformer_kit.core.decoding import SequenceSearch, generation_config
-from transformer_kit.core.decoding.prompts import prepare_call
+from transformer_kit.core.decoding.prompts import decoder_start, prepare_call
 from transformer_kit.core.errors import InputError
+from transformer_kit.core.speech.transcriber import WINDOW_FRAMES
 from transformer_kit.runtime.onnx_model import OnnxModel, check_ids
 from transformer_kit.runtime.prefix_cache import PrefixCache, block_keys, next_group
 from transformer_kit.runtime.requests import GenerationRequest, Row, WaitingQueue
@@ -62,7 +68,11 @@ class ContinuousBatch:
         self.max_batch, self.prefill_tokens, self.max_cache_bytes = max_batch, prefill_tokens, max_cache_bytes
         #: The running batch in the model's cache layout (a new one after a failure).
         self.decoder = model.batch_decoder(adapter)
-        self.prefix_cache = PrefixCache(prefix_cache_bytes, self.decoder) if prefix_cache_bytes else None
+        #: Whether rows bring a source (features) the encoder runs on at their prefill.
+        self.seq2seq = model.manifest.architecture != "decoder"
+        # a cached prompt's keys hold its source's cross attention: no reuse across sources
+        self.prefix_cache = (PrefixCache(prefix_cache_bytes, self.decoder)
+                             if prefix_cache_bytes and not self.seq2seq else None)
         self.prompt_lookup_num_tokens = default_lookup(prompt_lookup_num_tokens, self.decoder)
         self.rows: list[Row] = []
         self.taken: list[Row] = []  # out of the queue by the admission running now
@@ -73,11 +83,13 @@ class ContinuousBatch:
         self.parked: list[tuple[list[Row], Any]] = []
 
     def work(self, ids: Any, stop_matcher: Any, timeout: float | None, options: dict,
-             prompt_logprobs: int | None = None) -> Row:
+             prompt_logprobs: int | None = None, source: Any = None) -> Row:
         """A prompt (length,) or (1, length) of token ids with its generation options (and how
         many of the most likely tokens to report at each prompt position, None: no report),
-        checked and planned: the row to queue. Raises InputError for a bad prompt or option and
-        a ContextLengthError for a prompt that leaves no room for ``max_new_tokens``."""
+        checked and planned: the row to queue. A speech model's prompt is its decoder prompt,
+        ``source`` its features (1, channels, frames) (:meth:`source_row`). Raises InputError
+        for a bad prompt or option and a ContextLengthError for a prompt that leaves no room
+        for ``max_new_tokens``."""
         if options.get("prompt_lookup_num_tokens") is None:  # the engine's default, if any
             options["prompt_lookup_num_tokens"] = self.prompt_lookup_num_tokens
         opts = generation_config(None, **options)
@@ -90,17 +102,25 @@ class ContinuousBatch:
         if len(shape) not in (1, 2) or (len(shape) == 2 and shape[0] != 1) or not np.size(ids):
             raise InputError(f"A request takes one non-empty prompt of token ids, (length,) or "
                              f"(1, length); got shape {tuple(shape)}.")
-        prompt = check_ids(np.reshape(ids, (1, -1)), m.src_vocab, "prompt")
-        call, pipeline, _ = prepare_call(prompt, np.ones(prompt.shape, np.int64), opts, decoder=True,
-                                    pad_id=m.pad_id, eos_id=m.eos_id, bos_id=m.bos_id,
-                                    vocab=m.tgt_vocab, context_length=self.model.context_length,
-                                    stop_matcher=stop_matcher, tokenizer=self.model.tokenizer)
+        features = self.source_row(source, prompt_logprobs)
+        if features is not None:
+            prompt = decoder_start(np.reshape(ids, (1, -1)), 1, m.tgt_vocab)
+            call, pipeline, _ = prepare_call(
+                np.zeros((1, 0), np.int64), None, opts, decoder=False, pad_id=None, eos_id=m.eos_id,
+                bos_id=m.bos_id, vocab=m.tgt_vocab, context_length=self.model.context_length,
+                stop_matcher=stop_matcher, tokenizer=self.model.tokenizer, decoder_prompt=prompt)
+        else:
+            prompt = check_ids(np.reshape(ids, (1, -1)), m.src_vocab, "prompt")
+            call, pipeline, _ = prepare_call(prompt, np.ones(prompt.shape, np.int64), opts, decoder=True,
+                                             pad_id=m.pad_id, eos_id=m.eos_id, bos_id=m.bos_id,
+                                             vocab=m.tgt_vocab, context_length=self.model.context_length,
+                                             stop_matcher=stop_matcher, tokenizer=self.model.tokenizer)
         if prompt_logprobs is not None:
             self.model.check_prompt_logprobs(prompt.shape[1], prompt_logprobs)
         request = GenerationRequest(prompt=prompt[0], options=opts, timeout=timeout,
                                     prompt_top=prompt_logprobs)
         drafting = drafting_for(opts, call.eos_ids, self.decoder)
-        row = Row(request, SequenceSearch(call, opts, pipeline), drafting)
+        row = Row(request, SequenceSearch(call, opts, pipeline), drafting, features)
         needed = self.decoder.cache_bytes(1, row.columns)
         if needed > self.max_cache_bytes:
             raise InputError(f"This request's cache may take {needed / 2**20:.1f} MiB ({len(row.prompt)} "
@@ -109,6 +129,27 @@ class ContinuousBatch:
                              "max_new_tokens or shorten the prompt, or raise the bound (serve "
                              "--max-cache-bytes).")
         return row
+
+    def source_row(self, source: Any, prompt_logprobs: int | None) -> np.ndarray | None:
+        """A speech model's request's source checked: features (1, channels, frames) float32 of
+        one 30 s window (the batch's rows share the encoder's length); None for a decoder's,
+        which takes none."""
+        if not self.seq2seq:
+            if source is not None:
+                raise InputError("A decoder's request is its prompt alone; give no source.")
+            return None
+        if source is None:
+            raise InputError("A speech model's request needs its source: the features (1, channels, "
+                             f"{WINDOW_FRAMES}) of a 30 s window (OnnxModel.audio_features).")
+        features = self.model.check_features(source)
+        if features.shape[0] != 1 or features.shape[2] != WINDOW_FRAMES:
+            raise InputError(f"A request's source is one 30 s window's features, (1, channels, "
+                             f"{WINDOW_FRAMES}); got shape {tuple(features.shape)}. Pad or cut the "
+                             "audio to 30 s windows (the Transcriber does).")
+        if prompt_logprobs is not None:
+            raise InputError("prompt_logprobs reports a decoder's prompt; a speech model's request "
+                             "takes none.")
+        return features
 
     @property
     def running(self) -> list[Any]:
@@ -178,7 +219,15 @@ class ContinuousBatch:
         cache = self.prefix_cache
         skip = 0 if hit is None else hit.tokens
         past = None if hit is None else cache.past(hit, len(group))
-        prefilled, logits = self.decoder.prefill([r.prompt[skip:] for r in group], past, skip)
+        prompts = [r.prompt[skip:] for r in group]
+        if self.seq2seq:  # the encoder once per row, over the group's sources together
+            fixed = self.model.encode_source(np.concatenate([r.source for r in group]))
+            prefilled, logits = self.decoder.prefill(prompts, fixed=fixed)
+            self.stats.encoded += len(group)
+            for row in group:
+                row.source = None  # its encoder outputs are in the batch now
+        else:
+            prefilled, logits = self.decoder.prefill(prompts, past, skip)
         self.stats.generated_tokens += len(group)
         self.stats.prefills += 1
         keep = []

@@ -41,12 +41,17 @@ def default_cache_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
 
 
+#: The kinds whose requests decode in the continuous batch.
+DECODING = ("generate", "transcribe")
+
+
 class QueueFull(TransformerKitError):
     """The engine's queue holds ``max_queue`` requests already; try again later."""
 
 
 #: What each kind's requests are, as a refusal names them.
 _SERVES = {"generate": "generation requests (submit)",
+           "transcribe": "speech windows to decode (submit with a source)",
            "embeddings": "pooling requests (submit_pooling): sentence embeddings",
            "rerank": "pooling requests (submit_pooling): a cross-encoder's scores"}
 
@@ -97,10 +102,10 @@ class Engine:
         self.generation: ContinuousBatch | None = None
         self.pooling: PoolingCalls | None = None
         self.adapter = adapter
-        if adapter is not None and self.kind != "generate":
+        if adapter is not None and self.kind not in DECODING:
             raise InputError(f"adapter={adapter!r}: LoRA adapters serve generation; this model "
                              f"serves {_SERVES[self.kind]}.")
-        if self.kind == "generate":
+        if self.kind in DECODING:
             self.generation = ContinuousBatch(
                 self.model, self.stats, max_batch=max_batch, prefill_tokens=prefill_tokens,
                 prefix_cache_bytes=prefix_cache_bytes, prompt_lookup_num_tokens=prompt_lookup_num_tokens,
@@ -120,24 +125,28 @@ class Engine:
 
     # -- the caller's side ------------------------------------------------------------------
     def submit(self, ids: Any, *, stop_matcher: Any = None, timeout: float | None = None,
-               prompt_logprobs: int | None = None, **options: Any) -> GenerationRequest:
+               prompt_logprobs: int | None = None, source: Any = None, **options: Any) -> GenerationRequest:
         """Queue a prompt (length,) of token ids with generation options (greedy search or
         sampling: ``max_new_tokens``, ``do_sample``, ``temperature``, ``top_p``, ``seed``, ...).
         ``timeout``: most seconds from now to its last token (None: no bound); past it the
         request ends with ``finish_reason`` ``"timeout"`` and the tokens it had.
         ``prompt_logprobs``: report each prompt token's log probability and this many of the
         most likely tokens at its position (``request.prompt_logprobs``; None: no report); with
-        ``max_new_tokens=0`` the request ends after that report.
+        ``max_new_tokens=0`` the request ends after that report. A speech model's request (a
+        "transcribe" engine) is a window's decoder prompt with its ``source``, the window's
+        features (1, channels, 3000) (``OnnxModel.audio_features``); the encoder runs on it once.
 
         Raises InputError for a bad prompt or option (at once, nothing queued), a
         :class:`~transformer_kit.core.errors.ContextLengthError` (an InputError) for a prompt that
         leaves no room for ``max_new_tokens`` in the model's context, and :class:`QueueFull`
         when ``max_queue`` requests wait already.
         """
-        self._check_open("generate", timeout)
+        # a speech model's request without its source is refused by its batch, naming the source
+        self._check_open("transcribe" if source is not None or self.kind == "transcribe" else "generate",
+                         timeout)
         assert self.generation is not None
         return self._queue(self.generation.work(ids, stop_matcher, timeout, options,
-                                                prompt_logprobs)).request
+                                                prompt_logprobs, source)).request
 
     def submit_pooling(self, tokens: list[list[int]], extras: list[list[int]], *,
                        timeout: float | None = None) -> PoolingRequest:
@@ -145,7 +154,7 @@ class Engine:
         ids, ``extras[i]`` as long (pooled positions, or token types); its ``rows`` get (n, dim)
         vectors or (n, num_labels) scores. ``timeout`` as for :meth:`submit`. Raises InputError
         and :class:`QueueFull` as :meth:`submit` does."""
-        self._check_open(self.kind if self.kind != "generate" else "embeddings", timeout)
+        self._check_open(self.kind if self.kind not in DECODING else "embeddings", timeout)
         return self._queue(PoolingCalls.work(tokens, extras, timeout))
 
     def _check_open(self, kind: str, timeout: float | None) -> None:

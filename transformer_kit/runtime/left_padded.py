@@ -13,6 +13,8 @@ remainder modulo :data:`ALIGNMENT`, as when it runs alone.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,18 +27,21 @@ from transformer_kit.runtime.step_graph import LAST_POSITION, StepGraph
 @dataclass
 class PaddedRows:
     """Rows of a left-padded cache: one value per cache tensor, (rows, kv_heads, length,
-    head_dim), and the mask (rows, length), 1 = real token."""
+    head_dim), and the mask (rows, length), 1 = real token; for an encoder-decoder, ``fixed``:
+    the rows' encoder outputs (one value per fixed input of the step graph, rows first)."""
 
     cache: list[Any]
     mask: np.ndarray
+    fixed: list[Any] | None = None
 
 
 class LeftPadded(CacheLayout):
     """The rows of a batch left-padded to its longest (the module says how).
 
     ``fixed``: an encoder's outputs the step reads (encoder-decoder models, one row each), bound
-    once and reordered with the rows; the step graph of such a model takes no mask (every target
-    token is real).
+    once and reordered with the rows. Rows of a running batch (a server's) bring their own:
+    ``prefill(..., fixed=...)`` runs their prompts over them, and they join the batch's with the
+    rows (sources of one length: a speech model's 30 s windows).
     """
 
     def __init__(self, graph: StepGraph, adapter: dict[str, Any] | None = None, fewest_rows: int = 1,
@@ -101,10 +106,15 @@ class LeftPadded(CacheLayout):
         return logits, present
 
     def prefill(self, prompts: list[np.ndarray], past: list[Any] | None = None,
-                past_length: int = 0) -> tuple[PaddedRows, np.ndarray]:
+                past_length: int = 0, fixed: list[Any] | None = None) -> tuple[PaddedRows, np.ndarray]:
         """Run prompts together, left-padded to the longest; with ``past`` (a cached prefix,
         every column real) the rows' mask is (rows, past_length + longest), padding between
-        past and prompt."""
+        past and prompt. ``fixed``: the prompts' own encoder outputs (a row each), which the
+        rows carry to :meth:`join` (None: the batch's bound ones)."""
+        if fixed is not None:
+            with self._bound(fixed):
+                rows, logits = self.prefill(prompts, past, past_length)
+            return PaddedRows(rows.cache, rows.mask, fixed), logits
         if past is None:
             past = self.graph.empty_cache(len(prompts))
         longest = max(len(ids) for ids in prompts)
@@ -117,8 +127,22 @@ class LeftPadded(CacheLayout):
         logits, present = self.run(ids, mask, past, fresh=True)
         return PaddedRows(present, mask), logits
 
+    @contextlib.contextmanager
+    def _bound(self, fixed: list[Any]) -> Iterator[None]:
+        """``fixed`` bound for the runs inside, the batch's own again after them."""
+        self.binding.fixed(fixed)
+        try:
+            yield
+        finally:
+            if self.fixed:
+                self.binding.fixed(self.fixed)
+
     def join(self, prefilled: PaddedRows) -> None:
         """Add prefilled rows after the others in one copy (left-padding the shorter side)."""
+        if prefilled.fixed is not None:
+            self.fixed = (list(prefilled.fixed) if self.rows == 0
+                          else self.cache_ops.concat(self.fixed, prefilled.fixed))
+            self.binding.fixed(self.fixed)
         if self.rows == 0:
             self.cache, self.mask = prefilled.cache, prefilled.mask
             return
@@ -158,6 +182,7 @@ class LeftPadded(CacheLayout):
         """... and trims the columns that became padding in every row."""
         if len(rows) == 0:
             self.cache, self.mask, self.dropped = [], np.zeros((0, 0), np.int64), 0
+            self.fixed = []  # the rows brought them; the next rows bring theirs
             return
         kept = self.select(PaddedRows(self.cache, self.mask), rows)
         self.cache, self.mask = kept.cache, kept.mask
@@ -187,7 +212,8 @@ class LeftPadded(CacheLayout):
         if start:
             cache = self.cache_ops.trim(cache, start)
             mask = np.ascontiguousarray(mask[:, start:])
-        return PaddedRows(cache, mask)
+        fixed = None if prefilled.fixed is None else self.cache_ops.gather(prefilled.fixed, rows)
+        return PaddedRows(cache, mask, fixed)
 
     def prefix_entry(self, prefilled: PaddedRows, row: int) -> tuple[list[Any], int]:
         """One value per cache tensor, (1, kv_heads, length, head_dim): the row's real columns
@@ -238,8 +264,8 @@ class Aligned(LeftPadded):
     trim_granule = ALIGNMENT
 
     def __init__(self, graph: StepGraph, adapter: dict[str, Any] | None = None, fewest_rows: int = 1,
-                 chunk: int | None = PREFILL_CHUNK) -> None:
-        super().__init__(graph, adapter, fewest_rows)
+                 chunk: int | None = PREFILL_CHUNK, fixed: list[Any] | None = None) -> None:
+        super().__init__(graph, adapter, fewest_rows, fixed)
         self.chunk = chunk
         self.prefill_chunk = chunk or 1
 
@@ -256,10 +282,12 @@ class Aligned(LeftPadded):
         return self.rows == 0 or self.mask.shape[1] % ALIGNMENT == 0
 
     def prefill(self, prompts: list[np.ndarray], past: list[Any] | None = None,
-                past_length: int = 0) -> tuple[PaddedRows, np.ndarray]:
+                past_length: int = 0, fixed: list[Any] | None = None) -> tuple[PaddedRows, np.ndarray]:
         """Prompts of one length (after a prefix of whole chunks) run in chunks as they run
         alone; others left-padded in one run. Masked columns follow up to a multiple of the
         alignment."""
+        if fixed is not None:
+            return super().prefill(prompts, past, past_length, fixed)
         if len({len(ids) for ids in prompts}) > 1 or past_length % self.prefill_chunk:
             rows, logits = super().prefill(prompts, past, past_length)
             return self._padded(rows), logits

@@ -273,7 +273,7 @@ class OnnxModel:
     def _features_forward(self, features: Any, tgt_ids: Any, attention_mask: Any) -> np.ndarray:
         """``__call__`` of a model whose source is features: logits (batch, len, vocab)."""
         check_source_inputs(decoder=False, features=True, attention_mask=attention_mask)
-        feeds = {"input_features": self._check_features(features),
+        feeds = {"input_features": self.check_features(features),
                  "tgt_ids": check_ids(tgt_ids, self.manifest.tgt_vocab, "tgt_ids")}
         check_positions(feeds["tgt_ids"].shape[1], self.manifest.max_positions, "tgt_ids")
         if len(feeds["input_features"]) != len(feeds["tgt_ids"]):
@@ -483,7 +483,7 @@ class OnnxModel:
         return transcriber.transcribe(as_samples(audio, sample_rate), transcribe_options(**options),
                                       progress)
 
-    def _check_features(self, features: Any) -> np.ndarray:
+    def check_features(self, features: Any) -> np.ndarray:
         """(batch, channels, frames) finite float32 features of this model's encoder."""
         x = as_array(features, "input_features")
         frontend = self.manifest.config.get("frontend")
@@ -511,7 +511,7 @@ class OnnxModel:
         check_source_inputs(decoder=is_decoder, features=features, attention_mask=attention_mask,
                             decoder_prompt=decoder_prompt)
         if features:  # no token ids: every output of the frontend is real
-            source = self._check_features(ids)
+            source = self.check_features(ids)
             ids = np.zeros((len(source), 0), np.int64)
         else:
             ids = source = check_ids(ids, m.src_vocab, "input_ids" if is_decoder else "src_ids")
@@ -523,11 +523,8 @@ class OnnxModel:
             tokenizer=self.tokenizer, decoder_prompt=decoder_prompt)
         if assistant is not None:
             call.assistant = self._assistant_stepper(assistant, call.prompt_ids, real)
-        if is_decoder:
-            layout = self.cache_layout(adapter)
-        else:
-            layout = LeftPadded(self.step_graph, self._adapter_values(adapter),
-                                fixed=self._encode(source, real))
+        fixed = None if is_decoder else self.encode_source(source, real)
+        layout = self.cache_layout(adapter, fixed=fixed)
         return LayoutStepper(layout, call.prompt_ids, call.prompt_real), call, pipeline
 
     def _assistant_stepper(self, assistant: Any, prompt_ids: np.ndarray, real: np.ndarray) -> LayoutStepper:
@@ -543,27 +540,38 @@ class OnnxModel:
     def batch_decoder(self, adapter: str | None = None) -> CacheLayout:
         """An empty running batch over this model's step graph, for continuous batching (a
         server's engine): rows join after their own prefill and leave when they finish. A
-        decoder's only; one caller at a time (the engine's loop). ``adapter``: every row
-        decodes with that LoRA adapter (:attr:`adapters`)."""
-        if self.manifest.architecture != "decoder":
-            raise InputError("Continuous batching serves decoder models; this model's architecture "
-                             f"is {self.manifest.architecture!r}. Export a decoder to serve it.")
-        return self.cache_layout(adapter)
+        decoder's, or a speech model's (its rows bring their encoder outputs: :meth:`encode_source`);
+        one caller at a time (the engine's loop). ``adapter``: every row decodes with that LoRA
+        adapter (:attr:`adapters`)."""
+        m = self.manifest
+        if m.architecture != "decoder" and not self.takes_features:
+            raise InputError("Continuous batching serves decoders and speech models; this model's "
+                             f"architecture is {m.architecture!r}. Export a decoder to serve it.")
+        if m.architecture != "decoder" and "attention_mask" not in self.step_graph.inputs:
+            raise InputError(f"{self.path} was exported before the encoder-decoder step graph took "
+                             "an attention_mask, which a batch of rows of other lengths needs; "
+                             "export the model again to serve it.")
+        return self.cache_layout(adapter, fixed=[] if m.architecture != "decoder" else None)
 
-    def cache_layout(self, adapter: str | None = None, *, fewest_rows: int | None = None) -> CacheLayout:
+    def cache_layout(self, adapter: str | None = None, *, fewest_rows: int | None = None,
+                     fixed: list[Any] | None = None) -> CacheLayout:
         """An empty batch of a decoder's rows in this model's cache layout (docs/export.md,
         "Cache layouts"): a :class:`SharedBuffer` over ``decoder_step_shared``; over
         ``decoder_step``, an :class:`Aligned` one when ``batch_invariant``, else a
         :class:`LeftPadded` one. ``adapter``: its rows decode with that LoRA adapter;
         ``fewest_rows``: a lone row's token runs as that many copies (default: as this CPU
-        needs for invariance, :meth:`fewest_rows`)."""
+        needs for invariance, :meth:`fewest_rows`). An encoder-decoder's rows read ``fixed``,
+        its encoder's outputs (:meth:`encode_source`; [] for rows that bring their own); an
+        export whose step graph takes no target mask (exported before it did) gets a
+        :class:`LeftPadded` batch of rows of one length."""
         values = self._adapter_values(adapter)
-        if not self.batch_invariant and self.step_name != SHARED_STEP:
-            return LeftPadded(self.step_graph, values)
+        aligned = self.batch_invariant and (fixed is None or "attention_mask" in self.step_graph.inputs)
+        if not aligned and self.step_name != SHARED_STEP:
+            return LeftPadded(self.step_graph, values, fixed=fixed)
         fewest = self.fewest_rows() if fewest_rows is None else fewest_rows
         if self.step_name == SHARED_STEP:
             return SharedBuffer(self.step_graph, values, fewest)
-        return Aligned(self.step_graph, values, fewest, None if self._mixture else PREFILL_CHUNK)
+        return Aligned(self.step_graph, values, fewest, None if self._mixture else PREFILL_CHUNK, fixed)
 
     def fewest_rows(self) -> int:
         """The fewest rows a decoder's batch-invariant step multiplies: 2 where one token of one
@@ -576,11 +584,12 @@ class OnnxModel:
             self._fewest = 1 if exact else 2
         return self._fewest
 
-    def _encode(self, source: np.ndarray, real: np.ndarray) -> list[Any]:
-        """Run the encoder once on ``source`` (src_ids, or input_features): the step graph's
-        inputs it gives (encoder_attention_mask and every layer's cross keys/values), in the
-        step graph's order."""
-        session = self._sessions["encoder"]
+    def encode_source(self, source: np.ndarray, real: np.ndarray | None = None) -> list[Any]:
+        """Run the encoder once on ``source`` (src_ids (batch, src_len) with ``real`` (batch,
+        src_len) bool, or input_features (batch, channels, frames), checked): the step graph's
+        inputs it gives (encoder_attention_mask and every layer's cross keys/values, rows first),
+        in the step graph's order, on the graphs' device."""
+        session = self.session("encoder")
         graph = self.manifest.graphs["encoder"]
         io = session.io_binding()
         io.bind_cpu_input("input_features" if self.takes_features else "src_ids", source)

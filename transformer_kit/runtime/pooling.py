@@ -25,17 +25,20 @@ from transformer_kit.runtime.onnx_model import OnnxModel
 from transformer_kit.runtime.requests import PoolingRequest, WaitingQueue
 from transformer_kit.runtime.stats import EngineStats
 
-#: What an engine serves: text generation, sentence embeddings, or a cross-encoder's scores.
-Kind = Literal["generate", "embeddings", "rerank"]
+#: What an engine serves: text generation, speech to text, sentence embeddings, or a
+#: cross-encoder's scores.
+Kind = Literal["generate", "transcribe", "embeddings", "rerank"]
 
 
 def model_kind(model: OnnxModel) -> Kind:
-    """What an export serves: "generate" (a decoder or an encoder-decoder), "embeddings" (an
-    encoder with pooling: a sentence-embedding model), "rerank" (an encoder with a one-label
-    classifier: a cross-encoder); InputError with a sentence for an encoder with neither."""
+    """What an export serves: "generate" (a decoder or an encoder-decoder of text),
+    "transcribe" (a speech model: an encoder-decoder over features with speech settings),
+    "embeddings" (an encoder with pooling: a sentence-embedding model), "rerank" (an encoder
+    with a one-label classifier: a cross-encoder); InputError with a sentence for an encoder
+    with neither."""
     m = model.manifest
     if m.architecture != "encoder":
-        return "generate"
+        return "transcribe" if model.takes_features and m.config.get("speech") else "generate"
     if m.config.get("pooling"):
         return "embeddings"
     classifier = m.config.get("classifier")

@@ -244,10 +244,13 @@ class PoolingRequest(Request):
 
 class Row:
     """One generation request in the batch: its search (choice and end, as ``generate`` makes
-    them), its last token and its prompt lookup (a :class:`~.speculation.Drafting`, or None)."""
+    them), its last token, its prompt lookup (a :class:`~.speculation.Drafting`, or None) and,
+    for a speech model, its ``source`` (features (1, channels, frames) the encoder runs on at
+    its prefill)."""
 
-    def __init__(self, request: GenerationRequest, search: SequenceSearch, drafting: Any = None) -> None:
-        self.request, self.search, self.drafting = request, search, drafting
+    def __init__(self, request: GenerationRequest, search: SequenceSearch, drafting: Any = None,
+                 source: np.ndarray | None = None) -> None:
+        self.request, self.search, self.drafting, self.source = request, search, drafting, source
         self.last = int(request.prompt[-1])
         #: The cache columns the row may come to hold: its prompt and every token it may add.
         self.columns = len(request.prompt) + request.options.max_new_tokens

@@ -19,6 +19,7 @@ class EngineStats:
     generated_tokens: int = 0  # tokens chosen for generation requests
     steps: int = 0  # runs of the step graph after a prefill (a speculative check counts one)
     prefills: int = 0  # runs prefilling waiting prompts
+    encoded: int = 0  # sources the encoder ran on (a speech model's requests, one run each)
     drafted_tokens: int = 0  # tokens prompt lookup drafted
     accepted_tokens: int = 0  # drafted tokens that were the model's own choice
     input_tokens: int = 0  # tokens embedded or scored by pooling requests

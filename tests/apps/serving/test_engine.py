@@ -225,7 +225,7 @@ def test_an_encoder_decoder_export_is_refused_with_a_sentence(tmp_path):
 
     torch.manual_seed(0)
     export_onnx(tk.build_model(tiny_config("encoder_decoder")), tmp_path / "onnx")
-    with pytest.raises(InputError, match="serves decoder models"):
+    with pytest.raises(InputError, match="serves decoders and speech models"):
         Engine(OnnxModel(tmp_path / "onnx", providers="cpu"))
 
 
