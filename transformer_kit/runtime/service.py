@@ -31,6 +31,7 @@ from transformer_kit.runtime.request_options import RequestOptions
 from transformer_kit.runtime.requests import Failure, GenerationRequest, PoolingRequest
 from transformer_kit.runtime.text_stream import TextStream
 from transformer_kit.runtime.tokenization import detokenize, token_strings, tokenize, tokenizer_info
+from transformer_kit.runtime.transcription import Transcribing, prepare
 from transformer_kit.tokenizer import TextTokenizer
 
 #: The values a chat template's ``reasoning_effort`` switch takes (gpt-oss's harmony template).
@@ -194,7 +195,7 @@ class Service:
             #: Inputs' tokens as the model runs them, with no cut: an over-long input is refused.
             self.measuring = TextEncoder(self.model.tokenizer, {**settings, "max_seq_length": _UNCUT}, None)
             self.normalizes = bool((settings.get("sentence_embedding") or {}).get("normalize"))
-        if self.kind != "generate":
+        if self.kind in ("embeddings", "rerank"):
             #: Most tokens of one input (the model's max_seq_length or positional bound).
             self.max_input_tokens = self.model.sentences.text_encoder.max_tokens
 
@@ -428,6 +429,18 @@ class Service:
         tokens, types = self.model.sentences.text_encoder.encode_pairs(query, documents)
         request = self.engine.submit_pooling(tokens, types, timeout=self.limits.max_request_seconds)
         return Pooled(request, sum(map(len, tokens)), top_n=top_n)
+
+    # -- speech ---------------------------------------------------------------------------
+    def transcribe(self, audio: Any, *, name: str | None = None, **options: Any) -> Transcribing:
+        """A transcription of ``audio`` (a file's bytes or path, any format FFmpeg reads) by a
+        speech model, ready to :meth:`~.transcription.Transcribing.run` (its windows decode in
+        the engine's batch with other callers'), within the limits' audio and time bounds;
+        ``name`` names the file in refusals; ``options``: the
+        :class:`~transformer_kit.core.speech.TranscribeOptions`. Raises InputError (an
+        AudioError for the audio) before anything runs."""
+        self._serves("transcribe")
+        return prepare(self.engine, audio, max_seconds=self.limits.max_audio_seconds, name=name,
+                       timeout=self.limits.max_request_seconds, **options)
 
     def _serves(self, kind: str) -> None:
         if self.kind != kind:

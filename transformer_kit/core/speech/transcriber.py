@@ -123,6 +123,14 @@ class Transcriber:
                              f"{len(s.languages)} ({', '.join(sorted(s.languages)[:12])}, ...).")
         return code, s.languages[code]
 
+    def check(self, options: TranscribeOptions) -> None:
+        """Refuse, before any audio is decoded, what this model cannot do: a language it does
+        not know, a translation by an English-only model."""
+        s = self.settings
+        if options.language is not None and (s.multilingual or options.language != "en"):
+            self.language_id(options.language, np.zeros(0, np.float32))
+        self.start_tokens(0, options.task, options.timestamps)
+
     def detect_language(self, window: np.ndarray) -> tuple[str, int]:
         """The most likely language of a window (1, channels, 3000): the decoder's first token
         after the start of transcript, among the language tokens (openai's detect_language)."""
@@ -203,9 +211,11 @@ class Transcriber:
         raise AssertionError("unreachable")
 
     def transcribe(self, samples: np.ndarray, options: TranscribeOptions | None = None,
-                   progress: Callable[[float, float], None] | None = None) -> Transcription:
+                   progress: Callable[[float, float], None] | None = None,
+                   on_segments: Callable[[list[Segment]], None] | None = None) -> Transcription:
         """(n,) float32 16 kHz samples -> a :class:`Transcription`; ``progress(done, total)``
-        in seconds after each window."""
+        in seconds after each window, ``on_segments(segments)`` with each window's segments
+        once they are final (a stream's pieces)."""
         options = options or TranscribeOptions()
         duration = len(samples) / SAMPLING_RATE
         padded = samples if len(samples) > CHUNK_SECONDS * SAMPLING_RATE else np.pad(
@@ -235,6 +245,8 @@ class Transcriber:
                 segment.temperature, segment.seek = temperature, seek
             segments += found
             seek += advance
+            if on_segments is not None:
+                on_segments(found)
             if progress is not None:
                 progress(min(seek * HOP_LENGTH / SAMPLING_RATE, duration), duration)
         return Transcription(text="".join(s.text for s in segments), segments=segments,
