@@ -5,7 +5,8 @@ wrong key gets 401 and /health is open; a replica killed (SIGKILL) mid-stream en
 with an error the client sees, the other replica keeps serving exactly, and Ray Serve brings a
 new replica up that serves exactly too; two replicas of a sentence-embedding model and two of a
 cross-encoder on the same instance give sentence-transformers' vectors and scores behind the same
-key and limits; after shutdown no Ray process is left."""
+key and limits, and a replica of a speech model OnnxModel.transcribe's subtitles; after shutdown
+no Ray process is left."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import pytest
 import transformer_kit as tk
 from tests.apps.serving.test_http import _alone, _ids
 from tests.chat.checkpoint import write_chat_checkpoint
+from transformer_kit.core.speech.formats import render
 from transformer_kit.export import export_onnx
 from transformer_kit.runtime import OnnxModel
 
@@ -347,3 +349,24 @@ def test_two_replicas_serve_embeddings_and_rerank_exactly_behind_the_same_key(po
     scores = {r["index"]: r["relevance_score"] for r in answer["results"]}
     np.testing.assert_allclose([scores[i] for i in range(5)], ce.predict([(query, d) for d in documents]),
                                atol=1e-5)
+
+
+def test_a_replica_serves_transcriptions_behind_the_same_key(ray_app, whisper_tiny_en):
+    from ray import serve
+
+    from tests.conftest import SPEECH_CLIPS
+    from transformer_kit.apps.serving.ray_serve import application
+
+    _, export = whisper_tiny_en
+    serve.run(application(export, "tiny-en", replicas=1, num_cpus=0.25, providers="cpu", api_key=KEY),
+              name="speech", route_prefix="/speech")
+    clip = sorted(Path(SPEECH_CLIPS).glob("*.wav"))[0]
+    expected = OnnxModel(export, providers="cpu").transcribe(clip)
+    client = _client(f"{ray_app}/speech")
+    with open(clip, "rb") as audio:  # a body past the text servers' bound: a speech model's is 25 MiB
+        answer = client.audio.transcriptions.create(model="tiny-en", file=audio, response_format="srt")
+    assert clip.stat().st_size > MAX_BODY_BYTES
+    assert answer == render(expected, "srt")
+    with pytest.raises(openai.BadRequestError, match="could not be read as audio"):
+        client.audio.transcriptions.create(model="tiny-en", file=("notes.wav", b"not a sound"))
+    serve.delete("speech")

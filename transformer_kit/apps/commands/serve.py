@@ -14,11 +14,12 @@ import typer
 
 from transformer_kit.apps.commands import _options as opts
 from transformer_kit.apps.exporting import served_folder
-from transformer_kit.apps.serving.guard import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
+from transformer_kit.apps.serving.guard import API_KEY_ENV
 from transformer_kit.apps.sources import Provider, open_export, split_adapters
 from transformer_kit.apps.terminal import console, fail
 from transformer_kit.checkpoints.hub import is_hub_name
 from transformer_kit.core.errors import TransformerKitError
+from transformer_kit.core.speech.audio import MAX_SECONDS
 from transformer_kit.runtime.adapters import adapter_names
 
 _Opt = typer.Option
@@ -58,8 +59,11 @@ def serve(
     api_key: Annotated[str | None, _Opt(envvar=API_KEY_ENV, show_envvar=True, help="Every endpoint "
                                         "but /health needs 'Authorization: Bearer KEY' (the openai "
                                         "client's api_key); 401 otherwise.")] = None,
-    max_body_mb: Annotated[float, _Opt(help="Largest request body taken, in MiB; larger ones get "
-                                       "413.")] = DEFAULT_MAX_BODY_BYTES / 2**20,
+    max_body_mb: Annotated[float | None, _Opt(help="Largest request body taken, in MiB; larger ones "
+                                              "get 413. Default: 4, a speech model's 25 (OpenAI's "
+                                              "bound on an audio file).")] = None,
+    max_audio_seconds: Annotated[float, _Opt(help="A speech model: most seconds of audio in one "
+                                             "file; longer ones get 400.")] = MAX_SECONDS,
     max_prompt_tokens: Annotated[int | None, _Opt(help="Most tokens in a completion's prompt or a "
                                              "chat's rendered conversation; longer ones get 400 "
                                              "(context_length_exceeded). Default: the model's "
@@ -101,12 +105,13 @@ def serve(
     """Serve completions in the OpenAI convention (POST /v1/completions, GET /v1/models,
     /health, /metrics) until interrupted; an embedding model's export on POST /v1/embeddings,
     a cross-encoder's on POST /v1/rerank."""
-    _check_bounds(max_body_mb, max_prompt_tokens, max_request_seconds, prefix_cache_bytes, api_key)
+    _check_bounds(max_body_mb, max_prompt_tokens, max_request_seconds, prefix_cache_bytes, api_key,
+                  max_audio_seconds)
     if api_key is None and not _loopback(host):
         console.print(f"[yellow]warning:[/] listening on {host}, beyond this machine, without an API "
                       f"key: anyone who can reach port {port} can use the model. Give --api-key (or "
                       f"{API_KEY_ENV}).")
-    max_body_bytes = int(max_body_mb * 2**20)
+    max_body_bytes = None if max_body_mb is None else int(max_body_mb * 2**20)
     try:
         folder = served_folder(source, revision, quantize, _named_adapters(adapter or []))
     except TransformerKitError as exc:
@@ -117,7 +122,8 @@ def serve(
                       api_key=api_key, max_body_bytes=max_body_bytes,
                       max_prompt_tokens=max_prompt_tokens, max_request_seconds=max_request_seconds,
                       prefix_cache_bytes=prefix_cache_bytes,
-                      prompt_lookup_num_tokens=prompt_lookup_num_tokens)
+                      prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+                      max_audio_seconds=max_audio_seconds)
         return
     try:
         import uvicorn  # noqa: F401 (the serve extra is installed)
@@ -151,7 +157,7 @@ def serve(
         app = create_app(engine, name, api_key=api_key, max_body_bytes=max_body_bytes,
                          max_prompt_tokens=max_prompt_tokens, max_request_seconds=max_request_seconds,
                          stored_responses=stored_responses, adapters=adapters,
-                         generation_config=generation_config.value)
+                         generation_config=generation_config.value, max_audio_seconds=max_audio_seconds)
         _run_until_stopped(app, host, port, drain_seconds, generation_config.value)
     finally:
         for each in (engine, *adapters.values()):
@@ -248,10 +254,13 @@ def _batching(engine: Any, batch_tokens: int, max_prompt_tokens: int | None,
             f"requests <= {max_request_seconds:g} s, prefix cache {cache}{lookup}")
 
 
-def _check_bounds(max_body_mb: float, max_prompt_tokens: int | None, max_request_seconds: float,
-                  prefix_cache_bytes: int, api_key: str | None) -> None:
+def _check_bounds(max_body_mb: float | None, max_prompt_tokens: int | None, max_request_seconds: float,
+                  prefix_cache_bytes: int, api_key: str | None, max_audio_seconds: float) -> None:
     """typer's BadParameter, naming the option, for a bound or key that cannot be."""
-    checks = [(max_body_mb > 0, "--max-body-mb", f"must be more than 0, got {max_body_mb}."),
+    checks = [(max_body_mb is None or max_body_mb > 0, "--max-body-mb",
+               f"must be more than 0, got {max_body_mb}."),
+              (max_audio_seconds > 0, "--max-audio-seconds",
+               f"must be more than 0, got {max_audio_seconds}."),
               (max_prompt_tokens is None or max_prompt_tokens >= 1, "--max-prompt-tokens",
                f"must be at least 1, got {max_prompt_tokens}."),
               (max_request_seconds > 0, "--max-request-seconds",
@@ -279,9 +288,10 @@ def _loopback(host: str) -> bool:
 
 def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, max_batch: int,
                   max_queue: int, provider: Provider, *, api_key: str | None,
-                  max_body_bytes: int, max_prompt_tokens: int | None,
+                  max_body_bytes: int | None, max_prompt_tokens: int | None,
                   max_request_seconds: float, prefix_cache_bytes: int = 0,
-                  prompt_lookup_num_tokens: int | None = None) -> None:
+                  prompt_lookup_num_tokens: int | None = None,
+                  max_audio_seconds: float = MAX_SECONDS) -> None:
     """The export of ``folder`` on Ray Serve, ``replicas`` replicas behind Ray's proxy on
     ``host:port``, each with the key and the bounds the one-process server has: on the Ray
     cluster ``RAY_ADDRESS`` names, with a proxy on every node that has a replica (an address of
@@ -324,7 +334,8 @@ def _serve_on_ray(folder: Path, name: str, host: str, port: int, replicas: int, 
                               max_prompt_tokens=max_prompt_tokens,
                               max_request_seconds=max_request_seconds,
                               prefix_cache_bytes=prefix_cache_bytes,
-                              prompt_lookup_num_tokens=prompt_lookup_num_tokens),
+                              prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+                              max_audio_seconds=max_audio_seconds),
                   name="transformer-kit", route_prefix="/")
         where = f" and port {port} of every node with a replica" if cluster else ""
         console.print(f"serving {name!r} on Ray Serve at http://{host}:{port}/v1{where} ({replicas} "

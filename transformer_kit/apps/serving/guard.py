@@ -30,6 +30,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: The largest request body taken by default: a 128K-token prompt as ids is under 1 MB of JSON,
 #: and OpenAI's embeddings limit (2,048 inputs, 300K tokens) under 2 MB of text.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+#: ... and a speech model's by default: OpenAI's bound on an uploaded audio file, 25 MB.
+DEFAULT_AUDIO_BODY_BYTES = 25 * 1024 * 1024
 #: The longest a request body may take to arrive, by default.
 DEFAULT_BODY_SECONDS = 30.0
 #: Paths answered without a key (load balancers and orchestrators probe them).

@@ -10,7 +10,9 @@ the sampling fields it shares with chat, :mod:`.sampling_fields`: ``n`` choices,
 same path, with ``previous_response_id``; ``GET`` and ``DELETE /v1/responses/{id}`` read and
 forget a stored one; in :mod:`.responses`), ``POST /tokenize`` and
 ``POST /detokenize`` (vLLM's, :mod:`.tokenization`), ``GET /v1/models``,
-``GET /health`` and ``GET /metrics`` (Prometheus text). An embedding model's export is served
+``GET /health`` and ``GET /metrics`` (Prometheus text). A speech model's (Whisper's) export is
+served on ``POST /v1/audio/transcriptions`` and ``/v1/audio/translations`` (multipart uploads,
+:mod:`.transcriptions`), an embedding model's
 on ``POST /v1/embeddings`` (:mod:`.embeddings`), a cross-encoder's on ``POST /v1/rerank``
 (:mod:`.rerank`), batched across clients by the same engine; the other kind's endpoints answer 400
 with a sentence naming the one this model serves. Each completions choice also carries
@@ -45,8 +47,23 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from prometheus_client import Gauge, generate_latest
 
-from transformer_kit.apps.serving import chat, completions, embeddings, page, rerank, responses, tokenization
-from transformer_kit.apps.serving.guard import DEFAULT_BODY_SECONDS, DEFAULT_MAX_BODY_BYTES, OPEN_PATHS, Guard
+from transformer_kit.apps.serving import (
+    chat,
+    completions,
+    embeddings,
+    page,
+    rerank,
+    responses,
+    tokenization,
+    transcriptions,
+)
+from transformer_kit.apps.serving.guard import (
+    DEFAULT_AUDIO_BODY_BYTES,
+    DEFAULT_BODY_SECONDS,
+    DEFAULT_MAX_BODY_BYTES,
+    OPEN_PATHS,
+    Guard,
+)
 from transformer_kit.apps.serving.lifecycle import Admission, AdmissionGate
 from transformer_kit.apps.serving.openai_api import (
     ERROR_RESPONSES,
@@ -59,6 +76,7 @@ from transformer_kit.apps.serving.routes import Family, Served, router
 from transformer_kit.apps.serving.tokenization import TokenizationServer, max_model_len
 from transformer_kit.core.decoding.defaults import GENERATION_CONFIG_MODES
 from transformer_kit.core.errors import InputError
+from transformer_kit.core.speech.audio import MAX_SECONDS
 from transformer_kit.runtime import Engine, Limits, Service
 from transformer_kit.runtime.adapters import ADAPTER_FOLDER
 
@@ -110,28 +128,32 @@ def _model_card(name: str, service: Service, base: str, created: int) -> dict[st
 #: it serves (every kind also serves /tokenize and /detokenize: :data:`_TOKENIZATION`).
 _KINDS: dict[str, tuple[str, tuple[Family, ...]]] = {
     "generate": ("a text generator", (completions.ROUTES, chat.ROUTES, responses.ROUTES)),
+    "transcribe": ("a speech model", (transcriptions.ROUTES, transcriptions.TRANSLATIONS)),
     "embeddings": ("a sentence-embedding model", (embeddings.ROUTES,)),
     "rerank": ("a cross-encoder", (rerank.ROUTES,))}
 _TOKENIZATION = (tokenization.TOKENIZE, tokenization.DETOKENIZE)
 
 
 def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               max_body_bytes: int | None = None, max_audio_seconds: float = MAX_SECONDS,
                body_seconds: float = DEFAULT_BODY_SECONDS, max_prompt_tokens: int | None = None,
                max_request_seconds: float | None = None,
                stored_responses: int = DEFAULT_STORED_RESPONSES,
                adapters: dict[str, Engine] | None = None, generation_config: str = "auto") -> FastAPI:
     """The FastAPI application serving ``engine`` under the model name ``model_name``: a
-    decoder's on the completions endpoints, an embedding model's on /v1/embeddings, a
-    cross-encoder's on /v1/rerank (the engine's ``kind``). Behind a :class:`.Guard`: ``api_key``
-    (None: none) needed on every endpoint but /health and a decoder's chat page (at /), request
-    bodies of at most ``max_body_bytes`` arriving within ``body_seconds``. A prompt (a completion's, a chat's
-    rendered conversation) may hold at most ``max_prompt_tokens`` tokens (None: the model's
-    context length, else :data:`~transformer_kit.runtime.limits.DEFAULT_MAX_PROMPT_TOKENS`;
-    more: 400), and any request may take at most ``max_request_seconds`` from arrival to its
-    end (None: no bound; past it the engine stops it and frees its row: 504, or an error event
-    ending the stream). Embeddings and rerank keep their own bound on texts (the model's
-    positions). ``/v1/responses`` keeps the last ``stored_responses`` responses (0: none) for
+    decoder's on the completions endpoints, a speech model's on /v1/audio/transcriptions and
+    /v1/audio/translations, an embedding model's on /v1/embeddings, a cross-encoder's on
+    /v1/rerank (the engine's ``kind``). Behind a :class:`.Guard`: ``api_key`` (None: none)
+    needed on every endpoint but /health and a decoder's chat page (at /), request bodies of at
+    most ``max_body_bytes`` (None: 4 MiB, a speech model's 25 MiB, OpenAI's bound on an audio
+    file) arriving within ``body_seconds``; audio files of at most ``max_audio_seconds``. A
+    prompt (a completion's, a chat's rendered conversation) may hold at most
+    ``max_prompt_tokens`` tokens (None: the model's context length, else
+    :data:`~transformer_kit.runtime.limits.DEFAULT_MAX_PROMPT_TOKENS`; more: 400), and any
+    request may take at most ``max_request_seconds`` from arrival to its end (None: no bound;
+    past it the engine stops it and frees its row: 504, or an error event ending the stream).
+    Embeddings and rerank keep their own bound on texts (the model's positions).
+    ``/v1/responses`` keeps the last ``stored_responses`` responses (0: none) for
     ``previous_response_id``, in memory (one store for the base and its adapters).
     ``generation_config``: "auto" (a request's missing sampling fields take the checkpoint's
     generation_config.json values, as vLLM's ``--generation-config auto``; listed in
@@ -141,7 +163,10 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None,
     ``adapters``: a decoder's engines per LoRA adapter (``Engine(model, adapter=name)``), each
     served as the model ``MODEL_NAME:NAME``: GET /v1/models lists them after the base, and a
     request's ``model`` picks the engine, whose rows are batched together."""
-    limits = Limits.of(engine.model.context_length, max_prompt_tokens, max_request_seconds)
+    limits = Limits.of(engine.model.context_length, max_prompt_tokens, max_request_seconds,
+                       max_audio_seconds)
+    if max_body_bytes is None:
+        max_body_bytes = DEFAULT_AUDIO_BODY_BYTES if engine.kind == "transcribe" else DEFAULT_MAX_BODY_BYTES
     if generation_config not in GENERATION_CONFIG_MODES:
         raise InputError(f"generation_config is {generation_config!r}; give one of "
                          f"{', '.join(GENERATION_CONFIG_MODES)}.")

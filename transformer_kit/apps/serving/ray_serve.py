@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from ray import serve
 
-from transformer_kit.apps.serving.guard import DEFAULT_MAX_BODY_BYTES, ASGIApp, Message, Receive, Scope, Send
+from transformer_kit.apps.serving.guard import ASGIApp, Message, Receive, Scope, Send
+from transformer_kit.core.speech.audio import MAX_SECONDS
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -119,9 +120,10 @@ class CompletionDeployment:
 
     def __init__(self, folder: str, model_name: str, max_batch: int, max_queue: int,
                  providers: str = "auto", api_key: str | None = None,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_tokens: int | None = None,
+                 max_body_bytes: int | None = None, max_prompt_tokens: int | None = None,
                  max_request_seconds: float | None = None, prefix_cache_bytes: int = 0,
-                 prompt_lookup_num_tokens: int | None = None) -> None:
+                 prompt_lookup_num_tokens: int | None = None,
+                 max_audio_seconds: float = MAX_SECONDS) -> None:
         from transformer_kit.runtime import Engine, OnnxModel
 
         model = OnnxModel(folder, providers=providers, session_options=_sized_to_the_replica())
@@ -130,6 +132,7 @@ class CompletionDeployment:
                              prompt_lookup_num_tokens=prompt_lookup_num_tokens)
         self.model_name, self.api_key, self.max_body_bytes = model_name, api_key, max_body_bytes
         self.max_prompt_tokens, self.max_request_seconds = max_prompt_tokens, max_request_seconds
+        self.max_audio_seconds = max_audio_seconds
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """The replica's application (Ray Serve calls this once, after ``__init__``)."""
@@ -137,7 +140,8 @@ class CompletionDeployment:
 
         app = create_app(self.engine, self.model_name, api_key=self.api_key,
                          max_body_bytes=self.max_body_bytes, max_prompt_tokens=self.max_prompt_tokens,
-                         max_request_seconds=self.max_request_seconds)
+                         max_request_seconds=self.max_request_seconds,
+                         max_audio_seconds=self.max_audio_seconds)
         app.add_middleware(ReplicaHeader, replica=serve.get_replica_context().replica_id.unique_id)
         return app
 
@@ -145,25 +149,27 @@ class CompletionDeployment:
 def application(folder: str | Path, model_name: str, *, replicas: int = 1, max_batch: int = 16,
                 max_queue: int = 64, num_cpus: float = 1.0, autoscaling: dict | None = None,
                 providers: str = "auto", api_key: str | None = None,
-                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_tokens: int | None = None,
+                max_body_bytes: int | None = None, max_prompt_tokens: int | None = None,
                 max_request_seconds: float | None = None,
                 prefix_cache_bytes: int = 0,
-                prompt_lookup_num_tokens: int | None = None) -> serve.Application:
+                prompt_lookup_num_tokens: int | None = None,
+                max_audio_seconds: float = MAX_SECONDS) -> serve.Application:
     """The deployment bound to an export folder: ``replicas`` copies, or Ray Serve's
     ``autoscaling_config`` (e.g. ``{"min_replicas": 1, "max_replicas": 4,
     "target_ongoing_requests": 16}``) instead; ``num_cpus`` Ray reserves for each replica.
     ``api_key`` (None: none) is needed on every endpoint but /health, request bodies are of
-    at most ``max_body_bytes``, prompts of at most ``max_prompt_tokens`` tokens and requests of
-    at most ``max_request_seconds``, as with :func:`.create_app`; each replica's engine keeps a
+    at most ``max_body_bytes`` (None: as :func:`.create_app` bounds them), prompts of at most
+    ``max_prompt_tokens`` tokens, audio of at most ``max_audio_seconds`` and requests of at
+    most ``max_request_seconds``, as with :func:`.create_app`; each replica's engine keeps a
     prefix cache of at most ``prefix_cache_bytes`` (0: none) and drafts by prompt lookup for
     requests that set none with ``prompt_lookup_num_tokens`` (None: only those that ask)."""
     if api_key is not None and not api_key.strip():
         raise ValueError("api_key is empty; give a key, or None to serve without one")
-    if max_body_bytes < 1:
+    if max_body_bytes is not None and max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
     scale = {"autoscaling_config": autoscaling} if autoscaling else {"num_replicas": replicas}
     deployment = CompletionDeployment.options(ray_actor_options={"num_cpus": num_cpus},
                                               max_ongoing_requests=max_batch + max_queue, **scale)
     return deployment.bind(str(Path(folder).resolve()), model_name, max_batch, max_queue, providers,
                            api_key, max_body_bytes, max_prompt_tokens, max_request_seconds,
-                           prefix_cache_bytes, prompt_lookup_num_tokens)
+                           prefix_cache_bytes, prompt_lookup_num_tokens, max_audio_seconds)

@@ -14,9 +14,9 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Form, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
@@ -116,8 +116,8 @@ def streamed(events: AsyncIterator[str], streams: list[TextStream],
 class Family:
     """An endpoint family as :func:`router` serves it: a ``server`` per served model, built over
     its :class:`Served`, whose ``handler`` (an :func:`endpoint`) answers ``POST`` on each of
-    ``paths`` a body of ``request``, with ``answer`` (None: JSON the schema leaves open) and, when
-    it ``streams``, server-sent events."""
+    ``paths`` a body of ``request`` (JSON, or with ``form`` a multipart form: an upload), with
+    ``answer`` (None: JSON the schema leaves open) and, when it ``streams``, server-sent events."""
 
     server: Callable[[Served], Any]
     handler: Callable[..., Awaitable[Any]]
@@ -125,6 +125,7 @@ class Family:
     request: type[BaseModel]
     answer: type[BaseModel] | None = None
     streams: bool = False
+    form: bool = False
 
     def answers(self) -> dict[int | str, dict]:
         """The 200 answer in the OpenAPI schema (the fuzz test checks every answer against it)."""
@@ -149,7 +150,8 @@ def router(family: Family, served: Mapping[str, Served]) -> APIRouter:
             return unknown_model(name, names)
         return await family.handler(server, body, request)
 
-    route.__annotations__ = {"body": family.request, "request": Request, "return": Any}
+    body = Annotated[family.request, Form()] if family.form else family.request
+    route.__annotations__ = {"body": body, "request": Request, "return": Any}
     routes = APIRouter()
     for path in family.paths:
         routes.add_api_route(path, route, methods=["POST"], response_model=None,

@@ -75,7 +75,7 @@ def max_model_len(service: Service) -> int | None:
     """The most tokens one sequence may take, as vLLM's ``max_model_len``: a decoder's context
     length (prompt and reply together; None when the export does not say), an encoder's bound
     on one input (sentence-transformers' ``max_seq_length``, which vLLM reads too)."""
-    if service.kind == "generate":
+    if service.kind in ("generate", "transcribe"):
         return service.model.context_length
     return service.max_input_tokens
 

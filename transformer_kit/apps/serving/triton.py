@@ -165,6 +165,10 @@ def write_repository(export: str | Path, repo: str | Path, name: str, max_batch:
     bounds = _bounds(max_prompt_tokens, max_request_seconds, max_body_bytes)
     model = OnnxModel(export, providers="cpu")
     kind = model_kind(model)
+    if kind == "transcribe":
+        raise InputError("A Triton repository holds decoders, sentence-embedding models and "
+                         "cross-encoders; a speech model is served on /v1/audio/transcriptions by "
+                         "transformer-kit serve (or serve --ray).")
     forward = _model_folder(repo / f"{name}_forward")
     _copy(export / manifest.graphs["model"].file, forward / "1" / "model.onnx")
     for data in export.glob("*.data"):  # the external weights, next to the graph as it expects
