@@ -8,7 +8,7 @@ from torch import Tensor
 from transformer_kit.core.errors import InputError
 from transformer_kit.core.id_checks import check_id_array, check_positions
 
-__all__ = ["check_features", "check_positions", "check_token_ids", "tracing"]
+__all__ = ["check_features", "check_positions", "check_samples", "check_token_ids", "tracing"]
 
 
 def tracing() -> bool:
@@ -48,3 +48,22 @@ def check_features(features: object, frontend: torch.nn.Module) -> Tensor:
     if not bool(torch.isfinite(features).all()):
         raise InputError("features hold NaN or infinite values; give finite features.")
     return features
+
+
+def check_samples(samples: object) -> Tensor:
+    """Refuse a signal that is not a finite (batch, n_samples) or (n_samples,) float tensor of
+    at least one sample; a (n_samples,) one comes back as (1, n_samples)."""
+    if not isinstance(samples, Tensor) or not samples.dtype.is_floating_point:
+        kind = type(samples).__name__ if not isinstance(samples, Tensor) else f"{samples.dtype} tensor"
+        raise InputError(f"samples must be a float tensor of shape (batch, n_samples) (16 kHz audio), "
+                         f"got a {kind}; for a file, read it with core.speech.load_audio.")
+    if tracing():
+        return samples
+    if samples.dim() == 1:
+        samples = samples[None]
+    if samples.dim() != 2 or samples.shape[1] == 0:
+        raise InputError(f"samples must be (batch, n_samples), n_samples >= 1; got shape "
+                         f"{tuple(samples.shape)}.")
+    if not bool(torch.isfinite(samples).all()):
+        raise InputError("samples hold NaN or infinite values; give finite samples.")
+    return samples

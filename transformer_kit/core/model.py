@@ -24,7 +24,7 @@ from transformer_kit.core.decoding.torch_steps import eval_mode, generate, strea
 from transformer_kit.core.embedding.api import DEFAULT_BATCH_TOKENS, RerankResult, SentenceTasks
 from transformer_kit.core.embedding.heads import ClassifierHead, SentenceHead
 from transformer_kit.core.errors import InputError
-from transformer_kit.core.inputs import check_features, check_token_ids, tracing
+from transformer_kit.core.inputs import check_features, check_samples, check_token_ids, tracing
 from transformer_kit.core.interfaces import AttentionInputs, AttentionMask, LayerCache
 from transformer_kit.core.masks import real_tokens
 from transformer_kit.core.registry_entries import RegisteredComponent, component_of
@@ -230,12 +230,13 @@ class EncoderDecoderTransformer(TransformerModel):
         return isinstance(self.src_embed, FeatureEmbedder)
 
     def audio_features(self, samples: Tensor) -> Tensor:
-        """samples (batch, n_samples) float32 (16 kHz audio, the config's ``features``) ->
-        the frontend's features (batch, channels, frames), e.g. Whisper's log-mel spectrogram."""
+        """samples (batch, n_samples) or (n_samples,) float32 (16 kHz audio, the config's
+        ``features``) -> the frontend's features (batch, channels, frames), e.g. Whisper's
+        log-mel spectrogram. InputError for samples of another shape or kind, or not finite."""
         if not self.takes_features or self.src_embed.features is None:
             raise InputError("This model's config names no 'features' component, so it cannot "
                              "make features from a signal; give the features themselves.")
-        return self.src_embed.features(samples)
+        return self.src_embed.features(check_samples(samples))
 
     def encode(self, src_ids: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """src_ids (batch, src_len), attention_mask (batch, src_len) 1 = real token (else from

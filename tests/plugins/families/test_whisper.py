@@ -15,6 +15,7 @@ import transformers as hf
 
 import transformer_kit as tk
 from tests.plugins.families import parity
+from transformer_kit.core.errors import InputError
 from transformer_kit.export import export_onnx
 from transformer_kit.export.verify import relative_error
 from transformer_kit.runtime import OnnxModel
@@ -118,6 +119,25 @@ class TestWhisper:
                                         decoder_input_ids=torch.tensor(PROMPT),
                                         logits_processors=PROCESSORS, **options).numpy()
             np.testing.assert_array_equal(torch_ours, ours, err_msg=str(options))
+
+    def test_bad_samples_are_refused_alike_in_both_runtimes(self, checkpoint, tmp_path):
+        _, model, _ = checkpoint
+        export_onnx(model, tmp_path / "onnx", verify=False)
+        om = OnnxModel(tmp_path / "onnx", providers="cpu")
+        nan = audio(1)
+        nan[0, 5] = np.nan
+        for bad, says in ((np.zeros((1, 0), np.float32), "n_samples >= 1"),
+                          (np.zeros((1, 2, 3), np.float32), "n_samples"),
+                          (nan, "NaN or infinite")):
+            with pytest.raises(InputError, match=says):
+                om.audio_features(bad)
+            with pytest.raises(InputError, match=says):
+                model.audio_features(torch.from_numpy(bad))
+        with pytest.raises(InputError, match="float tensor"):
+            model.audio_features(torch.zeros((1, 100), dtype=torch.int64))
+        single = audio(1)[0]  # (n,) is one row, in both
+        np.testing.assert_allclose(model.audio_features(torch.from_numpy(single)).numpy(),
+                                   om.audio_features(single), atol=1e-4)
 
     def test_config_and_weights_survive_save_and_load(self, checkpoint, tmp_path):
         _, model, folder = checkpoint
