@@ -15,9 +15,8 @@ prefills only the rest; with prompt lookup (:mod:`.speculation`), a request deco
 checks drafted tokens in one step.
 
 A speech model's (an encoder-decoder over features) request brings its source, a 30 s window's
-features, with its decoder prompt: the encoder runs once per request, over the sources of the
-rows prefilled together, and each row carries its encoder outputs into the batch, so the
-decoder steps of many transcriptions run together.
+features, with its decoder prompt: the encoder runs once per request, and each row carries its
+encoder outputs into the batch, so the decoder steps of many transcriptions run together.
 """
 
 from __future__ import annotations
@@ -220,8 +219,12 @@ class ContinuousBatch:
         skip = 0 if hit is None else hit.tokens
         past = None if hit is None else cache.past(hit, len(group))
         prompts = [r.prompt[skip:] for r in group]
-        if self.seq2seq:  # the encoder once per row, over the group's sources together
-            fixed = self.model.encode_source(np.concatenate([r.source for r in group]))
+        if self.seq2seq:
+            # the encoder once per row, one row a run: windows batched run no faster (its
+            # attention is the work) and hold every window's attention scores at once
+            fixed = self.model.encode_source(group[0].source)
+            for row in group[1:]:
+                fixed = self.decoder.cache_ops.concat(fixed, self.model.encode_source(row.source))
             prefilled, logits = self.decoder.prefill(prompts, fixed=fixed)
             self.stats.encoded += len(group)
             for row in group:
