@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -129,6 +130,10 @@ def test_bad_files_get_400_with_a_sentence_and_the_server_serves_on(server, clie
     with pytest.raises(openai.NotFoundError, match="does not exist here"), open(clips[0], "rb") as file:
         client.audio.transcriptions.create(model="whisper-1", file=file)
     assert _transcribe(client, clips[0]).text.startswith("And Mr. John Dashwood")
+    metrics = httpx.get(server[0] + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    served = re.search(r'transformer_kit_audio_seconds_total\{endpoint="/v1/audio/transcriptions"\} (\S+)',
+                       metrics)
+    assert served and float(served.group(1)) > 0  # the answered files' audio counted
 
 
 def test_the_form_is_checked_and_the_guard_holds(server, clips):

@@ -104,6 +104,8 @@ class ServerMetrics:
                                     registry=self.registry)
         self.tokens = Counter("transformer_kit_generated_tokens", "Tokens generated",
                               registry=self.registry)
+        self.audio = Counter("transformer_kit_audio_seconds", "Seconds of audio transcribed or "
+                             "translated", ["endpoint"], registry=self.registry)
         self.ttft = Histogram("transformer_kit_time_to_first_token_seconds",
                               "From submit to the first token", registry=self.registry,
                               buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
@@ -130,6 +132,10 @@ class ServerMetrics:
         """Count an embeddings or rerank request that was answered, and its input tokens."""
         self.encoded.labels(endpoint).inc()
         self.input_tokens.inc(tokens)
+
+    def transcribed(self, endpoint: str, seconds: float) -> None:
+        """Count the audio of a transcription or translation that was answered."""
+        self.audio.labels(endpoint).inc(seconds)
 
     def refused(self, exc: Exception) -> JSONResponse:
         """The answer to a request the engine would not take, counted: 503 when its queue is

@@ -124,12 +124,12 @@ class TranscriptionServer:
         job = await asyncio.to_thread(self.service.transcribe, audio, name=body.file.filename or "file",
                                       **options)
         if body.stream:
-            return StreamingResponse(self._events(job), media_type="text/event-stream")
+            return StreamingResponse(self._events(job, request.url.path), media_type="text/event-stream")
         answered, result = await unless_client_leaves(request.receive, asyncio.to_thread(self._run, job))
         if not answered:
             job.cancel()
             raise Unanswered(Response(status_code=CLIENT_LEFT))
-        self.metrics.served(f"audio.{task}", 0)
+        self.metrics.transcribed(request.url.path, result.duration)
         if body.response_format in ("json", "verbose_json"):
             answer = ({"text": result.text.strip()} if body.response_format == "json"
                       else verbose(result))
@@ -144,7 +144,7 @@ class TranscriptionServer:
         except TranscriptionFailed as failed:
             raise Unanswered(failure_response(failed.failure)) from None
 
-    async def _events(self, job: Transcribing) -> AsyncIterator[str]:
+    async def _events(self, job: Transcribing, path: str) -> AsyncIterator[str]:
         """The stream: a ``transcript.text.delta`` per window with text, then
         ``transcript.text.done`` (or an error event); the transcription is cancelled when the
         client leaves."""
@@ -178,7 +178,7 @@ class TranscriptionServer:
             except InputError as exc:  # the engine refused a window (a bound)
                 yield error_event(str(exc), "invalid_request_error")
                 return
-            self.metrics.served(f"audio.{job.options.task}", 0)
+            self.metrics.transcribed(path, job.duration)
             yield _event({"type": "transcript.text.done", "text": result.text.strip(),
                           "usage": _usage(job.duration)})
             yield "data: [DONE]\n\n"
