@@ -7,7 +7,9 @@ body the schema declares (schemathesis's default checks but ``positive_data_acce
 server refuses, with a sentence, requests the schema cannot rule out, such as a prompt longer
 than the context); every operation answered some cases 200 (those reading or deleting a stored
 response steered, half of the time, to responses made for them); and after all of it the server
-still answers a greedy request with exactly ``OnnxModel.generate``'s tokens.
+still answers a greedy request with exactly ``OnnxModel.generate``'s tokens. A speech model's
+server (Whisper tiny.en's real weights) is fuzzed the same on its two audio operations, steered
+cases sending a real clip, and still transcribes it as ``OnnxModel.transcribe`` after.
 
 One test fuzzes every operation the schema lists, in turn, with ``operation.as_strategy`` under
 Hypothesis, then checks the tokens on the same server (``@schema.parametrize`` would need the
@@ -149,14 +151,14 @@ def _name_stored(drawn: tuple, stored: list[str]) -> tuple:
     return drawn
 
 
-def _fuzz(operation, vocab: int, statuses: Counter, stored: list[str]) -> None:
+def _fuzz(operation, steer, statuses: Counter, examples: int = EXAMPLES) -> None:
     """schemathesis's cases of ``operation``, fitting its schema and not, each sent and checked
-    (``stored``: response ids steered cases name); ``statuses`` counts the answers by status."""
-    positive = st.tuples(operation.as_strategy(GenerationMode.POSITIVE), st.booleans()).map(
-        lambda drawn: _served(_name_stored(drawn, stored), vocab))
+    (``steer`` maps a fitting case and a coin to the case sent); ``statuses`` counts the answers
+    by status."""
+    positive = st.tuples(operation.as_strategy(GenerationMode.POSITIVE), st.booleans()).map(steer)
     cases = st.one_of(positive, operation.as_strategy(GenerationMode.NEGATIVE))
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(case=cases)
     def run(case) -> None:
@@ -176,13 +178,14 @@ def test_fuzzed_requests_get_a_status_and_a_sentence_then_exact_tokens(server):
     assert labels >= {"POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses",
                       "GET /v1/responses/{response_id}", "DELETE /v1/responses/{response_id}",
                       "GET /v1/models", "GET /health", "GET /metrics"}
-    failures, answered = {}, {}
+    failures, answered, vocab = {}, {}, om.manifest.src_vocab
     for operation in operations:  # each one fuzzed, whatever the others found
         statuses: Counter = Counter()
         try:
             # made now: the fuzzed POST /v1/responses may have pushed earlier ones out of the store
             stored = _stored_responses(url, 4) if "{response_id}" in operation.path else []
-            _fuzz(operation, om.manifest.src_vocab, statuses, stored)
+            _fuzz(operation, lambda drawn, stored=stored: _served(_name_stored(drawn, stored), vocab),
+                  statuses)
         except Exception as exc:  # schemathesis's failures, each with the request that gave it
             failures[operation.label] = str(exc)
         answered[operation.label] = dict(sorted(statuses.items()))
@@ -217,3 +220,61 @@ def test_a_temperature_below_float32s_range_samples_the_greedy_tokens(server, te
     completion = _client(url).completions.create(model="chat", prompt=PROMPT, max_tokens=16,
                                                  temperature=temperature, seed=3)
     assert completion.choices[0].model_extra["token_ids"] == _greedy(om, PROMPT, 16)
+
+
+#: Examples per audio operation (each steered case transcribes a clip: a second or so).
+SPEECH_EXAMPLES = max(EXAMPLES // 4, 10)
+
+
+@pytest.fixture(scope="module")
+def speech_server(whisper_tiny_en):
+    """(base URL, export, a clip's bytes): a speech model's server in a thread."""
+    from pathlib import Path
+
+    from tests.conftest import SPEECH_CLIPS
+    from transformer_kit.runtime import OnnxModel
+
+    _, export = whisper_tiny_en
+    engine = Engine(OnnxModel(export, providers="cpu"), max_batch=8, max_queue=64)
+    clip = sorted(Path(SPEECH_CLIPS).glob("*.wav"))[0].read_bytes()
+    with running(create_app(engine, "tiny.en", max_request_seconds=60, max_audio_seconds=60)) as url:
+        yield url, export, clip
+    engine.close()
+
+
+def _with_audio(drawn: tuple, clip: bytes) -> object:
+    """A case fitting the schema, half of the time steered past the first refusals: the served
+    model and a real clip as its file (else nearly every one stops at "not audio")."""
+    case, steered = drawn
+    if steered and isinstance(case.body, dict):
+        case.body["model"] = "tiny.en"
+        case.body["file"] = clip
+    return case
+
+
+def test_fuzzed_audio_requests_get_a_status_and_a_sentence_then_the_transcription(speech_server):
+    from transformer_kit.runtime import OnnxModel
+
+    url, export, clip = speech_server
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
+    schema.config.update(base_url=url)
+    operations = [result.ok() for result in schema.get_all_operations()
+                  if result.ok().path.startswith("/v1/audio/")]
+    assert {operation.label for operation in operations} == {
+        "POST /v1/audio/transcriptions", "POST /v1/audio/translations"}
+    failures, answered = {}, {}
+    for operation in operations:
+        statuses: Counter = Counter()
+        try:
+            _fuzz(operation, lambda drawn: _with_audio(drawn, clip), statuses, SPEECH_EXAMPLES)
+        except Exception as exc:
+            failures[operation.label] = str(exc)
+        answered[operation.label] = dict(sorted(statuses.items()))
+    print(answered)
+    assert not failures, "\n\n".join(f"{label}: {what}" for label, what in failures.items())
+    # tiny.en is English-only: a translation is refused (400 with its sentence), a transcription served
+    assert answered["POST /v1/audio/transcriptions"].get(200), answered
+    expected = OnnxModel(export, providers="cpu").transcribe(clip).text.strip()
+    reply = httpx.post(f"{url}/v1/audio/transcriptions", data={"model": "tiny.en"},
+                       files={"file": ("clip.wav", clip)}, timeout=TIMEOUT_S)
+    assert reply.status_code == 200 and reply.json()["text"] == expected
