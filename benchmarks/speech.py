@@ -13,6 +13,12 @@ fallback, no conditioning on the previous text, segment timestamps, no VAD:
 - ``kit float32``, ``kit int8``, ``kit int4``: ``OnnxModel(export).transcribe(samples, ...)``;
 - ``fw float32``, ``fw int8``: ``WhisperModel(folder, compute_type=...).transcribe(samples, ...)``.
 
+The ``8 files`` workload (eight wav files of the clips joined three times, about 75 s each) is
+each side's way to serve many files, with its defaults (greedy, the temperature fallback): the
+kit's server (``create_app`` in the worker's process, on 127.0.0.1) answering eight concurrent
+``POST /v1/audio/transcriptions``, their windows decoded in one batch; faster-whisper's
+``BatchedInferencePipeline`` (batch_size 8, its VAD chunks batched) over the files one by one.
+
 faster-whisper pins its own onnxruntime (CPU), which would replace onnxruntime-gpu in this
 environment, so it runs in another interpreter (``--peer-python``: a venv with faster-whisper).
 Each round runs every runner once per workload, the order rotating, after an untimed run of the
@@ -71,6 +77,9 @@ def worker(runner: str, folder: str) -> None:
         def transcribe(samples: np.ndarray) -> str:
             return model.transcribe(samples, temperature=0.0, compression_ratio_threshold=None,
                                     logprob_threshold=None).text
+
+        def transcribe_files(files: list[str]) -> list[str]:
+            return served(model, files)
         versions = {"onnxruntime": ort.__version__}
     else:
         import ctranslate2
@@ -85,6 +94,15 @@ def worker(runner: str, folder: str) -> None:
                                            condition_on_previous_text=False, vad_filter=False,
                                            compression_ratio_threshold=None, log_prob_threshold=None)
             return "".join(s.text for s in segments)
+
+        batched = faster_whisper.BatchedInferencePipeline(model)
+
+        def transcribe_files(files: list[str]) -> list[str]:
+            texts = []
+            for file in files:
+                segments, _ = batched.transcribe(file, batch_size=8, language="en")
+                texts.append("".join(s.text for s in segments))
+            return texts
         versions = {"faster-whisper": faster_whisper.__version__, "ctranslate2": ctranslate2.__version__}
     protocol.write(json.dumps({"versions": versions}) + "\n")
     protocol.flush()
@@ -92,14 +110,42 @@ def worker(runner: str, folder: str) -> None:
         message = json.loads(line)
         if message["do"] != "run":
             break
-        samples = np.load(message["audio"])
-        if message.get("settle"):
-            transcribe(samples[: 16000 * 5])
-        start = time.perf_counter()
-        text = transcribe(samples)
-        seconds = time.perf_counter() - start
+        if isinstance(message["audio"], list):  # files at once
+            if message.get("settle"):
+                transcribe_files(message["audio"][:2])
+            start = time.perf_counter()
+            text = "\n".join(transcribe_files(message["audio"]))
+            seconds = time.perf_counter() - start
+        else:
+            samples = np.load(message["audio"])
+            if message.get("settle"):
+                transcribe(samples[: 16000 * 5])
+            start = time.perf_counter()
+            text = transcribe(samples)
+            seconds = time.perf_counter() - start
         protocol.write(json.dumps({"seconds": seconds, "text": text, "peak_bytes": peak_resident()}) + "\n")
         protocol.flush()
+
+
+def served(model: object, files: list[str]) -> list[str]:
+    """The files' texts from the kit's server over ``model``, all requests at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from transformer_kit.apps.serving.http import create_app, serve_in_thread
+    from transformer_kit.runtime import Engine
+
+    with Engine(model, max_batch=len(files)) as engine, serve_in_thread(create_app(engine, "m")) as url:
+        def post(file: str) -> str:
+            with open(file, "rb") as audio:
+                answer = httpx.post(f"{url}/v1/audio/transcriptions", data={"model": "m"},
+                                    files={"file": (Path(file).name, audio)}, timeout=600)
+            answer.raise_for_status()
+            return answer.json()["text"]
+
+        with ThreadPoolExecutor(len(files)) as clients:
+            return list(clients.map(post, files))
 
 
 def peak_resident() -> int:
@@ -129,8 +175,9 @@ class Worker:
                                + self.log.read_text()[-3000:])
         return json.loads(answer)
 
-    def run(self, audio: Path) -> dict:
-        self.process.stdin.write(json.dumps({"do": "run", "audio": str(audio), "settle": True}) + "\n")
+    def run(self, audio: Path | list[Path]) -> dict:
+        given = [str(a) for a in audio] if isinstance(audio, list) else str(audio)
+        self.process.stdin.write(json.dumps({"do": "run", "audio": given, "settle": True}) + "\n")
         self.process.stdin.flush()
         return self._read()
 
@@ -166,9 +213,10 @@ def references() -> dict[str, list[str]]:
 
 
 # -- preparing ---------------------------------------------------------------------------------
-def prepare(workdir: Path, runners: list[str], long_seconds: float = LONG_SECONDS, clips: int = 5
-            ) -> tuple[dict[str, Path], dict[str, tuple[Path, list[str], float]]]:
-    """Each runner's folder and each workload's (samples .npy, reference words, seconds)."""
+def prepare(workdir: Path, runners: list[str], long_seconds: float = LONG_SECONDS, clips: int = 5,
+            files: int = 8) -> tuple[dict[str, Path], dict[str, tuple]]:
+    """Each runner's folder and each workload's (samples .npy or wav files, reference words,
+    seconds); ``files`` wav files for the many-files workload (0: none)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import transformer_kit as tk
     from testbed.whisper_ct2 import hf_whisper_folder, tiny_en_ct2
@@ -202,7 +250,29 @@ def prepare(workdir: Path, runners: list[str], long_seconds: float = LONG_SECOND
     np.save(path := workdir / "long.npy", long)
     long_refs = [w for _ in range(repeats) for clip in clips for w in refs[clip.stem]]
     workloads[f"{len(long) / 16000:.0f} s file"] = (path, long_refs, len(long) / 16000)
+    if files:
+        thrice = np.concatenate([joined] * 3)
+        paths, files_refs = [], []
+        for i in range(files):  # each starts at another clip, so the files differ
+            first = i % len(pieces)
+            shift = sum(len(p) for p in pieces[:first])
+            paths.append(write_wav(np.roll(thrice, -shift), workdir / f"file-{i}.wav"))
+            order = clips[first:] + clips[:first]
+            files_refs += [w for _ in range(3) for clip in order for w in refs[clip.stem]]
+        workloads[f"{files} files"] = (paths, files_refs, files * len(thrice) / 16000)
     return folders, workloads
+
+
+def write_wav(samples: np.ndarray, path: Path) -> Path:
+    """(n,) float32 at 16 kHz as a 16-bit PCM wav file."""
+    import wave
+
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return path
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -235,7 +305,7 @@ def measure(folders: dict[str, Path], workloads: dict, runners: list[str], peer_
 
 def report(seconds: dict, texts: dict, peaks: dict, workloads: dict, versions: dict) -> dict:
     out: dict = {"workloads": {}, "peak_bytes": peaks, "versions": versions, "wer": {}}
-    clip_names = [w for w in workloads if not w.endswith("file")]
+    clip_names = [w for w in workloads if not w.endswith(("file", "files"))]
     for workload, by_runner in seconds.items():
         audio_seconds = workloads[workload][2]
         out["workloads"][workload] = {
@@ -248,10 +318,11 @@ def report(seconds: dict, texts: dict, peaks: dict, workloads: dict, versions: d
     for runner in next(iter(seconds.values())):
         errors = sum(edits(workloads[w][1], words(texts[w][runner])) for w in clip_names)
         total = sum(len(workloads[w][1]) for w in clip_names)
-        long = next(w for w in workloads if w.endswith("file"))
-        out["wer"][runner] = {"clips": 100 * errors / total,
-                              "long": 100 * edits(workloads[long][1], words(texts[long][runner]))
-                              / len(workloads[long][1])}
+        out["wer"][runner] = {"clips": 100 * errors / total}
+        for name in (w for w in workloads if w.endswith(("file", "files"))):
+            key = "files" if name.endswith("files") else "long"
+            out["wer"][runner][key] = (100 * edits(workloads[name][1], words(texts[name][runner]))
+                                       / len(workloads[name][1]))
     return out
 
 
@@ -266,11 +337,12 @@ def print_report(result: dict) -> None:
     print("\nratios (kit over faster-whisper, medians of within-round ratios)")
     for workload, cell in result["workloads"].items():
         print(f"  {workload}: " + ", ".join(f"{k} {v:.2f}x" for k, v in cell["ratios"].items()))
-    print("\nword error rate (%): the clips, the long file; peak resident memory")
+    print("\nword error rate (%): the clips / the long file / the files; peak resident memory")
     for runner in runners:
         wer = result["wer"][runner]
         peak = result["peak_bytes"][runner] / 2**20
-        print(f"  {runner}: {wer['clips']:.2f} / {wer['long']:.2f}, {peak:.0f} MiB")
+        shown = " / ".join(f"{wer[k]:.2f}" for k in ("clips", "long", "files") if k in wer)
+        print(f"  {runner}: {shown}, {peak:.0f} MiB")
 
 
 def main() -> None:
@@ -287,6 +359,8 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=5, help="How many of the clips (1 to 5).")
     parser.add_argument("--long-seconds", type=float, default=LONG_SECONDS,
                         help="The long file's length at least (the clips joined, repeated).")
+    parser.add_argument("--files", type=int, default=8,
+                        help="Files served at once in the many-files workload (0: none).")
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, args.folder)
@@ -297,7 +371,7 @@ def main() -> None:
         runners = args.runners or [*KIT, *(PEER if args.peer_python else ())]
         if any(r in PEER for r in runners) and not args.peer_python:
             parser.error("faster-whisper's runners need --peer-python (an interpreter with it)")
-        folders, workloads = prepare(workdir, runners, args.long_seconds, args.clips)
+        folders, workloads = prepare(workdir, runners, args.long_seconds, args.clips, args.files)
         result = measure(folders, workloads, runners, args.peer_python, args.rounds, workdir)
     result["machine"] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                          "date": datetime.now(UTC).isoformat(timespec="minutes"),
