@@ -8,8 +8,10 @@ server refuses, with a sentence, requests the schema cannot rule out, such as a 
 than the context); every operation answered some cases 200 (those reading or deleting a stored
 response steered, half of the time, to responses made for them); and after all of it the server
 still answers a greedy request with exactly ``OnnxModel.generate``'s tokens. A speech model's
-server (Whisper tiny.en's real weights) is fuzzed the same on its two audio operations, steered
-cases sending a real clip, and still transcribes it as ``OnnxModel.transcribe`` after.
+server (Whisper tiny.en's real weights) is fuzzed the same on its two audio operations (whose
+cases schemathesis sends with the file as a form field: each stops at the form's check), gets
+drawn forms with a real clip uploaded (transcriptions, or 4xx with a sentence), and still
+transcribes the clip as ``OnnxModel.transcribe`` after.
 
 One test fuzzes every operation the schema lists, in turn, with ``operation.as_strategy`` under
 Hypothesis, then checks the tokens on the same server (``@schema.parametrize`` would need the
@@ -222,8 +224,24 @@ def test_a_temperature_below_float32s_range_samples_the_greedy_tokens(server, te
     assert completion.choices[0].model_extra["token_ids"] == _greedy(om, PROMPT, 16)
 
 
-#: Examples per audio operation (each steered case transcribes a clip: a second or so).
+#: Examples per audio operation. schemathesis sends the schema's ``file`` as a form field, not
+#: an upload, so its cases stop at the form's check; the drawn forms with a real clip below
+#: reach the transcription.
 SPEECH_EXAMPLES = max(EXAMPLES // 4, 10)
+#: Forms drawn with a real clip (each a transcription: a second or so).
+FORM_EXAMPLES = max(EXAMPLES // 8, 10)
+#: A form field's values: the ones it takes, and any text.
+FORM_FIELDS = {
+    "language": st.one_of(st.sampled_from(["en", "", "de", "EN"]), st.text(max_size=8)),
+    "prompt": st.one_of(st.sampled_from(["Dashwood.", ""]), st.text(max_size=40)),
+    "response_format": st.one_of(st.sampled_from(["json", "text", "srt", "verbose_json", "vtt"]),
+                                 st.text(max_size=6)),
+    "temperature": st.one_of(st.sampled_from(["0", "0.2", "1", "-1", "nan", "1e400"]),
+                             st.floats(allow_nan=True).map(str)),
+    "stream": st.sampled_from(["true", "false", "yes", "2"]),
+    "timestamp_granularities[]": st.sampled_from(["segment", "word", ""]),
+    "model": st.sampled_from(["tiny.en", "tiny.en", "whisper-1"]),
+}
 
 
 @pytest.fixture(scope="module")
@@ -242,16 +260,6 @@ def speech_server(whisper_tiny_en):
     engine.close()
 
 
-def _with_audio(drawn: tuple, clip: bytes) -> object:
-    """A case fitting the schema, half of the time steered past the first refusals: the served
-    model and a real clip as its file (else nearly every one stops at "not audio")."""
-    case, steered = drawn
-    if steered and isinstance(case.body, dict):
-        case.body["model"] = "tiny.en"
-        case.body["file"] = clip
-    return case
-
-
 def test_fuzzed_audio_requests_get_a_status_and_a_sentence_then_the_transcription(speech_server):
     from transformer_kit.runtime import OnnxModel
 
@@ -266,15 +274,43 @@ def test_fuzzed_audio_requests_get_a_status_and_a_sentence_then_the_transcriptio
     for operation in operations:
         statuses: Counter = Counter()
         try:
-            _fuzz(operation, lambda drawn: _with_audio(drawn, clip), statuses, SPEECH_EXAMPLES)
+            _fuzz(operation, lambda drawn: drawn[0], statuses, SPEECH_EXAMPLES)
         except Exception as exc:
             failures[operation.label] = str(exc)
         answered[operation.label] = dict(sorted(statuses.items()))
     print(answered)
     assert not failures, "\n\n".join(f"{label}: {what}" for label, what in failures.items())
-    # tiny.en is English-only: a translation is refused (400 with its sentence), a transcription served
-    assert answered["POST /v1/audio/transcriptions"].get(200), answered
     expected = OnnxModel(export, providers="cpu").transcribe(clip).text.strip()
     reply = httpx.post(f"{url}/v1/audio/transcriptions", data={"model": "tiny.en"},
                        files={"file": ("clip.wav", clip)}, timeout=TIMEOUT_S)
     assert reply.status_code == 200 and reply.json()["text"] == expected
+
+
+def test_drawn_forms_with_a_real_clip_get_a_transcription_or_a_sentence(speech_server):
+    """Every form field drawn (the values it takes, and any text) with a real clip as the upload:
+    each answer a 200 (JSON, text or a stream the format says) or a 4xx with a sentence, within
+    :data:`TIMEOUT_S`; some of them transcriptions."""
+    url, _, clip = speech_server
+    statuses: Counter = Counter()
+
+    @settings(max_examples=FORM_EXAMPLES, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(form=st.fixed_dictionaries({}, optional=FORM_FIELDS))
+    def run(form) -> None:
+        form = {"model": "tiny.en", **form}
+        path = "/v1/audio/translations" if form.get("prompt") == "" else "/v1/audio/transcriptions"
+        response = httpx.post(f"{url}{path}", data=form, files={"file": ("clip.wav", clip)},
+                              timeout=TIMEOUT_S)
+        statuses[response.status_code] += 1
+        assert response.status_code in (200, 400, 404), (form, response.status_code, response.text[:300])
+        if response.status_code != 200:
+            message = response.json()["error"]["message"]
+            assert len(message.split()) >= 3, (form, message)
+        elif response.headers["content-type"].startswith("text/event-stream"):
+            assert "transcript.text.done" in response.text or '"error"' in response.text, response.text
+        elif response.headers["content-type"].startswith("application/json"):
+            assert "text" in response.json()
+
+    run()
+    print(dict(statuses))
+    assert statuses[200] and statuses[400], statuses
