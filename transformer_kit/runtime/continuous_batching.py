@@ -220,15 +220,7 @@ class ContinuousBatch:
         past = None if hit is None else cache.past(hit, len(group))
         prompts = [r.prompt[skip:] for r in group]
         if self.seq2seq:
-            # the encoder once per row, one row a run: windows batched run no faster (its
-            # attention is the work) and hold every window's attention scores at once
-            fixed = self.model.encode_source(group[0].source)
-            for row in group[1:]:
-                fixed = self.decoder.cache_ops.concat(fixed, self.model.encode_source(row.source))
-            prefilled, logits = self.decoder.prefill(prompts, fixed=fixed)
-            self.stats.encoded += len(group)
-            for row in group:
-                row.source = None  # its encoder outputs are in the batch now
+            prefilled, logits = self.decoder.prefill(prompts, fixed=self._encoded(group))
         else:
             prefilled, logits = self.decoder.prefill(prompts, past, skip)
         self.stats.generated_tokens += len(group)
@@ -248,6 +240,18 @@ class ContinuousBatch:
                 prefilled = self.decoder.select(prefilled, np.array(keep, np.int64))
             self.parked.append(([group[i] for i in keep], prefilled))
             self._join_parked(finish)
+
+    def _encoded(self, group: list[Row]) -> list[Any]:
+        """The encoder's outputs for the rows' sources, rows first (their sources then dropped)."""
+        # one row a run: windows batched run no faster (their attention is the work) and hold
+        # every window's attention scores at once
+        fixed = self.model.encode_source(group[0].source)
+        for row in group[1:]:
+            fixed = self.decoder.cache_ops.concat(fixed, self.model.encode_source(row.source))
+        self.stats.encoded += len(group)
+        for row in group:
+            row.source = None  # its encoder outputs are in the batch now
+        return fixed
 
     def _report_prompts(self, group: list[Row], finish: Finish) -> list[Row]:
         """The prompt reports of the rows that asked for them (``prompt_logprobs``), from the
