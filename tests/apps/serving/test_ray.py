@@ -120,7 +120,10 @@ def ray_app(chat_export) -> Iterator[str]:
             env.setenv(name, "120")
         # "local": a new instance of the test's own, even where a Ray cluster runs on this machine
         # (its address in /tmp/ray/ray_current_cluster) or RAY_ADDRESS names one
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+        # CPUs as Ray counts them (the replicas share the machine's cores whatever it counts):
+        # enough for every deployment this module keeps up at once, 2 x 0.5 + 4 x 0.25 + 0.25,
+        # since a replica Ray cannot place keeps serve.run waiting for ever
+        ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False,
                  _node_ip_address="127.0.0.1")
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -135,6 +138,17 @@ def ray_app(chat_export) -> Iterator[str]:
             serve.shutdown()
             ray.shutdown()
     _until(lambda: not ours & _ray_processes(), "every Ray process this test started ends", 60)
+
+
+def _deploy(app: Any, name: str, route_prefix: str, cpus: float) -> None:
+    """``serve.run(app)`` once Ray has the ``cpus`` its replicas ask for: an unplaceable replica
+    would keep ``serve.run`` waiting without end, so too few fails here with a sentence."""
+    import ray
+    from ray import serve
+
+    free = ray.available_resources().get("CPU", 0.0)
+    assert free >= cpus, f"{name}: its replicas ask for {cpus} CPUs and Ray has {free} free"
+    serve.run(app, name=name, route_prefix=route_prefix)
 
 
 def _running() -> int:
@@ -299,15 +313,14 @@ def test_a_replica_killed_mid_stream_fails_that_stream_and_a_new_one_serves(ray_
 def pooling_apps(ray_app, embedding_export, cross_encoder_export) -> dict[str, str]:
     """The base URLs of two replicas each of the embedding model's and the cross-encoder's
     deployments, on the same Ray instance behind the same key and body bound."""
-    from ray import serve
 
     from transformer_kit.apps.serving.ray_serve import application
 
     urls = {}
     for name, (_, exported) in {"embed": embedding_export, "rerank": cross_encoder_export}.items():
-        serve.run(application(exported.path, f"tiny-{name}", replicas=2, num_cpus=0.25,
-                              providers="cpu", api_key=KEY, max_body_bytes=MAX_BODY_BYTES),
-                  name=name, route_prefix=f"/{name}")
+        _deploy(application(exported.path, f"tiny-{name}", replicas=2, num_cpus=0.25,
+                            providers="cpu", api_key=KEY, max_body_bytes=MAX_BODY_BYTES),
+                name, f"/{name}", cpus=0.5)
         urls[name] = f"{ray_app}/{name}"
     return urls
 
@@ -358,8 +371,8 @@ def test_a_replica_serves_transcriptions_behind_the_same_key(ray_app, whisper_ti
     from transformer_kit.apps.serving.ray_serve import application
 
     _, export = whisper_tiny_en
-    serve.run(application(export, "tiny-en", replicas=1, num_cpus=0.25, providers="cpu", api_key=KEY),
-              name="speech", route_prefix="/speech")
+    _deploy(application(export, "tiny-en", replicas=1, num_cpus=0.25, providers="cpu", api_key=KEY),
+            "speech", "/speech", cpus=0.25)
     clip = sorted(Path(SPEECH_CLIPS).glob("*.wav"))[0]
     expected = OnnxModel(export, providers="cpu").transcribe(clip)
     client = _client(f"{ray_app}/speech")
