@@ -72,6 +72,29 @@ def test_a_cancelled_or_late_transcription_fails_with_its_reason(model, clips):
         assert "--max-request-seconds" in failed.value.failure.message
 
 
+def test_a_cancel_ends_the_window_being_decoded(model, clips):
+    with Engine(model, start=False) as engine:
+        job = Service(engine).transcribe(clips[0].read_bytes())
+        failures: list[TranscriptionFailed] = []
+
+        def run() -> None:
+            try:
+                job.run()
+            except TranscriptionFailed as failed:
+                failures.append(failed)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        while engine.queue_length < 1:  # the first window waits in the engine's queue
+            threading.Event().wait(0.01)
+        job.cancel()
+        engine.start()
+        thread.join(60)
+        assert not thread.is_alive()
+        assert [f.failure.reason for f in failures] == ["cancelled"]
+        assert engine.stats.finished == {"cancelled": 1} and engine.stats.generated_tokens == 0
+
+
 def test_requests_the_batch_cannot_take_are_refused(model, gpt2_text):
     features = np.zeros((1, 80, 3000), np.float32)
     with Engine(model) as engine:

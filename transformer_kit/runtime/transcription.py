@@ -7,7 +7,7 @@ window (and each fallback at a higher temperature) is a request to the engine, i
 features the source the encoder runs on once, its decoder prompt Whisper's. The caller waits for
 each window's tokens, so a file's windows follow each other while other files' windows share
 the batch. A transcription has one time bound in all (the service's ``max_request_seconds``)
-and stops at the next window when its caller cancels it.
+and stops at the engine's next step when its caller cancels it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from transformer_kit.core.speech import (
     load_audio,
     transcribe_options,
 )
-from transformer_kit.core.speech.transcriber import Generate
 from transformer_kit.core.speech_config import SAMPLING_RATE, SpeechConfig
 from transformer_kit.runtime.engine import Engine
 from transformer_kit.runtime.requests import Failure, GenerationRequest
@@ -44,32 +43,42 @@ class TranscriptionFailed(Exception):
         self.failure = failure
 
 
-def engine_generate(engine: Engine, deadline: float | None, cancel: threading.Event) -> Generate:
+class EngineWindows:
     """The Transcriber's ``generate`` as requests to ``engine``: one request per call (a
     window's decoder prompt, its features as the source), waited for; each token's log
-    probability from the scores it was chosen from. Raises :class:`TranscriptionFailed` past
-    ``deadline`` (a ``time.perf_counter()`` value; None: no bound) or once ``cancel`` is set."""
+    probability from the scores it was chosen from. A call raises :class:`TranscriptionFailed`
+    past ``deadline`` (a ``time.perf_counter()`` value; None: no bound) or once :meth:`cancel`
+    has been called, which also ends the window being decoded at the engine's next step."""
 
-    def generate(features: np.ndarray, steps: int, prompt: np.ndarray, **options: Any
+    def __init__(self, engine: Engine, deadline: float | None) -> None:
+        self.engine, self.deadline = engine, deadline
+        self.cancelled = False
+        self.current: GenerationRequest | None = None
+        self.lock = threading.Lock()  # between a window's submission and a cancel from elsewhere
+
+    def __call__(self, features: np.ndarray, steps: int, prompt: np.ndarray, **options: Any
                  ) -> tuple[np.ndarray, list[list[float]] | None]:
-        if options.pop("num_beams", 1) > 1:
-            raise InputError("A server decodes each window by greedy search or sampling; beam "
-                             "search (num_beams > 1) runs in OnnxModel.transcribe.")
-        left = None if deadline is None else deadline - time.perf_counter()
-        if cancel.is_set():
-            raise TranscriptionFailed(Failure("cancelled", "The transcription was cancelled."))
-        if left is not None and left <= 0:
-            raise TranscriptionFailed(_past_time())
-        request = engine.submit(prompt[0], source=features, timeout=left, max_new_tokens=steps,
-                                logprobs=0, logprobs_mode="processed", **options)
-        while not request.wait(0.05):
-            if cancel.is_set():
-                request.cancel()
+        left = None if self.deadline is None else self.deadline - time.perf_counter()
+        with self.lock:
+            if self.cancelled:
+                raise TranscriptionFailed(Failure("cancelled", "The transcription was cancelled."))
+            if left is not None and left <= 0:
+                raise TranscriptionFailed(_past_time())
+            request = self.engine.submit(prompt[0], source=features, timeout=left,
+                                         max_new_tokens=steps, logprobs=0,
+                                         logprobs_mode="processed", **options)
+            self.current = request
+        request.wait()
         _check_ended(request)
         return (np.array([request.tokens], np.int64),
                 [[report.logprob for report in request.logprobs]])
 
-    return generate
+    def cancel(self) -> None:
+        """Stop: the window being decoded ends at the engine's next step, no other starts."""
+        with self.lock:
+            self.cancelled = True
+            if self.current is not None:
+                self.current.cancel()
 
 
 def _past_time() -> Failure:
@@ -97,7 +106,7 @@ class Transcribing:
     transcriber: Transcriber
     samples: np.ndarray  # (n,) float32 at 16 kHz
     options: TranscribeOptions
-    stop: threading.Event
+    windows: EngineWindows
 
     @property
     def duration(self) -> float:
@@ -112,7 +121,8 @@ class Transcribing:
         return self.transcriber.transcribe(self.samples, self.options, on_segments=on_segments)
 
     def cancel(self) -> None:
-        self.stop.set()
+        """Stop decoding: the current window ends at the engine's next step, no other starts."""
+        self.windows.cancel()
 
 
 def prepare(engine: Engine, audio: Any, *, max_seconds: float, name: str | None = None,
@@ -132,10 +142,10 @@ def prepare(engine: Engine, audio: Any, *, max_seconds: float, name: str | None 
         raise InputError("A server decodes each window by greedy search or sampling; leave "
                          "num_beams at 1.")
     deadline = None if timeout is None else time.perf_counter() + timeout
-    stop = threading.Event()
+    windows = EngineWindows(engine, deadline)
     transcriber = Transcriber(SpeechConfig.model_validate(settings), model.audio_features,
-                              engine_generate(engine, deadline, stop), model.tokenizer,
-                              model.manifest.tgt_vocab, model.context_length)
+                              windows, model.tokenizer, model.manifest.tgt_vocab,
+                              model.context_length)
     transcriber.check(chosen)
     samples = load_audio(audio, max_seconds=max_seconds, name=name)
-    return Transcribing(transcriber, samples, chosen, stop)
+    return Transcribing(transcriber, samples, chosen, windows)
