@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from transformer_kit.core.interfaces import AttentionInputs, LayerCache
+from transformer_kit.core.interfaces import AttentionInputs, AttentionWeights, LayerCache
+from transformer_kit.core.masks import masked_softmax
 
-__all__ = ["AttentionInputs", "LayerCache", "MultiHeadAttention"]
+__all__ = ["AttentionInputs", "AttentionWeights", "LayerCache", "MultiHeadAttention"]
 
 
 def split_heads(x: Tensor, heads: int) -> Tensor:
@@ -95,9 +96,24 @@ class MultiHeadAttention(nn.Module):
                 cache.key, cache.value = k, v
         groups = self.num_heads // self.num_kv_heads
         k, v = repeat_kv_heads(k, groups), repeat_kv_heads(v, groups)
+        if inputs.weights is not None and inputs.weights.wants(self):
+            inputs.weights.record(self, self.probabilities(q, k, inputs))
         if inputs.bias is None:
             out = self.kernel(q, k, v, mask=inputs.mask)
         else:
             out = self.kernel(q, k, v, mask=inputs.mask, bias=inputs.bias)
         batch, _, q_len, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1))
+
+    def probabilities(self, q: Tensor, k: Tensor, inputs: AttentionInputs) -> Tensor:
+        """The attention probabilities of q (batch, heads, q_len, head_dim) over k (batch,
+        heads, k_len, head_dim): softmax of the kernel's scaled (and soft-capped) scores under
+        the mask and bias, (batch, heads, q_len, k_len) float32, whatever the kernel computes
+        them with."""
+        kernel = self.kernel
+        scale = kernel.scale if getattr(kernel, "scale", None) is not None else self.head_dim ** -0.5
+        scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+        softcap = getattr(kernel, "softcap", None)
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        return masked_softmax(scores, inputs.mask, inputs.bias)

@@ -32,7 +32,8 @@ the prompt when the sentence embedding excludes it); a row with no kept position
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -52,6 +53,27 @@ class LayerCache:
 
 
 @dataclass
+class AttentionWeights:
+    """A call's request for the attention probabilities of some attention modules (Whisper's
+    alignment heads, for word timestamps): each module in ``of`` records its softmax of the
+    scaled, masked scores, (batch, heads, q_len, k_len) float32, in ``found`` by the module's
+    identity (tensors in PyTorch, graph values in an export)."""
+
+    of: list[nn.Module]
+    found: dict[int, Any] = field(default_factory=dict)
+
+    def wants(self, module: nn.Module) -> bool:
+        return any(wanted is module for wanted in self.of)
+
+    def record(self, module: nn.Module, weights: Any) -> None:
+        self.found[id(module)] = weights
+
+    def of_module(self, module: nn.Module) -> Any:
+        """What ``module`` recorded (a module of ``of`` the call did not reach: KeyError)."""
+        return self.found[id(module)]
+
+
+@dataclass
 class AttentionInputs:
     """What an attention call needs besides its input; built once per stack call.
 
@@ -64,6 +86,7 @@ class AttentionInputs:
     restriction: the mask component of self-attention where ``mask`` is None because the
         attention op applies what it declares itself (an export's step graph over a shared
         cache buffer: the mask's ``causal`` lowering).
+    weights: the attention probabilities to record, or None (the usual call: none).
     """
 
     mask: Tensor | None
@@ -74,6 +97,7 @@ class AttentionInputs:
     memory: Tensor | None = None
     cache: LayerCache | None = None
     restriction: AttentionMask | None = None
+    weights: AttentionWeights | None = None
 
 
 class AttentionKernel(nn.Module):

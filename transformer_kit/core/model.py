@@ -25,7 +25,7 @@ from transformer_kit.core.embedding.api import DEFAULT_BATCH_TOKENS, RerankResul
 from transformer_kit.core.embedding.heads import ClassifierHead, SentenceHead
 from transformer_kit.core.errors import InputError
 from transformer_kit.core.inputs import check_features, check_samples, check_token_ids, tracing
-from transformer_kit.core.interfaces import AttentionInputs, AttentionMask, LayerCache
+from transformer_kit.core.interfaces import AttentionInputs, AttentionMask, AttentionWeights, LayerCache
 from transformer_kit.core.masks import real_tokens
 from transformer_kit.core.registry_entries import RegisteredComponent, component_of
 from transformer_kit.core.serialization import save_model
@@ -293,7 +293,8 @@ class EncoderDecoderTransformer(TransformerModel):
         return self.encoder(embed(x, inputs.q_positions), inputs), real
 
     def decode(self, tgt_ids: Tensor, memory: Tensor | None, src_real: Tensor,
-               caches: list[LayerCache] | None = None, *, last_only: bool = False) -> Tensor:
+               caches: list[LayerCache] | None = None, *, last_only: bool = False,
+               weights: AttentionWeights | None = None) -> Tensor:
         """Logits (batch, new_len, tgt_vocab) for target tokens after the cached ones.
 
         Args:
@@ -303,6 +304,7 @@ class EncoderDecoderTransformer(TransformerModel):
             src_real: (batch, src_len) bool, True for real source tokens.
             caches: per-layer caches, extended in place; None for an uncached call.
             last_only: return the logits of the last position only, (batch, 1, tgt_vocab).
+            weights: cross-attention probabilities to record (:meth:`cross_attention_weights`).
         """
         tgt_ids = check_token_ids(tgt_ids, self.config.tgt_vocab, "tgt_ids")
         past = caches[0].key.shape[2] if caches else 0
@@ -310,10 +312,20 @@ class EncoderDecoderTransformer(TransformerModel):
         real = torch.ones(batch, past + new_len, dtype=torch.bool, device=tgt_ids.device)
         self_inputs = self_attention_inputs(real, new_len, self.tgt_embed.positional,
                                             self.decoder_mask)
-        cross_inputs = AttentionInputs(mask=src_real[:, None, None, :], memory=memory)
+        cross_inputs = AttentionInputs(mask=src_real[:, None, None, :], memory=memory, weights=weights)
         x = self.decoder(self.tgt_embed(tgt_ids, self_inputs.q_positions), self_inputs,
                          cross_inputs, caches)
         return self.head(x[:, -1:] if last_only else x)
+
+    def cross_attention_weights(self, memory: Tensor, src_real: Tensor, tgt_ids: Tensor,
+                                heads: list[list[int]]) -> Tensor:
+        """The cross-attention probabilities of ``heads`` ([layer, head] pairs: Whisper's
+        alignment heads) with ``tgt_ids`` (batch, len) as the decoder's input, teacher-forced:
+        (batch, len(heads), len, src_len) float32, as transformers' ``cross_attentions``."""
+        weights = AttentionWeights([self.decoder.layers[layer].cross_attention for layer, _ in heads])
+        self.decode(tgt_ids, memory, src_real, weights=weights)
+        return torch.stack([weights.of_module(self.decoder.layers[layer].cross_attention)[:, head]
+                            for layer, head in heads], dim=1)
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor, attention_mask: Tensor | None = None
                 ) -> Tensor:

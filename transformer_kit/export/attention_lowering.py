@@ -12,13 +12,14 @@ q_len | 1, k_len) bool; caches (batch, kv_heads, past, head_dim).
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 from transformer_kit.core.attention import MultiHeadAttention
 from transformer_kit.core.interfaces import AttentionInputs, AttentionMask, LayerCache, PositionalEncoding
 from transformer_kit.core.layer_lowerings import rotary_cos_sin
 from transformer_kit.core.registry_entries import component_of
-from transformer_kit.export.graph_builder import GraphBuilder
+from transformer_kit.export.graph_builder import FLOAT, GraphBuilder
 
 #: The first opset with ONNX's ``Attention`` and ``RotaryEmbedding`` ops.
 PACKED_ATTENTION_OPSET = 23
@@ -120,10 +121,39 @@ def multi_head_attention_onnx(g: GraphBuilder, attention: MultiHeadAttention, x:
             cache.key, cache.value = k, v
     groups = heads // kv_heads
     k, v = repeat_kv_heads(g, k, groups), repeat_kv_heads(g, v, groups)
+    if inputs.weights is not None and inputs.weights.wants(attention):
+        inputs.weights.record(attention, probabilities(g, attention, q, k, inputs))
     attended = g.call(attention.kernel, q, k, v, inputs.mask, inputs.bias)
     g.shaped(attended, [batch, heads, q_len, dim], g.float_type)
     merged = g.op.Reshape(g.op.Transpose(attended, perm=[0, 2, 1, 3]), [0, 0, heads * dim])
     return g.linear(attention.o_proj, g.shaped(merged, [batch, q_len, heads * dim], g.float_type))
+
+
+def probabilities(g: GraphBuilder, attention: MultiHeadAttention, q: ir.Value, k: ir.Value,
+                  inputs: AttentionInputs) -> ir.Value:
+    """``MultiHeadAttention.probabilities``: softmax of the kernel's scaled (and soft-capped)
+    scores of q (batch, heads, q_len, head_dim) over k (batch, heads, k_len, head_dim) under
+    the mask and bias, (batch, heads, q_len, k_len) float32 (a masked key gets 0)."""
+    kernel = attention.kernel
+    scale = kernel.scale if getattr(kernel, "scale", None) is not None else attention.head_dim ** -0.5
+    with g.scope(g.path_of(attention, "attention") + ".probabilities"):
+        if g.float_type != FLOAT:
+            q, k = g.op.Cast(q, to=FLOAT), g.op.Cast(k, to=FLOAT)
+        scores = g.op.Mul(g.op.MatMul(q, g.op.Transpose(k, perm=[0, 1, 3, 2])),
+                          g.constant(float(scale), FLOAT))
+        softcap = getattr(kernel, "softcap", None)
+        if softcap is not None:
+            cap = g.constant(float(softcap), FLOAT)
+            scores = g.op.Mul(g.op.Tanh(g.op.Div(scores, cap)), cap)
+        if inputs.bias is not None:
+            scores = g.op.Add(scores, g.op.Cast(inputs.bias, to=FLOAT))
+        if inputs.mask is not None:
+            scores = g.op.Where(inputs.mask, scores, g.constant(float(np.finfo(np.float32).min), FLOAT))
+        weights = g.op.Softmax(scores, axis=-1)
+        if inputs.mask is not None:
+            weights = g.op.Where(inputs.mask, weights, g.constant(0.0, FLOAT))
+        batch, heads, q_len = shape_of(q)[:3]
+        return g.shaped(weights, [batch, heads, q_len, shape_of(k)[2]], FLOAT)
 
 
 def _packed_attention(g: GraphBuilder, attention: MultiHeadAttention, x: ir.Value,

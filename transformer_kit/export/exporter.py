@@ -122,7 +122,7 @@ def _build_and_write(model: TransformerModel, dtype: str, writer: WeightWriter, 
         writer.write(built.model, "", staging / file,
                      functools.partial(report_progress, f"writing the weights of {name}"))
         graphs[name] = GraphInfo(file, built.inputs, built.outputs)
-    order = ["model", "features", "encoder", "decoder_step", "decoder_step_shared"]
+    order = ["model", "features", "encoder", "decoder_step", "decoder_step_shared", "alignment"]
     return {name: graphs[name] for name in sorted(graphs, key=order.index)}
 
 

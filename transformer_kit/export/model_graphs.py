@@ -21,6 +21,8 @@ written by its lowering) and names its outputs:
   ``input_features`` for a model with a frontend (speech).
 - ``features`` (a model with a features component): a raw signal to the encoder's
   ``input_features`` (Whisper's log-mel spectrogram), so every runtime gets the same features.
+- ``alignment`` (a speech model with alignment heads): the alignment heads' cross-attention
+  probabilities of a teacher-forced decoder input, from which word timestamps are read.
 
 The step graph is built first: a component traced for lack of a lowering is then traced at its
 most general shapes (new tokens after a past), which the other graphs reuse.
@@ -34,7 +36,13 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from transformer_kit.core.interfaces import AttentionInputs, AttentionMask, LayerCache, PositionalEncoding
+from transformer_kit.core.interfaces import (
+    AttentionInputs,
+    AttentionMask,
+    AttentionWeights,
+    LayerCache,
+    PositionalEncoding,
+)
 from transformer_kit.core.model import TransformerModel
 from transformer_kit.core.stacks import Stack
 from transformer_kit.export.attention_lowering import PACKED_ATTENTION_OPSET, keys_values, shares_buffer
@@ -273,10 +281,12 @@ def _encode(g: GraphBuilder, model: TransformerModel, src: ir.Value, real: ir.Va
 
 
 def _decode(g: GraphBuilder, model: TransformerModel, tgt: ir.Value, memory: ir.Value | None,
-            src_real: ir.Value, caches: list[LayerCache] | None, real: ir.Value | None = None) -> ir.Value:
+            src_real: ir.Value, caches: list[LayerCache] | None, real: ir.Value | None = None,
+            weights: AttentionWeights | None = None) -> ir.Value:
     """The decoder stack's output (batch, new, d_model) for target tokens after the cached ones,
     as ``EncoderDecoderTransformer.decode`` (without the head); ``real`` (batch, total) bool
-    says which of the cached and new target tokens are real (None: all of them)."""
+    says which of the cached and new target tokens are real (None: all of them); ``weights``:
+    cross-attention probabilities to record."""
     with g.scope(g.path_of(model.decoder, "decoder") + ".attention_inputs"):
         new = g.op.Shape(tgt, start=1, end=2)
         if real is None:
@@ -286,7 +296,7 @@ def _decode(g: GraphBuilder, model: TransformerModel, tgt: ir.Value, memory: ir.
         src_mask = g.shaped(g.op.Unsqueeze(src_real, [1, 2]), ["batch", 1, 1, "src_len"], BOOL)
     self_inputs = stack_inputs(g, model.decoder, real, None if caches is None else new,
                                model.tgt_embed.positional, model.decoder_mask, "decoder_mask")
-    cross = AttentionInputs(mask=src_mask, memory=memory)
+    cross = AttentionInputs(mask=src_mask, memory=memory, weights=weights)
     x = g.call(model.tgt_embed, tgt, self_inputs[0].q_positions)
     return g.call(model.decoder, x, self_inputs, cross, caches)
 
@@ -343,6 +353,24 @@ def seq2seq_encoder(g: GraphBuilder, model: TransformerModel) -> None:
         g.output(value, f"cross.{i}.value")
 
 
+def seq2seq_alignment(g: GraphBuilder, model: TransformerModel) -> None:
+    """``alignment`` (a speech model with alignment heads): ``input_features`` and the decoder's
+    input ``input_ids`` (batch, len), teacher-forced -> ``alignment_weights`` (batch, heads,
+    len, src_len) float32, the cross-attention probabilities of the config's alignment heads in
+    their order (``EncoderDecoderTransformer.cross_attention_weights``): word timestamps."""
+    memory, real = _source(g, model)
+    tgt = g.input("input_ids", INT64, ["batch", "len"])
+    heads = model.config.speech.alignment_heads
+    layers = model.decoder.layers
+    weights = AttentionWeights([layers[layer].cross_attention for layer, _ in heads])
+    _decode(g, model, tgt, memory, real, None, weights=weights)
+    with g.scope("alignment_weights"):
+        picked = [g.op.Slice(weights.of_module(layers[layer].cross_attention), [head], [head + 1], [1])
+                  for layer, head in heads]
+        stacked = g.shaped(g.op.Concat(*picked, axis=1), ["batch", len(heads), "len", "src_len"], FLOAT)
+    g.output(stacked, "alignment_weights")
+
+
 def seq2seq_step(g: GraphBuilder, model: TransformerModel) -> None:
     ids = g.input("input_ids", INT64, ["batch", "new"])
     # which target tokens are real: rows of other lengths decode together left-padded (a
@@ -368,7 +396,7 @@ GRAPHS: dict[str, dict[str, Callable[[GraphBuilder, TransformerModel], None]]] =
                 "model": decoder_model},
     "encoder": {"model": encoder_model},
     "encoder_decoder": {"decoder_step": seq2seq_step, "encoder": seq2seq_encoder, "model": seq2seq_model,
-                        "features": seq2seq_features},
+                        "features": seq2seq_features, "alignment": seq2seq_alignment},
 }
 
 
@@ -387,4 +415,7 @@ def graph_names(model: TransformerModel, opset: int) -> list[str]:
         names.remove("decoder_step_shared")
     if "features" in names and not (model.takes_features and model.src_embed.features is not None):
         names.remove("features")
+    speech = model.config.speech if model.architecture == "encoder_decoder" else None
+    if "alignment" in names and not (model.takes_features and speech is not None and speech.alignment_heads):
+        names.remove("alignment")
     return names

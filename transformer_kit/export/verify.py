@@ -203,6 +203,19 @@ def check_features_graph(model: TransformerModel, om: OnnxModel, seed: int = 0) 
 
 
 @torch.no_grad()
+def check_alignment_graph(model: TransformerModel, om: OnnxModel, seed: int = 0) -> float:
+    """Relative error of the alignment graph (the alignment heads' cross-attention
+    probabilities, teacher-forced) against ``cross_attention_weights``, on two rows of random
+    features and target tokens."""
+    cfg = model.config
+    features = random_source(model, 2, PROMPT_LEN, seed)
+    tokens = random_ids(2, 5, cfg.tgt_vocab, cfg.pad_id, seed + 1, pad_rows=False)
+    memory, real = model.encode(features)
+    expected = model.cross_attention_weights(memory, real, tokens, cfg.speech.alignment_heads)
+    return relative_error(om.alignment_weights(features.numpy(), tokens.numpy()), expected.numpy())
+
+
+@torch.no_grad()
 def check_shared_step(model: TransformerModel, om: OnnxModel, seed: int = 0) -> float:
     """Relative error of the step graph over shared cache buffers against PyTorch's forward:
     three prompts of different lengths prefilled and joined, two steps of the three rows, then
@@ -302,6 +315,8 @@ def verify_export(model: TransformerModel, om: OnnxModel, tolerance: float | Non
         errors["features"] = check_features_graph(model, om)
     if "decoder_step" in om.manifest.graphs:
         errors["decoder_step"] = check_decoder_step(model, om)
+    if "alignment" in om.manifest.graphs:
+        errors["alignment"] = check_alignment_graph(model, om)
     if SHARED_STEP in om.manifest.graphs:
         shared = om if om.step_name == SHARED_STEP else OnnxModel(om.path, providers="cpu",
                                                                   cache_layout="shared_buffer")

@@ -464,6 +464,28 @@ class OnnxModel:
             raise InputError("samples hold NaN or infinite values; give finite samples.")
         return self.session("features").run(None, {"samples": np.ascontiguousarray(samples, np.float32)})[0]
 
+    @property
+    def aligner(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
+        """:meth:`alignment_weights` where the export has its graph (word timestamps), else None."""
+        return self.alignment_weights if "alignment" in self.manifest.graphs else None
+
+    def alignment_weights(self, features: Any, tokens: Any) -> np.ndarray:
+        """The alignment heads' cross-attention probabilities (batch, heads, len, src_len)
+        float32 of features (batch, channels, frames) with ``tokens`` (batch, len) as the
+        decoder's input, teacher-forced, by the export's ``alignment`` graph: what word
+        timestamps are read from."""
+        if "alignment" not in self.manifest.graphs:
+            raise InputError(f"{self.path} has no alignment graph, which word timestamps need (an "
+                             "export of a speech model with alignment heads writes one); export "
+                             "it again with this version of the kit.")
+        ids = as_array(tokens, "tokens")
+        if ids.ndim != 2 or ids.dtype.kind not in "iu" or ids.shape[1] == 0:
+            raise InputError(f"tokens must be (batch, len) integers, len >= 1; got dtype {ids.dtype} "
+                             f"of shape {tuple(ids.shape)}.")
+        return self.session("alignment").run(None, {
+            "input_features": self.check_features(features),
+            "input_ids": np.ascontiguousarray(ids, np.int64)})[0]
+
     def transcribe(self, audio: Any, *, sample_rate: int | None = None,
                    progress: Callable[[float, float], None] | None = None,
                    **options: Any) -> Transcription:
