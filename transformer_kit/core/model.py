@@ -279,11 +279,18 @@ class EncoderDecoderTransformer(TransformerModel):
                              "a 'features' component: Whisper); this model has none.")
         tokenizer = text_require(self.tokenizer, "This model")
         device = next(self.parameters()).device
+        heads = self.config.speech.alignment_heads
+
+        def align(features: np.ndarray, ids: np.ndarray) -> np.ndarray:
+            memory, real = self.encode(torch.from_numpy(features).to(device))
+            return self.cross_attention_weights(memory, real, torch.from_numpy(ids).to(device),
+                                                heads).cpu().numpy()
+
         return Transcriber(
             self.config.speech,
             lambda samples: self.audio_features(torch.from_numpy(samples).to(device)).cpu().numpy(),
             model_generate(self, lambda array: torch.from_numpy(np.ascontiguousarray(array)).to(device)),
-            tokenizer, self.config.tgt_vocab, self.context_length)
+            tokenizer, self.config.tgt_vocab, self.context_length, align)
 
     def _encode_features(self, features: Tensor) -> tuple[Tensor, Tensor]:
         embed = self.src_embed

@@ -501,7 +501,7 @@ class OnnxModel:
         transcriber = Transcriber(
             SpeechConfig.model_validate(settings), self.audio_features,
             model_generate(self, np.ascontiguousarray), text.require(self.tokenizer, str(self.path)),
-            self.manifest.tgt_vocab, self.context_length)
+            self.manifest.tgt_vocab, self.context_length, self.aligner)
         return transcriber.transcribe(as_samples(audio, sample_rate), transcribe_options(**options),
                                       progress)
 

@@ -145,7 +145,7 @@ def prepare(engine: Engine, audio: Any, *, max_seconds: float, name: str | None 
     windows = EngineWindows(engine, deadline)
     transcriber = Transcriber(SpeechConfig.model_validate(settings), model.audio_features,
                               windows, model.tokenizer, model.manifest.tgt_vocab,
-                              model.context_length)
+                              model.context_length, model.aligner)
     transcriber.check(chosen)
     samples = load_audio(audio, max_seconds=max_seconds, name=name)
     return Transcribing(transcriber, samples, chosen, windows)

@@ -6,6 +6,7 @@ beam-search tokens after Whisper's prompt with its suppressed tokens."""
 from __future__ import annotations
 
 import json
+import shutil
 from typing import ClassVar
 
 import numpy as np
@@ -231,3 +232,52 @@ def test_beam_search_equals_transformers(multilingual):
     expected = _hf_segments(reference, features, language="en", num_beams=2)
     assert _segments(om.transcribe(samples, language="en", num_beams=2, **GREEDY)) == expected
     assert _segments(model.transcribe(samples, language="en", num_beams=2, **GREEDY)) == expected
+
+
+@pytest.mark.parametrize("timestamps", [True, False])
+def test_token_times_equal_transformers(multilingual, timestamps):
+    """Word timestamps' token times (the alignment heads' cross attention, time-warped) equal
+    transformers' ``return_token_timestamps`` in both runtimes; real speech and its words:
+    tests/plugins/families/test_whisper_tiny_en.py."""
+    reference, model, om = multilingual
+    samples = audio(1, seed=6)[0]
+    features = om.audio_features(samples[None])
+    with torch.no_grad():
+        out = reference.generate(torch.from_numpy(features), language="en", return_timestamps=timestamps,
+                                 return_segments=timestamps, return_token_timestamps=True,
+                                 max_new_tokens=12)
+    expected = ([s["token_timestamps"].numpy() for s in out["segments"][0]] if timestamps
+                else [out["token_timestamps"][0].numpy()])
+    for runner in (om, model):
+        result = runner.transcribe(samples, language="en", timestamps=timestamps,
+                                   word_timestamps=True, **GREEDY)
+        assert len(result.segments) == len(expected)
+        for segment, times in zip(result.segments, expected, strict=True):
+            np.testing.assert_allclose(segment.token_times, times, atol=0.02 + 1e-6)
+        assert [w for s in result.segments for w in s.words] == result.words
+
+
+def test_word_timestamps_are_refused_where_they_cannot_be_read(multilingual, tmp_path):
+    _, model, om = multilingual
+    samples = audio(1)[0]
+    with pytest.raises(InputError, match="word_timestamps must be true or false"):
+        om.transcribe(samples, word_timestamps="yes")
+    # an export from before the alignment graph
+    old = tmp_path / "old"
+    shutil.copytree(om.path, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["graphs"]["alignment"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match=r"no alignment graph.*Export it again"):
+        OnnxModel(old, providers="cpu").transcribe(samples, word_timestamps=True)
+    # a config naming no alignment heads: no alignment graph either, and a sentence
+    model.save(tmp_path / "saved")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    config["config"]["speech"]["alignment_heads"] = []
+    (tmp_path / "saved" / "config.json").write_text(json.dumps(config))
+    headless = tk.load_model(tmp_path / "saved")
+    export_onnx(headless, tmp_path / "headless", verify=False)
+    assert "alignment" not in OnnxModel(tmp_path / "headless", providers="cpu").manifest.graphs
+    for runner in (headless, OnnxModel(tmp_path / "headless", providers="cpu")):
+        with pytest.raises(InputError, match="alignment heads"):
+            runner.transcribe(samples, word_timestamps=True)

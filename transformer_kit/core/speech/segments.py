@@ -25,8 +25,10 @@ class Segment:
     temperature: float = 0.0
     #: The feature frame (10 ms) its window started at.
     seek: int = 0
-    #: Word timestamps, when asked for: dicts of ``word``, ``start``, ``end``, ``probability``.
+    #: With word timestamps: dicts of ``word``, ``start``, ``end`` (seconds), and the time
+    #: each of ``tokens`` begins.
     words: list[dict] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
 
 
 def window_segments(tokens: np.ndarray, time_offset: float, window_frames: int,

@@ -21,7 +21,9 @@ from typing import Any, Literal
 import numpy as np
 
 from transformer_kit.core.errors import ConfigError, InputError
+from transformer_kit.core.speech.alignment import token_times
 from transformer_kit.core.speech.segments import Segment, window_segments
+from transformer_kit.core.speech.words import timed_words
 from transformer_kit.core.speech_config import CHUNK_SECONDS, HOP_LENGTH, SAMPLING_RATE, SpeechConfig
 
 #: Feature frames per window (30 s), and per timestamp step of the encoder.
@@ -52,6 +54,8 @@ class TranscribeOptions:
         max_new_tokens: tokens per window at most (None: as many as the decoder's positions
             leave after the prompt).
         seed: the sampling's seed at temperatures above 0.
+        word_timestamps: time each word (and token) by the alignment heads' cross attention:
+            each segment's ``words`` and ``token_times``, the transcription's ``words``.
     """
 
     language: str | None = None
@@ -65,6 +69,7 @@ class TranscribeOptions:
     num_beams: int = 1
     max_new_tokens: int | None = None
     seed: int = 0
+    word_timestamps: bool = False
 
 
 @dataclass
@@ -83,6 +88,9 @@ class Transcription:
 #: **options) -> (tokens (rows, steps) int64, per-row lists of each token's log probability, or
 #: None for beam search)``.
 Generate = Callable[..., tuple[np.ndarray, list[list[float]] | None]]
+#: ``align(features (1, channels, frames), decoder input ids (1, len)) -> the alignment heads'
+#: cross-attention probabilities (1, heads, len, src_len)``, teacher-forced.
+Align = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 class Transcriber:
@@ -94,12 +102,15 @@ class Transcriber:
         generate: see :data:`Generate`.
         tokenizer: decodes tokens to text and encodes prompts (``decode``, ``encode``).
         vocab: the target vocabulary's size; positions: the decoder's (448).
+        align: see :data:`Align` (word timestamps); None: the model has no way to.
     """
 
     def __init__(self, settings: SpeechConfig, features: Callable[[np.ndarray], np.ndarray],
-                 generate: Generate, tokenizer: Any, vocab: int, positions: int) -> None:
+                 generate: Generate, tokenizer: Any, vocab: int, positions: int,
+                 align: Align | None = None) -> None:
         self.settings, self.features, self.generate = settings, features, generate
         self.tokenizer, self.vocab, self.positions = tokenizer, vocab, positions
+        self.align = align
 
     # -- the prompt ---------------------------------------------------------------------------
     def language_id(self, language: str | None, window: np.ndarray) -> tuple[str | None, int | None]:
@@ -130,6 +141,12 @@ class Transcriber:
         if options.language is not None and (s.multilingual or options.language != "en"):
             self.language_id(options.language, np.zeros(0, np.float32))
         self.start_tokens(0, options.task, options.timestamps)
+        if options.word_timestamps and not s.alignment_heads:
+            raise InputError("Word timestamps need the model's alignment heads, and its config "
+                             "names none (speech.alignment_heads); transcribe without them.")
+        if options.word_timestamps and self.align is None:
+            raise InputError("This model cannot time words: its export has no alignment graph. "
+                             "Export it again with this version of the kit.")
 
     def detect_language(self, window: np.ndarray) -> tuple[str, int]:
         """The most likely language of a window (1, channels, 3000): the decoder's first token
@@ -177,10 +194,11 @@ class Transcriber:
 
     # -- decoding ------------------------------------------------------------------------------
     def decode_window(self, window: np.ndarray, prompt: list[int], options: TranscribeOptions,
-                      processors: list[dict]) -> tuple[np.ndarray, float, float, float]:
+                      processors: list[dict]) -> tuple[np.ndarray, float, float, float, bool]:
         """One window's generated tokens (the end of text removed), their average log
-        probability and compression ratio, and the temperature that gave them (the first of
-        ``options.temperature`` whose result passes the thresholds, else the last)."""
+        probability and compression ratio, the temperature that gave them (the first of
+        ``options.temperature`` whose result passes the thresholds, else the last), and whether
+        the end of text ended them."""
         temperatures = options.temperature
         if not isinstance(temperatures, tuple):
             temperatures = (temperatures,)
@@ -207,7 +225,7 @@ class Transcriber:
             too_unlikely = (options.logprob_threshold is not None and not math.isnan(avg)
                             and avg < options.logprob_threshold)
             if not (too_repetitive or too_unlikely) or i == len(temperatures) - 1:
-                return row, avg, ratio, temperature
+                return row, avg, ratio, temperature, len(row) < len(tokens[0])
         raise AssertionError("unreachable")
 
     def transcribe(self, samples: np.ndarray, options: TranscribeOptions | None = None,
@@ -217,6 +235,7 @@ class Transcriber:
         in seconds after each window, ``on_segments(segments)`` with each window's segments
         once they are final (a stream's pieces)."""
         options = options or TranscribeOptions()
+        self.check(options)
         duration = len(samples) / SAMPLING_RATE
         padded = samples if len(samples) > CHUNK_SECONDS * SAMPLING_RATE else np.pad(
             samples, (0, CHUNK_SECONDS * SAMPLING_RATE - len(samples)))
@@ -228,13 +247,16 @@ class Transcriber:
         start = self.start_tokens(language_id, options.task, options.timestamps)
         prompt = self.prompt_tokens(options.prompt)
         processors = self.processors(options.timestamps)
+        real_frames = -(-len(samples) // HOP_LENGTH)  # the audio's own, the padding not counted
         segments: list[Segment] = []
         seek = 0
         while seek < frames:
             window_frames = min(frames - seek, WINDOW_FRAMES)
             previous = self.previous_tokens(segments) if options.condition_on_previous_text else []
-            tokens, avg, ratio, temperature = self.decode_window(
-                _window(features, seek, window_frames), (previous or prompt) + start, options, processors)
+            window = _window(features, seek, window_frames)
+            decoder_prompt = (previous or prompt) + start
+            tokens, avg, ratio, temperature, ended = self.decode_window(
+                window, decoder_prompt, options, processors)
             found, advance = window_segments(tokens, seek * HOP_LENGTH / SAMPLING_RATE, window_frames,
                                              self.settings.timestamp_begin,
                                              self.settings.time_precision, HOP_LENGTH / SAMPLING_RATE,
@@ -243,6 +265,10 @@ class Transcriber:
                 segment.text = self.text(segment.tokens)
                 segment.avg_logprob, segment.compression_ratio = avg, ratio
                 segment.temperature, segment.seek = temperature, seek
+            if options.word_timestamps:
+                times = self.window_token_times(window, decoder_prompt, tokens, ended,
+                                                real_frames - seek) + seek * HOP_LENGTH / SAMPLING_RATE
+                self.time_words(found, times, language)
             segments += found
             seek += advance
             if on_segments is not None:
@@ -250,7 +276,38 @@ class Transcriber:
             if progress is not None:
                 progress(min(seek * HOP_LENGTH / SAMPLING_RATE, duration), duration)
         return Transcription(text="".join(s.text for s in segments), segments=segments,
-                             language=language, duration=duration, task=options.task)
+                             language=language, duration=duration, task=options.task,
+                             words=[w for s in segments for w in s.words])
+
+    def window_token_times(self, window: np.ndarray, prompt: list[int], tokens: np.ndarray,
+                           ended: bool, real_frames: int) -> np.ndarray:
+        """The time (seconds from the window's start) of each of its generated ``tokens`` (k,)
+        and of the token after them (the end of text, else the last one's again): (k + 1,).
+        Read, as transformers reads them off generation, from the alignment heads' weights of
+        the prompt and tokens as the decoder's input (the last token generated, the end of text
+        where it ended, never is one); ``real_frames``: the audio's feature frames from the
+        window's start."""
+        s = self.settings
+        generated = [*tokens.tolist(), s.end_of_text] if ended else tokens.tolist()
+        if len(generated) < 2:  # no generated token was the decoder's input: transformers' zeros
+            return np.zeros(len(tokens) + 1)
+        ids = np.array([[*prompt, *generated[:-1]]], np.int64)
+        weights = self.align(window, ids)[0, :, len(prompt):]
+        times = token_times(weights, min(real_frames, WINDOW_FRAMES), s.median_filter_width,
+                            s.time_precision)
+        return times if ended else np.concatenate([times, times[-1:]])
+
+    def time_words(self, segments: list[Segment], times: np.ndarray, language: str | None) -> None:
+        """Each of a window's ``segments`` (its tokens in turn) gets its tokens' times as
+        ``token_times``, and its timed words; ``times``: one per token of the window and one
+        more."""
+        start = 0
+        for segment in segments:
+            end = start + len(segment.tokens)
+            segment.token_times = [round(float(t), 2) for t in times[start:end]]
+            segment.words = timed_words(self.tokenizer, segment.tokens, times[start:end + 1],
+                                        self.settings.end_of_text, language)
+            start = end
 
     def previous_tokens(self, segments: Sequence[Segment]) -> list[int]:
         """<|startofprev|> and the last tokens of the segments so far (at most half the
@@ -341,6 +398,8 @@ def _option_problems(options: dict[str, Any]) -> list[str]:
     steps = options.get("max_new_tokens")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         problems.append(f"max_new_tokens must be a positive integer or None (given {steps!r})")
+    if not isinstance(options.get("word_timestamps", False), bool):
+        problems.append(f"word_timestamps must be true or false (given {options['word_timestamps']!r})")
     for key in ("language", "prompt"):
         if options.get(key) is not None and not isinstance(options[key], str):
             problems.append(f"{key} must be a string or None (given {options[key]!r})")
