@@ -41,6 +41,17 @@ def test_output_dir_gets_one_file_per_input(whisper_tiny_en, clips, tmp_path):
     assert "Dashwood" in first["text"]
 
 
+def test_words_are_the_runtimes_word_timestamps(whisper_tiny_en, clips):
+    _, export = whisper_tiny_en
+    result = invoke("transcribe", str(export), str(clips[0]), "--format", "verbose_json", "--words")
+    assert result.exit_code == 0, result.output
+    want = OnnxModel(export, providers="cpu").transcribe(clips[0], word_timestamps=True)
+    assert json.loads(result.stdout)["words"] == [
+        {"word": w["word"].strip(), "start": w["start"], "end": w["end"]} for w in want.words]
+    refused = invoke("transcribe", str(export), str(clips[0]), "--words")
+    assert refused.exit_code == 2 and "verbose_json" in refused.output
+
+
 def test_a_file_that_is_not_audio_gets_one_line(whisper_tiny_en, tmp_path):
     _, export = whisper_tiny_en
     notes = tmp_path / "notes.txt"

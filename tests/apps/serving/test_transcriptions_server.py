@@ -81,6 +81,19 @@ def test_verbose_json_segments_are_the_runtimes(client, clips, expected):
     assert answer.segments[0].tokens == want.segments[0].tokens
 
 
+def test_word_granularity_gives_the_runtimes_words(client, model, clips):
+    want = model.transcribe(clips[1], word_timestamps=True)
+    both = _transcribe(client, clips[1], response_format="verbose_json",
+                       timestamp_granularities=["word", "segment"])
+    assert [(w.word, w.start, w.end) for w in both.words] == [
+        (w["word"].strip(), w["start"], w["end"]) for w in want.words]
+    assert [s.text for s in both.segments] == [s.text for s in want.segments]
+    words = _transcribe(client, clips[1], response_format="verbose_json", timestamp_granularities=["word"])
+    assert words.words == both.words and words.segments is None
+    with pytest.raises(openai.BadRequestError, match="Word timestamps come in verbose_json only"):
+        _transcribe(client, clips[1], timestamp_granularities=["word"])
+
+
 @pytest.mark.parametrize("response_format", ["srt", "vtt"])
 def test_subtitles_parse_as_subtitles(client, clips, expected, response_format):
     answer = _transcribe(client, clips[3], response_format=response_format)

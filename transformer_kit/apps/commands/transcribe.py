@@ -1,5 +1,6 @@
 """``transformer-kit transcribe``: speech to text from an export of a speech model (Whisper), in
-onnxruntime, with a progress bar per file; text, json, verbose_json, srt or vtt."""
+onnxruntime, with a progress bar per file; text, json, verbose_json (with ``--words``, each word's
+times), srt or vtt."""
 
 from __future__ import annotations
 
@@ -33,13 +34,20 @@ def transcribe(
     temperature: Annotated[float | None, _Opt(help="One temperature (default: 0, falling back "
                                               "to 0.2 ... 1.0 where the text repeats).")] = None,
     num_beams: Annotated[int, _Opt(help="Beam search with this many beams (1: greedy).")] = 1,
+    words: Annotated[bool, _Opt("--words", help="Time each word (verbose_json's words) by the "
+                                "model's alignment heads: one more pass per 30 s window.")] = False,
     provider: Annotated[Provider, _Opt(help="Where onnxruntime runs.")] = Provider.auto,
 ) -> None:
     """Transcribe audio files with an exported Whisper model; a progress bar on long files."""
     if response_format not in FORMATS:
         raise typer.BadParameter(f"{response_format!r} is not one of {', '.join(FORMATS)}.",
                                  param_hint="--format")
-    options = {"language": language, "task": task, "prompt": prompt, "num_beams": num_beams}
+    if words and response_format != "verbose_json":
+        raise typer.BadParameter(f"word timestamps come in verbose_json only (--format given: "
+                                 f"{response_format}); add --format verbose_json.",
+                                 param_hint="--words")
+    options = {"language": language, "task": task, "prompt": prompt, "num_beams": num_beams,
+               "word_timestamps": words}
     if temperature is not None:
         options["temperature"] = temperature
     try:
@@ -48,7 +56,7 @@ def transcribe(
             output_dir.mkdir(parents=True, exist_ok=True)
         for file in files:
             result = _transcribe(om, file, options)
-            written = render(result, response_format)
+            written = render(result, response_format, words=words)
             if output_dir is None:
                 console.print(written.rstrip("\n"), highlight=False, markup=False)
             else:

@@ -7,8 +7,9 @@ wav, webm, ...), ``model``, ``language`` (transcriptions: the spoken language's 
 detected), ``prompt`` (text that came before: names, spellings), ``response_format`` (json,
 text, srt, verbose_json, vtt), ``temperature`` (0: greedy, and the higher temperatures
 openai-whisper falls back through where a window's text repeats itself or is unlikely; more:
-sampling at that temperature alone, seeded), ``timestamp_granularities[]`` (segment; verbose_json
-carries the segments) and ``stream`` (server-sent ``transcript.text.delta`` events, a window's
+sampling at that temperature alone, seeded), ``timestamp_granularities[]`` (``segment``,
+``word`` or both: what verbose_json carries; words are timed by the model's alignment heads, at
+the cost of one more encoder and decoder pass per window) and ``stream`` (server-sent ``transcript.text.delta`` events, a window's
 text each once it is final, then ``transcript.text.done`` with the whole text). A translation
 is a transcription into English (``language`` is not a field of it).
 
@@ -53,7 +54,7 @@ class TranslationRequest(BaseModel):
     prompt: str | None = None
     response_format: Literal["json", "text", "srt", "verbose_json", "vtt"] = "json"
     temperature: float = Field(0.0, ge=0, le=1)
-    timestamp_granularities: list[Literal["segment"]] = Field(
+    timestamp_granularities: list[Literal["segment", "word"]] = Field(
         default_factory=lambda: ["segment"], alias="timestamp_granularities[]")
     stream: bool = False
 
@@ -81,9 +82,16 @@ class TranscriptionSegment(BaseModel):
     compression_ratio: float
 
 
+class TranscriptionWord(BaseModel):
+    word: str
+    start: float = Field(ge=0)
+    end: float = Field(ge=0)
+
+
 class TranscriptionAnswer(BaseModel):
     """The JSON answers: ``json``'s text (and usage), ``verbose_json``'s task, language,
-    duration and segments too; text, srt and vtt answer ``text/plain``."""
+    duration, and the segments or words (or both) its granularities ask for; text, srt and vtt
+    answer ``text/plain``."""
 
     text: str
     usage: TranscriptionUsage
@@ -91,6 +99,7 @@ class TranscriptionAnswer(BaseModel):
     language: str | None = None
     duration: float | None = Field(None, ge=0)
     segments: list[TranscriptionSegment] | None = None
+    words: list[TranscriptionWord] | None = None
 
 
 def _usage(duration: float) -> dict[str, Any]:
@@ -116,10 +125,16 @@ class TranscriptionServer:
                              f"{' or '.join(STREAMED_FORMATS)} with it (given "
                              f"{body.response_format!r}); ask for {body.response_format} without "
                              "stream.")
+        granularities = set(body.timestamp_granularities)
+        if "word" in granularities and body.response_format != "verbose_json":
+            raise InputError(f"Word timestamps come in verbose_json only (response_format given: "
+                             f"{body.response_format!r}); ask for response_format verbose_json "
+                             "with timestamp_granularities[] word.")
         audio = await body.file.read()
         options: dict[str, Any] = {
             "task": task, "prompt": body.prompt, "language": getattr(body, "language", None) or None,
-            "temperature": FALLBACK_TEMPERATURES if body.temperature == 0 else body.temperature}
+            "temperature": FALLBACK_TEMPERATURES if body.temperature == 0 else body.temperature,
+            "word_timestamps": "word" in granularities}
         # decoding the audio (FFmpeg) off the loop; refusals raise here, before any answer
         job = await asyncio.to_thread(self.service.transcribe, audio, name=body.file.filename or "file",
                                       **options)
@@ -132,7 +147,8 @@ class TranscriptionServer:
         self.metrics.transcribed(request.url.path, result.duration)
         if body.response_format in ("json", "verbose_json"):
             answer = ({"text": result.text.strip()} if body.response_format == "json"
-                      else verbose(result))
+                      else verbose(result, segments="segment" in granularities,
+                                   words="word" in granularities))
             return JSONResponse({**answer, "usage": _usage(result.duration)})
         return PlainTextResponse(render(result, body.response_format))
 

@@ -39,22 +39,24 @@ def vtt(result: Transcription) -> str:
                                   for start, end, text in _cues(result))
 
 
-def verbose(result: Transcription, words: bool = False) -> dict[str, Any]:
-    """OpenAI's ``verbose_json``: task, language, duration, text, segments (id, seek, start,
-    end, text, tokens, temperature, avg_logprob, compression_ratio) and, with ``words``, the
-    words (word, start, end)."""
+def verbose(result: Transcription, words: bool = False, segments: bool = True) -> dict[str, Any]:
+    """OpenAI's ``verbose_json``: task, language, duration, text, the ``segments`` (id, seek,
+    start, end, text, tokens, temperature, avg_logprob, compression_ratio) and, with ``words``,
+    the words (word without its leading space, start, end)."""
     out: dict[str, Any] = {
         "task": result.task, "language": result.language, "duration": round(result.duration, 3),
         "text": result.text.strip(),
-        "segments": [{"id": i, "seek": s.seek, "start": round(s.start, 3),
-                      "end": round(s.end, 3), "text": s.text, "tokens": s.tokens,
-                      "temperature": s.temperature,
-                      "avg_logprob": None if math.isnan(s.avg_logprob) else s.avg_logprob,
-                      "compression_ratio": s.compression_ratio}
-                     for i, s in enumerate(result.segments)],
     }
+    if segments:
+        out["segments"] = [{"id": i, "seek": s.seek, "start": round(s.start, 3),
+                            "end": round(s.end, 3), "text": s.text, "tokens": s.tokens,
+                            "temperature": s.temperature,
+                            "avg_logprob": None if math.isnan(s.avg_logprob) else s.avg_logprob,
+                            "compression_ratio": s.compression_ratio}
+                           for i, s in enumerate(result.segments)]
     if words:
-        out["words"] = [{"word": w["word"], "start": w["start"], "end": w["end"]} for w in result.words]
+        out["words"] = [{"word": w["word"].strip(), "start": w["start"], "end": w["end"]}
+                        for w in result.words]
     return out
 
 
