@@ -8,9 +8,10 @@ detected), ``prompt`` (text that came before: names, spellings), ``response_form
 text, srt, verbose_json, vtt), ``temperature`` (0: greedy, and the higher temperatures
 openai-whisper falls back through where a window's text repeats itself or is unlikely; more:
 sampling at that temperature alone, seeded), ``timestamp_granularities[]`` (``segment``,
-``word`` or both: what verbose_json carries; words are timed by the model's alignment heads, at
-the cost of one more encoder and decoder pass per window) and ``stream`` (server-sent ``transcript.text.delta`` events, a window's
-text each once it is final, then ``transcript.text.done`` with the whole text). A translation
+``word`` or both: what verbose_json carries; words are timed by the model's alignment heads,
+at the cost of one more encoder and decoder pass per window) and ``stream`` (server-sent
+``transcript.text.delta`` events, a window's text each once it is final, then
+``transcript.text.done`` with the whole text). A translation
 is a transcription into English (``language`` is not a field of it).
 
 Refusals are 400 with a sentence (a file that is not audio, holds no sound or runs past the
