@@ -244,6 +244,11 @@ ALIGNMENT = 16
 #: from its first token), so that a prompt continuing a cached prefix of whole chunks computes
 #: the numbers it computes from scratch.
 PREFILL_CHUNK = 16
+#: ... on CUDA, of this many: 16 tokens are the CPU kernels' lanes, while a GPU run costs its
+#: kernels' launches more than its arithmetic at so few, so a long prompt in 16-token runs takes
+#: many times what it takes whole (BENCHMARKS.md, "GPU"); these chunks still bound the attention
+#: scores (heads x chunk x length) and give a cached prefix whole chunks to continue.
+CUDA_PREFILL_CHUNK = 256
 
 
 def aligned(length: int, alignment: int = ALIGNMENT) -> int:

@@ -53,7 +53,7 @@ from transformer_kit.core.speech import (
 from transformer_kit.core.speech_config import SpeechConfig
 from transformer_kit.runtime.adapters import adapter_names, read_adapter_values
 from transformer_kit.runtime.cache_layout import CacheLayout, one_row_exact
-from transformer_kit.runtime.left_padded import PREFILL_CHUNK, Aligned, LeftPadded
+from transformer_kit.runtime.left_padded import CUDA_PREFILL_CHUNK, PREFILL_CHUNK, Aligned, LeftPadded
 from transformer_kit.runtime.manifest import Manifest, check_graph
 from transformer_kit.runtime.providers import CPU, CUDA, exact_float32, resolve_providers
 from transformer_kit.runtime.shared_buffer import SharedBuffer
@@ -593,7 +593,8 @@ class OnnxModel:
         fewest = self.fewest_rows() if fewest_rows is None else fewest_rows
         if self.step_name == SHARED_STEP:
             return SharedBuffer(self.step_graph, values, fewest)
-        return Aligned(self.step_graph, values, fewest, None if self._mixture else PREFILL_CHUNK, fixed)
+        chunk = None if self._mixture else PREFILL_CHUNK if self._device == "cpu" else CUDA_PREFILL_CHUNK
+        return Aligned(self.step_graph, values, fewest, chunk, fixed)
 
     def fewest_rows(self) -> int:
         """The fewest rows a decoder's batch-invariant step multiplies: 2 where one token of one
