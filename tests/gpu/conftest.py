@@ -31,6 +31,9 @@ from transformer_kit.runtime.providers import cuda_works
 DRY_RUN = os.environ.get("TK_GPU_DRY_RUN") == "1"
 #: The provider the tests put on trial ("cuda"; "cpu" in a dry run).
 TARGET = "cpu" if DRY_RUN else "cuda"
+#: The cache layout CUDA runs (``"auto"`` there); the CPU's own, the shared buffer, in a dry run
+#: would check another path than the one the GPU runs.
+TARGET_LAYOUT = "left_padded" if DRY_RUN else "auto"
 #: "int4 float16": int4 blocks with float16 activations and scales (the GPU's usual 4-bit form).
 PRECISIONS = ("float32", "float16", "int4", "int4 float16")
 COMMON = {"d_model": 64, "num_heads": 4, "num_kv_heads": 2, "num_layers": 2, "d_ff": 128,

@@ -7,13 +7,13 @@ import threading
 
 import numpy as np
 
-from tests.gpu.conftest import TARGET
+from tests.gpu.conftest import TARGET, TARGET_LAYOUT
 from transformer_kit.runtime import Engine, OnnxModel
 
 
 def test_eight_concurrent_clients_each_get_their_tokens_alone(exports):
     _, folder = exports("decoder", "float32")
-    on_target, on_cpu = OnnxModel(folder, TARGET), OnnxModel(folder, "cpu")
+    on_target, on_cpu = OnnxModel(folder, TARGET, cache_layout=TARGET_LAYOUT), OnnxModel(folder, "cpu")
     rng = np.random.default_rng(5)
     cases = [(rng.integers(3, 96, int(n)), int(m))
              for n, m in zip(rng.integers(1, 20, 8), rng.integers(4, 24, 8), strict=True)]

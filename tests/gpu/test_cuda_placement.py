@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.gpu.conftest import DRY_RUN, MODELS, PRECISIONS, TARGET
+from tests.gpu.conftest import DRY_RUN, MODELS, PRECISIONS, TARGET, TARGET_LAYOUT
 from transformer_kit.runtime import OnnxModel
 
 PROVIDER = "CPUExecutionProvider" if DRY_RUN else "CUDAExecutionProvider"
@@ -58,7 +58,7 @@ def test_every_computing_node_runs_on_cuda(exports, name, precision, tmp_path):
     options = ort.SessionOptions()
     options.enable_profiling = True
     options.profile_file_prefix = str(tmp_path / "profile")
-    model = OnnxModel(folder, TARGET, session_options=options)
+    model = OnnxModel(folder, TARGET, session_options=options, cache_layout=TARGET_LAYOUT)
     run_everything(model, name)
     del model
     gc.collect()  # each session writes its profile when it is freed

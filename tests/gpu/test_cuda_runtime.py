@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.gpu.conftest import DRY_RUN, PRECISIONS, TARGET
+from tests.gpu.conftest import DRY_RUN, PRECISIONS, TARGET, TARGET_LAYOUT
 from transformer_kit.runtime import OnnxModel
 
 #: Relative error (max |a - b| / max |b|) allowed between CUDA and the CPU, and against PyTorch
@@ -44,7 +44,7 @@ def prompts(vocab: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pair(folder) -> tuple[OnnxModel, OnnxModel]:
-    target = OnnxModel(folder, TARGET)
+    target = OnnxModel(folder, TARGET, cache_layout=TARGET_LAYOUT)
     if not DRY_RUN:
         assert target.provider == "CUDAExecutionProvider"
     return target, OnnxModel(folder, "cpu")
