@@ -115,6 +115,19 @@ class _Parts:
         final = self.create("norm", f"{role}.final_norm") if layers[0].needs_final_norm else None
         return Stack(layers, final, self.variants(role) if varies else None)
 
+    def check_replaced(self) -> None:
+        """Create each top-level component that every layer variant replaces (and so no layer
+        builds): its name and parameters are then checked as the used ones are, and a typo in
+        it is an error rather than silently ignored."""
+        types = self.config.layer_types
+        if types is None:
+            return
+        variants = self.config.variant_components()
+        for kind in ("attention", "feedforward", "norm", "qk_norm"):
+            if self.config.component(kind) is not None and all(kind in variants.get(name, {})
+                                                                 for name in set(types)):
+                self.create(kind, f"config key {kind!r} (every layer variant replaces it)", key=kind)
+
     def variants(self, role: str) -> LayerVariants:
         """The masks and positional encodings the layer variants replace."""
         masks: dict[str, AttentionMask | None] = {}
@@ -220,6 +233,7 @@ def check_config(config: ModelConfig | dict | str | Path,
     try:
         with torch.device("meta"):
             model = _assemble(config, registry)
+            _Parts(config, registry).check_replaced()
     except ComponentError:
         return None
     params = {id(p): (n, p) for n, p in model.named_parameters()}.values()
