@@ -203,6 +203,8 @@ def _feature_source(draw, config: dict) -> None:
     if draw(st.booleans()):
         config["features"] = {"name": "log_mel", "n_mels": channels, "n_fft": 16, "hop_length": 4,
                               **_some(draw, {"dynamic_range": st.sampled_from([2.0, 8.0])})}
+    if draw(st.booleans()):
+        config["speech"] = _speech(draw, config)
     names = ["sinusoidal", "learned", "none"]
     if config["d_model"] % 2 == 0 and config["d_model"] >= 4:
         names.append("sinusoidal_table")
@@ -210,6 +212,29 @@ def _feature_source(draw, config: dict) -> None:
         name = draw(st.sampled_from(names))
         config["encoder_positional"] = {"name": "sinusoidal_table", "length": 16} \
             if name == "sinusoidal_table" else name
+
+
+def _speech(draw, config: dict) -> dict:
+    """Whisper's transcription settings (``speech``) for the config's target vocabulary and
+    decoder: every field, ids drawn from the vocabulary, alignment heads from the decoder's
+    layers and heads (the export then writes the alignment graph, and verifies it)."""
+    vocab = config.get("tgt_vocab_size") or config["vocab_size"]
+    layers = config.get("decoder_layers") or config["num_layers"]
+    token = st.integers(0, vocab - 1)
+    names = ["start_of_transcript", "end_of_text", "transcribe", "translate", "start_of_prev",
+             "no_speech", "no_timestamps", "timestamp_begin"]
+    heads = [[layer, head] for layer in range(layers) for head in range(config["num_heads"])]
+    return {
+        **{name: draw(token) for name in names},
+        "multilingual": draw(st.booleans()),
+        "languages": draw(st.dictionaries(st.sampled_from(["en", "de", "zh"]), token, max_size=2)),
+        "suppress_tokens": draw(st.lists(token, max_size=3)),
+        "begin_suppress_tokens": draw(st.lists(token, max_size=2)),
+        "alignment_heads": draw(st.lists(st.sampled_from(heads), max_size=3)),
+        **_some(draw, {"max_initial_timestamp_index": st.sampled_from([None, 0, 50]),
+                       "median_filter_width": st.sampled_from([1, 3, 7]),
+                       "time_precision": st.sampled_from([0.02, 0.04])}),
+    }
 
 
 @st.composite
@@ -398,12 +423,30 @@ def _component_type(draw, config: dict, vocab: int) -> None:
     config[draw(st.sampled_from(KINDS_IN_CONFIG))] = draw(st.sampled_from([3, 1.5, ["causal"]]))
 
 
+def _speech_settings(draw, config: dict, vocab: int) -> None:
+    if not config.get("frontend"):  # speech settings on a model that reads no audio
+        config["speech"] = {"start_of_transcript": 0}
+        return
+    speech = config["speech"] = dict(config.get("speech") or _speech(draw, config))
+    wrong = draw(st.sampled_from(["id", "head", "width", "unknown", "missing"]))
+    if wrong == "id":
+        speech[draw(st.sampled_from(["end_of_text", "timestamp_begin"]))] = vocab + draw(st.integers(0, 9))
+    elif wrong == "head":
+        speech["alignment_heads"] = [[draw(st.integers(3, 9)), 0]]
+    elif wrong == "width":
+        speech["median_filter_width"] = draw(st.sampled_from([0, 2, 8]))
+    elif wrong == "unknown":
+        speech["alignment_head"] = [[0, 0]]
+    else:
+        del speech["no_timestamps"]
+
+
 #: Each way to make a valid config wrong: mutation(draw, config, largest vocabulary size), in place.
 MUTATIONS = {
     "wrong_type": _wrong_type, "size": _size, "dropout": _dropout, "id": _id, "kv_heads": _kv_heads,
     "unknown_key": _unknown_key, "unknown_component": _unknown_component,
     "unknown_param": _unknown_param, "heads": _heads, "architecture": _architecture,
-    "component_type": _component_type,
+    "component_type": _component_type, "speech": _speech_settings,
 }
 
 
