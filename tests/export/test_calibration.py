@@ -159,3 +159,15 @@ def test_what_the_model_cannot_read_is_refused_at_export(tmp_path):
         export_onnx(model, tmp_path / "b", quantize=Int4(calibration=[1, 2, VOCAB]), verify=False)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     assert Int4(rounding="nearest").calibration is None  # the default means none there
+
+
+def test_a_speech_model_is_not_calibrated_on_made_up_features(tmp_path):
+    from tests.plugins.families.test_whisper import _whisper
+
+    _whisper(32, 2, 1, 1).save_pretrained(tmp_path / "hf")
+    model = tk.from_hf(tmp_path / "hf")
+    export_onnx(model, tmp_path / "int4", quantize=Int4(block_size=16), verify=False)
+    assert OnnxModel(tmp_path / "int4").manifest.quantization_options["calibration"] is None
+    with pytest.raises(tk.InputError, match="reads audio features"):
+        export_onnx(model, tmp_path / "text", quantize=Int4(calibration=(1, 2, 3)), verify=False)
+    assert not (tmp_path / "text").exists()

@@ -10,7 +10,9 @@ The text: the one the user gives (``Int4(calibration=...)``: a string, a UTF-8 f
 ids), else :data:`DEFAULT_TEXT`, a few pages of mixed prose, dialogue, code and data shipped
 with the kit; a model without a tokenizer reads seeded random ids instead. On SmolLM2-135M the
 text mattered little (BENCHMARKS.md): what the weighting finds is mostly which hidden channels
-carry large activations, a property of the model.
+carry large activations, a property of the model. A model whose encoder reads features (speech)
+is not calibrated: the kit has no speech to run it on, and the features of noise weighed its
+columns wrongly (:func:`calibration_for`).
 
 Shapes: ids (windows, window) int64; importance (K,) float32 per weight of shape (N, K).
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +30,8 @@ import torch
 from torch import nn
 
 from transformer_kit.core.errors import InputError
-from transformer_kit.export.quantize import DEFAULT_TOKENS
-from transformer_kit.export.verify import random_features, reference
+from transformer_kit.export.quantize import DEFAULT_TOKENS, Int4
+from transformer_kit.export.verify import reference
 from transformer_kit.export.weight_writer import weight_source
 
 #: The text calibrated on when the user gives none.
@@ -71,6 +74,26 @@ def calibration_ids(model: nn.Module, calibration: str | Path | tuple[int, ...])
     return ids[:DEFAULT_TOKENS] if calibration == "default" else ids
 
 
+def calibration_for(model: nn.Module, quantize: str | Int4 | None) -> str | Int4 | None:
+    """``quantize`` as ``model`` is calibrated: an :class:`Int4` without calibration (every
+    column alike) for a model whose encoder reads features, where the default asks for it;
+    refused where a text or ids are given for one. Other quantizations are returned as given.
+
+    There is no speech to run such a model on at export time, and its encoder (and the
+    decoder's cross attention, reading the encoder) would weigh columns by the features of
+    noise: on Whisper tiny.en's real weights that weighting cost int4 1.8 points of word error
+    rate over uncalibrated blocks (BENCHMARKS.md, "speech to text").
+    """
+    if (not isinstance(quantize, Int4) or not getattr(model, "takes_features", False)
+            or quantize.calibration is None):
+        return quantize
+    if quantize.calibration != "default":
+        raise InputError("Int4 calibration runs a text through the model, and this model's encoder "
+                         "reads audio features, which the kit would have to make up (noise weighs "
+                         "its columns wrongly): leave calibration out, or give calibration=None.")
+    return replace(quantize, calibration=None)
+
+
 def _windows(ids: np.ndarray, window: int) -> list[np.ndarray]:
     """``ids`` cut into windows of ``window`` tokens; a shorter last one is left out unless it
     is the only one (so that no window is padded: padding's inputs would count)."""
@@ -86,11 +109,7 @@ def _run(model: nn.Module, ids: torch.Tensor) -> None:
     """One forward pass over ``ids`` (windows, window), every token real, up to the head."""
     real = torch.ones_like(ids)
     try:
-        if model.architecture == "encoder_decoder" and model.takes_features:
-            # no speech to calibrate on: the features of noise, as long as the encoder takes
-            length = model.src_embed.positional.max_positions or ids.shape[1]
-            model(random_features(model, len(ids), length, seed=0), ids)
-        elif model.architecture == "encoder_decoder":
+        if model.architecture == "encoder_decoder":
             model(ids, ids, attention_mask=real)
         else:
             model(ids, attention_mask=real)
@@ -158,7 +177,8 @@ def _return_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def calibrate(model: nn.Module, int4, progress: Callable[[str, int, int], None]) -> dict[str, np.ndarray]:
+def calibrate(model: nn.Module, int4: Int4,
+              progress: Callable[[str, int, int], None]) -> dict[str, np.ndarray]:
     """``Int4``'s importance for ``model`` ({} without calibration), ``progress(step, done,
     total)`` as the export reports it."""
     if int4.calibration is None:

@@ -17,7 +17,7 @@ from transformer_kit.core.model import TransformerModel
 from transformer_kit.core.registry import get_registry
 from transformer_kit.export import kit_lowerings, model_graphs
 from transformer_kit.export.adapters import add_adapters
-from transformer_kit.export.calibration import calibrate
+from transformer_kit.export.calibration import calibrate, calibration_for
 from transformer_kit.export.files import follow_umask
 from transformer_kit.export.gguf_blocks import FileBlocks
 from transformer_kit.export.graph_builder import FLOAT, FLOAT16, GraphBuilder
@@ -156,7 +156,7 @@ def export_onnx(model: TransformerModel, out_dir: str | Path, *, opset: int | No
         an :class:`ExportReport` with the measured errors, the sizes and the times.
     """
     opset = DEFAULT_OPSET if opset is None else opset
-    quantize = quantization(quantize)
+    quantize = calibration_for(model, quantization(quantize))
     _check_arguments(model, opset, dtype, quantize)
     adapters = model.adapters
     if adapters and model.architecture != "decoder":

@@ -78,7 +78,8 @@ class Int4:
             shipped with the kit; random ids for a model without a tokenizer), a string of
             text, a UTF-8 text file (a ``Path``), token ids (a tuple of ints), or None (every
             column alike). Only ``rounding="search"`` weighs; with ``"nearest"`` the default
-            means None.
+            means None, and so it does for a speech model (its encoder reads audio features,
+            which the export has none of: :func:`~transformer_kit.export.calibration.calibration_for`).
 
     The defaults (blocks of 32, accuracy level 4, symmetric, head and embedding quantized,
     ``rounding="search"``, ``eight_bit=("embedding", "early")``, the default calibration) are
