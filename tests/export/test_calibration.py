@@ -162,9 +162,9 @@ def test_what_the_model_cannot_read_is_refused_at_export(tmp_path):
 
 
 def test_a_speech_model_is_not_calibrated_on_made_up_features(tmp_path):
-    from tests.plugins.families.test_whisper import _whisper
+    from tests.plugins.families.test_whisper import random_whisper
 
-    _whisper(32, 2, 1, 1).save_pretrained(tmp_path / "hf")
+    random_whisper(32, 2, 1, 1).save_pretrained(tmp_path / "hf")
     model = tk.from_hf(tmp_path / "hf")
     export_onnx(model, tmp_path / "int4", quantize=Int4(block_size=16), verify=False)
     assert OnnxModel(tmp_path / "int4").manifest.quantization_options["calibration"] is None

@@ -30,7 +30,8 @@ PROMPT = [50258, 50259, 50360, 50364]
 SUPPRESS, BEGIN_SUPPRESS = [1, 2, 7, 8, 9, 10, 14, 25, 50358, 50359, 50361], [220, 50257]
 
 
-def _whisper(d_model, heads, enc, dec, mels=80, vocab=51865):
+def random_whisper(d_model, heads, enc, dec, mels=80, vocab=51865):
+    """A random WhisperForConditionalGeneration of this shape (Whisper's special ids, random norms)."""
     config = hf.WhisperConfig(
         vocab_size=vocab, num_mel_bins=mels, d_model=d_model, encoder_attention_heads=heads,
         decoder_attention_heads=heads, encoder_layers=enc, decoder_layers=dec,
@@ -77,9 +78,9 @@ PROCESSORS = [{"name": "suppress_tokens", "token_ids": SUPPRESS},
 
 class TestWhisper:
     CHECKPOINTS: ClassVar = {
-        "whisper-tiny-2+2layers": lambda: _whisper(64, 4, 2, 2),
-        "whisper-base-3+1layers": lambda: _whisper(64, 8, 3, 1),
-        "whisper-large-v3-2+2layers-128mels": lambda: _whisper(64, 2, 2, 2, mels=128, vocab=51866),
+        "whisper-tiny-2+2layers": lambda: random_whisper(64, 4, 2, 2),
+        "whisper-base-3+1layers": lambda: random_whisper(64, 8, 3, 1),
+        "whisper-large-v3-2+2layers-128mels": lambda: random_whisper(64, 2, 2, 2, mels=128, vocab=51866),
     }
 
     def test_features_encoder_and_logits_equal_transformers_in_pytorch(self, checkpoint):
@@ -167,7 +168,7 @@ def multilingual(tmp_path_factory):
         pytest.skip(str(exc))
     folder = tmp_path_factory.mktemp("whisper-multilingual")
     torch.manual_seed(7)
-    reference = _whisper(64, 4, 2, 2).eval()
+    reference = random_whisper(64, 4, 2, 2).eval()
     reference.save_pretrained(folder)
     ids = multilingual_tokenizer(english, folder / "tokenizer.json")
     generation = {
